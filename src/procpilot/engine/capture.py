@@ -1,0 +1,312 @@
+"""Output capture: pipes → append-only segment files, with byte offsets that never move.
+
+Design (chosen with restarts in mind): every byte a process prints is written, as it arrives, to
+plain files under the session's directory, so the files are the truth and memory holds only
+counters. Each *view* (``combined`` in arrival order, ``stdout``, ``stderr``) is a
+:class:`SegmentedLog`: fixed-size segment files addressed by absolute byte offset. Up to the cap
+everything is kept; past it the first half of the cap (the head) is kept forever and the newest
+segments (the tail) roll, so a reader sees head + an explicit gap + tail, and offsets stay the
+absolute positions they would have had if nothing were dropped.
+
+Memory is bounded per session: a handful of integers per segment, never the output itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import codecs
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["LineSlice", "ReadResult", "SegmentedLog", "SessionOutput", "Stream"]
+
+_HEAD_SEGMENTS = 4
+_TAIL_SEGMENTS = 4
+_MIN_SEGMENT = 16 * 1024
+_SCAN_CHUNK = 1 << 20
+
+
+class Stream(enum.Enum):
+    COMBINED = "combined"
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Bytes ``[start, end)`` of a view; ``dropped`` bytes inside that range were lost to the cap."""
+
+    data: bytes
+    start: int
+    end: int
+    dropped: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class LineSlice:
+    """Lines ``[first, first + len(lines))`` of a view (0-based), ``total`` lines in all."""
+
+    lines: list[bytes]
+    first: int
+    total: int
+    dropped_lines: int
+
+
+class SegmentedLog:
+    """One append-only view of a session's output, stored as numbered segment files."""
+
+    def __init__(self, directory: Path, name: str, cap_bytes: int) -> None:
+        self._dir = directory
+        self._name = name
+        self.segment_size = max(_MIN_SEGMENT, cap_bytes // (_HEAD_SEGMENTS + _TAIL_SEGMENTS))
+        self.size = 0
+        self.lines = 0  # count of b"\n" written, so far
+        # Per segment index: newline count before the segment starts (for line lookups).
+        self._lines_before: list[int] = []
+        # True iff bytes [head_end, tail_start) have been deleted to honour the cap.
+        self._tail_start = 0
+        self._fd: int | None = None
+        self._fd_index = -1
+        self._last_byte_newline = True
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _path(self, index: int) -> Path:
+        return self._dir / f"{self._name}.{index:06d}"
+
+    @property
+    def head_end(self) -> int:
+        return _HEAD_SEGMENTS * self.segment_size
+
+    @property
+    def dropped(self) -> int:
+        """Bytes deleted between the head and the first kept tail segment."""
+        return max(0, self._tail_start - self.head_end)
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        pos = 0
+        while pos < len(data):
+            index, within = divmod(self.size, self.segment_size)
+            if index != self._fd_index:
+                self._open_segment(index)
+            assert self._fd is not None
+            room = self.segment_size - within
+            part = data if pos == 0 and len(data) <= room else data[pos : pos + room]
+            written = os.write(self._fd, part)
+            self.lines += part.count(b"\n", 0, written)
+            self.size += written
+            pos += written
+        self._last_byte_newline = data[-1] == 10
+
+    def _open_segment(self, index: int) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._fd_index = index
+        self._lines_before.append(self.lines)
+        oldest_kept_tail = index - _TAIL_SEGMENTS + 1
+        if oldest_kept_tail > _HEAD_SEGMENTS:
+            victim = oldest_kept_tail - 1
+            if victim >= _HEAD_SEGMENTS:
+                try:
+                    self._path(victim).unlink()
+                except FileNotFoundError:
+                    pass
+                self._tail_start = oldest_kept_tail * self.segment_size
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._fd_index = -1
+
+    def remove_files(self) -> None:
+        self.close()
+        for path in self._dir.glob(f"{self._name}.*"):
+            path.unlink(missing_ok=True)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read(self, offset: int = 0, limit: int | None = None) -> ReadResult:
+        """Bytes from ``offset`` (clamped to what exists), at most ``limit`` of them.
+
+        A range that crosses the dropped gap returns head bytes, then tail bytes, and counts
+        the gap in ``dropped`` (the data itself holds no marker: callers render one).
+        """
+        total = self.size
+        start = min(max(0, offset), total)
+        end = total if limit is None else min(total, start + max(0, limit))
+        gap_lo, gap_hi = self.head_end, self._tail_start
+        pieces: list[bytes] = []
+        dropped = 0
+        pos = start
+        while pos < end:
+            if gap_lo <= pos < gap_hi:
+                skip_to = min(gap_hi, end)
+                dropped += skip_to - pos
+                pos = skip_to
+                continue
+            index, within = divmod(pos, self.segment_size)
+            want = min(end - pos, self.segment_size - within)
+            if pos < gap_lo:
+                want = min(want, gap_lo - pos)
+            pieces.append(self._pread(index, within, want))
+            pos += want
+        return ReadResult(b"".join(pieces), start, end, dropped, total)
+
+    def _pread(self, index: int, within: int, length: int) -> bytes:
+        try:
+            fd = os.open(self._path(index), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return b""
+        try:
+            return os.pread(fd, length, within)
+        finally:
+            os.close(fd)
+
+    @property
+    def total_lines(self) -> int:
+        """Lines in the view: newlines, plus one for a trailing unterminated line."""
+        return self.lines + (0 if self._last_byte_newline or self.size == 0 else 1)
+
+    def offset_of_line(self, line: int) -> int:
+        """Byte offset where 0-based ``line`` starts (``size`` if past the end).
+
+        Lines inside the dropped gap map to the first kept byte after it.
+        """
+        if line <= 0:
+            return 0
+        if line > self.lines:
+            return self.size
+        index = bisect.bisect_right(self._lines_before, line - 1) - 1
+        index = max(index, 0)
+        pos = index * self.segment_size
+        if self.head_end <= pos < self._tail_start:
+            return self._tail_start
+        seen = self._lines_before[index] if self._lines_before else 0
+        while pos < self.size:
+            chunk = self.read(pos, _SCAN_CHUNK)
+            data = chunk.data
+            if chunk.dropped:
+                return chunk.end if seen < line else pos
+            cursor = 0
+            while True:
+                hit = data.find(b"\n", cursor)
+                if hit < 0:
+                    break
+                seen += 1
+                cursor = hit + 1
+                if seen == line:
+                    return pos + cursor
+            pos = chunk.end
+        return self.size
+
+    def read_lines(self, first: int, count: int | None) -> LineSlice:
+        total = self.total_lines
+        first = min(max(0, first), total)
+        last = total if count is None else min(total, first + max(0, count))
+        start = self.offset_of_line(first)
+        end = self.offset_of_line(last)
+        result = self.read(start, end - start)
+        lines = result.data.split(b"\n")
+        if lines and lines[-1] == b"" and result.data.endswith(b"\n"):
+            lines.pop()
+        dropped_lines = max(0, (last - first) - len(lines)) if result.dropped else 0
+        return LineSlice(lines, first, total, dropped_lines)
+
+
+OutputListener = Callable[[Stream, bytes], None]
+
+
+class SessionOutput:
+    """The three views of one session plus the means to wait for more."""
+
+    def __init__(self, directory: Path, cap_bytes: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.views = {
+            Stream.COMBINED: SegmentedLog(directory, "combined", cap_bytes),
+            Stream.STDOUT: SegmentedLog(directory, "stdout", cap_bytes),
+            Stream.STDERR: SegmentedLog(directory, "stderr", cap_bytes),
+        }
+        self._waiters: list[asyncio.Future[None]] = []
+        self._listeners: list[OutputListener] = []
+        self.closed = False
+
+    def __getitem__(self, stream: Stream) -> SegmentedLog:
+        return self.views[stream]
+
+    def append(self, stream: Stream, data: bytes) -> None:
+        self.views[stream].write(data)
+        self.views[Stream.COMBINED].write(data)
+        if self._listeners:
+            for listener in list(self._listeners):
+                listener(stream, data)
+        if self._waiters:
+            self._wake()
+
+    def mark_closed(self) -> None:
+        """No more output will come: close files, wake every waiter."""
+        self.closed = True
+        for view in self.views.values():
+            view.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_for_change(self, timeout: float | None) -> bool:
+        """Wait until more output arrives or the output closes; False on timeout."""
+        if self.closed:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return False
+        finally:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+        return True
+
+    def wake(self) -> None:
+        """Wake waiters without new output (e.g. the session changed state)."""
+        self._wake()
+
+    def subscribe(self, listener: OutputListener) -> Callable[[], None]:
+        """Call ``listener(stream, chunk)`` for every chunk from now on; returns the unsubscriber."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def remove_files(self) -> None:
+        for view in self.views.values():
+            view.remove_files()
+
+
+class Utf8ChunkDecoder:
+    """Decode a byte stream chunk by chunk without splitting a character across chunks."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> str:
+        return self._decoder.decode(data)
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)

@@ -1,0 +1,245 @@
+"""Starting one process: argv, environment, stdio and the platform seam.
+
+Every session runs in a new session/process group (``start_new_session``), spawned with
+``subprocess.Popen`` and no ``preexec_fn``, so CPython uses vfork/posix_spawn: spawn cost stays
+flat however large the supervisor's heap grows (a real fork costs 50 ms at 1 GiB). Whatever has
+to happen in the child before the user's command (joining the session's cgroup, taking the pty
+as controlling terminal) is a line of ``/bin/sh`` that then ``exec``s it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from procpilot.errors import CommandNotFound, InvalidArgument, SpawnFailed
+
+__all__ = ["SpawnSpec", "Spawned", "build_env", "spawn_process"]
+
+_F_SETPIPE_SZ = 1031
+_PIPE_SIZE = 1 << 20
+_TRANSIENT = {errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.EBADF, errno.ENOMEM, errno.EINTR}
+_RETRY_DELAYS = (0.01, 0.05, 0.2, 0.5)
+_SHELL = "/bin/sh"
+# Words a shell resolves itself: a first word among these is never "not found" up front.
+_SHELL_WORDS = frozenset(
+    ["!", "{", "}", "(", "[", "[[", ".", ":", "alias", "bg", "break", "case", "cd", "command", "continue", "declare", "echo", "eval", "exec", "exit", "export", "false", "fc", "fg", "for", "function", "getopts", "hash", "if", "jobs", "kill", "let", "local", "printf", "pwd", "read", "readonly", "return", "set", "shift", "test", "times", "trap", "true", "type", "typeset", "ulimit", "umask", "unalias", "unset", "until", "wait", "while", "time"]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnSpec:
+    """What to run. A ``str`` command runs through ``/bin/sh -c``; a sequence is an argv, no shell."""
+
+    command: str | tuple[str, ...]
+    cwd: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    pty: bool = False
+    pty_size: tuple[int, int] = (120, 30)
+    stdin: Literal["pipe", "null"] = "pipe"
+    stdin_data: bytes | None = None
+    lane: str | None = None
+    notify_on_exit: bool = True
+
+    @property
+    def display(self) -> str:
+        if isinstance(self.command, str):
+            return self.command
+        return shlex.join(self.command)
+
+
+@dataclass(slots=True)
+class Spawned:
+    """A started child and the parent's ends of its stdio."""
+
+    popen: subprocess.Popen[bytes]
+    pid: int
+    pidfd: int | None
+    stdin_fd: int | None
+    stdout_fd: int
+    stderr_fd: int | None  # None under a pty: one terminal carries both streams
+    stdin_target: str | None = None  # what /proc/PID/fd/0 shows for our stdin: "pipe:[ino]" or a pts path
+
+
+def build_env(
+    base_passthrough: Sequence[str],
+    base_set: Mapping[str, str],
+    overrides: Mapping[str, str],
+    *,
+    marker: tuple[str, str],
+    pty: bool,
+    pty_size: tuple[int, int],
+    source: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A clean base (a few passthrough variables) plus fixed values, the marker, then overrides."""
+    source = os.environ if source is None else source
+    env = {name: source[name] for name in base_passthrough if name in source}
+    env.setdefault("PATH", os.defpath)
+    env.update(base_set)
+    if pty:
+        env["TERM"] = "xterm-256color"
+        env["COLUMNS"], env["LINES"] = str(pty_size[0]), str(pty_size[1])
+    else:
+        env.setdefault("TERM", "dumb")
+    env[marker[0]] = marker[1]
+    for key, value in overrides.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidArgument(f"env: invalid variable {key!r}", field="env")
+        env[key] = value
+    return env
+
+
+def _first_word(command: str) -> str | None:
+    """The program a simple shell command runs, or None when the shell decides (assignments, syntax)."""
+    try:
+        words = shlex.split(command, comments=True, posix=True)
+    except ValueError:
+        return None
+    for word in words:
+        if "=" in word.split("/")[0] and not word.startswith("="):
+            continue  # VAR=value prefix
+        if any(c in word for c in "$`*?[]{}()<>|;&~") or word in _SHELL_WORDS:
+            return None
+        return word
+    return None
+
+
+def check_command(command: str | tuple[str, ...], env: Mapping[str, str], cwd: Path | None) -> None:
+    """Refuse a command whose program does not exist, before anything is started."""
+    program = command[0] if isinstance(command, tuple) else _first_word(command)
+    if not program:
+        if isinstance(command, tuple):
+            raise InvalidArgument("command: the argv list is empty", field="command")
+        return
+    if "/" in program:
+        path = Path(program) if os.path.isabs(program) else (cwd or Path.cwd()) / program
+        if not path.exists():
+            raise CommandNotFound(f"command not found: {program}", command=program)
+        return
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise CommandNotFound(f"command not found: {program}", command=program)
+
+
+def _argv(command: str | tuple[str, ...], prelude: list[str]) -> list[str]:
+    if isinstance(command, str):
+        if not prelude:
+            return [_SHELL, "-c", command]
+        # The user's text is appended after our lines, unquoted: it stays exactly the script they wrote.
+        return [_SHELL, "-c", "\n".join([*prelude, command])]
+    if not prelude:
+        return list(command)
+    return [_SHELL, "-c", "\n".join([*prelude, 'exec "$@"']), "procpilot", *command]
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(r, _F_SETPIPE_SZ, _PIPE_SIZE)
+    except OSError:
+        pass  # capped by /proc/sys/fs/pipe-max-size for non-root: the default 64 KiB works too
+    return r, w
+
+
+def spawn_process(
+    spec: SpawnSpec,
+    env: Mapping[str, str],
+    *,
+    join_line: str | None,
+) -> Spawned:
+    """Start the child, retrying transient OS errors with backoff."""
+    if spec.cwd is not None and not spec.cwd.is_dir():
+        raise InvalidArgument(
+            f"workdir does not exist or is not a directory: {spec.cwd}",
+            hints={"fix_workdir": "Pass an existing directory, or omit workdir to use the default."},
+            field="workdir",
+        )
+    check_command(spec.command, env, spec.cwd)
+    for attempt, delay in enumerate((0.0, *_RETRY_DELAYS)):
+        if delay:
+            time.sleep(delay)
+        try:
+            return _spawn_once(spec, env, join_line)
+        except OSError as exc:
+            if exc.errno in _TRANSIENT and attempt < len(_RETRY_DELAYS):
+                continue
+            if isinstance(exc, FileNotFoundError):
+                raise CommandNotFound(f"command not found: {spec.display}", command=spec.display) from exc
+            raise SpawnFailed(f"could not start {spec.display!r}: {exc.strerror or exc}", errno=exc.errno) from exc
+    raise AssertionError("unreachable")
+
+
+def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], join_line: str | None) -> Spawned:
+    prelude = [join_line] if join_line else []
+    to_close: list[int] = []
+    parent_fds: list[int] = []
+    try:
+        if spec.pty:
+            master, slave = os.openpty()
+            parent_fds.append(master)
+            to_close.append(slave)
+            _set_winsize(master, spec.pty_size)
+            # A session leader that opens a terminal without O_NOCTTY takes it as its controlling tty.
+            prelude.append(f': <>"{os.ttyname(slave)}"')
+            stdin: int = slave
+            stdout: int = slave
+            stderr: int = slave
+            stdin_fd: int | None = os.dup(master)
+            parent_fds.append(stdin_fd)
+            stdin_target: str | None = os.ttyname(slave)
+            stdout_fd, stderr_fd = master, None
+        else:
+            if spec.stdin == "pipe":
+                r_in, w_in = _pipe()
+                to_close.append(r_in)
+                parent_fds.append(w_in)
+                stdin, stdin_fd = r_in, w_in
+                stdin_target = f"pipe:[{os.fstat(r_in).st_ino}]"
+            else:
+                stdin, stdin_fd, stdin_target = subprocess.DEVNULL, None, None
+            r_out, w_out = _pipe()
+            r_err, w_err = _pipe()
+            to_close += [w_out, w_err]
+            parent_fds += [r_out, r_err]
+            stdout, stderr = w_out, w_err
+            stdout_fd, stderr_fd = r_out, r_err
+        popen = subprocess.Popen(
+            _argv(spec.command, prelude),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=spec.cwd,
+            env=dict(env),
+            start_new_session=True,
+            close_fds=True,
+        )
+    except BaseException:
+        for fd in to_close + parent_fds:
+            os.close(fd)
+        raise
+    for fd in to_close:
+        os.close(fd)
+    for fd in parent_fds:
+        os.set_blocking(fd, False)
+    try:
+        pidfd: int | None = os.pidfd_open(popen.pid)
+    except (OSError, AttributeError):
+        pidfd = None
+    return Spawned(popen, popen.pid, pidfd, stdin_fd, stdout_fd, stderr_fd, stdin_target)
+
+
+def _set_winsize(fd: int, size: tuple[int, int]) -> None:
+    import struct
+    import termios
+
+    cols, rows = size
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))

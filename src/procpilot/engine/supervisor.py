@@ -1,0 +1,379 @@
+"""The owner of every session: one per server, an async context manager.
+
+Every call takes the caller's ``scope``; a session of another scope is indistinguishable from
+one that does not exist. Leaving the context (or ``aclose``) ends every tree it started: the
+requested signal first, SIGKILL after the grace period, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import secrets
+import signal
+import string
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from procpilot.config import Settings, load_settings
+from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.events import EventBus, Subscription
+from procpilot.engine.lanes import LaneScheduler
+from procpilot.engine.session import ExitInfo, Session
+from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
+from procpilot.engine.states import SessionState
+from procpilot.engine.store import FileStore, SessionStore
+from procpilot.engine.trees import MARKER_ENV, TreeBackend, probe_trees, reap_orphans
+from procpilot.errors import ProcessAlreadyExited, ProcpilotError, SessionNotFound, SessionStillRunning
+from procpilot.render import for_model, tail_chars
+
+__all__ = ["Supervisor", "WaitOutcome"]
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+_ID_LENGTH = 16
+_TAIL_CHARS = 400
+_REAP_INTERVAL = 2.0
+
+
+def new_session_id() -> str:
+    """16 characters from a 36-letter alphabet: ~82 bits from the OS's CSPRNG."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(_ID_LENGTH))
+
+
+@dataclass(frozen=True, slots=True)
+class WaitOutcome:
+    """Why a wait returned: the session ``exited``, the output matched ``pattern``, or ``timeout``."""
+
+    reason: Literal["exited", "pattern", "timeout"]
+    match: str | None = None
+    match_offset: int | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        store: SessionStore | None = None,
+        trees: TreeBackend | None = None,
+    ) -> None:
+        self.settings = settings or load_settings()
+        self._store: SessionStore | None = store
+        self._trees: TreeBackend | None = trees
+        self._sessions: dict[str, Session] = {}
+        self._lanes = LaneScheduler(self.settings.lanes.caps(), self.settings.lanes.default)
+        self.exits: EventBus[ExitInfo] = EventBus()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> Supervisor:
+        if self._started:
+            return self
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        if self._store is None:
+            self._store = FileStore(self.settings.state_dir)
+        if self._trees is None:
+            self._trees = probe_trees()
+        self._started = True
+        self._spawn_task(self._housekeeping())
+        return self
+
+    async def __aenter__(self) -> Supervisor:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def tree_mechanism(self) -> str:
+        return self._tree_backend.name
+
+    @property
+    def _tree_backend(self) -> TreeBackend:
+        if self._trees is None:
+            raise RuntimeError("Supervisor.start() has not been awaited")
+        return self._trees
+
+    async def aclose(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
+        """End every running tree (``sig``, then SIGKILL after ``grace``) and stop housekeeping."""
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        self._closed = True
+        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        running = [s for s in self._sessions.values() if not s.finished]
+        for session in running:
+            if session.state is SessionState.QUEUED:
+                continue
+            with contextlib.suppress(ProcpilotError):
+                session.terminate(SessionState.KILLED, sig, grace)
+        for task in list(self._tasks):
+            task.cancel()
+        if running:
+            await asyncio.wait(
+                [asyncio.ensure_future(s.wait_finished()) for s in running], timeout=grace + 5.0
+            )
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        reap_orphans(set())
+        self._tree_backend.close()
+        self.exits.close()
+
+    def _spawn_task(self, coro: object) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _housekeeping(self) -> None:
+        ttl_check = 0.0
+        while True:
+            await asyncio.sleep(_REAP_INTERVAL)
+            reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
+            now = time.monotonic()
+            if now - ttl_check > 30:
+                ttl_check = now
+                self.sweep(now)
+
+    # -- spawning ------------------------------------------------------------------------------
+
+    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
+        """Start ``spec`` (or queue it behind its lane) and return its session at once."""
+        if not self._started:
+            await self.start()
+        if self._closed:
+            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        assert self._store is not None
+        session_id = new_session_id()
+        directory = self._store.session_dir(session_id)
+        output = SessionOutput(directory, self.settings.exec.max_log_bytes)
+        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
+        session.kill_grace = self.settings.exec.kill_grace_sec
+        if spec.lane is None or self._lanes.try_acquire(spec.lane):
+            try:
+                self._start(session)
+            except ProcpilotError:
+                output.remove_files()
+                self._store.delete(session_id)
+                raise
+        else:
+            self._sessions[session_id] = session
+            self._store.save(session_id, session.record())
+            self._spawn_task(self._start_when_free(session, spec.lane))
+        return session
+
+    def _start(self, session: Session) -> None:
+        spec = session.spec
+        env = build_env(
+            self.settings.base_env_passthrough,
+            self.settings.base_env_set,
+            spec.env,
+            marker=(MARKER_ENV, session.id),
+            pty=spec.pty,
+            pty_size=spec.pty_size,
+        )
+        join_line = self._tree_backend.prepare(session.id)
+        try:
+            spawned = spawn_process(spec, env, join_line=join_line)
+        except ProcpilotError:
+            self._tree_backend.release(session.id)
+            if spec.lane is not None:
+                self._lanes.release(spec.lane)
+            raise
+        self._sessions[session.id] = session
+        session.attach(spawned)
+        if spec.stdin_data is not None:
+            self._spawn_task(self._feed_stdin(session, spec.stdin_data))
+        assert self._store is not None
+        self._store.save(session.id, session.record())
+
+    async def _start_when_free(self, session: Session, lane: str) -> None:
+        try:
+            await self._lanes.acquire(lane)
+        except asyncio.CancelledError:
+            if session.state is SessionState.QUEUED:
+                session.fail_to_start("the supervisor shut down before a lane slot was free")
+            raise
+        if session.state is not SessionState.QUEUED:
+            self._lanes.release(lane)  # killed while waiting
+            return
+        try:
+            self._start(session)
+        except ProcpilotError as exc:
+            session.fail_to_start(f"{exc.code}: {exc.message}")
+
+    async def _feed_stdin(self, session: Session, data: bytes) -> None:
+        with contextlib.suppress(ProcpilotError, OSError):
+            await session.write(data, eof=True)
+
+    def _on_finish(self, session: Session) -> None:
+        if session.spec.lane is not None and session.started_at is not None:
+            self._lanes.release(session.spec.lane)
+        if self._store is not None and session.id in self._sessions:
+            self._store.save(session.id, session.record())
+        if session.spec.notify_on_exit:
+            self.exits.publish(session.exit_info(self.tail_text(session)))
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def get(self, scope: str, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.scope != scope:
+            raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+        session.last_access = time.monotonic()
+        return session
+
+    def list(self, scope: str) -> list[Session]:
+        """This scope's sessions, newest first."""
+        mine = [s for s in self._sessions.values() if s.scope == scope]
+        mine.sort(key=lambda s: s.created_at, reverse=True)
+        return mine
+
+    def all_sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def lane_usage(self) -> dict[str, tuple[int, int, int]]:
+        return self._lanes.usage()
+
+    def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
+        view = session.output[Stream.COMBINED]
+        raw = view.read(max(0, view.size - chars * 4)).data
+        return tail_chars(for_model(raw), chars)[0]
+
+    # -- actions -------------------------------------------------------------------------------
+
+    async def run(self, spec: SpawnSpec, *, scope: str, yield_ms: int | None) -> Session:
+        """Start ``spec`` and wait up to ``yield_ms`` for it; still running then, it is backgrounded.
+
+        ``yield_ms=None`` waits for the end; ``0`` returns at once. The process is never
+        restarted or interrupted by the hand-over: it is the same session either way.
+        """
+        session = await self.spawn(spec, scope=scope)
+        timeout = None if yield_ms is None else yield_ms / 1000
+        if timeout != 0:
+            await session.wait_finished(timeout)
+        if not session.finished:
+            session.backgrounded = True
+        return session
+
+    async def write(self, scope: str, session_id: str, data: bytes, *, eof: bool = False) -> int:
+        session = self.get(scope, session_id)
+        if session.finished:
+            raise ProcessAlreadyExited(f"session {session_id} has already ended ({session.state.value})")
+        return await session.write(data, eof=eof)
+
+    async def kill(
+        self,
+        scope: str,
+        session_id: str,
+        sig: int = signal.SIGTERM,
+        *,
+        grace: float | None = None,
+        wait: float | None = 0.0,
+    ) -> Session:
+        """Signal the session's whole tree; SIGKILL follows after ``grace`` (default from config).
+
+        ``wait`` seconds (None = until it ends) are spent waiting for the tree to be gone.
+        """
+        session = self.get(scope, session_id)
+        if session.state is SessionState.QUEUED:
+            session.fail_to_start("killed while waiting for a lane slot")
+            return session
+        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        session.terminate(SessionState.KILLED, sig, grace)
+        if wait is None or wait > 0:
+            await session.wait_finished(wait)
+        return session
+
+    async def wait(
+        self,
+        scope: str,
+        session_id: str,
+        *,
+        timeout: float | None,
+        pattern: re.Pattern[str] | None = None,
+        stream: Stream = Stream.COMBINED,
+        since: int = 0,
+    ) -> WaitOutcome:
+        """Block until exit, until ``pattern`` matches output (from byte ``since`` on), or ``timeout``."""
+        session = self.get(scope, session_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        view = session.output[stream]
+        scanned = since
+        carry = ""
+        while True:
+            if pattern is not None and view.size > scanned:
+                chunk = view.read(scanned)
+                text = carry + chunk.data.decode("utf-8", errors="replace")
+                found = pattern.search(for_model(text))
+                if found:
+                    return WaitOutcome("pattern", found.group(0), chunk.end)
+                scanned = chunk.end
+                # Keep the last line so a match spanning two reads is still found.
+                carry = text[text.rfind("\n") + 1 :][-4096:]
+            if session.finished:
+                return WaitOutcome("exited")
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return WaitOutcome("timeout")
+            if pattern is None:
+                await session.wait_finished(remaining)
+            else:
+                await session.output.wait_for_change(remaining)
+
+    def clear(self, scope: str, session_id: str) -> None:
+        """Forget a finished session and delete its files."""
+        session = self.get(scope, session_id)
+        if not session.finished:
+            raise SessionStillRunning(f"session {session_id} is still {session.state.value}")
+        self._forget(session)
+
+    async def remove(self, scope: str, session_id: str) -> Session:
+        """Kill if running (waiting for the tree to end), then clear."""
+        session = self.get(scope, session_id)
+        if not session.finished:
+            await self.kill(scope, session_id, signal.SIGKILL, wait=None)
+        self._forget(session)
+        return session
+
+    def _forget(self, session: Session) -> None:
+        self._sessions.pop(session.id, None)
+        session.output.remove_files()
+        if self._store is not None:
+            self._store.delete(session.id)
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove finished sessions idle for longer than the TTL; returns their ids."""
+        now = time.monotonic() if now is None else now
+        ttl = self.settings.exec.cleanup_ms / 1000
+        expired = [
+            s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl
+        ]
+        for session in expired:
+            self._forget(session)
+        return [s.id for s in expired]
+
+    # -- events --------------------------------------------------------------------------------
+
+    def on_exit(self, callback: Callable[[ExitInfo], None]) -> Callable[[], None]:
+        """Call ``callback`` once per session when it ends; returns the remover."""
+        return self.exits.add_callback(callback)
+
+    def exit_events(self, maxsize: int = 1000) -> Subscription[ExitInfo]:
+        """An async iterator of exit events from now on (bounded; see ``Subscription.dropped``)."""
+        return self.exits.subscribe(maxsize)
+
+    async def iter_exits(self) -> AsyncIterator[ExitInfo]:
+        sub = self.exit_events()
+        try:
+            async for event in sub:
+                yield event
+        finally:
+            sub.close()

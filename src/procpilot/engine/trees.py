@@ -1,0 +1,320 @@
+"""Process trees: knowing every process a session started, and ending all of them.
+
+Two mechanisms, picked once at start-up by probing:
+
+* ``CgroupTrees`` — a cgroup v2 directory per session (on the unified hierarchy, which needs no
+  controllers to group processes). The child joins it *before* it execs the user's command (the
+  shell line that starts every session writes ``$$`` to ``cgroup.procs``), so nothing it forks,
+  setsid'd daemons included, can be outside it. ``cgroup.kill`` ends the lot atomically.
+* ``ScanTrees`` — no writable cgroup: the supervisor is a child subreaper, so double-forked
+  daemons are re-parented to *us* rather than init, and a session's tree is every process whose
+  session or group id is the leader's, their descendants, and adopted orphans carrying the
+  session's marker in their environment.
+
+Both also reap adopted orphans (we are their parent now) so no zombie is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["MARKER_ENV", "CgroupTrees", "ScanTrees", "TreeBackend", "probe_trees", "reap_orphans"]
+
+MARKER_ENV = "PROCPILOT_SESSION"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class TreeBackend(Protocol):
+    name: str
+
+    def prepare(self, session_id: str) -> str | None:
+        """Make room for a session; returns the shell line that joins it, or None."""
+
+    def pids(self, session_id: str, leader: int | None) -> set[int]:
+        """Every live process of the session; ``leader`` is its first pid (its session/group id)."""
+
+    def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
+        """Deliver ``sig`` to the whole tree; returns how many processes it reached.
+
+        ``leader_alive`` is False once the leader is reaped: its pid may then belong to a
+        stranger and must never be signalled directly.
+        """
+
+    def release(self, session_id: str) -> None:
+        """Forget the session (its tree must be empty)."""
+
+    def close(self) -> None:
+        """Forget everything this backend created."""
+
+
+def _set_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _read_stat(pid: int) -> tuple[int, int, int, str] | None:
+    """(ppid, pgid, sid, state) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses; fields resume after the last ')'.
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    return int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode()
+
+
+def _all_pids() -> Iterable[int]:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def _has_marker(pid: int, session_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return False
+    return f"{MARKER_ENV}={session_id}".encode() in env.split(b"\0")
+
+
+def _signal_pids(pids: Iterable[int], sig: int) -> int:
+    reached = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            reached += 1
+        except ProcessLookupError:
+            pass
+    return reached
+
+
+class ScanTrees:
+    """Tree discovery by walking /proc (no cgroup available)."""
+
+    name = "scan"
+
+    def __init__(self) -> None:
+        self.subreaper = _set_subreaper()
+        self._me = os.getpid()
+
+    def prepare(self, session_id: str) -> str | None:
+        return None
+
+    def pids(self, session_id: str, leader: int | None) -> set[int]:
+        table: dict[int, tuple[int, int, int, str]] = {}
+        for pid in _all_pids():
+            stat = _read_stat(pid)
+            if stat is not None and stat[3] != "Z":
+                table[pid] = stat
+        members: set[int] = set()
+        if leader is not None:
+            members |= {pid for pid, (_, pgid, sid, _) in table.items() if leader in (pgid, sid)}
+            if leader in table:
+                members.add(leader)
+        members |= {
+            pid
+            for pid, (ppid, _, _, _) in table.items()
+            if ppid == self._me and pid != leader and _has_marker(pid, session_id)
+        }
+        # Close over parent links: anything descended from a member is a member.
+        changed = True
+        while changed:
+            changed = False
+            for pid, (ppid, _, _, _) in table.items():
+                if ppid in members and pid not in members:
+                    members.add(pid)
+                    changed = True
+        members.discard(self._me)
+        return members
+
+    def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
+        reached = 0
+        if leader is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(leader, sig)
+                reached += 1
+        return reached + _signal_pids(self.pids(session_id, leader), sig)
+
+    def release(self, session_id: str) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class CgroupTrees:
+    """A cgroup v2 directory per session under one directory of our own."""
+
+    name = "cgroup2"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.subreaper = _set_subreaper()
+
+    def _dir(self, session_id: str) -> Path:
+        return self.root / session_id
+
+    def prepare(self, session_id: str) -> str | None:
+        path = self._dir(session_id)
+        path.mkdir(exist_ok=True)
+        return f'echo $$ > "{path}/cgroup.procs" || exit 125'
+
+    def pids(self, session_id: str, leader: int | None) -> set[int]:
+        try:
+            text = (self._dir(session_id) / "cgroup.procs").read_text()
+        except OSError:
+            return set()
+        return {int(line) for line in text.split()}
+
+    def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
+        path = self._dir(session_id)
+        members = self.pids(session_id, leader)
+        if sig == signal.SIGKILL and members:
+            try:
+                (path / "cgroup.kill").write_text("1")
+                return len(members)
+            except OSError:
+                pass
+        reached = _signal_pids(members, sig)
+        if leader_alive and leader is not None and leader not in members:
+            # The leader may not have joined yet (killed before its first instruction).
+            reached += _signal_pids([leader], sig)
+        return reached
+
+    def release(self, session_id: str) -> None:
+        path = self._dir(session_id)
+        for _ in range(50):
+            try:
+                path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                # Busy: the kernel lags a moment behind the last exit in the group.
+                time.sleep(0.002)
+
+    def close(self) -> None:
+        if not self.root.exists():
+            return
+        for child in self.root.iterdir():
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    (child / "cgroup.kill").write_text("1")
+                self.release(child.name)
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+
+
+def _own_unified_cgroup() -> Path | None:
+    mounts: dict[str, Path] = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.startswith("cgroup2 "):
+                    mounts[left.split()[3]] = Path(left.split()[4])
+    except OSError:
+        return None
+    if not mounts:
+        return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+    except OSError:
+        return None
+    if own is None:
+        return None
+    for root_in_fs, mount_point in mounts.items():
+        if own.startswith(root_in_fs):
+            return mount_point / own[len(root_in_fs) :].lstrip("/")
+    return None
+
+
+def probe_trees(prefer: str = "auto") -> TreeBackend:
+    """The best tree mechanism this host offers: cgroup v2 grouping if writable, else /proc scans."""
+    if prefer in ("auto", "cgroup2"):
+        base = _own_unified_cgroup()
+        if base is not None:
+            root = base / f"procpilot-{os.getpid()}"
+            try:
+                root.mkdir(exist_ok=True)
+                probe = root / "probe"
+                probe.mkdir(exist_ok=True)
+                ok = (probe / "cgroup.kill").exists()
+                probe.rmdir()
+                if ok:
+                    return CgroupTrees(root)
+                root.rmdir()
+            except OSError:
+                pass
+    return ScanTrees()
+
+
+def reap_orphans(leaders: set[int]) -> list[int]:
+    """Reap adopted children that are not session leaders (their parents died, we are subreaper)."""
+    reaped: list[int] = []
+    for pid in _children_of_self():
+        if pid in leaders:
+            continue
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done:
+            reaped.append(pid)
+    return reaped
+
+
+def _children_of_self() -> set[int]:
+    pids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _read_syscall_nr() -> int:
+    import platform
+
+    # The number of read(2): /proc/PID/syscall reports the syscall a blocked task sleeps in.
+    return {"x86_64": 0, "aarch64": 63, "riscv64": 63}.get(platform.machine(), -1)
+
+
+_READ_NR = _read_syscall_nr()
+
+
+def waiting_for_input(pids: Iterable[int], stdin_target: str | None) -> bool:
+    """Best effort: is any of ``pids`` blocked in read(0) on the session's own stdin?"""
+    if stdin_target is None or _READ_NR < 0:
+        return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/syscall") as f:
+                fields = f.read().split()
+            if len(fields) < 2 or fields[0] != str(_READ_NR):
+                continue
+            fd = int(fields[1], 16)
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == stdin_target:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False

@@ -1,0 +1,427 @@
+"""The ``exec`` + ``process`` tool pair (specs 001, 002, 004) as a thin face on the supervisor.
+
+Status vocabulary (spec 002): ``running`` (and ``queued`` while a lane slot is awaited), ``done``
+(exited 0), ``error`` (non-zero exit, timed out, failed to start), ``killed`` (ended on request).
+Output shown to the model is decoded, stripped of ANSI escapes and progress redraws, and cut with
+an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages through them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signal_module
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from procpilot.engine.capture import Stream
+from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
+from procpilot.engine.session import Session
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, NotSupported
+from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, parse_arguments
+from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
+
+__all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
+
+ACTIONS = (
+    "list", "poll", "log", "write", "send-keys", "submit", "paste", "kill", "clear", "remove", "wait",
+)
+_POLL_MAX_WAIT_MS = 30_000
+_WAIT_MAX_MS = 600_000
+_WAIT_DEFAULT_MS = 30_000
+_LOG_DEFAULT_LINES = 200
+_TAIL_CHARS = 400
+_RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
+_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
+
+_STATUS = {
+    SessionState.QUEUED: "queued",
+    SessionState.RUNNING: "running",
+    SessionState.EXITED_OK: "done",
+    SessionState.EXITED_ERROR: "error",
+    SessionState.TIMED_OUT: "error",
+    SessionState.FAILED_TO_START: "error",
+    SessionState.KILLED: "killed",
+}
+
+
+def status_of(session: Session) -> str:
+    return _STATUS[session.state]
+
+
+class ExecParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="exec")
+
+    command: str = Field(min_length=1, description="Shell command to run (through /bin/sh -c).")
+    workdir: str | None = Field(None, description="Working directory (default: the workspace root).")
+    env: dict[str, str] | None = Field(None, description="Extra environment variables, merged onto a clean base.")
+    yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
+        None, description="Wait this long (ms, 10-120000; default 10000) before moving the run to the background."
+    )
+    background: bool = Field(False, description="Start in the background and return at once.")
+    timeout: int | None = Field(
+        None, ge=0, description="Kill the whole process tree after this many seconds (default 1800, 0 = none)."
+    )
+    pty: bool = Field(False, description="Run under a pseudo-terminal (for programs that need a TTY).")
+    elevated: bool = Field(False, description="Run outside the sandbox (refused until a sandbox policy allows it).")
+    notifyOnExit: bool | None = Field(  # noqa: N815
+        None, description="Announce the exit of a backgrounded run (default true)."
+    )
+    lane: str | None = Field(None, description="Concurrency lane (main, subagent, cron[:job]); none = never waits.")
+
+
+class ProcessParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="process")
+
+    action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
+    sessionId: str | None = Field(None, description="Target session (all actions but list).")  # noqa: N815
+    data: str | None = Field(None, description="write: text to send to stdin.")
+    eof: bool = Field(False, description="write: close stdin after the data.")
+    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. ['C-c'], ['Up', 'Enter'].")
+    hex: list[str] | None = Field(None, description="send-keys: raw bytes as hex, e.g. ['1b', '5b', '41'].")
+    literal: str | None = Field(None, description="send-keys: text sent as is.")
+    text: str | None = Field(None, description="submit / paste: the text.")
+    pattern: str | None = Field(None, description="wait: return when the output matches this regex.")
+    stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
+        None, description="poll / log / wait: which output (default: stdout and stderr in arrival order)."
+    )
+    offset: int | None = Field(None, description="log: first line (0-based).")
+    limit: int | None = Field(None, description="log: number of lines; poll: most characters to show.")
+    timeout: int | None = Field(None, description="poll / wait: block up to this many ms for output or exit.")
+    signal: str | None = Field(None, description="kill: signal to send first (default SIGTERM).")
+
+
+def _stream(name: str | None) -> Stream:
+    if name in (None, "combined", "both"):
+        return Stream.COMBINED
+    try:
+        return Stream(name)
+    except ValueError:
+        raise InvalidStream(f"stream must be stdout, stderr or both, not {name!r}") from None
+
+
+class ExecProcessFace:
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.sup = supervisor
+        self.cfg = supervisor.settings.exec
+        self._empty_polls: dict[str, int] = {}
+
+    # -- shared pieces -------------------------------------------------------------------------
+
+    def _summary(self, session: Session) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "sessionId": session.id,
+            "status": status_of(session),
+            "state": session.state.value,
+            "pid": session.pid,
+            "exitCode": session.exit_code,
+            "exitSignal": session.exit_signal,
+            "durationMs": session.duration_ms,
+            "cwd": str(session.spec.cwd) if session.spec.cwd else None,
+            "command": session.command,
+            "name": derive_name(session.command),
+        }
+        if session.error:
+            data["error"] = session.error
+        if session.is_running:
+            data["waitingForInput"] = session.waiting_for_input
+        return data
+
+    def _ending(self, session: Session) -> str:
+        if session.state is SessionState.TIMED_OUT:
+            return f"timed out after {session.duration_ms} ms; the process tree was ended"
+        if session.state is SessionState.KILLED:
+            return f"killed ({session.signal_sent or session.exit_signal}) after {session.duration_ms} ms"
+        if session.state is SessionState.FAILED_TO_START:
+            return f"failed to start: {session.error}"
+        how = f"exit code {session.exit_code}" if session.exit_code is not None else f"{session.exit_signal}"
+        return f"{how} after {session.duration_ms} ms"
+
+    def _read_text(self, session: Session, stream: Stream, start: int, end: int) -> tuple[str, int, int]:
+        """Model text of bytes [start, end); returns (text, end actually used, dropped bytes)."""
+        result = session.output[stream].read(start, end - start)
+        data = result.data
+        used_end = result.end
+        if not session.finished:
+            # Leave a character split across two reads for the next read, whole.
+            keep = complete_utf8_prefix(data)
+            used_end -= len(data) - keep
+            data = data[:keep]
+        text = for_model(data)
+        if result.dropped:
+            text = f"[... {result.dropped} bytes dropped by the output cap ...]\n" + text
+        return text, used_end, result.dropped
+
+    def _where(self, session: Session) -> str:
+        files = session.log_files
+        return files[0] if len(files) == 1 else str(session.output.directory)
+
+    # -- exec ----------------------------------------------------------------------------------
+
+    async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        params: ExecParams = parse_arguments(ExecParams, arguments)
+        if params.elevated:
+            raise NotSupported(
+                "elevated runs are not available: no sandbox policy allows running outside it",
+                hints={"drop_option": "Call again without elevated."},
+            )
+        cwd = Path(params.workdir).expanduser() if params.workdir else self.sup.settings.workspace_root
+        if not cwd.is_absolute():
+            cwd = self.sup.settings.workspace_root / cwd
+        timeout = self.cfg.timeout_sec if params.timeout is None else params.timeout
+        spec = SpawnSpec(
+            command=params.command,
+            cwd=cwd,
+            env=params.env or {},
+            timeout=timeout or None,
+            pty=params.pty,
+            pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
+            lane=params.lane,
+            notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
+        )
+        if not self.sup.settings.process.enabled:
+            yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
+        elif params.background:
+            yield_ms = 0
+        else:
+            yield_ms = self.cfg.background_ms if params.yieldMs is None else min(max(params.yieldMs, 10), 120_000)
+        session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
+        data = self._summary(session)
+        if session.finished:
+            view = session.output[Stream.COMBINED]
+            text, end, _ = self._read_text(session, Stream.COMBINED, 0, view.size)
+            shown, cut = tail_chars(text, self.cfg.result_max_chars)
+            session.poll_cursors[Stream.COMBINED] = end
+            data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
+            header = f"[{status_of(session)}: {self._ending(session)}]"
+            if cut:
+                header += (
+                    f"\n[{cut} earlier characters not shown; full output: process log sessionId={session.id}"
+                    f" or the file {self._where(session)}]"
+                )
+                data["logPath"] = self._where(session)
+            return ToolResult(f"{shown}\n{header}" if shown else header, data)
+        tail = self.sup.tail_text(session, _TAIL_CHARS)
+        data |= {"tail": tail, "logPath": self._where(session)}
+        verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
+        text = (
+            f"Command {verb} in the background: sessionId={session.id} pid={session.pid}. "
+            "Use process wait (blocks until exit or a pattern), poll (new output) or log (pages); "
+            "you will be notified when it exits."
+        )
+        if tail:
+            text += f"\nTail so far:\n{tail}"
+        return ToolResult(text, data)
+
+    # -- process -------------------------------------------------------------------------------
+
+    async def process(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        params: ProcessParams = parse_arguments(ProcessParams, arguments)
+        if params.action not in ACTIONS:
+            raise InvalidArgument(
+                f"unknown action {params.action!r}",
+                hints={"use_valid_action": "Use one of: " + ", ".join(ACTIONS) + "."},
+                field="action",
+            )
+        if params.action == "list":
+            return self._list(scope)
+        if not params.sessionId:
+            raise InvalidArgument(
+                f"sessionId is required for action {params.action!r}",
+                hints={"list_sessions": "Call process with action='list' to see your session ids."},
+                field="sessionId",
+            )
+        for name in ("offset", "limit", "timeout"):
+            value = getattr(params, name)
+            if value is not None and value < 0:
+                raise InvalidArgument(f"{name} must be 0 or more, not {value}", field=name)
+        session = self.sup.get(scope, params.sessionId)
+        handler = getattr(self, "_" + params.action.replace("-", "_"))
+        result: ToolResult = await handler(session, params, scope)
+        return result
+
+    def _list(self, scope: str) -> ToolResult:
+        rows = []
+        lines = []
+        for s in self.sup.list(scope):
+            row = self._summary(s) | {"runtimeMs": s.duration_ms, "backgrounded": s.backgrounded}
+            rows.append(row)
+            code = "" if s.exit_code is None else f" exit={s.exit_code}"
+            lines.append(f"{s.id}  {row['status']:<7} {s.duration_ms / 1000:>8.1f}s{code}  {row['name']}")
+        text = "\n".join(lines) if lines else "No sessions."
+        return ToolResult(text, {"sessions": rows, "total": len(rows)})
+
+    async def _poll(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        stream = _stream(params.stream)
+        view = session.output[stream]
+        cursor = session.poll_cursors.get(stream, 0)
+        if params.timeout and view.size <= cursor and not session.finished:
+            await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
+        text, end, _ = self._read_text(session, stream, cursor, view.size)
+        session.poll_cursors[stream] = end
+        limit = min(params.limit or self.cfg.max_output_chars, self.cfg.pending_max_chars)
+        shown, cut = tail_chars(text, limit)
+        data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
+        if text or session.finished:
+            self._empty_polls.pop(session.id, None)
+        else:
+            n = self._empty_polls.get(session.id, 0)
+            self._empty_polls[session.id] = n + 1
+            data["retryInMs"] = _RETRY_STEPS_MS[min(n, len(_RETRY_STEPS_MS) - 1)]
+        parts = []
+        if cut:
+            parts.append(f"[{cut} earlier characters of this poll not shown; they are in process log]")
+        if shown:
+            parts.append(shown)
+        if session.finished:
+            parts.append(f"[{status_of(session)}: {self._ending(session)}]")
+        else:
+            note = "[running"
+            if data.get("waitingForInput"):
+                note += "; waiting for input on stdin (use process write)"
+            if "retryInMs" in data:
+                note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
+            parts.append(note + "]")
+        return ToolResult("\n".join(parts), data)
+
+    async def _log(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        stream = _stream(params.stream)
+        view = session.output[stream]
+        total = view.total_lines
+        note = None
+        if params.offset is None and params.limit is None:
+            first, count = max(0, total - _LOG_DEFAULT_LINES), _LOG_DEFAULT_LINES
+            note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
+        elif params.offset is None:
+            assert params.limit is not None
+            first, count = max(0, total - params.limit), params.limit
+        else:
+            first, count = params.offset, params.limit
+        lines = view.read_lines(first, count)
+        text = for_model(b"\n".join(lines.lines))
+        shown, cut = head_chars(text, self.cfg.result_max_chars)
+        data = self._summary(session) | {
+            "output": shown,
+            "offset": lines.first,
+            "lines": len(lines.lines),
+            "totalLines": total,
+            "totalBytes": view.size,
+            "totalChars": len(shown) + cut if lines.first == 0 and len(lines.lines) >= total else None,
+            "droppedBytes": view.dropped,
+            "logPath": self._where(session),
+            "stream": stream.value,
+        }
+        parts = [shown] if shown else []
+        if cut:
+            parts.append(f"[{cut} characters cut; read the file {self._where(session)} or ask for fewer lines]")
+        if lines.dropped_lines:
+            parts.append(f"[{lines.dropped_lines} lines in this range were dropped by the output cap]")
+        if note:
+            parts.append(f"[{note}]")
+        return ToolResult("\n".join(parts) if parts else "[no output]", data)
+
+    async def _write(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        if params.data is None and not params.eof:
+            raise InvalidArgument("write needs data (or eof=true)", field="data")
+        return await self._send(session, scope, encode_literal(params.data or ""), eof=params.eof)
+
+    async def _send(self, session: Session, scope: str, payload: bytes, eof: bool = False) -> ToolResult:
+        written = await self.sup.write(scope, session.id, payload, eof=eof)
+        data = self._summary(session) | {"bytesWritten": written, "stdinClosed": not session.stdin_open}
+        text = f"wrote {written} bytes to session {session.id}" + (" and closed stdin" if eof else "")
+        return ToolResult(text, data)
+
+    async def _send_keys(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        if not (params.keys or params.hex or params.literal):
+            raise InvalidArgument("send-keys needs keys, hex or literal", field="keys")
+        payload = b""
+        if params.keys:
+            payload += encode_keys(params.keys)
+        if params.hex:
+            payload += encode_hex(params.hex)
+        if params.literal:
+            payload += encode_literal(params.literal)
+        return await self._send(session, scope, payload)
+
+    async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        # A terminal's Enter is CR; a pipe reader wants LF.
+        end = b"\r" if session.spec.pty else b"\n"
+        return await self._send(session, scope, encode_literal(params.text or "") + end)
+
+    async def _paste(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        if params.text is None:
+            raise InvalidArgument("paste needs text", field="text")
+        payload = encode_paste(params.text, bracketed=session.spec.pty)
+        return await self._send(session, scope, payload)
+
+    async def _kill(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        name = (params.signal or "SIGTERM").upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name not in _SIGNALS:
+            raise InvalidArgument(
+                f"unsupported signal {params.signal!r}",
+                hints={"use_valid_signal": "Use one of: " + ", ".join(sorted(_SIGNALS)) + "."},
+                field="signal",
+            )
+        grace = self.cfg.kill_grace_sec
+        await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
+        data = self._summary(session) | {"signalSent": session.signal_sent}
+        return ToolResult(f"[{status_of(session)}: {self._ending(session)}]", data)
+
+    async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        self.sup.clear(scope, session.id)
+        return ToolResult(f"cleared session {session.id}", {"sessionId": session.id, "cleared": True})
+
+    async def _remove(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        was_running = not session.finished
+        await self.sup.remove(scope, session.id)
+        text = f"{'killed and ' if was_running else ''}removed session {session.id}"
+        return ToolResult(text, {"sessionId": session.id, "removed": True, "wasRunning": was_running})
+
+    async def _wait(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        pattern = None
+        if params.pattern is not None:
+            try:
+                pattern = re.compile(params.pattern)
+            except re.error as exc:
+                raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
+        timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
+        stream = _stream(params.stream)
+        outcome = await self.sup.wait(
+            scope, session.id, timeout=timeout_ms / 1000, pattern=pattern, stream=stream
+        )
+        tail = self.sup.tail_text(session, _TAIL_CHARS)
+        data = self._summary(session) | {"reason": outcome.reason, "match": outcome.match, "tail": tail}
+        if outcome.reason == "pattern":
+            head = f"[pattern matched: {outcome.match!r}; session still {status_of(session)}]"
+        elif outcome.reason == "exited":
+            head = f"[{status_of(session)}: {self._ending(session)}]"
+        else:
+            head = f"[still running after {timeout_ms} ms; wait again or poll]"
+        return ToolResult(f"{tail}\n{head}" if tail else head, data)
+
+
+EXEC_DESCRIPTION = (
+    "Run a shell command. Short commands return their output; a command still running after yieldMs "
+    "(default 10 s) keeps running in the background and returns a sessionId to use with the process tool. "
+    "background=true returns at once. The whole process tree is killed after timeout seconds."
+)
+PROCESS_DESCRIPTION = (
+    "Manage background sessions started by exec: list; poll (new output since the last poll); log "
+    "(line pages: offset/limit); wait (block until exit or a regex pattern matches); write (stdin, eof "
+    "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
+    "remove (kill, then clear)."
+)
+
+
+def exec_process_tools(supervisor: Supervisor) -> list[ToolSpec]:
+    face = ExecProcessFace(supervisor)
+    return [
+        ToolSpec("exec", EXEC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY),
+        ToolSpec("process", PROCESS_DESCRIPTION, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
+    ]

@@ -1,0 +1,87 @@
+"""What every face hands to every transport: tool specs and tool results.
+
+A transport (MCP, REST, CLI) needs only this: a list of :class:`ToolSpec` to advertise and call,
+and :class:`ToolResult` to render. Faces never see a wire format.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from procpilot.errors import InvalidArgument, ProcpilotError
+
+__all__ = ["PermissionTier", "ToolResult", "ToolSpec", "error_result", "parse_arguments"]
+
+
+class PermissionTier(enum.Enum):
+    AUTONOMOUS = "autonomous"
+    NOTIFY = "notify"
+    APPROVAL = "approval_required"
+    BLOCKED = "blocked"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """``text`` for the model, ``data`` as structured content; ``is_error`` for typed failures."""
+
+    text: str
+    data: dict[str, Any]
+    is_error: bool = False
+
+
+Handler = Callable[[Mapping[str, Any], str], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_model: type[pydantic.BaseModel]
+    handler: Handler
+    tier: PermissionTier = PermissionTier.AUTONOMOUS
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema()
+
+    async def call(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        """Run the tool; every ``ProcpilotError`` becomes a typed error result, never a raise."""
+        try:
+            return await self.handler(arguments, scope)
+        except ProcpilotError as exc:
+            return error_result(exc)
+
+
+def error_result(exc: ProcpilotError) -> ToolResult:
+    hints = "\n".join(f"- {name}: {text}" for name, text in exc.hints.items())
+    text = f"{exc.code}: {exc.message}" + (f"\nWhat to do next:\n{hints}" if hints else "")
+    return ToolResult(text, exc.to_dict(), is_error=True)
+
+
+def parse_arguments(model: type[pydantic.BaseModel], arguments: Mapping[str, Any]) -> Any:
+    """Validate raw arguments into ``model``; a failure is an InvalidArgument naming each field."""
+    # Transports pass omitted fields as None; None means "use the default" everywhere here.
+    cleaned = {k: v for k, v in arguments.items() if v is not None}
+    try:
+        return model.model_validate(cleaned)
+    except pydantic.ValidationError as exc:
+        problems = []
+        fields = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+            fields.append(where)
+            problems.append(f"{where}: {err['msg']}")
+        raise InvalidArgument(
+            "invalid arguments: " + "; ".join(problems),
+            fields=fields,
+        ) from None
+
+
+def dumps(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))

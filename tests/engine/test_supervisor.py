@@ -1,0 +1,292 @@
+"""The engine with real processes: lifecycle, capture, hand-over, kill, timeout, scopes, lanes, TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import (
+    CommandNotFound,
+    InvalidArgument,
+    ProcessAlreadyExited,
+    SessionNotFound,
+    SessionStillRunning,
+)
+from tests.conftest import PROGRAMS, PY
+
+A = "agent-a"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+async def test_foreground_run_captures_exit_and_output(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec("echo hello; echo oops >&2; exit 3"), scope=A, yield_ms=None)
+    assert s.state is SessionState.EXITED_ERROR
+    assert s.exit_code == 3
+    assert s.output[Stream.STDOUT].read().data == b"hello\n"
+    assert s.output[Stream.STDERR].read().data == b"oops\n"
+    assert s.output[Stream.COMBINED].read().data == b"hello\noops\n"
+    assert s.started_at is not None and s.ended_at is not None and s.ended_at >= s.started_at
+
+
+async def test_argv_runs_without_a_shell(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec(("printf", "%s|", "a b", "$HOME")), scope=A, yield_ms=None)
+    assert s.state is SessionState.EXITED_OK
+    assert s.output[Stream.STDOUT].read().data == b"a b|$HOME|"
+
+
+async def test_combined_view_keeps_arrival_order(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec((PY, str(PROGRAMS / "interleave.py"), "20")), scope=A, yield_ms=None)
+    lines = s.output[Stream.COMBINED].read().data.decode().splitlines()
+    assert lines == [f"line {i} {'out' if i % 2 == 0 else 'err'}" for i in range(20)]
+
+
+async def test_yield_hands_over_the_same_process_without_losing_output(supervisor: Supervisor) -> None:
+    script = "echo before; sleep 0.3; echo after"
+    s = await supervisor.run(SpawnSpec(script), scope=A, yield_ms=50)
+    assert s.state is SessionState.RUNNING and s.backgrounded
+    pid = s.pid
+    assert (await supervisor.wait(A, s.id, timeout=10)).reason == "exited"
+    assert s.pid == pid
+    assert s.output[Stream.COMBINED].read().data == b"before\nafter\n"
+    assert s.state is SessionState.EXITED_OK
+
+
+async def test_background_returns_at_once(supervisor: Supervisor) -> None:
+    t0 = time.monotonic()
+    s = await supervisor.run(SpawnSpec("sleep 5"), scope=A, yield_ms=0)
+    assert time.monotonic() - t0 < 2
+    assert s.is_running
+    await supervisor.kill(A, s.id, wait=None)
+    assert s.state is SessionState.KILLED
+
+
+async def test_missing_command_is_command_not_found(supervisor: Supervisor) -> None:
+    with pytest.raises(CommandNotFound):
+        await supervisor.spawn(SpawnSpec("definitely-not-a-command-xyz --flag"), scope=A)
+    with pytest.raises(CommandNotFound):
+        await supervisor.spawn(SpawnSpec(("definitely-not-a-command-xyz",)), scope=A)
+    assert supervisor.list(A) == []
+
+
+async def test_missing_workdir_is_a_typed_error(supervisor: Supervisor, tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument):
+        await supervisor.spawn(SpawnSpec("true", cwd=tmp_path / "nope"), scope=A)
+
+
+async def test_env_merges_onto_a_clean_base(supervisor: Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECRET_TOKEN_FOR_TEST", "leak")
+    s = await supervisor.run(SpawnSpec("env", env={"FOO": "bar"}), scope=A, yield_ms=None)
+    env = s.output[Stream.STDOUT].read().data.decode()
+    assert "FOO=bar" in env
+    assert "SECRET_TOKEN_FOR_TEST" not in env
+    assert "PATH=" in env
+
+
+async def test_kill_ends_setsid_daemon_grandchild(supervisor: Supervisor, tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    s = await supervisor.spawn(SpawnSpec((PY, str(PROGRAMS / "daemonize.py"), str(pid_file), "stay")), scope=A)
+    assert (await supervisor.wait(A, s.id, timeout=10, pattern=re.compile("parent staying"))).reason == "pattern"
+    for _ in range(100):
+        if pid_file.exists():
+            break
+        await asyncio.sleep(0.02)
+    daemon = int(pid_file.read_text())
+    assert alive(daemon)
+    assert os.getsid(daemon) != os.getsid(s.pid or 0)  # it really left the session
+    await supervisor.kill(A, s.id, wait=None)
+    for _ in range(100):
+        if not alive(daemon):
+            break
+        await asyncio.sleep(0.02)
+    assert not alive(daemon), "the setsid'd grandchild survived the kill"
+    assert s.state is SessionState.KILLED
+
+
+async def test_daemon_left_behind_by_finished_command_is_ended(supervisor: Supervisor, tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    s = await supervisor.run(SpawnSpec((PY, str(PROGRAMS / "daemonize.py"), str(pid_file))), scope=A, yield_ms=None)
+    assert s.state is SessionState.EXITED_OK
+    daemon = int(pid_file.read_text())
+    assert not alive(daemon)
+
+
+async def test_kill_escalates_to_sigkill_after_grace(supervisor: Supervisor) -> None:
+    s = await supervisor.spawn(SpawnSpec((PY, str(PROGRAMS / "ignore_term.py"))), scope=A)
+    await supervisor.wait(A, s.id, timeout=10, pattern=re.compile("ready"))
+    t0 = time.monotonic()
+    await supervisor.kill(A, s.id, signal.SIGTERM, grace=0.3, wait=None)
+    assert time.monotonic() - t0 >= 0.25
+    assert s.state is SessionState.KILLED
+    assert s.exit_signal == "SIGKILL"
+
+
+async def test_kill_after_exit_is_process_already_exited(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec("true"), scope=A, yield_ms=None)
+    with pytest.raises(ProcessAlreadyExited):
+        await supervisor.kill(A, s.id)
+
+
+async def test_timeout_ends_tree_and_keeps_partial_output(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec("echo partial; sleep 30", timeout=0.3), scope=A, yield_ms=None)
+    assert s.state is SessionState.TIMED_OUT
+    assert s.output[Stream.COMBINED].read().data == b"partial\n"
+    assert s.duration_ms < 10_000
+
+
+async def test_timeout_with_grandchild_holding_the_pipe_does_not_hang(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec("(sleep 60; echo late) & echo started; wait", timeout=0.3), scope=A, yield_ms=None)
+    assert s.state is SessionState.TIMED_OUT
+    assert b"started" in s.output[Stream.COMBINED].read().data
+
+
+async def test_stdin_write_and_eof(supervisor: Supervisor) -> None:
+    s = await supervisor.spawn(SpawnSpec("tr a-z A-Z"), scope=A)
+    await supervisor.write(A, s.id, b"hello ")
+    await supervisor.write(A, s.id, b"world\n", eof=True)
+    assert (await supervisor.wait(A, s.id, timeout=10)).reason == "exited"
+    assert s.output[Stream.STDOUT].read().data == b"HELLO WORLD\n"
+
+
+async def test_waiting_for_input_is_detected(supervisor: Supervisor) -> None:
+    s = await supervisor.spawn(SpawnSpec("read line; echo got $line"), scope=A)
+    for _ in range(100):
+        if s.waiting_for_input:
+            break
+        await asyncio.sleep(0.02)
+    assert s.waiting_for_input
+    await supervisor.write(A, s.id, b"x\n")
+    await supervisor.wait(A, s.id, timeout=10)
+    assert s.output[Stream.STDOUT].read().data == b"got x\n"
+
+
+async def test_pty_session_gets_a_terminal_and_ctrl_c(supervisor: Supervisor) -> None:
+    s = await supervisor.spawn(
+        SpawnSpec("tty; stty size; trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done", pty=True),
+        scope=A,
+    )
+    assert (await supervisor.wait(A, s.id, timeout=10, pattern=re.compile("ready"))).reason == "pattern"
+    out = s.output[Stream.COMBINED].read().data.decode()
+    assert "/dev/pts/" in out
+    assert "30 120" in out
+    await supervisor.write(A, s.id, b"\x03")
+    assert (await supervisor.wait(A, s.id, timeout=10)).reason == "exited"
+    assert "got-int" in s.output[Stream.COMBINED].read().data.decode()
+    assert s.exit_code == 7
+
+
+async def test_scopes_are_isolated(supervisor: Supervisor) -> None:
+    s = await supervisor.spawn(SpawnSpec("sleep 5"), scope=A)
+    with pytest.raises(SessionNotFound):
+        supervisor.get("agent-b", s.id)
+    with pytest.raises(SessionNotFound):
+        await supervisor.kill("agent-b", s.id)
+    with pytest.raises(SessionNotFound):
+        await supervisor.write("agent-b", s.id, b"x")
+    assert supervisor.list("agent-b") == []
+    assert s.is_running
+    await supervisor.remove(A, s.id)
+
+
+async def test_session_ids_are_random_and_unique(supervisor: Supervisor) -> None:
+    ids = {(await supervisor.run(SpawnSpec("true"), scope=A, yield_ms=None)).id for _ in range(20)}
+    assert len(ids) == 20
+    assert all(re.fullmatch(r"[a-z0-9]{16}", i) for i in ids)
+
+
+async def test_clear_and_remove(supervisor: Supervisor) -> None:
+    running = await supervisor.spawn(SpawnSpec("sleep 5"), scope=A)
+    with pytest.raises(SessionStillRunning):
+        supervisor.clear(A, running.id)
+    directory = running.output.directory
+    await supervisor.remove(A, running.id)
+    assert running.state is SessionState.KILLED
+    assert not directory.exists()
+    with pytest.raises(SessionNotFound):
+        supervisor.get(A, running.id)
+    done = await supervisor.run(SpawnSpec("true"), scope=A, yield_ms=None)
+    supervisor.clear(A, done.id)
+    assert supervisor.list(A) == []
+
+
+async def test_ttl_sweep_removes_only_expired_finished_sessions(supervisor: Supervisor) -> None:
+    done = await supervisor.run(SpawnSpec("echo x"), scope=A, yield_ms=None)
+    running = await supervisor.spawn(SpawnSpec("sleep 5"), scope=A)
+    ttl = supervisor.settings.exec.cleanup_ms / 1000
+    assert supervisor.sweep(time.monotonic() + ttl / 2) == []
+    assert supervisor.sweep(time.monotonic() + ttl + 1) == [done.id]
+    assert not done.output.directory.exists()
+    assert [s.id for s in supervisor.list(A)] == [running.id]
+    await supervisor.remove(A, running.id)
+
+
+async def test_exit_events_once_per_session(supervisor: Supervisor) -> None:
+    seen = []
+    supervisor.on_exit(seen.append)
+    sub = supervisor.exit_events()
+    s = await supervisor.run(SpawnSpec("echo bye; exit 2"), scope=A, yield_ms=None)
+    event = await sub.get(timeout=5)
+    assert event is not None and event.session_id == s.id
+    assert event.exit_code == 2 and event.state is SessionState.EXITED_ERROR
+    assert "bye" in event.tail
+    assert await sub.get(timeout=0.2) is None
+    assert [e.session_id for e in seen] == [s.id]
+    sub.close()
+
+
+async def test_lanes_queue_beyond_their_cap(supervisor: Supervisor) -> None:
+    first = await supervisor.spawn(SpawnSpec("sleep 5", lane="main"), scope=A)
+    second = await supervisor.spawn(SpawnSpec("echo second", lane="main"), scope=A)
+    free = await supervisor.spawn(SpawnSpec("echo free"), scope=A)
+    assert first.is_running and second.state is SessionState.QUEUED
+    await supervisor.wait(A, free.id, timeout=5)
+    assert free.state is SessionState.EXITED_OK
+    await supervisor.kill(A, first.id, wait=None)
+    assert (await supervisor.wait(A, second.id, timeout=10)).reason == "exited"
+    assert second.output[Stream.STDOUT].read().data == b"second\n"
+
+
+async def test_wait_for_pattern_and_timeout(supervisor: Supervisor) -> None:
+    s = await supervisor.spawn(SpawnSpec("echo boot; sleep 0.2; echo 'listening on 8080'; sleep 5"), scope=A)
+    out = await supervisor.wait(A, s.id, timeout=10, pattern=re.compile(r"listening on (\d+)"))
+    assert out.reason == "pattern" and out.match == "listening on 8080"
+    assert s.is_running
+    assert (await supervisor.wait(A, s.id, timeout=0.1)).reason == "timeout"
+    await supervisor.remove(A, s.id)
+
+
+async def test_utf8_split_across_reads_is_not_garbled(supervisor: Supervisor) -> None:
+    # "é" is two bytes; printf writes them in two separate writes a moment apart.
+    s = await supervisor.run(SpawnSpec(r"printf '\303'; sleep 0.1; printf '\251\n'"), scope=A, yield_ms=None)
+    assert s.output[Stream.STDOUT].read().data.decode() == "é\n"
+
+
+async def test_shutdown_ends_every_tree(settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pid_file = tmp_path / "d.pid"
+    sup = await Supervisor(settings).start()
+    s = await sup.spawn(SpawnSpec((PY, str(PROGRAMS / "daemonize.py"), str(pid_file), "stay")), scope=A)
+    await sup.wait(A, s.id, timeout=10, pattern=re.compile("staying"))
+    for _ in range(100):
+        if pid_file.exists():
+            break
+        await asyncio.sleep(0.02)
+    daemon = int(pid_file.read_text())
+    await sup.aclose()
+    assert s.state is SessionState.KILLED
+    assert not alive(daemon)

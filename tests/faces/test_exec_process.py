@@ -1,0 +1,220 @@
+"""The exec + process tools, driven through the SDK's own MCP client (in memory, both eras)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from procpilot.config import Settings
+from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.exec_process import exec_process_tools
+from procpilot.transports.mcp import build_mcp_server
+
+Connect = Callable[[], Client]
+
+
+@pytest.fixture(params=["legacy", "auto"])
+def connect(request: pytest.FixtureRequest, supervisor: Supervisor) -> Connect:
+    """A client factory: the SDK's client must be entered and exited in the test's own task."""
+    server = build_mcp_server(exec_process_tools(supervisor), scope="agent-a")
+    return lambda: Client(server, mode=request.param)
+
+
+async def call(client: Client, tool: str, **args: Any) -> tuple[str, dict[str, Any], bool]:
+    result = await client.call_tool(tool, args)
+    text = result.content[0].text  # type: ignore[union-attr]
+    return text, result.structured_content or {}, bool(result.is_error)
+
+
+async def test_tools_are_listed_with_spec_parameters(connect: Connect) -> None:
+    async with connect() as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert set(tools) == {"exec", "process"}
+        exec_props = set(tools["exec"].input_schema["properties"])
+        assert {"command", "workdir", "env", "yieldMs", "background", "timeout", "pty", "elevated"} <= exec_props
+        proc_props = set(tools["process"].input_schema["properties"])
+        assert {"action", "sessionId", "data", "eof", "keys", "hex", "literal", "text", "pattern", "stream",
+                "offset", "limit", "timeout"} <= proc_props
+
+
+async def test_foreground_exec_returns_output_and_status(connect: Connect) -> None:
+    async with connect() as client:
+        text, data, err = await call(client, "exec", command="echo hi; echo there >&2")
+        assert not err
+        assert data["status"] == "done" and data["exitCode"] == 0
+        assert data["output"] == "hi\nthere\n" or data["output"].startswith("hi\nthere")
+        assert "hi" in text and data["sessionId"] and data["pid"]
+        assert isinstance(data["durationMs"], int) and data["cwd"]
+
+
+async def test_failed_command_is_a_result_not_an_error(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, err = await call(client, "exec", command="echo no >&2; exit 4")
+        assert not err and data["status"] == "error" and data["exitCode"] == 4
+
+
+async def test_yield_then_poll_and_wait(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="echo one; sleep 0.4; echo two", yieldMs=50)
+        assert data["status"] == "running"
+        sid = data["sessionId"]
+        _, waited, _ = await call(client, "process", action="wait", sessionId=sid, timeout=10_000)
+        assert waited["reason"] == "exited" and waited["status"] == "done"
+        _, polled, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert polled["output"] == "one\ntwo\n"
+        _, again, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert again["output"] == ""
+        _, log, _ = await call(client, "process", action="log", sessionId=sid)
+        assert log["output"] == "one\ntwo" and log["totalLines"] == 2
+
+
+async def test_poll_is_incremental_and_never_destroys_output(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="for i in $(seq 1 400); do echo line$i; done; sleep 5",
+                                background=True)
+        sid = data["sessionId"]
+        await call(client, "process", action="wait", sessionId=sid, pattern="line400", timeout=10_000)
+        _, polled, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert polled["cutChars"] > 0 and polled["output"].endswith("line400\n")
+        assert len(polled["output"]) <= 500
+        _, log, _ = await call(client, "process", action="log", sessionId=sid, offset=0, limit=3)
+        assert log["output"] == "line1\nline2\nline3" and log["totalLines"] == 400
+        _, empty, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert empty["output"] == "" and empty["retryInMs"] >= 1000
+        await call(client, "process", action="remove", sessionId=sid)
+
+
+async def test_log_paging_rules(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="seq 1 300")
+        sid = data["sessionId"]
+        _, default, _ = await call(client, "process", action="log", sessionId=sid)
+        assert default["offset"] == 100 and default["lines"] == 200
+        _, last, _ = await call(client, "process", action="log", sessionId=sid, limit=2)
+        assert last["output"] == "299\n300"
+        _, tail_from, _ = await call(client, "process", action="log", sessionId=sid, offset=297)
+        assert tail_from["output"] == "298\n299\n300"
+        _, window, _ = await call(client, "process", action="log", sessionId=sid, offset=10, limit=2)
+        assert window["output"] == "11\n12"
+
+
+async def test_write_and_eof(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="cat", background=True)
+        sid = data["sessionId"]
+        await call(client, "process", action="write", sessionId=sid, data="ping\n", eof=True)
+        _, waited, _ = await call(client, "process", action="wait", sessionId=sid, timeout=10_000)
+        assert waited["status"] == "done"
+        _, log, _ = await call(client, "process", action="log", sessionId=sid)
+        assert log["output"] == "ping"
+
+
+async def test_pty_send_keys(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="read a; echo \"got:$a\"", pty=True, background=True)
+        sid = data["sessionId"]
+        await call(client, "process", action="send-keys", sessionId=sid, keys=["a", "b", "c", "BSpace", "Enter"])
+        _, waited, _ = await call(client, "process", action="wait", sessionId=sid, timeout=10_000)
+        assert waited["status"] == "done"
+        _, log, _ = await call(client, "process", action="log", sessionId=sid)
+        assert "got:ab" in log["output"]
+
+
+async def test_kill_reports_killed(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="sleep 30", background=True)
+        _, killed, _ = await call(client, "process", action="kill", sessionId=data["sessionId"])
+        assert killed["status"] == "killed"
+
+
+async def test_timeout_is_error_with_partial_output(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="echo partial; sleep 30", timeout=1, yieldMs=5000)
+        assert data["status"] == "error" and data["state"] == "timed_out"
+        assert "partial" in data["output"]
+
+
+async def test_list_shows_sessions_newest_first_with_names(connect: Connect) -> None:
+    async with connect() as client:
+        await call(client, "exec", command="echo first")
+        await call(client, "exec", command="sleep 0.1 && echo second")
+        _, listing, _ = await call(client, "process", action="list")
+        names = [s["name"] for s in listing["sessions"]]
+        assert names[0].startswith("sleep") and names[1].startswith("echo")
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        ({"action": "explode", "sessionId": "x"}, "InvalidArgument"),
+        ({"action": "poll"}, "InvalidArgument"),
+        ({"action": "poll", "sessionId": "nope"}, "SessionNotFound"),
+        ({"action": "log", "sessionId": "SID", "offset": -1}, "InvalidArgument"),
+        ({"action": "wait", "sessionId": "SID", "pattern": "(unclosed"}, "InvalidPattern"),
+        ({"action": "clear", "sessionId": "SID"}, "SessionStillRunning"),
+    ],
+)
+async def test_bad_input_gets_typed_errors(connect: Connect, args: dict[str, Any], code: str) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="sleep 10", background=True)
+        args = {k: (data["sessionId"] if v == "SID" else v) for k, v in args.items()}
+        text, err_data, is_error = await call(client, "process", **args)
+        assert is_error
+        assert err_data["error"] == code
+        assert text.startswith(code) and "What to do next" in text
+        await call(client, "process", action="remove", sessionId=data["sessionId"])
+
+
+async def test_missing_command_and_elevated_are_typed_errors(connect: Connect) -> None:
+    async with connect() as client:
+        text, data, is_error = await call(client, "exec", command="no-such-binary-qq arg")
+        assert is_error and data["error"] == "CommandNotFound" and "which" in text
+        _, data, is_error = await call(client, "exec", command="true", elevated=True)
+        assert is_error and data["error"] == "NotSupported"
+
+
+async def test_scope_isolation_across_servers(supervisor: Supervisor) -> None:
+    a = build_mcp_server(exec_process_tools(supervisor), scope="agent-a")
+    b = build_mcp_server(exec_process_tools(supervisor), scope="agent-b")
+    async with Client(a) as ca, Client(b) as cb:
+        _, data, _ = await call(ca, "exec", command="sleep 10", background=True)
+        sid = data["sessionId"]
+        for action in ("poll", "log", "kill", "write", "remove"):
+            _, err, is_error = await call(cb, "process", action=action, sessionId=sid, data="x")
+            assert is_error and err["error"] == "SessionNotFound", action
+        _, listing, _ = await call(cb, "process", action="list")
+        assert listing["sessions"] == []
+        await call(ca, "process", action="remove", sessionId=sid)
+
+
+async def test_process_tool_disabled_makes_exec_synchronous(settings: Settings) -> None:
+    sync_settings = settings.model_copy(update={"process": settings.process.model_copy(update={"enabled": False})})
+    async with Supervisor(sync_settings) as sup:
+        server = build_mcp_server(exec_process_tools(sup), scope="a")
+        async with Client(server) as c:
+            _, data, _ = await call(c, "exec", command="sleep 0.2; echo late", yieldMs=10, background=True)
+            assert data["status"] == "done" and data["output"] == "late\n"
+
+
+async def test_ansi_and_progress_redraws_are_cleaned_for_the_model(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command=r"printf '\033[31mred\033[0m\n10%%\r50%%\r100%%\n'")
+        assert data["output"] == "red\n100%\n"
+
+
+async def test_wait_for_pattern_keeps_session_running(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="echo booting; sleep 0.2; echo READY; sleep 10", background=True)
+        sid = data["sessionId"]
+        _, waited, _ = await call(client, "process", action="wait", sessionId=sid, pattern="READY", timeout=10_000)
+        assert waited["reason"] == "pattern" and waited["status"] == "running" and waited["match"] == "READY"
+        _, timed, _ = await call(client, "process", action="wait", sessionId=sid, timeout=50)
+        assert timed["reason"] == "timeout"
+        await call(client, "process", action="remove", sessionId=sid)
+        await asyncio.sleep(0)
+        assert re.fullmatch(r"[a-z0-9]{16}", sid)

@@ -1,0 +1,11 @@
+"""Alternates lines on stdout and stderr, flushing each, so arrival order is known."""
+
+import sys
+import time
+
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+for i in range(n):
+    stream = sys.stdout if i % 2 == 0 else sys.stderr
+    stream.write(f"line {i} {'out' if i % 2 == 0 else 'err'}\n")
+    stream.flush()
+    time.sleep(0.002)
