@@ -67,11 +67,20 @@ class Settings(BaseModel):
 
     state_dir: Path = Field(default_factory=_default_state_dir)
     workspace_root: Path = Field(default_factory=Path.cwd)
-    exec: ExecSettings = Field(default_factory=ExecSettings)
-    process: ProcessToolSettings = Field(default_factory=ProcessToolSettings)
-    lanes: LaneSettings = Field(default_factory=LaneSettings)  # type: ignore[arg-type]
+    exec: ExecSettings = ExecSettings()
+    process: ProcessToolSettings = ProcessToolSettings()
+    lanes: LaneSettings = LaneSettings()
     base_env_passthrough: tuple[str, ...] = (
-        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL",
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "TMPDIR",
+        "SHELL",
     )
     base_env_set: Mapping[str, str] = Field(
         default_factory=lambda: {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
@@ -244,9 +253,7 @@ def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_settings(
-    config_file: Path | None = None, env: Mapping[str, str] | None = None, **overrides: Any
-) -> Settings:
+def load_settings(config_file: Path | None = None, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Build the effective settings; see the module docstring for precedence."""
     env = os.environ if env is None else env
     layers = _from_env(env)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import re
 import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from procpilot.config import Settings
@@ -64,9 +65,7 @@ class SyncSupervisor:
         pattern: re.Pattern[str] | None = None,
         stream: Stream = Stream.COMBINED,
     ) -> WaitOutcome:
-        return self._call(
-            self.supervisor.wait(scope, session_id, timeout=timeout, pattern=pattern, stream=stream)
-        )
+        return self._call(self.supervisor.wait(scope, session_id, timeout=timeout, pattern=pattern, stream=stream))
 
     def write(self, scope: str, session_id: str, data: bytes, *, eof: bool = False) -> int:
         return self._call(self.supervisor.write(scope, session_id, data, eof=eof))
@@ -74,7 +73,7 @@ class SyncSupervisor:
     def kill(self, scope: str, session_id: str, sig: int = signal.SIGTERM, *, wait: float | None = None) -> Session:
         return self._call(self.supervisor.kill(scope, session_id, sig, wait=wait))
 
-    def list(self, scope: str) -> list[Session]:
+    def list(self, scope: str) -> builtins.list[Session]:
         return self._loop_call(lambda: self.supervisor.list(scope))
 
     def get(self, scope: str, session_id: str) -> Session:
@@ -83,8 +82,9 @@ class SyncSupervisor:
     def remove(self, scope: str, session_id: str) -> Session:
         return self._call(self.supervisor.remove(scope, session_id))
 
-    def _loop_call(self, fn: Any) -> Any:
-        async def call() -> Any:
+    def _loop_call(self, fn: Callable[[], T]) -> T:
+        # Sessions are owned by the loop thread: read them there, not from this one.
+        async def call() -> T:
             return fn()
 
         return self._call(call())

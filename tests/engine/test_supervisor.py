@@ -151,7 +151,8 @@ async def test_timeout_ends_tree_and_keeps_partial_output(supervisor: Supervisor
 
 
 async def test_timeout_with_grandchild_holding_the_pipe_does_not_hang(supervisor: Supervisor) -> None:
-    s = await supervisor.run(SpawnSpec("(sleep 60; echo late) & echo started; wait", timeout=0.3), scope=A, yield_ms=None)
+    spec = SpawnSpec("(sleep 60; echo late) & echo started; wait", timeout=0.3)
+    s = await supervisor.run(spec, scope=A, yield_ms=None)
     assert s.state is SessionState.TIMED_OUT
     assert b"started" in s.output[Stream.COMBINED].read().data
 
@@ -178,7 +179,9 @@ async def test_waiting_for_input_is_detected(supervisor: Supervisor) -> None:
 
 async def test_pty_session_gets_a_terminal_and_ctrl_c(supervisor: Supervisor) -> None:
     s = await supervisor.spawn(
-        SpawnSpec("tty; stty size; trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done", pty=True),
+        SpawnSpec(
+            "tty; stty size; trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done", pty=True
+        ),
         scope=A,
     )
     assert (await supervisor.wait(A, s.id, timeout=10, pattern=re.compile("ready"))).reason == "pattern"

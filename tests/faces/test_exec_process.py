@@ -38,8 +38,21 @@ async def test_tools_are_listed_with_spec_parameters(connect: Connect) -> None:
         exec_props = set(tools["exec"].input_schema["properties"])
         assert {"command", "workdir", "env", "yieldMs", "background", "timeout", "pty", "elevated"} <= exec_props
         proc_props = set(tools["process"].input_schema["properties"])
-        assert {"action", "sessionId", "data", "eof", "keys", "hex", "literal", "text", "pattern", "stream",
-                "offset", "limit", "timeout"} <= proc_props
+        assert {
+            "action",
+            "sessionId",
+            "data",
+            "eof",
+            "keys",
+            "hex",
+            "literal",
+            "text",
+            "pattern",
+            "stream",
+            "offset",
+            "limit",
+            "timeout",
+        } <= proc_props
 
 
 async def test_foreground_exec_returns_output_and_status(connect: Connect) -> None:
@@ -75,8 +88,9 @@ async def test_yield_then_poll_and_wait(connect: Connect) -> None:
 
 async def test_poll_is_incremental_and_never_destroys_output(connect: Connect) -> None:
     async with connect() as client:
-        _, data, _ = await call(client, "exec", command="for i in $(seq 1 400); do echo line$i; done; sleep 5",
-                                background=True)
+        _, data, _ = await call(
+            client, "exec", command="for i in $(seq 1 400); do echo line$i; done; sleep 5", background=True
+        )
         sid = data["sessionId"]
         await call(client, "process", action="wait", sessionId=sid, pattern="line400", timeout=10_000)
         _, polled, _ = await call(client, "process", action="poll", sessionId=sid)
@@ -116,7 +130,7 @@ async def test_write_and_eof(connect: Connect) -> None:
 
 async def test_pty_send_keys(connect: Connect) -> None:
     async with connect() as client:
-        _, data, _ = await call(client, "exec", command="read a; echo \"got:$a\"", pty=True, background=True)
+        _, data, _ = await call(client, "exec", command='read a; echo "got:$a"', pty=True, background=True)
         sid = data["sessionId"]
         await call(client, "process", action="send-keys", sessionId=sid, keys=["a", "b", "c", "BSpace", "Enter"])
         _, waited, _ = await call(client, "process", action="wait", sessionId=sid, timeout=10_000)
@@ -209,7 +223,8 @@ async def test_ansi_and_progress_redraws_are_cleaned_for_the_model(connect: Conn
 
 async def test_wait_for_pattern_keeps_session_running(connect: Connect) -> None:
     async with connect() as client:
-        _, data, _ = await call(client, "exec", command="echo booting; sleep 0.2; echo READY; sleep 10", background=True)
+        script = "echo booting; sleep 0.2; echo READY; sleep 10"
+        _, data, _ = await call(client, "exec", command=script, background=True)
         sid = data["sessionId"]
         _, waited, _ = await call(client, "process", action="wait", sessionId=sid, pattern="READY", timeout=10_000)
         assert waited["reason"] == "pattern" and waited["status"] == "running" and waited["match"] == "READY"

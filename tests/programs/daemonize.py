@@ -20,6 +20,9 @@ if os.fork() == 0:
         os.rename(pid_file + ".tmp", pid_file)
         time.sleep(600)
     os._exit(0)
+# Exit only once the daemon has announced itself, so a test knows whom to look for.
+while not os.path.exists(pid_file):
+    time.sleep(0.005)
 if stay:
     print("parent staying", flush=True)
     time.sleep(600)

@@ -94,9 +94,8 @@ class SegmentedLog:
         pos = 0
         while pos < len(data):
             index, within = divmod(self.size, self.segment_size)
-            if index != self._fd_index:
-                self._open_segment(index)
-            assert self._fd is not None
+            if index != self._fd_index or self._fd is None:
+                self._fd = self._open_segment(index)
             room = self.segment_size - within
             part = data if pos == 0 and len(data) <= room else data[pos : pos + room]
             written = os.write(self._fd, part)
@@ -105,21 +104,19 @@ class SegmentedLog:
             pos += written
         self._last_byte_newline = data[-1] == 10
 
-    def _open_segment(self, index: int) -> None:
+    def _open_segment(self, index: int) -> int:
         if self._fd is not None:
             os.close(self._fd)
-        self._fd = os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._fd_index = index
         self._lines_before.append(self.lines)
         oldest_kept_tail = index - _TAIL_SEGMENTS + 1
         if oldest_kept_tail > _HEAD_SEGMENTS:
             victim = oldest_kept_tail - 1
             if victim >= _HEAD_SEGMENTS:
-                try:
-                    self._path(victim).unlink()
-                except FileNotFoundError:
-                    pass
+                self._path(victim).unlink(missing_ok=True)
                 self._tail_start = oldest_kept_tail * self.segment_size
+        return fd
 
     def close(self) -> None:
         if self._fd is not None:

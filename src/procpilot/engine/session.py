@@ -365,7 +365,12 @@ class Session:
 
     async def _writable(self, fd: int) -> None:
         fut: asyncio.Future[None] = self._loop.create_future()
-        self._loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self._loop.add_writer(fd, ready)
         try:
             await fut
         finally:

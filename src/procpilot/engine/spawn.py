@@ -9,12 +9,15 @@ as controlling terminal) is a line of ``/bin/sh`` that then ``exec``s it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import shlex
 import shutil
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +35,62 @@ _RETRY_DELAYS = (0.01, 0.05, 0.2, 0.5)
 _SHELL = "/bin/sh"
 # Words a shell resolves itself: a first word among these is never "not found" up front.
 _SHELL_WORDS = frozenset(
-    ["!", "{", "}", "(", "[", "[[", ".", ":", "alias", "bg", "break", "case", "cd", "command", "continue", "declare", "echo", "eval", "exec", "exit", "export", "false", "fc", "fg", "for", "function", "getopts", "hash", "if", "jobs", "kill", "let", "local", "printf", "pwd", "read", "readonly", "return", "set", "shift", "test", "times", "trap", "true", "type", "typeset", "ulimit", "umask", "unalias", "unset", "until", "wait", "while", "time"]
+    [
+        "!",
+        "{",
+        "}",
+        "(",
+        "[",
+        "[[",
+        ".",
+        ":",
+        "alias",
+        "bg",
+        "break",
+        "case",
+        "cd",
+        "command",
+        "continue",
+        "declare",
+        "echo",
+        "eval",
+        "exec",
+        "exit",
+        "export",
+        "false",
+        "fc",
+        "fg",
+        "for",
+        "function",
+        "getopts",
+        "hash",
+        "if",
+        "jobs",
+        "kill",
+        "let",
+        "local",
+        "printf",
+        "pwd",
+        "read",
+        "readonly",
+        "return",
+        "set",
+        "shift",
+        "test",
+        "times",
+        "trap",
+        "true",
+        "type",
+        "typeset",
+        "ulimit",
+        "umask",
+        "unalias",
+        "unset",
+        "until",
+        "wait",
+        "while",
+        "time",
+    ]
 )
 
 
@@ -143,10 +201,9 @@ def _argv(command: str | tuple[str, ...], prelude: list[str]) -> list[str]:
 
 def _pipe() -> tuple[int, int]:
     r, w = os.pipe2(os.O_CLOEXEC)
-    try:
+    # Capped by /proc/sys/fs/pipe-max-size for non-root: the default 64 KiB works too.
+    with contextlib.suppress(OSError):
         fcntl.fcntl(r, _F_SETPIPE_SZ, _PIPE_SIZE)
-    except OSError:
-        pass  # capped by /proc/sys/fs/pipe-max-size for non-root: the default 64 KiB works too
     return r, w
 
 
@@ -174,7 +231,8 @@ def spawn_process(
                 continue
             if isinstance(exc, FileNotFoundError):
                 raise CommandNotFound(f"command not found: {spec.display}", command=spec.display) from exc
-            raise SpawnFailed(f"could not start {spec.display!r}: {exc.strerror or exc}", errno=exc.errno) from exc
+            reason = exc.strerror or str(exc)
+            raise SpawnFailed(f"could not start {spec.display!r}: {reason}", errno=exc.errno) from exc
     raise AssertionError("unreachable")
 
 
@@ -193,8 +251,9 @@ def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], join_line: str | None) 
             stdin: int = slave
             stdout: int = slave
             stderr: int = slave
-            stdin_fd: int | None = os.dup(master)
-            parent_fds.append(stdin_fd)
+            pty_stdin = os.dup(master)
+            parent_fds.append(pty_stdin)
+            stdin_fd: int | None = pty_stdin
             stdin_target: str | None = os.ttyname(slave)
             stdout_fd, stderr_fd = master, None
         else:
@@ -238,8 +297,5 @@ def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], join_line: str | None) 
 
 
 def _set_winsize(fd: int, size: tuple[int, int]) -> None:
-    import struct
-    import termios
-
     cols, rows = size
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))

@@ -1,7 +1,7 @@
 """The session lifecycle as an explicit state machine. No dependencies.
 
     QUEUED ──► RUNNING ──► EXITED_OK | EXITED_ERROR | KILLED | TIMED_OUT
-       │          
+       │
        └─────► FAILED_TO_START  (also reachable from QUEUED when the lane slot is cancelled)
 
 A session enters exactly one end state, once. Faces map these names to their own vocabularies

@@ -8,15 +8,16 @@ requested signal first, SIGKILL after the grace period, and nothing is left behi
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import re
 import secrets
 import signal
 import string
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from procpilot.config import Settings, load_settings
 from procpilot.engine.capture import SessionOutput, Stream
@@ -64,7 +65,8 @@ class Supervisor:
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._sessions: dict[str, Session] = {}
-        self._lanes = LaneScheduler(self.settings.lanes.caps(), self.settings.lanes.default)
+        lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
+        self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
         self.exits: EventBus[ExitInfo] = EventBus()
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
@@ -116,9 +118,7 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         if running:
-            await asyncio.wait(
-                [asyncio.ensure_future(s.wait_finished()) for s in running], timeout=grace + 5.0
-            )
+            await asyncio.wait([asyncio.ensure_future(s.wait_finished()) for s in running], timeout=grace + 5.0)
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
@@ -126,8 +126,8 @@ class Supervisor:
         self._tree_backend.close()
         self.exits.close()
 
-    def _spawn_task(self, coro: object) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -148,9 +148,8 @@ class Supervisor:
         """Start ``spec`` (or queue it behind its lane) and return its session at once."""
         if not self._started:
             await self.start()
-        if self._closed:
+        if self._closed or self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
-        assert self._store is not None
         session_id = new_session_id()
         directory = self._store.session_dir(session_id)
         output = SessionOutput(directory, self.settings.exec.max_log_bytes)
@@ -191,8 +190,8 @@ class Supervisor:
         session.attach(spawned)
         if spec.stdin_data is not None:
             self._spawn_task(self._feed_stdin(session, spec.stdin_data))
-        assert self._store is not None
-        self._store.save(session.id, session.record())
+        if self._store is not None:
+            self._store.save(session.id, session.record())
 
     async def _start_when_free(self, session: Session, lane: str) -> None:
         try:
@@ -230,13 +229,13 @@ class Supervisor:
         session.last_access = time.monotonic()
         return session
 
-    def list(self, scope: str) -> list[Session]:
+    def list(self, scope: str) -> builtins.list[Session]:
         """This scope's sessions, newest first."""
         mine = [s for s in self._sessions.values() if s.scope == scope]
         mine.sort(key=lambda s: s.created_at, reverse=True)
         return mine
 
-    def all_sessions(self) -> list[Session]:
+    def all_sessions(self) -> builtins.list[Session]:
         return list(self._sessions.values())
 
     def lane_usage(self) -> dict[str, tuple[int, int, int]]:
@@ -349,13 +348,11 @@ class Supervisor:
         if self._store is not None:
             self._store.delete(session.id)
 
-    def sweep(self, now: float | None = None) -> list[str]:
+    def sweep(self, now: float | None = None) -> builtins.list[str]:
         """Remove finished sessions idle for longer than the TTL; returns their ids."""
         now = time.monotonic() if now is None else now
         ttl = self.settings.exec.cleanup_ms / 1000
-        expired = [
-            s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl
-        ]
+        expired = [s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl]
         for session in expired:
             self._forget(session)
         return [s.id for s in expired]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import signal
 import time
 from collections.abc import Iterable
@@ -293,8 +294,6 @@ def _children_of_self() -> set[int]:
 
 
 def _read_syscall_nr() -> int:
-    import platform
-
     # The number of read(2): /proc/PID/syscall reports the syscall a blocked task sleeps in.
     return {"x86_64": 0, "aarch64": 63, "riscv64": 63}.get(platform.machine(), -1)
 

@@ -8,10 +8,10 @@ an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages 
 
 from __future__ import annotations
 
+import os
 import re
 import signal as signal_module
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,7 +29,17 @@ from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_
 __all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
 
 ACTIONS = (
-    "list", "poll", "log", "write", "send-keys", "submit", "paste", "kill", "clear", "remove", "wait",
+    "list",
+    "poll",
+    "log",
+    "write",
+    "send-keys",
+    "submit",
+    "paste",
+    "kill",
+    "clear",
+    "remove",
+    "wait",
 )
 _POLL_MAX_WAIT_MS = 30_000
 _WAIT_MAX_MS = 600_000
@@ -170,9 +180,8 @@ class ExecProcessFace:
                 "elevated runs are not available: no sandbox policy allows running outside it",
                 hints={"drop_option": "Call again without elevated."},
             )
-        cwd = Path(params.workdir).expanduser() if params.workdir else self.sup.settings.workspace_root
-        if not cwd.is_absolute():
-            cwd = self.sup.settings.workspace_root / cwd
+        root = self.sup.settings.workspace_root
+        cwd = root / os.path.expanduser(params.workdir) if params.workdir else root
         timeout = self.cfg.timeout_sec if params.timeout is None else params.timeout
         spec = SpawnSpec(
             command=params.command,
@@ -294,14 +303,14 @@ class ExecProcessFace:
         view = session.output[stream]
         total = view.total_lines
         note = None
-        if params.offset is None and params.limit is None:
-            first, count = max(0, total - _LOG_DEFAULT_LINES), _LOG_DEFAULT_LINES
-            note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
-        elif params.offset is None:
-            assert params.limit is not None
+        count: int | None
+        if params.offset is not None:
+            first, count = params.offset, params.limit
+        elif params.limit is not None:
             first, count = max(0, total - params.limit), params.limit
         else:
-            first, count = params.offset, params.limit
+            first, count = max(0, total - _LOG_DEFAULT_LINES), _LOG_DEFAULT_LINES
+            note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
         lines = view.read_lines(first, count)
         text = for_model(b"\n".join(lines.lines))
         shown, cut = head_chars(text, self.cfg.result_max_chars)
@@ -392,9 +401,7 @@ class ExecProcessFace:
                 raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
         timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
         stream = _stream(params.stream)
-        outcome = await self.sup.wait(
-            scope, session.id, timeout=timeout_ms / 1000, pattern=pattern, stream=stream
-        )
+        outcome = await self.sup.wait(scope, session.id, timeout=timeout_ms / 1000, pattern=pattern, stream=stream)
         tail = self.sup.tail_text(session, _TAIL_CHARS)
         data = self._summary(session) | {"reason": outcome.reason, "match": outcome.match, "tail": tail}
         if outcome.reason == "pattern":
