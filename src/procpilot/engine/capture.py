@@ -182,27 +182,25 @@ class SegmentedLog:
             return 0
         if line > self.lines:
             return self.size
-        index = bisect.bisect_right(self._lines_before, line - 1) - 1
-        index = max(index, 0)
-        pos = index * self.segment_size
-        if self.head_end <= pos < self._tail_start:
+        # The newline ending line - 1 lies in the segment whose first line is the last <= line - 1.
+        index = max(bisect.bisect_right(self._lines_before, line - 1) - 1, 0)
+        base = index * self.segment_size
+        if self.head_end <= base < self._tail_start:
             return self._tail_start
-        seen = self._lines_before[index] if self._lines_before else 0
-        while pos < self.size:
-            chunk = self.read(pos, _SCAN_CHUNK)
-            data = chunk.data
-            if chunk.dropped:
-                return chunk.end if seen < line else pos
+        seen = self._lines_before[index]
+        end = min(self.size, base + self.segment_size)
+        pos = base
+        while pos < end:
+            data = self._pread(index, pos - base, min(_SCAN_CHUNK, end - pos))
+            if not data:
+                break
             cursor = 0
-            while True:
-                hit = data.find(b"\n", cursor)
-                if hit < 0:
-                    break
+            while (hit := data.find(b"\n", cursor)) >= 0:
                 seen += 1
                 cursor = hit + 1
                 if seen == line:
                     return pos + cursor
-            pos = chunk.end
+            pos += len(data)
         return self.size
 
     def read_lines(self, first: int, count: int | None) -> LineSlice:

@@ -23,6 +23,13 @@ from procpilot.transports.mcp import build_mcp_server
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process supervisor for AI agents.")
 _err = Console(stderr=True)
 
+
+
+@app.callback()
+def _root() -> None:
+    """procpilot: run commands for agents, inside limits, with nothing lost and nothing left behind."""
+
+
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 

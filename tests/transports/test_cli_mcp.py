@@ -1,0 +1,104 @@
+"""`procpilot mcp` as a real subprocess: stdio with the SDK's client, streamable HTTP, shutdown by signal."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.conftest import marked_processes
+
+PROCPILOT = str(Path(sys.executable).parent / "procpilot")
+
+
+def server_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PROCPILOT_STATE_DIR": str(tmp_path / "state"),
+        "PROCPILOT_WORKSPACE": str(tmp_path),
+    }
+
+
+async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, args)
+    return result.structured_content or {}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_stdio_server_runs_tools(tmp_path: Path, mode: str) -> None:
+    params = StdioServerParameters(command=PROCPILOT, args=["mcp", "--agent", "a1"], env=server_env(tmp_path))
+    async with Client(params, mode=mode) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert {"exec", "process"} <= names
+        done = await call(client, "exec", command="echo via-stdio")
+        assert done["status"] == "done"
+        assert done["output"] == "via-stdio\n"
+        bg = await call(client, "exec", command="sleep 30", background=True)
+        listing = await call(client, "process", action="list")
+        assert bg["sessionId"] in {s["sessionId"] for s in listing["sessions"]}
+    # The client closed stdin: the server shut down and ended the background tree with it.
+    deadline = time.monotonic() + 10
+    while marked_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not marked_processes()
+
+
+def start_http(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [PROCPILOT, "mcp", "--http", "--port", "0", "--agent", "h1"],
+        env=server_env(tmp_path),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for _ in range(200):
+        line = proc.stderr.readline()
+        found = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", line)
+        if found:
+            return proc, found.group(1)
+    proc.kill()
+    proc.wait()
+    raise AssertionError("server did not print its URL")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_http_server_and_shutdown_by_signal_end_every_tree(tmp_path: Path, sig: int) -> None:
+    proc, url = start_http(tmp_path)
+    try:
+        async with Client(url) as client:
+            done = await call(client, "exec", command="echo via-http")
+            assert done["output"] == "via-http\n"
+            bg = await call(client, "exec", command="sleep 60 & sleep 60", background=True)
+            assert bg["status"] == "running"
+        assert marked_processes()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    assert not marked_processes()
+
+
+def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[tools.exec]\nbackgroundMS = 5\n")
+    argv = [PROCPILOT, "mcp", "--config", str(bad)]
+    result = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert "ConfigError" in result.stderr
+    assert "backgroundMS" in result.stderr
+    assert "Traceback" not in result.stderr
