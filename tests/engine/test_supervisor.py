@@ -293,3 +293,20 @@ async def test_shutdown_ends_every_tree(settings, tmp_path: Path) -> None:  # ty
     await sup.aclose()
     assert s.state is SessionState.KILLED
     assert not alive(daemon)
+
+
+async def test_transient_emfile_is_retried(supervisor: Supervisor) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    # Leave too few descriptors for the pipes: the first attempt fails with EMFILE...
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 1, hard))
+    loop = asyncio.get_running_loop()
+    # ...and give them back while the supervisor backs off.
+    loop.call_later(0.005, resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        s = await supervisor.run(SpawnSpec("echo survived"), scope=A, yield_ms=None)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert s.output[Stream.STDOUT].read().data == b"survived\n"

@@ -233,3 +233,14 @@ async def test_wait_for_pattern_keeps_session_running(connect: Connect) -> None:
         await call(client, "process", action="remove", sessionId=sid)
         await asyncio.sleep(0)
         assert re.fullmatch(r"[a-z0-9]{16}", sid)
+
+
+async def test_polling_a_finished_session_returns_all_that_was_unread(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="sleep 0.2; seq 1 2000", yieldMs=10)
+        sid = data["sessionId"]
+        await call(client, "process", action="wait", sessionId=sid, timeout=10_000)
+        _, polled, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert polled["cutChars"] == 0
+        assert polled["output"].startswith("1\n2\n3\n")
+        assert polled["output"].endswith("1999\n2000\n")

@@ -9,6 +9,7 @@ as controlling terminal) is a line of ``/bin/sh`` that then ``exec``s it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -18,7 +19,6 @@ import shutil
 import struct
 import subprocess
 import termios
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,7 +207,7 @@ def _pipe() -> tuple[int, int]:
     return r, w
 
 
-def spawn_process(
+async def spawn_process(
     spec: SpawnSpec,
     env: Mapping[str, str],
     *,
@@ -223,7 +223,7 @@ def spawn_process(
     check_command(spec.command, env, spec.cwd)
     for attempt, delay in enumerate((0.0, *_RETRY_DELAYS)):
         if delay:
-            time.sleep(delay)
+            await asyncio.sleep(delay)  # the loop keeps serving every other session meanwhile
         try:
             return _spawn_once(spec, env, join_line)
         except OSError as exc:

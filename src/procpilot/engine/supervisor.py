@@ -157,7 +157,7 @@ class Supervisor:
         session.kill_grace = self.settings.exec.kill_grace_sec
         if spec.lane is None or self._lanes.try_acquire(spec.lane):
             try:
-                self._start(session)
+                await self._start(session)
             except ProcpilotError:
                 output.remove_files()
                 self._store.delete(session_id)
@@ -168,7 +168,7 @@ class Supervisor:
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
 
-    def _start(self, session: Session) -> None:
+    async def _start(self, session: Session) -> None:
         spec = session.spec
         env = build_env(
             self.settings.base_env_passthrough,
@@ -180,7 +180,7 @@ class Supervisor:
         )
         join_line = self._tree_backend.prepare(session.id)
         try:
-            spawned = spawn_process(spec, env, join_line=join_line)
+            spawned = await spawn_process(spec, env, join_line=join_line)
         except ProcpilotError:
             self._tree_backend.release(session.id)
             if spec.lane is not None:
@@ -204,7 +204,7 @@ class Supervisor:
             self._lanes.release(lane)  # killed while waiting
             return
         try:
-            self._start(session)
+            await self._start(session)
         except ProcpilotError as exc:
             session.fail_to_start(f"{exc.code}: {exc.message}")
 

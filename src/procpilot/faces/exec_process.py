@@ -273,7 +273,10 @@ class ExecProcessFace:
             await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
         text, end, _ = self._read_text(session, stream, cursor, view.size)
         session.poll_cursors[stream] = end
-        limit = min(params.limit or self.cfg.max_output_chars, self.cfg.pending_max_chars)
+        # A finished session has nothing more to come: hand over all that is unread (up to the
+        # result cap), not a tail, so the last poll never hides the ending.
+        default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
+        limit = min(params.limit or default, self.cfg.pending_max_chars)
         shown, cut = tail_chars(text, limit)
         data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
         if text or session.finished:
