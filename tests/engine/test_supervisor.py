@@ -310,3 +310,13 @@ async def test_transient_emfile_is_retried(supervisor: Supervisor) -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert s.output[Stream.STDOUT].read().data == b"survived\n"
+
+
+async def test_the_store_keeps_each_sessions_latest_record(supervisor: Supervisor) -> None:
+    from procpilot.engine.store import FileStore
+
+    s = await supervisor.run(SpawnSpec("exit 5"), scope=A, yield_ms=None)
+    records = {r["id"]: r for r in FileStore(supervisor.settings.state_dir).load_all()}
+    assert records[s.id]["state"] == "exited_error"
+    assert records[s.id]["exit_code"] == 5
+    assert records[s.id]["pid"] == s.pid

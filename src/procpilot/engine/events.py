@@ -65,6 +65,11 @@ class EventBus(Generic[T]):
         self._subs: list[Subscription[T]] = []
         self._callbacks: list[Callable[[T], None]] = []
 
+    @property
+    def has_listeners(self) -> bool:
+        """True iff an event published now would reach anyone (so callers may skip building it)."""
+        return bool(self._subs or self._callbacks)
+
     def publish(self, event: T) -> None:
         for sub in list(self._subs):
             sub._put(event)

@@ -140,9 +140,7 @@ def _encode_char(name: str, char: str, mods: int) -> str:
         elif char in _CONTROL_PUNCTUATION:
             char = _CONTROL_PUNCTUATION[char]
         else:
-            raise _no_encoding(
-                name, "C- applies to letters, Space and @ [ \\ ] ^ _ ? only (e.g. C-c, C-[, C-?)"
-            )
+            raise _no_encoding(name, "C- applies to letters, Space and @ [ \\ ] ^ _ ? only (e.g. C-c, C-[, C-?)")
     if mods & _ALT:
         # Meta is sent as an ESC prefix, the convention of xterm's metaSendsEscape and tmux.
         char = "\x1b" + char

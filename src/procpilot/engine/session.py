@@ -258,11 +258,13 @@ class Session:
         return True
 
     def _after_leader_exit(self) -> None:
-        leftovers = self._trees.pids(self.id, self.pid)
-        if leftovers:
+        if self._trees.pids(self.id, self.pid):
             # The command is over; what it left running belongs to nobody else. End it.
             self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self._leader_reaped)
             self._timers.append(self._loop.call_later(_ORPHAN_GRACE, self._kill_leftovers))
+        elif not self._open_streams:
+            self._finish()  # the common case: nothing left, nothing buffered
+            return
         if self._open_streams:
             self._timers.append(self._loop.call_later(_DRAIN_DEADLINE, self._drain_and_close_streams))
         self._maybe_finish()
@@ -306,8 +308,12 @@ class Session:
         self._on_finish(self)
 
     async def wait_finished(self, timeout: float | None = None) -> bool:
+        if self._finished.is_set():
+            return True
         try:
-            await asyncio.wait_for(asyncio.shield(self._finished.wait()), timeout)
+            # asyncio.timeout, not wait_for: no extra task per wait on the exec hot path.
+            async with asyncio.timeout(timeout):
+                await self._finished.wait()
         except TimeoutError:
             return False
         return True

@@ -8,12 +8,12 @@ requested signal first, SIGKILL after the grace period, and nothing is left behi
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
 import re
 import secrets
 import signal
-import string
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -33,15 +33,13 @@ from procpilot.render import for_model, tail_chars
 
 __all__ = ["Supervisor", "WaitOutcome"]
 
-_ID_ALPHABET = string.ascii_lowercase + string.digits
-_ID_LENGTH = 16
 _TAIL_CHARS = 400
 _REAP_INTERVAL = 2.0
 
 
 def new_session_id() -> str:
-    """16 characters from a 36-letter alphabet: ~82 bits from the OS's CSPRNG."""
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(_ID_LENGTH))
+    """16 lowercase base32 characters: 80 bits from the OS's CSPRNG."""
+    return base64.b32encode(secrets.token_bytes(10)).decode().lower()
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +215,7 @@ class Supervisor:
             self._lanes.release(session.spec.lane)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
-        if session.spec.notify_on_exit:
+        if session.spec.notify_on_exit and self.exits.has_listeners:
             self.exits.publish(session.exit_info(self.tail_text(session)))
 
     # -- queries -------------------------------------------------------------------------------
