@@ -320,3 +320,16 @@ async def test_the_store_keeps_each_sessions_latest_record(supervisor: Superviso
     assert records[s.id]["state"] == "exited_error"
     assert records[s.id]["exit_code"] == 5
     assert records[s.id]["pid"] == s.pid
+
+
+async def test_killing_a_queued_session_ends_it_as_killed(supervisor: Supervisor) -> None:
+    first = await supervisor.spawn(SpawnSpec("sleep 5", lane="cron:nightly"), scope=A)
+    queued = await supervisor.spawn(SpawnSpec("echo never", lane="cron:nightly"), scope=A)
+    other_job = await supervisor.spawn(SpawnSpec("echo other", lane="cron:hourly"), scope=A)
+    assert queued.state is SessionState.QUEUED
+    assert other_job.state is not SessionState.QUEUED  # cron caps are per job
+    await supervisor.kill(A, queued.id)
+    assert queued.state is SessionState.KILLED
+    assert queued.pid is None
+    await supervisor.remove(A, first.id)
+    await supervisor.wait(A, other_job.id, timeout=5)

@@ -91,6 +91,7 @@ class Session:
         self._leader_reaped = False
         self._requested_end: SessionState | None = None
         self._reaper_armed = False
+        self.left_orphans = False  # True iff processes outlived the leader (they are now ours to reap)
         self._signal_sent: str | None = None
         self.kill_grace = 5.0
         self._timers: list[asyncio.TimerHandle] = []
@@ -168,9 +169,10 @@ class Session:
         if self.spec.timeout:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
 
-    def fail_to_start(self, message: str) -> None:
+    def fail_to_start(self, message: str, *, end: SessionState = SessionState.FAILED_TO_START) -> None:
+        """End a session that never ran: it could not start, or was cancelled while queued (KILLED)."""
         self.error = message
-        self._set_state(SessionState.FAILED_TO_START)
+        self._set_state(end)
         self._t_end = time.monotonic()
         self.ended_at = time.time()
         self.output.mark_closed()
@@ -260,6 +262,7 @@ class Session:
     def _after_leader_exit(self) -> None:
         if self._trees.pids(self.id, self.pid):
             # The command is over; what it left running belongs to nobody else. End it.
+            self.left_orphans = True
             self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self._leader_reaped)
             self._timers.append(self._loop.call_later(_ORPHAN_GRACE, self._kill_leftovers))
         elif not self._open_streams:

@@ -211,6 +211,9 @@ class Supervisor:
             await session.write(data, eof=True)
 
     def _on_finish(self, session: Session) -> None:
+        if session.left_orphans:
+            # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
+            reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
         if session.spec.lane is not None and session.started_at is not None:
             self._lanes.release(session.spec.lane)
         if self._store is not None and session.id in self._sessions:
@@ -281,7 +284,7 @@ class Supervisor:
         """
         session = self.get(scope, session_id)
         if session.state is SessionState.QUEUED:
-            session.fail_to_start("killed while waiting for a lane slot")
+            session.fail_to_start("killed while waiting for a lane slot", end=SessionState.KILLED)
             return session
         grace = self.settings.exec.kill_grace_sec if grace is None else grace
         session.terminate(SessionState.KILLED, sig, grace)
