@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procpilot.errors import ConfigError
 
-__all__ = ["ExecSettings", "LaneSettings", "ProcessToolSettings", "Settings", "load_settings"]
+__all__ = ["ExecSettings", "LaneSettings", "ProcessToolSettings", "ServerSettings", "Settings", "load_settings"]
 
 _MIB = 1024 * 1024
 
@@ -57,6 +57,22 @@ class ProcessToolSettings(BaseModel):
     enabled: bool = True
 
 
+class ServerSettings(BaseModel):
+    """``procpilot serve``: where it listens and which bearer token speaks for which agent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    unix_socket: Path | None = None
+    # token -> agent id (the scope). Kept out of repr so a logged settings object leaks no secret.
+    tokens: Mapping[str, str] = Field(default_factory=dict, repr=False)
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.host in ("127.0.0.1", "::1", "localhost") or self.host.startswith("127.")
+
+
 def _default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "procpilot"
@@ -70,6 +86,7 @@ class Settings(BaseModel):
     exec: ExecSettings = ExecSettings()
     process: ProcessToolSettings = ProcessToolSettings()
     lanes: LaneSettings = LaneSettings()
+    server: ServerSettings = ServerSettings()
     base_env_passthrough: tuple[str, ...] = (
         "PATH",
         "HOME",
@@ -101,6 +118,12 @@ class Settings(BaseModel):
         out["lanes"] = self.lanes.model_dump()
         out["base_env"] = {"passthrough": list(self.base_env_passthrough), "set": dict(self.base_env_set)}
         out["env"] = {"protected": list(self.protected_env)}
+        out["server"] = {
+            "host": self.server.host,
+            "port": self.server.port,
+            "unix_socket": str(self.server.unix_socket) if self.server.unix_socket else None,
+            "tokens": f"{len(self.server.tokens)} configured",  # never print a secret
+        }
         return out
 
 
@@ -198,6 +221,22 @@ def _from_toml(path: Path) -> dict[str, Any]:
                         out["process"] = {"enabled": item}
                 else:
                     raise unknown(f"tools.{section}")
+        elif key == "server":
+            server = dict(table(value, "server"))
+            for name in server:
+                if name not in ("host", "port", "unix_socket", "tokens"):
+                    raise unknown(f"server.{name}")
+            tokens = server.get("tokens", {})
+            if not isinstance(tokens, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and k and v for k, v in tokens.items()
+            ):
+                raise ConfigError(
+                    f'server.tokens: expected a table of "token" = "agent-id"{where}', key="server.tokens"
+                )
+            if isinstance(server.get("unix_socket"), str):
+                sock = Path(server["unix_socket"]).expanduser()
+                server["unix_socket"] = sock if sock.is_absolute() else path.parent / sock
+            out["server"] = server
         elif key == "lanes":
             lanes = table(value, "lanes")
             for name, cap in lanes.items():

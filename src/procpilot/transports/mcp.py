@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -36,11 +36,15 @@ def to_call_result(result: ToolResult) -> CallToolResult:
     )
 
 
-def _mcp_tool(spec: ToolSpec, scope: str) -> Tool:
+ScopeSource = str | Callable[[], str]
+
+
+def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
     fields = list(spec.input_model.model_fields)
 
     async def call(**arguments: Any) -> CallToolResult:
-        return to_call_result(await spec.call(arguments, scope))
+        caller = scope if isinstance(scope, str) else scope()
+        return to_call_result(await spec.call(arguments, caller))
 
     # The SDK builds its argument model from the signature: every field optional and untyped,
     # so the face's own validation produces the errors an agent sees.
@@ -59,8 +63,9 @@ def _mcp_tool(spec: ToolSpec, scope: str) -> Tool:
     return tool.model_copy(update={"parameters": spec.input_schema()})
 
 
-def build_mcp_server(tools: Sequence[ToolSpec], *, scope: str, name: str = "procpilot") -> MCPServer:
-    """An MCP server whose every call runs in ``scope`` (the agent this server speaks for)."""
+def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str = "procpilot") -> MCPServer:
+    """An MCP server whose every call runs in ``scope``: a fixed agent id (stdio), or a function
+    that tells the caller's agent for the current request (HTTP, where the bearer token decides)."""
     return MCPServer(
         name,
         instructions=_INSTRUCTIONS,
