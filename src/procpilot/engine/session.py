@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
@@ -91,6 +92,8 @@ class Session:
         self._leader_reaped = False
         self._requested_end: SessionState | None = None
         self._reaper_armed = False
+        self.limit_backend: LimitBackend | None = None
+        self.limit_report: LimitReport | None = None
         self.left_orphans = False  # True iff processes outlived the leader (they are now ours to reap)
         self._signal_sent: str | None = None
         self.kill_grace = 5.0
@@ -296,8 +299,14 @@ class Session:
             timer.cancel()
         self._timers.clear()
         self._close_stdin()
+        if self.limit_backend is not None:
+            self.limit_report = self.limit_backend.report(self.id)
+            self.limit_backend.release(self.id)
+        oom = self.limit_report is not None and self.limit_report.oom_killed
         if self._requested_end is not None:
             end = self._requested_end
+        elif oom and self.exit_code != 0:
+            end = SessionState.LIMIT_EXCEEDED
         elif self.exit_code == 0:
             end = SessionState.EXITED_OK
         else:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from procpilot.engine.limits import Limits
 from procpilot.errors import CommandNotFound, InvalidArgument, SpawnFailed
 
 __all__ = ["SpawnSpec", "Spawned", "build_env", "spawn_process"]
@@ -108,6 +109,7 @@ class SpawnSpec:
     stdin_data: bytes | None = None
     lane: str | None = None
     notify_on_exit: bool = True
+    limits: Limits | None = None
 
     @property
     def display(self) -> str:
@@ -211,7 +213,7 @@ async def spawn_process(
     spec: SpawnSpec,
     env: Mapping[str, str],
     *,
-    join_line: str | None,
+    prelude: Sequence[str] = (),
 ) -> Spawned:
     """Start the child, retrying transient OS errors with backoff."""
     if spec.cwd is not None and not spec.cwd.is_dir():
@@ -225,7 +227,7 @@ async def spawn_process(
         if delay:
             await asyncio.sleep(delay)  # the loop keeps serving every other session meanwhile
         try:
-            return _spawn_once(spec, env, join_line)
+            return _spawn_once(spec, env, prelude)
         except OSError as exc:
             if exc.errno in _TRANSIENT and attempt < len(_RETRY_DELAYS):
                 continue
@@ -236,8 +238,9 @@ async def spawn_process(
     raise AssertionError("unreachable")
 
 
-def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], join_line: str | None) -> Spawned:
-    prelude = [join_line] if join_line else []
+def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str]) -> Spawned:
+    # Shell lines run in the child before the user's command: joining cgroups, taking the pty.
+    prelude = list(lines)
     to_close: list[int] = []
     parent_fds: list[int] = []
     try:

@@ -1,6 +1,6 @@
 """The session lifecycle as an explicit state machine. No dependencies.
 
-    QUEUED ──► RUNNING ──► EXITED_OK | EXITED_ERROR | KILLED | TIMED_OUT
+    QUEUED ──► RUNNING ──► EXITED_OK | EXITED_ERROR | KILLED | TIMED_OUT | LIMIT_EXCEEDED
        │
        └─────► FAILED_TO_START  (also reachable from QUEUED when the lane slot is cancelled)
 
@@ -23,6 +23,7 @@ class SessionState(enum.Enum):
     EXITED_ERROR = "exited_error"
     KILLED = "killed"
     TIMED_OUT = "timed_out"
+    LIMIT_EXCEEDED = "limit_exceeded"  # ended by its memory limit (the kernel's OOM killer or the watchdog)
     FAILED_TO_START = "failed_to_start"
 
     @property
@@ -36,6 +37,7 @@ END_STATES = frozenset(
         SessionState.EXITED_ERROR,
         SessionState.KILLED,
         SessionState.TIMED_OUT,
+        SessionState.LIMIT_EXCEEDED,
         SessionState.FAILED_TO_START,
     }
 )

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import builtins
 import contextlib
+import os
 import re
 import secrets
 import signal
@@ -23,18 +24,28 @@ from procpilot.config import Settings, load_settings
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.lanes import LaneScheduler
+from procpilot.engine.limits import LimitBackend, WatchdogLimits, probe_limits
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import MARKER_ENV, TreeBackend, probe_trees, reap_orphans
-from procpilot.errors import ProcessAlreadyExited, ProcpilotError, SessionNotFound, SessionStillRunning
+from procpilot.errors import ProcessAlreadyExited, ProcpilotError, SessionNotFound, SessionStillRunning, SpawnFailed
 from procpilot.render import for_model, tail_chars
 
 __all__ = ["Supervisor", "WaitOutcome"]
 
 _TAIL_CHARS = 400
 _REAP_INTERVAL = 2.0
+_WATCHDOG_INTERVAL = 0.1
+
+
+def _rss_pages(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def new_session_id() -> str:
@@ -58,10 +69,12 @@ class Supervisor:
         *,
         store: SessionStore | None = None,
         trees: TreeBackend | None = None,
+        limits: LimitBackend | None = None,
     ) -> None:
         self.settings = settings or load_settings()
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
+        self._limits: LimitBackend | None = limits
         self._sessions: dict[str, Session] = {}
         lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
         self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
@@ -80,6 +93,8 @@ class Supervisor:
             self._store = FileStore(self.settings.state_dir)
         if self._trees is None:
             self._trees = probe_trees()
+        if self._limits is None:
+            self._limits = probe_limits()
         self._started = True
         self._spawn_task(self._housekeeping())
         return self
@@ -93,6 +108,16 @@ class Supervisor:
     @property
     def tree_mechanism(self) -> str:
         return self._tree_backend.name
+
+    @property
+    def limit_mechanism(self) -> str:
+        return self._limit_backend.name
+
+    @property
+    def _limit_backend(self) -> LimitBackend:
+        if self._limits is None:
+            raise RuntimeError("Supervisor.start() has not been awaited")
+        return self._limits
 
     @property
     def _tree_backend(self) -> TreeBackend:
@@ -122,6 +147,7 @@ class Supervisor:
                 await task
         reap_orphans(set())
         self._tree_backend.close()
+        self._limit_backend.close()
         self.exits.close()
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -131,6 +157,8 @@ class Supervisor:
         return task
 
     async def _housekeeping(self) -> None:
+        if isinstance(self._limits, WatchdogLimits):
+            self._spawn_task(self._watchdog(self._limits))
         ttl_check = 0.0
         while True:
             await asyncio.sleep(_REAP_INTERVAL)
@@ -139,6 +167,19 @@ class Supervisor:
             if now - ttl_check > 30:
                 ttl_check = now
                 self.sweep(now)
+
+    async def _watchdog(self, limits: WatchdogLimits) -> None:
+        """Without a memory controller: sample limited trees' RSS and end those over their limit."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        while True:
+            await asyncio.sleep(_WATCHDOG_INTERVAL)
+            for session in list(self._sessions.values()):
+                if session.limit_backend is not limits or not session.is_running or session.spec.limits is None:
+                    continue
+                rss = sum(_rss_pages(pid) for pid in self._tree_backend.pids(session.id, session.pid)) * page
+                if limits.observe(session.id, rss, session.spec.limits.memory_bytes):
+                    with contextlib.suppress(ProcpilotError):
+                        session.terminate(SessionState.LIMIT_EXCEEDED, signal.SIGKILL, None)
 
     # -- spawning ------------------------------------------------------------------------------
 
@@ -176,11 +217,25 @@ class Supervisor:
             pty=spec.pty,
             pty_size=spec.pty_size,
         )
-        join_line = self._tree_backend.prepare(session.id)
+        prelude: list[str] = []
+        tree_line = self._tree_backend.prepare(session.id)
+        if tree_line:
+            prelude.append(tree_line)
+        if spec.limits is not None and not spec.limits.empty:
+            limits = self._limit_backend
+            try:
+                prelude += limits.prepare(session.id, spec.limits)
+            except OSError as exc:
+                limits.release(session.id)
+                self._tree_backend.release(session.id)
+                raise SpawnFailed(f"could not set up limits with {limits.name}: {exc}") from exc
+            session.limit_backend = limits
         try:
-            spawned = await spawn_process(spec, env, join_line=join_line)
+            spawned = await spawn_process(spec, env, prelude=prelude)
         except ProcpilotError:
             self._tree_backend.release(session.id)
+            if session.limit_backend is not None:
+                session.limit_backend.release(session.id)
             if spec.lane is not None:
                 self._lanes.release(spec.lane)
             raise

@@ -218,7 +218,7 @@ class CgroupTrees:
             self.root.rmdir()
 
 
-def _own_unified_cgroup() -> Path | None:
+def own_unified_cgroup() -> Path | None:
     mounts: dict[str, Path] = {}
     try:
         with open("/proc/self/mountinfo") as f:
@@ -246,7 +246,7 @@ def _own_unified_cgroup() -> Path | None:
 def probe_trees(prefer: str = "auto") -> TreeBackend:
     """The best tree mechanism this host offers: cgroup v2 grouping if writable, else /proc scans."""
     if prefer in ("auto", "cgroup2"):
-        base = _own_unified_cgroup()
+        base = own_unified_cgroup()
         if base is not None:
             root = base / f"procpilot-{os.getpid()}"
             try:

@@ -55,6 +55,7 @@ _STATUS = {
     SessionState.EXITED_OK: "done",
     SessionState.EXITED_ERROR: "error",
     SessionState.TIMED_OUT: "error",
+    SessionState.LIMIT_EXCEEDED: "error",
     SessionState.FAILED_TO_START: "error",
     SessionState.KILLED: "killed",
 }
@@ -147,6 +148,8 @@ class ExecProcessFace:
             return f"timed out after {session.duration_ms} ms; the process tree was ended"
         if session.state is SessionState.KILLED:
             return f"killed ({session.signal_sent or session.exit_signal}) after {session.duration_ms} ms"
+        if session.state is SessionState.LIMIT_EXCEEDED:
+            return f"ended by its memory limit after {session.duration_ms} ms"
         if session.state is SessionState.FAILED_TO_START:
             return f"failed to start: {session.error}"
         how = f"exit code {session.exit_code}" if session.exit_code is not None else f"{session.exit_signal}"

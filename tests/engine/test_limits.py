@@ -1,0 +1,78 @@
+"""Limits on real mechanisms: whatever this host offers is probed; each test says what it needs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from procpilot.engine.capture import Stream
+from procpilot.engine.limits import Limits, WatchdogLimits, probe_limits
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+
+A = "agent-a"
+_PROBE = probe_limits()
+_MECHANISM = _PROBE.name
+_PROBE.close()
+needs_cgroups = pytest.mark.skipif(
+    _MECHANISM == "watchdog", reason="no writable cgroup controllers on this host: only the watchdog works"
+)
+
+HOG = "import time\nchunks=[]\nwhile True:\n    chunks.append(bytearray(8 << 20))\n    time.sleep(0.005)\n"
+BUSY = "import time\nend=time.time()+{secs}\nwhile time.time()<end: pass\n"
+
+
+async def test_memory_hog_is_ended_and_reported(supervisor: Supervisor) -> None:
+    spec = SpawnSpec(("python3", "-c", HOG), limits=Limits(memory_bytes=96 << 20), timeout=60)
+    s = await supervisor.run(spec, scope=A, yield_ms=None)
+    assert s.state is SessionState.LIMIT_EXCEEDED
+    assert s.limit_report is not None
+    assert s.limit_report.oom_killed
+    assert s.limit_report.memory_peak_bytes is not None
+    assert s.limit_report.memory_peak_bytes >= 64 << 20
+
+
+async def test_memory_hog_is_ended_by_the_watchdog(settings) -> None:  # type: ignore[no-untyped-def]
+    async with Supervisor(settings, limits=WatchdogLimits()) as sup:
+        spec = SpawnSpec(("python3", "-c", HOG), limits=Limits(memory_bytes=96 << 20), timeout=60)
+        s = await sup.run(spec, scope=A, yield_ms=None)
+        assert s.state is SessionState.LIMIT_EXCEEDED
+        assert s.limit_report is not None
+        assert s.limit_report.oom_killed
+
+
+@needs_cgroups
+async def test_cpu_limit_throttles_to_its_share(supervisor: Supervisor) -> None:
+    spec = SpawnSpec(("python3", "-c", BUSY.format(secs=2.0)), limits=Limits(cpu_fraction=0.5))
+    t0 = time.monotonic()
+    s = await supervisor.run(spec, scope=A, yield_ms=None)
+    wall = time.monotonic() - t0
+    assert s.state is SessionState.EXITED_OK
+    assert s.rusage is not None
+    cpu = s.rusage.ru_utime + s.rusage.ru_stime
+    share = cpu / wall
+    assert 0.5 * 0.85 <= share <= 0.5 * 1.15, f"used {share:.2f} of a core"
+
+
+@needs_cgroups
+async def test_fork_bomb_is_contained_by_the_pids_limit(supervisor: Supervisor) -> None:
+    bomb = "for i in $(seq 1 200); do sleep 30 & done; echo spawned; sleep 30"
+    s = await supervisor.spawn(SpawnSpec(bomb, limits=Limits(pids_max=20)), scope=A)
+    peak = 0
+    while not s.finished:
+        peak = max(peak, len(supervisor._tree_backend.pids(s.id, s.pid)))
+        await asyncio.sleep(0.01)
+    assert peak <= 20
+    assert b"fork" in s.output[Stream.STDERR].read().data.lower()
+    assert b"spawned" not in s.output[Stream.STDOUT].read().data  # the shell could not get that far
+    assert s.state is SessionState.EXITED_ERROR
+
+
+async def test_unlimited_sessions_need_no_limit_mechanism(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec("echo free"), scope=A, yield_ms=None)
+    assert s.limit_report is None
+    assert s.state is SessionState.EXITED_OK
+    await asyncio.sleep(0)
