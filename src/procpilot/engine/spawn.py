@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
 from procpilot.errors import CommandNotFound, InvalidArgument, SpawnFailed
 
@@ -110,6 +111,7 @@ class SpawnSpec:
     lane: str | None = None
     notify_on_exit: bool = True
     limits: Limits | None = None
+    isolation: Isolation | None = None
 
     @property
     def display(self) -> str:
@@ -190,15 +192,19 @@ def check_command(command: str | tuple[str, ...], env: Mapping[str, str], cwd: P
         raise CommandNotFound(f"command not found: {program}", command=program)
 
 
-def _argv(command: str | tuple[str, ...], prelude: list[str]) -> list[str]:
-    if isinstance(command, str):
+def _argv(command: str | tuple[str, ...], prelude: list[str], prefix: list[str]) -> list[str]:
+    """The child's argv: our shell lines (cgroup joins, pty) first, then the isolation prefix, then
+    the user's command. Joins must happen outside the isolation, where /sys is still writable."""
+    if isinstance(command, str) and not prefix:
         if not prelude:
             return [_SHELL, "-c", command]
         # The user's text is appended after our lines, unquoted: it stays exactly the script they wrote.
         return [_SHELL, "-c", "\n".join([*prelude, command])]
+    inner = [_SHELL, "-c", command] if isinstance(command, str) else list(command)
+    inner = [*prefix, *inner]
     if not prelude:
-        return list(command)
-    return [_SHELL, "-c", "\n".join([*prelude, 'exec "$@"']), "procpilot", *command]
+        return inner
+    return [_SHELL, "-c", "\n".join([*prelude, 'exec "$@"']), "procpilot", *inner]
 
 
 def _pipe() -> tuple[int, int]:
@@ -241,6 +247,7 @@ async def spawn_process(
 def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str]) -> Spawned:
     # Shell lines run in the child before the user's command: joining cgroups, taking the pty.
     prelude = list(lines)
+    prefix = isolation_prefix(spec.isolation) if spec.isolation is not None else []
     to_close: list[int] = []
     parent_fds: list[int] = []
     try:
@@ -275,7 +282,7 @@ def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str]) -
             stdout, stderr = w_out, w_err
             stdout_fd, stderr_fd = r_out, r_err
         popen = subprocess.Popen(
-            _argv(spec.command, prelude),
+            _argv(spec.command, prelude, prefix),
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
