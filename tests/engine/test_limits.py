@@ -76,3 +76,11 @@ async def test_unlimited_sessions_need_no_limit_mechanism(supervisor: Supervisor
     assert s.limit_report is None
     assert s.state is SessionState.EXITED_OK
     await asyncio.sleep(0)
+
+
+async def test_capabilities_name_the_mechanisms_in_use(supervisor: Supervisor) -> None:
+    caps = supervisor.capabilities()
+    assert caps["tree_kill"] == supervisor.tree_mechanism
+    assert caps["limits"]["mechanism"] == supervisor.limit_mechanism == _MECHANISM
+    assert set(caps["limits"]["enforced"]) | set(caps["limits"]["not_enforced"]) == {"memory", "cpu", "pids"}
+    assert "network_off" in caps["isolation"]

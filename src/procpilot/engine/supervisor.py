@@ -23,6 +23,7 @@ from typing import Any, Literal
 from procpilot.config import Settings, load_settings
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.events import EventBus, Subscription
+from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
 from procpilot.engine.limits import LimitBackend, WatchdogLimits, probe_limits
 from procpilot.engine.session import ExitInfo, Session
@@ -108,6 +109,22 @@ class Supervisor:
     @property
     def tree_mechanism(self) -> str:
         return self._tree_backend.name
+
+    def capabilities(self) -> dict[str, Any]:
+        """What this host lets the supervisor do, and by which mechanism (for `doctor` and agents)."""
+        limits = self._limit_backend
+        trees = self._tree_backend
+        return {
+            "tree_kill": trees.name,
+            "subreaper": bool(getattr(trees, "subreaper", False)),
+            "limits": {
+                "mechanism": limits.name,
+                "enforced": sorted(limits.enforces),
+                "not_enforced": sorted({"memory", "cpu", "pids"} - limits.enforces),
+            },
+            "isolation": isolation_capabilities(),
+            "pidfd": hasattr(os, "pidfd_open"),
+        }
 
     @property
     def limit_mechanism(self) -> str:
