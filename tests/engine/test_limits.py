@@ -84,3 +84,24 @@ async def test_capabilities_name_the_mechanisms_in_use(supervisor: Supervisor) -
     assert caps["limits"]["mechanism"] == supervisor.limit_mechanism == _MECHANISM
     assert set(caps["limits"]["enforced"]) | set(caps["limits"]["not_enforced"]) == {"memory", "cpu", "pids"}
     assert "network_off" in caps["isolation"]
+
+
+@needs_cgroups
+async def test_a_non_root_child_cannot_escape_its_cgroup(supervisor: Supervisor) -> None:
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to start a non-root child")
+    escape = (
+        "for f in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/*/tasks; do echo $$ > $f 2>/dev/null && echo MOVED $f; done;"
+        " cat /proc/self/cgroup"
+    )
+    spec = SpawnSpec(
+        ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", escape),
+        limits=Limits(pids_max=50),
+    )
+    s = await supervisor.run(spec, scope=A, yield_ms=None)
+    out = s.output[Stream.STDOUT].read().data.decode()
+    assert "MOVED" not in out
+    assert f"procpilot-{os.getpid()}/{s.id}" in out  # still inside the session's cgroups
