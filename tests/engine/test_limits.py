@@ -94,8 +94,8 @@ async def test_a_non_root_child_cannot_escape_its_cgroup(supervisor: Supervisor)
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to start a non-root child")
     escape = (
-        "for f in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/*/tasks; do echo $$ > $f 2>/dev/null && echo MOVED $f; done;"
-        " cat /proc/self/cgroup"
+        "for f in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/*/tasks; do"
+        " echo $$ > $f 2>/dev/null && echo MOVED $f; done; cat /proc/self/cgroup"
     )
     spec = SpawnSpec(
         ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", escape),
