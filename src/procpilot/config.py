@@ -10,13 +10,22 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from procpilot.errors import ConfigError
 
-__all__ = ["ExecSettings", "LaneSettings", "ProcessToolSettings", "ServerSettings", "Settings", "load_settings"]
+__all__ = [
+    "AgentPolicy",
+    "ExecSettings",
+    "LaneSettings",
+    "PolicySettings",
+    "ProcessToolSettings",
+    "ServerSettings",
+    "Settings",
+    "load_settings",
+]
 
 _MIB = 1024 * 1024
 
@@ -73,6 +82,43 @@ class ServerSettings(BaseModel):
         return self.host in ("127.0.0.1", "::1", "localhost") or self.host.startswith("127.")
 
 
+Tier = Literal["autonomous", "notify", "approval_required", "blocked"]
+
+
+class AgentPolicy(BaseModel):
+    """What one agent may do: its commands, its permission tiers, and its box."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allow: tuple[str, ...] | None = None  # programs it may run (resolved paths); None = any
+    deny: tuple[str, ...] = ()
+    check_stdin: bool = False  # check text written to interactive shells like commands
+    tiers: Mapping[str, Tier] = Field(default_factory=dict)  # tool name -> tier (overrides the tool's own)
+    network: bool = True  # False: sessions get only a private loopback
+    readonly_root: bool = False  # True: only the workspace (and `writable`) can be written
+    writable: tuple[str, ...] = ()
+    elevated_allowed: bool = False  # may ask to run outside the box above
+    max_procs: int | None = Field(None, ge=1)  # running sessions at once
+    memory_limit: int | None = Field(None, ge=1 << 20)  # bytes; the agent's allocation and default
+    cpu_limit: float | None = Field(None, gt=0)  # fraction of one core
+    pids_max: int | None = Field(None, ge=1)
+
+
+class PolicySettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    default: AgentPolicy = AgentPolicy()
+    agents: Mapping[str, AgentPolicy] = Field(default_factory=dict)
+    approval_timeout_sec: float = Field(300.0, gt=0)
+
+    def for_agent(self, agent: str) -> AgentPolicy:
+        """The agent's own entries over the defaults (only the keys its table sets)."""
+        own = self.agents.get(agent)
+        if own is None:
+            return self.default
+        return self.default.model_copy(update={k: getattr(own, k) for k in own.model_fields_set})
+
+
 def _default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "procpilot"
@@ -87,6 +133,7 @@ class Settings(BaseModel):
     process: ProcessToolSettings = ProcessToolSettings()
     lanes: LaneSettings = LaneSettings()
     server: ServerSettings = ServerSettings()
+    policy: PolicySettings = PolicySettings()
     base_env_passthrough: tuple[str, ...] = (
         "PATH",
         "HOME",
@@ -221,6 +268,8 @@ def _from_toml(path: Path) -> dict[str, Any]:
                         out["process"] = {"enabled": item}
                 else:
                     raise unknown(f"tools.{section}")
+        elif key == "policy":
+            out["policy"] = table(value, "policy")  # shape checked by the models, errors name the key
         elif key == "server":
             server = dict(table(value, "server"))
             for name in server:

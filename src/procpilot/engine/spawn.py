@@ -112,6 +112,7 @@ class SpawnSpec:
     notify_on_exit: bool = True
     limits: Limits | None = None
     isolation: Isolation | None = None
+    elevated: bool = False  # asks to run outside the agent's box; the spawn filter decides
 
     @property
     def display(self) -> str:

@@ -71,11 +71,15 @@ class Supervisor:
         store: SessionStore | None = None,
         trees: TreeBackend | None = None,
         limits: LimitBackend | None = None,
+        spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
     ) -> None:
         self.settings = settings or load_settings()
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
+        # Called as filter(scope, spec, running sessions in that scope) before every spawn: it may
+        # refuse (raise a ProcpilotError) or return the spec to run. Policy lives outside the engine.
+        self._spawn_filter = spawn_filter
         self._sessions: dict[str, Session] = {}
         lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
         self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
@@ -206,6 +210,9 @@ class Supervisor:
             await self.start()
         if self._closed or self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        if self._spawn_filter is not None:
+            running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
+            spec = self._spawn_filter(scope, spec, running)
         session_id = new_session_id()
         directory = self._store.session_dir(session_id)
         output = SessionOutput(directory, self.settings.exec.max_log_bytes)
