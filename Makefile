@@ -20,8 +20,30 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# `make run`: the daemon with an embedded default configuration (written once to $(RUN_DIR), then
+# yours to edit) and its state (session logs) in $(RUN_DIR)/state. Loopback only, no tokens: every
+# caller is agent "default"; add [server.tokens] to give each agent its own scope.
+RUN_DIR := $(VENV)/procpilot-run
+define DEFAULT_CONFIG
+# procpilot serve, as `make run` starts it. Paths are relative to this file.
+state_dir = "state"
+workspace_root = "../.."
+
+[server]
+host = "127.0.0.1"
+port = 8765
+unix_socket = "procpilot.sock"
+
+# One bearer token per agent; the token decides the agent's scope. Required off the loopback.
+# [server.tokens]
+# "a-long-random-secret" = "my-agent"
+endef
+export DEFAULT_CONFIG
+
 run: $(STAMP)
-	$(BIN)/procpilot mcp --http --host 127.0.0.1 --port $${PORT:-8765}
+	@mkdir -p $(RUN_DIR)
+	@test -f $(RUN_DIR)/procpilot.toml || printf '%s\n' "$$DEFAULT_CONFIG" > $(RUN_DIR)/procpilot.toml
+	$(BIN)/procpilot serve --config $(RUN_DIR)/procpilot.toml --port $${PORT:-8765}
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -81,13 +81,24 @@ def _all_pids() -> Iterable[int]:
             yield int(name)
 
 
-def _has_marker(pid: int, session_id: str) -> bool:
+def _marker_of(pid: int) -> str | None:
+    """The session marker in a process's environment: "" if it has none, None if unreadable.
+
+    A process in the middle of exiting has already dropped its memory: its environment reads as
+    empty, which says nothing about whose it was.
+    """
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read()
     except OSError:
-        return False
-    return f"{MARKER_ENV}={session_id}".encode() in env.split(b"\0")
+        return None
+    if not env:
+        return None
+    prefix = f"{MARKER_ENV}=".encode()
+    for item in env.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return ""
 
 
 def _signal_pids(pids: Iterable[int], sig: int) -> int:
@@ -124,11 +135,19 @@ class ScanTrees:
             members |= {pid for pid, (_, pgid, sid, _) in table.items() if leader in (pgid, sid)}
             if leader in table:
                 members.add(leader)
-        members |= {
-            pid
-            for pid, (ppid, _, _, _) in table.items()
-            if ppid == self._me and pid != leader and _has_marker(pid, session_id)
-        }
+        # Orphans re-parented to us (we are their subreaper) are ours if they carry the marker. One
+        # that is exiting cannot say, and its children are not re-parented yet: ask them instead.
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        frontier = [pid for pid in children.get(self._me, []) if pid != leader]
+        while frontier:
+            pid = frontier.pop()
+            marker = _marker_of(pid)
+            if marker == session_id:
+                members.add(pid)
+            elif marker is None:
+                frontier.extend(children.get(pid, []))
         # Close over parent links: anything descended from a member is a member.
         changed = True
         while changed:

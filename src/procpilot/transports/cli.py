@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from procpilot.config import load_settings
-from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ProcpilotError
-from procpilot.faces.exec_process import exec_process_tools
-from procpilot.transports.mcp import build_mcp_server
+
+if TYPE_CHECKING:
+    from procpilot.client import Client
+    from procpilot.engine.supervisor import Supervisor
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process supervisor for AI agents.")
 _err = Console(stderr=True)
@@ -31,12 +35,6 @@ def _root() -> None:
 
 
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 async def _serve_until_signal(
@@ -79,22 +77,35 @@ def mcp(
         raise typer.Exit(2) from None
 
     async def main() -> None:
-        async with Supervisor(settings) as sup:
-            server = build_mcp_server(exec_process_tools(sup), scope=agent)
+        from procpilot.transports.mcp import build_mcp_server
+        from procpilot.transports.serve import build_tools, make_supervisor
+
+        async with make_supervisor(settings) as sup:
+            server = build_mcp_server(build_tools(sup, settings)[0], scope=agent)
             if not http:
                 await _serve_until_signal(sup, server.run_stdio_async)
                 return
             import uvicorn
 
-            bound = port or _free_port(host)
+            # Listening before the URL is printed: a client that reads it can connect at once.
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets NODELAY
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(2048)
+            bound = listener.getsockname()[1]
             starlette_app = server.streamable_http_app(host=host)
-            config_ = uvicorn.Config(starlette_app, host=host, port=bound, log_level="warning")
+            config_ = uvicorn.Config(starlette_app, log_level="warning")
             url = f"http://{host}:{bound}/mcp"
             _err.print(f"procpilot MCP server on [bold]{url}[/bold] (agent scope: {agent})")
             _err.print(f"Connect a client, e.g.: claude mcp add --transport http procpilot {url}")
             _err.print(f"state: {settings.state_dir}   workspace: {settings.workspace_root}")
             server_ = _quiet_uvicorn()(config_)
-            await _serve_until_signal(sup, server_.serve, lambda: setattr(server_, "should_exit", True))
+            serving = functools.partial(server_.serve, sockets=[listener])
+            try:
+                await _serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True))
+            finally:
+                listener.close()
 
     asyncio.run(main())
 
@@ -111,6 +122,325 @@ def _quiet_uvicorn() -> type:
 
     return QuietUvicorn
 
+
+# -- the daemon and its client commands (procpilot serve, run, ps, logs, write, kill, wait, rm) --
+
+_out = Console()
+_UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", envvar="PROCPILOT_URL", help="The daemon: http://HOST:PORT or unix:///PATH."),
+]
+_TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", envvar="PROCPILOT_TOKEN", help="Your agent's bearer token.", show_default=False),
+]
+
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option(help="A TOML configuration file.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (default 8765; 0 = any free port).")] = None,
+    unix_socket: Annotated[Path | None, typer.Option(help="Also listen on this Unix socket (mode 0600).")] = None,
+    tcp: Annotated[bool, typer.Option(help="Listen on TCP (--no-tcp: the Unix socket only).")] = True,
+    state_dir: Annotated[Path | None, typer.Option(help="Where session logs and records go.")] = None,
+    agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
+) -> None:
+    """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
+    from procpilot.transports.serve import DaemonAddress
+    from procpilot.transports.serve import serve as run_daemon
+
+    overrides: dict[str, Any] = {}
+    server: dict[str, Any] = {}
+    if host is not None:
+        server["host"] = host
+    if port is not None:
+        server["port"] = port
+    if unix_socket is not None:
+        server["unix_socket"] = unix_socket.expanduser().absolute()
+    if server:
+        overrides["server"] = server
+    if state_dir is not None:
+        overrides["state_dir"] = state_dir
+    try:
+        settings = load_settings(config, None, **overrides)
+    except ProcpilotError as exc:
+        _fail(exc, 2)
+
+    def announce(address: DaemonAddress) -> None:
+        say = functools.partial(_err.print, soft_wrap=True)  # one line each: scripts read them
+        if address.url:
+            say(f"procpilot daemon on [bold]{address.url}[/bold]")
+            say(f"  REST {address.url}/v1/tools/NAME   OpenAPI {address.url}/openapi.json")
+            say(f"  MCP  {address.url}/mcp   events {address.url}/v1/events   WebSocket {address.url}/v1/proc")
+        if address.unix_socket:
+            say(f"procpilot daemon on unix socket [bold]{address.unix_socket}[/bold]")
+        tokens = len(settings.server.tokens)
+        say(
+            f"  auth: {tokens} bearer token(s)"
+            if tokens
+            else f"  auth: none configured: every caller is agent {agent!r} (loopback only)"
+        )
+        say(f"  state: {settings.state_dir}   workspace: {settings.workspace_root}")
+
+    try:
+        asyncio.run(run_daemon(settings, open_agent=agent, tcp=tcp, announce=announce))
+    except ProcpilotError as exc:
+        _fail(exc, 2)
+
+
+def _fail(exc: ProcpilotError, code: int = 1) -> NoReturn:
+    _err.print(f"[red]{exc.code}[/red]: {escape(exc.message)}")
+    for text in exc.hints.values():
+        _err.print(f"  - {escape(text)}")
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _client(url: str | None, token: str | None) -> Iterator[Client]:
+    from procpilot.client import Client
+
+    client = Client(url, token)
+    try:
+        yield client
+    except ProcpilotError as exc:
+        _fail(exc)
+    finally:
+        client.close()
+
+
+def _exit_code(data: dict[str, object]) -> int:
+    """The command's exit code as a shell would report it (128+N for signal N, 124 timed out)."""
+    code = data.get("exitCode")
+    if isinstance(code, int):
+        return code
+    if data.get("state") == "timed_out":
+        return 124
+    name = data.get("exitSignal")
+    if isinstance(name, str):
+        with contextlib.suppress(KeyError):
+            return 128 + int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+    return 0 if data.get("status") == "done" else 1
+
+
+_RUNNING = ("running", "queued")
+_PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def run(
+    command: Annotated[list[str], typer.Argument(help="The command (one shell string, or words to quote).")],
+    detach: Annotated[bool, typer.Option("-d", "--detach", help="Start in the background; print the id.")] = False,
+    workdir: Annotated[str | None, typer.Option(help="Working directory (default: the workspace).")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="NAME=VALUE, repeatable.")] = None,
+    timeout: Annotated[int | None, typer.Option(help="Seconds before the tree is ended (0 = none).")] = None,
+    pty: Annotated[bool, typer.Option(help="Run under a pseudo-terminal.")] = False,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Run a command on the daemon; its output streams here and its exit code is ours."""
+    import shlex
+
+    text = command[0] if len(command) == 1 else shlex.join(command)
+    variables = {}
+    for item in env or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            _fail(ProcpilotError(f"--env wants NAME=VALUE, not {item!r}"), 2)
+        variables[name] = value
+    with _client(url, token) as client:
+        started = client.exec(
+            text, background=True, workdir=workdir, env=variables or None, timeout=timeout, pty=pty or None
+        )
+        session_id = started["sessionId"]
+        if detach:
+            print(session_id)
+            _err.print(f"started in the background; follow it with: procpilot logs -f {session_id}")
+            return
+        data = started.data
+        try:
+            while data.get("status") in _RUNNING:
+                data = _stream_poll(client, session_id)
+        except KeyboardInterrupt:
+            client.process("kill", session_id, signal="SIGINT")
+            data = _stream_poll(client, session_id)
+            while data.get("status") in _RUNNING:
+                data = _stream_poll(client, session_id)
+    raise typer.Exit(_exit_code(data))
+
+
+def _stream_poll(client: Client, session_id: str) -> dict[str, object]:
+    reply = client.process("poll", session_id, timeout=30_000, limit=200_000)
+    if reply.get("cutChars"):
+        note = escape(f"[{reply['cutChars']} characters not shown: procpilot logs {session_id}]")
+        _err.print(f"[dim]{note}[/dim]")
+    output = reply.get("output") or ""
+    if output:
+        sys.stdout.write(output)
+        sys.stdout.flush()
+    return reply.data
+
+
+@app.command()
+def ps(
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """List your sessions on the daemon."""
+    from rich.table import Table
+
+    with _client(url, token) as client:
+        reply = client.process("list")
+    if json_:
+        print(json.dumps(reply["sessions"], indent=2))
+        return
+    table = Table("ID", "STATUS", "RUNTIME", "EXIT", "COMMAND", box=None)
+    for row in reply["sessions"]:
+        code = row.get("exitCode")
+        table.add_row(
+            row["sessionId"],
+            row["status"],
+            f"{(row.get('runtimeMs') or 0) / 1000:.1f}s",
+            "" if code is None else str(code),
+            escape(str(row.get("command", ""))),
+        )
+    _out.print(table if reply["sessions"] else "No sessions.")
+
+
+@app.command()
+def logs(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing as it arrives.")] = False,
+    stream: Annotated[str | None, typer.Option(help="stdout or stderr (default: both, in order).")] = None,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Print a session's output (all of it, paged by lines); -f follows until it ends."""
+    import time
+
+    page = 2000
+    offset = 0
+    with _client(url, token) as client:
+        while True:
+            reply = client.process("log", session_id, offset=offset, limit=page, stream=stream)
+            count = int(reply.get("lines") or 0)
+            lines = str(reply.get("output") or "").split("\n") if count else []
+            total = int(reply.get("totalLines") or 0)
+            running = reply.get("status") in _RUNNING
+            # Following a running session, its last line may still be growing: print it once complete.
+            hold = follow and running and count > 0 and offset + count >= total
+            if hold:
+                lines, count = lines[:-1], count - 1
+            if lines:
+                sys.stdout.write("\n".join(lines) + "\n")
+                sys.stdout.flush()
+            offset += count if count or hold else max(0, total - offset)  # skip lines the cap dropped
+            if offset < total - (1 if hold else 0):
+                continue  # the next page is already there
+            if not (follow and running):
+                break
+            time.sleep(0.3)
+
+
+@app.command()
+def write(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    data: Annotated[str, typer.Argument(help="Text for its stdin ('-' reads our stdin).")] = "",
+    eof: Annotated[bool, typer.Option(help="Close its stdin afterwards.")] = False,
+    newline: Annotated[bool, typer.Option("--newline", "-n", help="Append a newline.")] = False,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Write to a session's stdin."""
+    text = sys.stdin.read() if data == "-" else data
+    if newline:
+        text += "\n"
+    with _client(url, token) as client:
+        reply = client.process("write", session_id, data=text, eof=eof or None)
+    _err.print(escape(reply.text))
+
+
+@app.command()
+def kill(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    signal_: Annotated[str, typer.Option("--signal", "-s", help="First signal (SIGKILL follows).")] = "SIGTERM",
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """End a session's whole process tree."""
+    with _client(url, token) as client:
+        reply = client.process("kill", session_id, signal=signal_)
+    _err.print(escape(reply.text))
+
+
+@app.command()
+def wait(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    pattern: Annotated[str | None, typer.Option(help="Return when the output matches this regex.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait at most (up to 600).")] = 600.0,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Block until a session ends (or its output matches): exit code = the command's; 124 on timeout."""
+    with _client(url, token) as client, _err.status(f"waiting for session {session_id}…", spinner="dots"):
+        reply = client.process("wait", session_id, pattern=pattern, timeout=int(timeout * 1000))
+    print(reply.text)
+    reason = reply.get("reason")
+    if reason == "timeout":
+        raise typer.Exit(124)
+    raise typer.Exit(0 if reason == "pattern" else _exit_code(reply.data))
+
+
+@app.command()
+def rm(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Remove a session (killing it first if it still runs) and its logs."""
+    with _client(url, token) as client:
+        reply = client.process("remove", session_id)
+    _err.print(escape(reply.text))
+
+
+@app.command()
+def tools(
+    format_: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="Print this build's tool definitions as JSON: mcp, openai or anthropic (no daemon)."
+        ),
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the daemon's tools as JSON (with schemas).")] = False,
+    config: Annotated[Path | None, typer.Option(help="A TOML configuration file (with --format).")] = None,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """List the tools the daemon serves (REST POST /v1/tools/NAME, MCP tools/call), or --format them."""
+    if format_ is not None:
+        from procpilot.faces.all_tools import definitions_json
+        from procpilot.faces.definitions import FORMATS
+
+        if format_ not in FORMATS:
+            _fail(ProcpilotError(f"--format must be one of {', '.join(FORMATS)}, not {format_!r}"), 2)
+        try:
+            settings = load_settings(config)
+        except ProcpilotError as exc:
+            _fail(exc, 2)
+        print(definitions_json(format_, settings))
+        return
+    from rich.table import Table
+
+    with _client(url, token) as client:
+        rows = client.tools()
+    if json_:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("TOOL", "TIER", "DESCRIPTION", box=None)
+    for row in rows:
+        table.add_row(row["name"], row.get("tier", ""), escape(str(row.get("description", "")).split(". ")[0]))
+    _out.print(table)
 
 def main() -> None:
     try:

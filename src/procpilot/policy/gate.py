@@ -1,0 +1,190 @@
+"""Permission tiers for every tool call, per capability and per agent, with an audit trail.
+
+    autonomous         runs
+    notify             runs, and an audit event says who ran what, when, with what outcome
+    approval_required  held (status ``awaiting_approval``) until an approver approves or denies it,
+                       or the approval times out; every decision is an audit event
+    blocked            refused with ``PermissionDenied``
+
+A tool's own tier (its ``ToolSpec.tier``) applies unless the agent's policy names another. The
+gate also checks text written to an interactive session's stdin as commands when the agent's policy
+says ``check_stdin`` (writes into a shell must not skip the command checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from procpilot.config import Settings
+from procpilot.engine.events import EventBus
+from procpilot.errors import ProcpilotError, SessionNotFound
+from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec
+
+__all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
+
+_STDIN_ACTIONS = {"write": ("data",), "submit": ("text",), "paste": ("text",), "send-keys": ("literal",)}
+
+
+class PermissionDenied(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "ask_operator": "This capability is blocked for your agent; ask the operator to change the policy.",
+    }
+
+
+class ApprovalDenied(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "rethink": "An approver declined (or did not answer in time); change the request or ask first.",
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """Who did what, when, and what came of it."""
+
+    scope: str
+    tool: str
+    tier: str
+    outcome: str  # ok | error:<Code> | blocked | awaiting_approval | approved | denied | expired
+    summary: str
+    at: float = field(default_factory=time.time)
+    request_id: str | None = None
+    decided_by: str | None = None
+
+
+@dataclass(slots=True)
+class ApprovalRequest:
+    id: str
+    scope: str
+    tool: str
+    summary: str
+    arguments: dict[str, Any]
+    created_at: float
+    status: Literal["awaiting_approval", "approved", "denied", "expired"] = "awaiting_approval"
+    decided_by: str | None = None
+    reason: str | None = None
+    _decision: asyncio.Future[bool] | None = None
+
+    def public(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("_decision", None)
+        return data
+
+
+def _summary(tool: str, arguments: Mapping[str, Any]) -> str:
+    for key in ("command", "cmd", "action"):
+        if key in arguments and arguments[key] is not None:
+            value = arguments[key]
+            text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+            extra = arguments.get("args")
+            if key == "command" and isinstance(extra, list):
+                text += " " + " ".join(map(str, extra))
+            return f"{tool}: {text[:200]}"
+    return tool
+
+
+class Gate:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.audit: EventBus[AuditEvent] = EventBus()
+        self._requests: dict[str, ApprovalRequest] = {}
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    def pending(self, scope: str | None = None) -> list[ApprovalRequest]:
+        return [
+            r
+            for r in self._requests.values()
+            if r.status == "awaiting_approval" and (scope is None or r.scope == scope)
+        ]
+
+    def decide(self, request_id: str, approve: bool, *, approver: str, reason: str | None = None) -> ApprovalRequest:
+        """An approver's decision. Only pending requests can be decided."""
+        request = self._requests.get(request_id)
+        if request is None or request.status != "awaiting_approval":
+            raise SessionNotFound(f"no pending approval request {request_id!r}", request_id=request_id)
+        request.status = "approved" if approve else "denied"
+        request.decided_by, request.reason = approver, reason
+        if request._decision is not None and not request._decision.done():
+            request._decision.set_result(approve)
+        self._publish(request.scope, request.tool, "approval_required", request.status, request)
+        return request
+
+    async def _await_approval(self, scope: str, spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
+        request = ApprovalRequest(
+            id=secrets.token_hex(8),
+            scope=scope,
+            tool=spec.name,
+            summary=_summary(spec.name, arguments),
+            arguments=dict(arguments),
+            created_at=time.time(),
+            _decision=asyncio.get_running_loop().create_future(),
+        )
+        self._requests[request.id] = request
+        self._publish(scope, spec.name, "approval_required", "awaiting_approval", request)
+        assert request._decision is not None  # noqa: S101 - set just above
+        try:
+            async with asyncio.timeout(self.settings.policy.approval_timeout_sec):
+                approved = await asyncio.shield(request._decision)
+        except TimeoutError:
+            request.status = "expired"
+            self._publish(scope, spec.name, "approval_required", "expired", request)
+            raise ApprovalDenied(f"approval request {request.id} expired", request_id=request.id) from None
+        if not approved:
+            raise ApprovalDenied(
+                f"approval request {request.id} was denied" + (f": {request.reason}" if request.reason else ""),
+                request_id=request.id,
+            )
+
+    def _publish(self, scope: str, tool: str, tier: str, outcome: str, request: ApprovalRequest) -> None:
+        self.audit.publish(
+            AuditEvent(
+                scope, tool, tier, outcome, request.summary, request_id=request.id, decided_by=request.decided_by
+            )
+        )
+
+    # -- wrapping ------------------------------------------------------------------------------
+
+    def tier_for(self, scope: str, spec: ToolSpec) -> PermissionTier:
+        override = self.settings.policy.for_agent(scope).tiers.get(spec.name)
+        return PermissionTier(override) if override else spec.tier
+
+    def wrap(self, tools: list[ToolSpec]) -> list[ToolSpec]:
+        return [dataclasses.replace(spec, handler=self._gated(spec)) for spec in tools]
+
+    def _gated(self, spec: ToolSpec) -> Any:
+        async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
+            tier = self.tier_for(scope, spec)
+            summary = _summary(spec.name, arguments)
+            if tier is PermissionTier.BLOCKED:
+                self.audit.publish(AuditEvent(scope, spec.name, tier.value, "blocked", summary))
+                raise PermissionDenied(f"{spec.name} is blocked for agent {scope!r}", tool=spec.name)
+            self._check_stdin(scope, spec, arguments)
+            if tier is PermissionTier.APPROVAL:
+                await self._await_approval(scope, spec, arguments)
+            result = await spec.call(arguments, scope)
+            if tier is not PermissionTier.AUTONOMOUS:
+                outcome = f"error:{result.data.get('error')}" if result.is_error else "ok"
+                self.audit.publish(AuditEvent(scope, spec.name, tier.value, outcome, summary))
+            return result
+
+        return handler
+
+    def _check_stdin(self, scope: str, spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
+        policy = self.settings.policy.for_agent(scope)
+        if not policy.check_stdin or spec.name != "process":
+            return
+        fields = _STDIN_ACTIONS.get(str(arguments.get("action")), ())
+        texts = [str(arguments[f]) for f in fields if arguments.get(f)]
+        if not texts:
+            return
+        from procpilot.policy.commands import CommandPolicy
+
+        checker = CommandPolicy(allow=policy.allow, deny=policy.deny)
+        for text in texts:
+            checker.check_input(text)

@@ -1,0 +1,110 @@
+"""Per-agent policy applied to every spawn, whichever face asked for it.
+
+The supervisor calls :func:`make_spawn_filter`'s filter with the caller's scope and the spec the
+face built; the filter refuses what the agent may not run (command allow/deny lists, too many
+running sessions, elevated without permission) and fills in the agent's box: its memory, CPU and
+pids limits and its network and filesystem isolation. The engine knows nothing of agents: it only
+calls the filter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import ClassVar
+
+from procpilot.config import AgentPolicy, Settings
+from procpilot.engine.isolation import Isolation
+from procpilot.engine.limits import Limits
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.errors import ProcpilotError
+from procpilot.policy.commands import CommandPolicy
+
+__all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter"]
+
+SpawnFilter = Callable[[str, SpawnSpec, int], SpawnSpec]
+
+
+class ProcLimit(ProcpilotError):
+    """The agent already runs as many sessions as its policy allows."""
+
+    default_hints: ClassVar[dict[str, str]] = {
+        "wait_or_kill": "Wait for a running session to end, or kill one you no longer need.",
+    }
+
+
+class ElevationDenied(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "drop_elevated": "Run without elevated: this agent's policy does not allow leaving its sandbox.",
+    }
+
+
+class LimitAboveAllocation(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "lower_limit": "Ask for at most the agent's allocation, or omit the limit to get the allocation.",
+    }
+
+
+def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
+    asked = asked or Limits()
+    for field, cap in (
+        ("memory_bytes", policy.memory_limit),
+        ("cpu_fraction", policy.cpu_limit),
+        ("pids_max", policy.pids_max),
+    ):
+        value = getattr(asked, field)
+        if value is not None and cap is not None and value > cap:
+            raise LimitAboveAllocation(f"{field} {value} exceeds this agent's allocation of {cap}", limit=field)
+    limits = Limits(
+        memory_bytes=asked.memory_bytes if asked.memory_bytes is not None else policy.memory_limit,
+        cpu_fraction=asked.cpu_fraction if asked.cpu_fraction is not None else policy.cpu_limit,
+        pids_max=asked.pids_max if asked.pids_max is not None else policy.pids_max,
+    )
+    return None if limits.empty else limits
+
+
+def make_spawn_filter(settings: Settings) -> SpawnFilter:
+    """The filter for ``Supervisor(spawn_filter=...)``, built from ``settings.policy``."""
+    command_policies: dict[str, CommandPolicy] = {}
+
+    def policy_for(scope: str) -> AgentPolicy:
+        return settings.policy.for_agent(scope)
+
+    def commands_for(scope: str, path: str) -> CommandPolicy:
+        key = f"{scope}\0{path}"
+        if key not in command_policies:
+            p = policy_for(scope)
+            command_policies[key] = CommandPolicy(allow=p.allow, deny=p.deny, path=path)
+        return command_policies[key]
+
+    def spawn_filter(scope: str, spec: SpawnSpec, running: int) -> SpawnSpec:
+        policy = policy_for(scope)
+        if policy.max_procs is not None and running >= policy.max_procs:
+            raise ProcLimit(
+                f"this agent already runs {running} sessions, its limit is {policy.max_procs}",
+                max_procs=policy.max_procs,
+            )
+        if spec.elevated and not policy.elevated_allowed:
+            raise ElevationDenied("elevated runs are not allowed for this agent")
+        if policy.allow is not None or policy.deny:
+            path = dict(spec.env).get("PATH") or _base_path(settings)
+            commands_for(scope, path).check(spec.command, spec.cwd)
+        isolation = spec.isolation
+        if not spec.elevated and (not policy.network or policy.readonly_root):
+            writable = (settings.workspace_root, *(Path(p) for p in policy.writable))
+            isolation = Isolation(
+                network=policy.network and (isolation is None or isolation.network),
+                readonly_root=policy.readonly_root,
+                writable=writable,
+            )
+        return dataclasses.replace(spec, limits=_limits(policy, spec.limits), isolation=isolation)
+
+    return spawn_filter
+
+
+def _base_path(settings: Settings) -> str:
+    import os
+
+    env: Mapping[str, str] = os.environ
+    return str(settings.base_env_set.get("PATH") or env.get("PATH", os.defpath))

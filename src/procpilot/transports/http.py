@@ -1,0 +1,1128 @@
+"""The daemon's HTTP face: REST, server-sent events, WebSocket and MCP on one Starlette app.
+
+    POST /v1/tools/{name}   every tool of every face; same inputs, results and typed errors as MCP
+    GET  /v1/tools          the tools with their input schemas
+    GET  /openapi.json      an OpenAPI 3.1 document built from the tools' input models
+    GET  /v1/events         server-sent events: exits and audit events of the caller's scope
+    WS   /v1/proc           the proc/* protocol (spec 003), output pushed live
+    /mcp                    MCP over streamable HTTP (both protocol eras)
+
+Every request carries ``Authorization: Bearer <token>``; the token alone decides the caller's
+agent (its scope), never a request field. A missing or wrong token is a bare 401. With no tokens
+configured (loopback only) every caller is the one ``open_agent``. On a loopback binding the
+``Host`` and ``Origin`` headers must name the loopback too, so a web page cannot reach the
+daemon through DNS rebinding or a cross-site form post.
+
+REST error statuses (the JSON body is the error's ``{"error", "message", "hints", ...}``):
+
+    401 Unauthorized          no token, or a wrong one (the body reveals nothing more)
+    403 *Denied               PermissionDenied, ApprovalDenied, ElevationDenied, ...
+    404 SessionNotFound       (also another agent's session), UnknownTool
+    409 SessionStateError     ProcessAlreadyExited, SessionStillRunning, StdinClosed
+    415 UnsupportedMediaType  a body that is not application/json
+    422 InvalidArgument       and its family; CommandNotFound, PathOutOfScope, ProtectedVariable,
+                              LimitAboveAllocation: the request names something unusable
+    429 ProcLimit             the agent already runs as many sessions as it may
+    500                       SpawnFailed, KillFailed and anything else unexpected
+    501 NotSupported          IsolationUnavailable
+    503 ProcpilotError        the daemon is shutting down
+
+A command that runs and fails is a normal 200 result (``status: "error"``), never an HTTP error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from procpilot.client import error_class
+from procpilot.config import Settings
+from procpilot.engine.events import EventBus
+from procpilot.engine.session import ExitInfo
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import (
+    CommandNotFound,
+    InvalidArgument,
+    NotSupported,
+    PathOutOfScope,
+    ProcpilotError,
+    ProtectedVariable,
+    SessionNotFound,
+    SessionStateError,
+)
+from procpilot.faces.tooling import ToolSpec
+
+__all__ = [
+    "Daemon",
+    "TokenAuth",
+    "build_openapi",
+    "create_app",
+    "current_agent",
+    "daemon_of",
+    "error_class",
+    "status_for_error",
+]
+
+_log = logging.getLogger(__name__)
+
+#: The agent (scope) of the request being served; set by the auth middleware, read by every route
+#: and, through the MCP SDK's per-message context propagation, by every MCP handler.
+current_agent: ContextVar[str | None] = ContextVar("procpilot_agent", default=None)
+
+_PROGRESS_EVERY = 1.0  # seconds between MCP progress notifications of a long call
+_HEARTBEAT_EVERY = 15.0  # seconds between SSE keep-alive comments
+_EVENT_QUEUE = 1000  # events one SSE client may lag behind before the oldest are dropped
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+_STATUS_BY_CODE = {
+    "ProcLimit": 429,
+    "LimitAboveAllocation": 422,
+    "IsolationUnavailable": 501,
+    "UnknownTool": 404,
+    "Unauthorized": 401,
+    "UnsupportedMediaType": 415,
+    "ProcpilotError": 503,  # raised bare only when the supervisor is shutting down
+}
+_STATUS_BY_BASE: tuple[tuple[type[ProcpilotError], int], ...] = (
+    (SessionNotFound, 404),
+    (InvalidArgument, 422),
+    (SessionStateError, 409),
+    (CommandNotFound, 422),
+    (PathOutOfScope, 422),
+    (ProtectedVariable, 422),
+    (NotSupported, 501),
+)
+#: Every status a tool endpoint can answer (the OpenAPI document lists exactly these).
+ERROR_STATUSES = (401, 403, 404, 409, 415, 422, 429, 500, 501, 503)
+
+
+def status_for_error(code: str) -> int:
+    if code in _STATUS_BY_CODE:
+        return _STATUS_BY_CODE[code]
+    cls = error_class(code)
+    if cls is not None:
+        for base, status in _STATUS_BY_BASE:
+            if issubclass(cls, base):
+                return status
+    if code.endswith("Denied"):
+        return 403
+    return 500
+
+
+def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _error(code: str, message: str, status: int | None = None, **extra: Any) -> Response:
+    return _json({"error": code, "message": message, "hints": {}, **extra}, status or status_for_error(code))
+
+
+# -- auth --------------------------------------------------------------------------------------
+
+
+class TokenAuth:
+    """Bearer tokens -> agent ids, compared in constant time; the tokens themselves are not kept.
+
+    Each presented token is hashed and compared with every configured token's hash with
+    ``hmac.compare_digest`` (no early exit), so neither timing nor length tells anything.
+    """
+
+    def __init__(self, tokens: Mapping[str, str], open_agent: str | None = None) -> None:
+        self._digests = [(hashlib.sha256(t.encode()).digest(), agent) for t, agent in tokens.items()]
+        self.open_agent = None if self._digests else open_agent
+
+    @property
+    def required(self) -> bool:
+        return bool(self._digests)
+
+    def agent_for(self, authorization: str | None) -> str | None:
+        if not self._digests:
+            return self.open_agent
+        if not authorization:
+            return None
+        scheme, _, presented = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        digest = hashlib.sha256(presented.strip().encode()).digest()
+        found = None
+        for known, agent in self._digests:
+            if hmac.compare_digest(digest, known):
+                found = agent
+        return found
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _loopback_host(host: str | None) -> bool:
+    if not host:
+        return False
+    return any(host == allowed or host.startswith(allowed + ":") for allowed in _LOOPBACK_HOSTS)
+
+
+def _loopback_origin(origin: str | None) -> bool:
+    if origin is None:
+        return True  # not a browser, or same origin
+    for scheme in ("http://", "https://"):
+        if origin.startswith(scheme):
+            return _loopback_host(origin[len(scheme) :])
+    return False
+
+
+class AuthMiddleware:
+    """Pure ASGI: resolves the bearer token to an agent, refuses everything else with a bare 401."""
+
+    def __init__(self, app: ASGIApp, auth: TokenAuth, *, loopback_only: bool) -> None:
+        self.app = app
+        self.auth = auth
+        self.loopback_only = loopback_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if self.loopback_only and (
+            not _loopback_host(_header(scope, b"host")) or not _loopback_origin(_header(scope, b"origin"))
+        ):
+            await self._refuse(scope, receive, send, 403, b'{"error":"Forbidden"}')
+            return
+        agent = self.auth.agent_for(_header(scope, b"authorization"))
+        if agent is None:
+            await self._refuse(scope, receive, send, 401, b'{"error":"Unauthorized"}')
+            return
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+        from mcp.server.auth.provider import AccessToken
+
+        # The MCP SDK binds each MCP session to the principal that opened it: another agent's
+        # token presenting that Mcp-Session-Id is answered as if the session did not exist.
+        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=agent, scopes=[]))
+        token = current_agent.set(agent)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            current_agent.reset(token)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, body: bytes) -> None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        message = await receive()  # websocket.connect
+        if message["type"] != "websocket.connect":
+            return
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+
+
+def _agent() -> str:
+    agent = current_agent.get()
+    if agent is None:  # only reachable if a route is served without the middleware
+        raise RuntimeError("no authenticated agent for this request")
+    return agent
+
+
+# -- events ------------------------------------------------------------------------------------
+
+_STATUS = {
+    SessionState.QUEUED: "queued",
+    SessionState.RUNNING: "running",
+    SessionState.EXITED_OK: "done",
+    SessionState.KILLED: "killed",
+}
+
+
+def exit_event(info: ExitInfo) -> dict[str, Any]:
+    return {
+        "type": "exit",
+        "sessionId": info.session_id,
+        "status": _STATUS.get(info.state, "error"),
+        "state": info.state.value,
+        "exitCode": info.exit_code,
+        "exitSignal": info.exit_signal,
+        "durationMs": info.duration_ms,
+        "backgrounded": info.backgrounded,
+        "command": info.command,
+        "tail": info.tail,
+        "uri": f"proc://{info.session_id}",
+    }
+
+
+def audit_scope(event: Any) -> str | None:
+    """The agent an audit event is about (the gate says ``scope``, the process.* face ``who``)."""
+    scope = getattr(event, "scope", None) or getattr(event, "who", None)
+    return scope if isinstance(scope, str) else None
+
+
+def audit_event(event: Any) -> dict[str, Any]:
+    """An audit event as JSON, whichever face's dataclass it is (the agent itself is left out)."""
+    data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
+    data.pop("scope", None)
+    data.pop("who", None)
+    return {"type": "audit", **{_camel(k): v for k, v in data.items() if not k.startswith("_")}}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+class _EventQueue:
+    """One SSE client's events: bounded, oldest dropped first, with a count of what was dropped."""
+
+    def __init__(self, maxsize: int = _EVENT_QUEUE) -> None:
+        self.items: deque[tuple[str, dict[str, Any]]] = deque()
+        self.maxsize = maxsize
+        self.dropped = 0
+        self.wakeup = asyncio.Event()
+
+    def put(self, kind: str, data: dict[str, Any]) -> None:
+        if len(self.items) >= self.maxsize:
+            self.items.popleft()
+            self.dropped += 1
+        self.items.append((kind, data))
+        self.wakeup.set()
+
+
+def _sse(kind: str, data: Mapping[str, Any], event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return f"{head}event: {kind}\ndata: {body}\n\n".encode()
+
+
+# -- OpenAPI -----------------------------------------------------------------------------------
+
+
+def _schema_name(tool: str) -> str:
+    parts = tool.replace("-", ".").replace("_", ".").split(".")
+    return "".join(part[:1].upper() + part[1:] for part in parts) + "Input"
+
+
+_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error", "message"],
+    "properties": {
+        "error": {"type": "string", "description": "The error's type, e.g. SessionNotFound."},
+        "message": {"type": "string"},
+        "hints": {"type": "object", "additionalProperties": {"type": "string"}, "description": "What to do next."},
+        "text": {"type": "string", "description": "The same error as a text for a model."},
+    },
+    "additionalProperties": True,
+}
+_SUCCESS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["text", "data"],
+    "properties": {
+        "text": {"type": "string", "description": "The result as a text for a model (MCP content)."},
+        "data": {"type": "object", "description": "The structured result (MCP structuredContent)."},
+    },
+}
+_STATUS_TEXT = {
+    401: "No bearer token, or a wrong one (the body says nothing more).",
+    403: "Refused by the agent's policy (PermissionDenied, ApprovalDenied, *Denied), or a non-loopback Host/Origin.",
+    404: "SessionNotFound (including another agent's session) or UnknownTool.",
+    409: "The session is in the wrong state (ProcessAlreadyExited, SessionStillRunning, StdinClosed).",
+    415: "The body is not application/json.",
+    422: "InvalidArgument and its family; CommandNotFound, PathOutOfScope, ProtectedVariable, LimitAboveAllocation.",
+    429: "ProcLimit: the agent already runs as many sessions as its policy allows.",
+    500: "SpawnFailed, KillFailed, or an unexpected failure.",
+    501: "NotSupported, IsolationUnavailable.",
+    503: "The daemon is shutting down.",
+}
+
+
+def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, Any]:
+    """An OpenAPI 3.1 document of the daemon, every tool's request body its input model's schema."""
+    schemas: dict[str, Any] = {"ToolResult": _SUCCESS_SCHEMA, "Error": _ERROR_SCHEMA}
+    paths: dict[str, Any] = {}
+    error_ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for spec in tools:
+        schema = spec.input_model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        name = _schema_name(spec.name)
+        schemas[name] = schema
+        responses: dict[str, Any] = {
+            "200": {
+                "description": "The tool ran (a failed command is a normal result).",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ToolResult"}}},
+            }
+        }
+        for status in ERROR_STATUSES:
+            responses[str(status)] = {"description": _STATUS_TEXT[status], **error_ref}
+        paths[f"/v1/tools/{spec.name}"] = {
+            "post": {
+                "operationId": "tool_" + "".join(c if c.isalnum() else "_" for c in spec.name),
+                "summary": spec.name,
+                "description": spec.description,
+                "tags": ["tools"],
+                "x-procpilot-tier": spec.tier.value,
+                "requestBody": {
+                    "required": False,
+                    "description": "The tool's arguments (an empty body is {}).",
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+                },
+                "responses": responses,
+            }
+        }
+    paths["/v1/tools"] = {
+        "get": {
+            "operationId": "list_tools",
+            "summary": "The tools, their descriptions, tiers and input schemas.",
+            "responses": {
+                "200": {
+                    "description": "Tools",
+                    "content": {"application/json": {"schema": {"type": "object", "required": ["tools"]}}},
+                },
+                "401": {"description": _STATUS_TEXT[401], **error_ref},
+            },
+        }
+    }
+    paths["/v1/events"] = {
+        "get": {
+            "operationId": "events",
+            "summary": "Server-sent events of the caller's scope.",
+            "description": (
+                "`event: ready` first, then `event: exit` (a session ended: sessionId, status, state, "
+                "exitCode, exitSignal, durationMs, tail, uri) and `event: audit` (tool, tier, outcome, "
+                "summary), and `event: dropped` ({count}) when a slow reader missed events. Comment lines "
+                "keep the connection alive."
+            ),
+            "responses": {
+                "200": {
+                    "description": "An event stream",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                },
+                "401": {"description": _STATUS_TEXT[401], **error_ref},
+            },
+        }
+    }
+    paths["/v1/proc"] = {
+        "get": {
+            "operationId": "proc_websocket",
+            "summary": "WebSocket upgrade: the proc/* protocol (spec 003).",
+            "description": (
+                "Text frames, one JSON message each: requests {id, method, params} answered by {id, result} "
+                "or {id, error}; proc/read/event notifications pushed live, in order. A slow reader gets a "
+                "proc/lagged notice naming the byte range it missed (page it with proc/read)."
+            ),
+            "responses": {"101": {"description": "Switching protocols"}, "401": {"description": _STATUS_TEXT[401]}},
+        }
+    }
+    paths["/mcp"] = {
+        "post": {
+            "operationId": "mcp",
+            "summary": "MCP over streamable HTTP (the same tools; resources proc://{sessionId}).",
+            "responses": {"200": {"description": "JSON-RPC over HTTP/SSE"}, "401": {"description": _STATUS_TEXT[401]}},
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "procpilot",
+            "version": version,
+            "description": "A process supervisor for AI agents. The bearer token decides the agent (scope).",
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
+
+
+# -- the daemon --------------------------------------------------------------------------------
+
+
+ProcHandlerFactory = Callable[[Supervisor, str], Any]  # (supervisor, agent) -> a proc/* handler
+
+
+class Daemon:
+    """Everything behind the app: the tools, the MCP server and its notifications, the streams."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        tools: Sequence[ToolSpec],
+        settings: Settings,
+        *,
+        audit: EventBus[Any] | None = None,
+        proc_handler: ProcHandlerFactory | None = None,
+    ) -> None:
+        self.sup = supervisor
+        self.settings = settings
+        self.tools = {spec.name: spec for spec in tools}
+        self.audit = audit
+        self.proc_handler = proc_handler
+        self.closing = asyncio.Event()
+        self._queues: set[tuple[str, _EventQueue]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sockets: set[WebSocket] = set()
+        self.mcp = _McpFace(self, tools)
+
+    # -- lifecycle --
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        removers = [self.sup.on_exit(self._on_exit)]
+        if self.audit is not None:
+            removers.append(self.audit.add_callback(self._on_audit))
+        async with self.mcp.server.session_manager.run():
+            try:
+                yield
+            finally:
+                for remove in removers:
+                    remove()
+                await self.begin_shutdown()
+                for task in list(self._tasks):
+                    task.cancel()
+                for task in list(self._tasks):
+                    with contextlib.suppress(BaseException):
+                        await task
+
+    async def begin_shutdown(self) -> None:
+        """End every stream a client holds open (SSE, WebSocket, MCP), so the server can stop."""
+        if self.closing.is_set():
+            return
+        self.closing.set()
+        for _agent_id, queue in list(self._queues):
+            queue.wakeup.set()
+        for ws in list(self._sockets):
+            with contextlib.suppress(Exception):
+                await ws.close(1001)
+        await self.mcp.close_sessions()
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- events --
+
+    def _on_exit(self, info: ExitInfo) -> None:
+        event = exit_event(info)
+        for agent, queue in list(self._queues):
+            if agent == info.scope:
+                queue.put("exit", event)
+        self.mcp.session_ended(info)
+
+    def _on_audit(self, event: Any) -> None:
+        scope = audit_scope(event)
+        if scope is None:
+            return
+        data = audit_event(event)
+        for agent, queue in list(self._queues):
+            if agent == scope:
+                queue.put("audit", data)
+
+    # -- routes --
+
+    async def list_tools(self, request: Request) -> Response:
+        _agent()
+        rows = [
+            {
+                "name": spec.name,
+                "description": spec.description,
+                "tier": spec.tier.value,
+                "inputSchema": spec.input_schema(),
+                "meta": spec.meta,
+            }
+            for spec in self.tools.values()
+        ]
+        return _json({"tools": rows})
+
+    async def call_tool(self, request: Request) -> Response:
+        agent = _agent()
+        name = request.path_params["name"]
+        spec = self.tools.get(name)
+        if spec is None:
+            return _error(
+                "UnknownTool",
+                f"no tool named {name!r}",
+                hints={"list_tools": "GET /v1/tools lists the tools; the names are those of MCP."},
+            )
+        body = await request.body()
+        arguments: Any = {}
+        if body.strip():
+            content_type = request.headers.get("content-type", "")
+            if not content_type.lower().startswith("application/json"):
+                return _error(
+                    "UnsupportedMediaType",
+                    "send the arguments as a JSON object with Content-Type: application/json",
+                )
+            try:
+                arguments = json.loads(body)
+            except ValueError as exc:
+                return _json(InvalidArgument(f"the body is not valid JSON: {exc}").to_dict(), 422)
+        if not isinstance(arguments, dict):
+            return _json(InvalidArgument("the body must be a JSON object of the tool's arguments").to_dict(), 422)
+        result = await spec.call(arguments, agent)
+        if result.is_error:
+            code = str(result.data.get("error", "ProcpilotError"))
+            return _json({**result.data, "text": result.text}, status_for_error(code))
+        return _json({"text": result.text, "data": result.data})
+
+    async def openapi(self, request: Request) -> Response:
+        _agent()
+        from procpilot.transports.mcp import _version
+
+        return JSONResponse(build_openapi(list(self.tools.values()), _version()))
+
+    async def events(self, request: Request) -> Response:
+        agent = _agent()
+        queue = _EventQueue()
+        entry = (agent, queue)
+        self._queues.add(entry)
+
+        async def stream() -> AsyncIterator[bytes]:
+            counter = 0
+            reported = 0
+            try:
+                yield b"retry: 3000\n\n" + _sse("ready", {"agent": agent})
+                while not self.closing.is_set():
+                    if queue.dropped > reported:
+                        yield _sse("dropped", {"count": queue.dropped - reported})
+                        reported = queue.dropped
+                    if queue.items:
+                        kind, data = queue.items.popleft()
+                        counter += 1
+                        yield _sse(kind, data, counter)
+                        continue
+                    queue.wakeup.clear()
+                    try:
+                        await asyncio.wait_for(queue.wakeup.wait(), _HEARTBEAT_EVERY)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+            finally:
+                self._queues.discard(entry)
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    async def proc_socket(self, ws: WebSocket) -> None:
+        agent = _agent()
+        if self.proc_handler is None:
+            await ws.close(1011, "the proc/* protocol is not available in this build")
+            return
+        try:
+            handler = self.proc_handler(self.sup, agent)
+        except ProcpilotError as exc:
+            await ws.close(1011, f"{exc.code}: {exc.message}"[:120])
+            return
+        await ws.accept()
+        self._sockets.add(ws)
+        try:
+            await ProcConnection(ws, self, agent, handler).run(self.closing)
+        finally:
+            self._sockets.discard(ws)
+            if ws.client_state is WebSocketState.CONNECTED:
+                with contextlib.suppress(Exception):
+                    await ws.close(1001 if self.closing.is_set() else 1000)
+
+
+# -- WebSocket: the proc/* protocol ------------------------------------------------------------
+
+_WS_QUEUE = 256  # pushed output events one client may lag behind before it is told what it missed
+_WS_IN_FLIGHT = 64  # requests one connection may have running at once (more wait: TCP backpressure)
+_LOG_PAGE = 1024 * 1024
+
+
+class ProcConnection:
+    """One WebSocket client of the proc/* protocol (spec 003), for one agent.
+
+    Requests are handled concurrently (a slow ``proc/kill`` does not hold up a ``proc/write``), at
+    most ``_WS_IN_FLIGHT`` at once; responses and pushes leave through one writer, in order.
+    Memory is bounded: past ``_WS_QUEUE`` queued output events, further ``proc/read/event`` of a
+    process's stream are dropped and folded into one ``proc/lagged/event`` naming the seq and byte
+    range missed (sent before anything newer of that stream); ``proc/log/req`` pages any byte range
+    from the session's log. Responses, lag notices and exit events are never dropped.
+
+    The daemon adds to spec 003's messages:
+
+        proc/log/req {proc_id, stream_type, offset, limit} -> proc/log/resp {data, offset, next_offset, size}
+        proc/exit/event {proc_id, state, exit_code, exit_signal, duration_ms}   after its last read event
+        proc/lagged/event {proc_id, stream_type, first_seq, last_seq, events, offset, bytes}
+    """
+
+    def __init__(self, ws: WebSocket, daemon: Daemon, agent: str, handler: Any) -> None:
+        self.ws = ws
+        self.daemon = daemon
+        self.agent = agent
+        self.handler = handler
+        self.outbox: deque[dict[str, Any]] = deque()
+        self.queued_events = 0
+        self.lagged: dict[tuple[str, str], dict[str, Any]] = {}
+        self.offsets: dict[tuple[str, str], int] = {}  # bytes of each stream pushed or dropped so far
+        self.mine: set[str] = set()  # processes spawned on this connection: their exits are pushed
+        self.wakeup = asyncio.Event()
+        self.slots = asyncio.Semaphore(_WS_IN_FLIGHT)
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # -- out --
+
+    def _queue(self, message: dict[str, Any], *, droppable: bool = False) -> None:
+        self.outbox.append(message)
+        if droppable:
+            self.queued_events += 1
+        self.wakeup.set()
+
+    def _flush_lag(self, key: tuple[str, str]) -> None:
+        notice = self.lagged.pop(key, None)
+        if notice is not None:
+            self._queue(notice)
+
+    def push(self, event: dict[str, Any]) -> None:
+        """From the handler, synchronously, in the order the process printed."""
+        if event.get("type") != "proc/read/event":
+            self._queue(event)
+            return
+        key = (str(event.get("proc_id")), str(event.get("stream_type")))
+        start = self.offsets.get(key, 0)
+        size = len(str(event.get("data", "")).encode())
+        self.offsets[key] = start + size
+        event["offset"] = start  # byte offset in the stream (exact for valid UTF-8)
+        if self.queued_events >= _WS_QUEUE:
+            notice = self.lagged.get(key)
+            if notice is None:
+                notice = self.lagged[key] = {
+                    "type": "proc/lagged/event",
+                    "proc_id": key[0],
+                    "stream_type": key[1],
+                    "first_seq": event.get("seq"),
+                    "offset": start,
+                    "events": 0,
+                    "bytes": 0,
+                    "hint": "page the missed bytes with proc/log/req (offset, limit=bytes)",
+                }
+            notice["last_seq"] = event.get("seq")
+            notice["events"] += 1
+            notice["bytes"] += size
+            self.wakeup.set()
+            return
+        self._flush_lag(key)
+        self._queue(event, droppable=True)
+
+    def on_exit(self, info: ExitInfo) -> None:
+        if info.session_id not in self.mine:
+            return
+        self.mine.discard(info.session_id)
+        for key in [k for k in self.lagged if k[0] == info.session_id]:
+            self._flush_lag(key)
+        from procpilot.faces.proc_protocol import PROC_STATE_OF
+
+        self._queue(
+            {
+                "type": "proc/exit/event",
+                "proc_id": info.session_id,
+                "state": PROC_STATE_OF[info.state].value,
+                "exit_code": info.exit_code,
+                "exit_signal": info.exit_signal,
+                "duration_ms": info.duration_ms,
+            }
+        )
+
+    async def writer(self) -> None:
+        while True:
+            while self.outbox or self.lagged:
+                if self.outbox:
+                    message = self.outbox.popleft()
+                    if message.get("type") == "proc/read/event":
+                        self.queued_events -= 1
+                else:
+                    message = self.lagged.pop(next(iter(self.lagged)))
+                await self.ws.send_text(json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str))
+            self.wakeup.clear()
+            await self.wakeup.wait()
+
+    # -- in --
+
+    async def reader(self) -> None:
+        while True:
+            await self.slots.acquire()
+            try:
+                text = await self.ws.receive_text()
+            except (WebSocketDisconnect, RuntimeError, KeyError):
+                return
+            try:
+                request = json.loads(text)
+            except ValueError:
+                request = None
+            if not isinstance(request, dict):
+                self.slots.release()
+                self._queue(_proc_error(None, "invalid_request", "each frame must be one JSON object"))
+                continue
+            task = asyncio.ensure_future(self._handle(request))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _handle(self, request: dict[str, Any]) -> None:
+        try:
+            if request.get("type") == "proc/log/req":
+                response = self._log(request)
+            else:
+                response = await self.handler.handle(request)
+                if response.get("type") == "proc/spawn/resp" and response.get("proc_id") and not response.get("error"):
+                    self.mine.add(str(response["proc_id"]))
+                    session = self.daemon.sup.get(self.agent, str(response["proc_id"]))
+                    if session.finished:  # ended before we listened (an instant failure)
+                        self.on_exit(session.exit_info(""))
+        except Exception as exc:  # a bug must answer the request, not end the connection
+            _log.exception("proc request failed")
+            response = _proc_error(request.get("id"), "internal_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self.slots.release()
+        self._queue(response)
+
+    def _log(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        from procpilot.engine.capture import Stream
+        from procpilot.render import complete_utf8_prefix
+
+        rid = request.get("id")
+        proc_id = str(request.get("proc_id", ""))
+        name = request.get("stream_type", "stdout")
+        offset, limit = request.get("offset", 0), request.get("limit", _LOG_PAGE)
+        if name not in ("stdout", "stderr") or not isinstance(offset, int) or not isinstance(limit, int):
+            problem = "proc/log/req wants stream_type stdout|stderr and int offset, limit"
+            return _proc_error(rid, "invalid_request", problem, kind="proc/log/resp")
+        try:
+            session = self.daemon.sup.get(self.agent, proc_id)
+        except SessionNotFound:
+            return _proc_error(rid, "unknown_proc", f"no process {proc_id!r}", kind="proc/log/resp")
+        result = session.output[Stream(name)].read(max(0, offset), max(0, min(limit, _LOG_PAGE)))
+        data = result.data
+        if result.end < result.total:
+            data = data[: complete_utf8_prefix(data)]
+        return {
+            "type": "proc/log/resp",
+            "id": rid,
+            "proc_id": proc_id,
+            "stream_type": name,
+            "data": data.decode("utf-8", errors="replace"),
+            "offset": result.end - len(result.data),
+            "next_offset": result.end - (len(result.data) - len(data)),
+            "size": result.total,
+            "dropped_bytes": result.dropped,
+            "finished": session.finished,
+        }
+
+    async def run(self, closing: asyncio.Event) -> None:
+        unsubscribe = self.handler.subscribe(self.push)
+        remove_exit = self.daemon.sup.on_exit(self.on_exit)  # after the handler's: its last events go first
+        read_task = asyncio.ensure_future(self.reader())
+        write_task = asyncio.ensure_future(self.writer())
+        close_task = asyncio.ensure_future(closing.wait())
+        try:
+            await asyncio.wait({read_task, write_task, close_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            unsubscribe()
+            remove_exit()
+            for task in (read_task, write_task, close_task, *self.tasks):
+                task.cancel()
+            for task in (read_task, write_task, close_task, *list(self.tasks)):
+                with contextlib.suppress(BaseException):
+                    await task
+            self.handler.close()  # stops pushing; the processes run on (the supervisor owns them)
+
+
+def _proc_error(rid: Any, code: str, message: str, kind: str = "proc/error") -> dict[str, Any]:
+    return {"type": kind, "id": rid, "error": {"code": code, "message": message, "hints": {}}}
+
+
+# -- MCP ---------------------------------------------------------------------------------------
+
+
+class _ScopedBus:
+    """A subscriptions/listen bus that hears each listener's agent: a session's resource-updated
+    event reaches only the listen streams of the agent that owns the session."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[object, tuple[str | None, Callable[[Any], None]]] = {}
+
+    async def publish(self, event: Any) -> None:
+        self.publish_to(None, event)
+
+    def publish_to(self, agent: str | None, event: Any) -> None:
+        for owner, listener in list(self._listeners.values()):
+            if agent is not None and owner != agent:
+                continue
+            try:
+                listener(event)
+            except Exception:
+                _log.exception("subscription listener failed")
+
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+        key = object()
+        self._listeners[key] = (current_agent.get(), listener)
+
+        def unsubscribe() -> None:
+            self._listeners.pop(key, None)
+
+        return unsubscribe
+
+
+_mcp_request: ContextVar[Any] = ContextVar("procpilot_mcp_request", default=None)
+
+
+class _McpFace:
+    """The MCP server of the daemon: the same tools as ``procpilot mcp``, plus exit notifications.
+
+    - ``proc://{sessionId}`` is a resource (the session's status as JSON). When a session ends,
+      a resource-updated event goes to the owner's ``subscriptions/listen`` streams (2026-07-28)
+      and a ``notifications/resources/updated`` to legacy sessions that subscribed to it
+      (``resources/subscribe``), or that started it with ``exec`` and saw it backgrounded: they
+      hear it on their standalone GET stream without subscribing.
+    - A tool call still running after a second sends progress notifications each second (to
+      clients that asked for progress).
+    - A call the client cancels stops waiting; it never kills a session.
+    """
+
+    def __init__(self, daemon: Daemon, tools: Sequence[ToolSpec]) -> None:
+        from mcp.server.subscriptions import ListenHandler
+        from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
+
+        from procpilot.transports.mcp import build_mcp_server
+
+        self.daemon = daemon
+        self.bus = _ScopedBus()
+        self._legacy: dict[str, list[tuple[str, Any]]] = {}
+        wrapped = [self._wrap(spec) for spec in tools]
+        self.server = build_mcp_server(wrapped, scope=_agent)
+        low = self.server._lowlevel_server
+        # The SDK's own bus fans out by URI only; ours also checks the listener's agent.
+        self.server._subscriptions = self.bus
+        low.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, ListenHandler(self.bus))
+        low.add_request_handler("resources/subscribe", SubscribeRequestParams, self._subscribe)
+        low.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe)
+        self.server.middleware.append(self._capture_request)
+        self._add_resource()
+        loopback = daemon.settings.server.loopback_only
+        self.app = self.server.streamable_http_app(
+            host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104 - only the security default is chosen here
+            transport_security=_transport_security(loopback),
+        )
+
+    # -- requests --
+
+    async def _capture_request(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        token = _mcp_request.set(ctx)
+        try:
+            return await call_next(ctx)
+        finally:
+            _mcp_request.reset(token)
+
+    def _wrap(self, spec: ToolSpec) -> ToolSpec:
+        inner = spec.handler
+
+        async def handler(arguments: Mapping[str, Any], scope: str) -> Any:
+            ctx = _mcp_request.get()
+            if ctx is None:
+                return await inner(arguments, scope)
+            task = asyncio.ensure_future(inner(arguments, scope))
+            started = time.monotonic()
+            try:
+                while True:
+                    done, _ = await asyncio.wait({task}, timeout=_PROGRESS_EVERY)
+                    if done:
+                        break
+                    elapsed = time.monotonic() - started
+                    with contextlib.suppress(Exception):
+                        await ctx.session.report_progress(
+                            round(elapsed, 1), None, f"{spec.name}: still running after {elapsed:.0f} s"
+                        )
+            finally:
+                if not task.done():
+                    # The client cancelled: stop waiting. The session itself runs on; only an
+                    # explicit kill ends it.
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            result = task.result()
+            self._follow(ctx, scope, result.data if not result.is_error else {})
+            return result
+
+        return dataclasses.replace(spec, handler=handler)
+
+    def _follow(self, ctx: Any, agent: str, data: Mapping[str, Any]) -> None:
+        """A legacy client that just saw a session backgrounded hears of its end unasked."""
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        session_id = data.get("sessionId")
+        if not isinstance(session_id, str) or data.get("status") not in ("running", "queued"):
+            return
+        if getattr(ctx, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS:
+            return
+        self._add_legacy(session_id, agent, ctx.session)
+
+    def _add_legacy(self, session_id: str, agent: str, session: Any) -> None:
+        alive = {s.id for s in self.daemon.sup.all_sessions()}
+        for known in [k for k in self._legacy if k not in alive]:
+            del self._legacy[known]
+        listeners = self._legacy.setdefault(session_id, [])
+        if not any(s is session for _a, s in listeners):
+            listeners.append((agent, session))
+
+    async def _subscribe(self, ctx: Any, params: Any) -> Any:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import INVALID_PARAMS, EmptyResult
+
+        agent = _agent()
+        uri = str(params.uri)
+        session_id = uri.removeprefix("proc://")
+        try:
+            session = self.daemon.sup.get(agent, session_id) if uri.startswith("proc://") else None
+        except SessionNotFound:
+            session = None
+        if session is None:
+            raise MCPError(INVALID_PARAMS, f"Resource not found: {uri}", {"uri": uri})
+        if session.finished:
+            self.daemon.spawn(_notify_legacy(ctx.session, uri))
+        else:
+            self._add_legacy(session_id, agent, ctx.session)
+        return EmptyResult()
+
+    async def _unsubscribe(self, ctx: Any, params: Any) -> Any:
+        from mcp_types import EmptyResult
+
+        session_id = str(params.uri).removeprefix("proc://")
+        listeners = self._legacy.get(session_id, [])
+        self._legacy[session_id] = [(a, s) for a, s in listeners if s._connection is not ctx.session._connection]
+        return EmptyResult()
+
+    # -- notifications --
+
+    def session_ended(self, info: ExitInfo) -> None:
+        from mcp.shared.subscriptions import ResourceUpdated
+
+        uri = f"proc://{info.session_id}"
+        self.bus.publish_to(info.scope, ResourceUpdated(uri=uri))
+        for agent, session in self._legacy.pop(info.session_id, []):
+            if agent == info.scope:
+                self.daemon.spawn(_notify_legacy(session, uri))
+
+    async def close_sessions(self) -> None:
+        """End open MCP sessions (their GET streams would keep the server from stopping)."""
+        manager = self.server.session_manager
+        for transport in list(getattr(manager, "_server_instances", {}).values()):
+            with contextlib.suppress(Exception):
+                await transport.terminate()
+
+    # -- the resource --
+
+    def _add_resource(self) -> None:
+        from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+
+        sup = self.daemon.sup
+
+        @self.server.resource(
+            "proc://{sessionId}",
+            name="session",
+            title="A procpilot session",
+            description="A session's status, exit code and the tail of its output; updated when it ends.",
+            mime_type="application/json",
+        )
+        async def read_session(sessionId: str) -> str:  # noqa: N803 - the URI template's variable
+            try:
+                session = sup.get(_agent(), sessionId)
+            except SessionNotFound:
+                raise ResourceNotFoundError(f"no session {sessionId!r}") from None
+            data = {
+                "sessionId": session.id,
+                "status": _STATUS.get(session.state, "error"),
+                "state": session.state.value,
+                "exitCode": session.exit_code,
+                "exitSignal": session.exit_signal,
+                "durationMs": session.duration_ms,
+                "command": session.command,
+                "pid": session.pid,
+                "tail": sup.tail_text(session),
+            }
+            return json.dumps(data, ensure_ascii=False)
+
+
+async def _notify_legacy(session: Any, uri: str) -> None:
+    with contextlib.suppress(Exception):
+        await session.send_resource_updated(uri)
+
+
+def _transport_security(loopback: bool) -> Any:
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if not loopback:
+        # Bearer tokens are required off the loopback: a browser cannot attach them for a page.
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*_LOOPBACK_HOSTS, *(f"{h}:*" for h in _LOOPBACK_HOSTS)],
+        allowed_origins=[f"{s}://{h}{p}" for s in ("http", "https") for h in _LOOPBACK_HOSTS for p in ("", ":*")],
+    )
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+def create_app(
+    supervisor: Supervisor,
+    tools: Sequence[ToolSpec],
+    settings: Settings,
+    *,
+    audit: EventBus[Any] | None = None,
+    open_agent: str = "default",
+    proc_handler: ProcHandlerFactory | None = None,
+) -> Starlette:
+    """The daemon's ASGI app. ``open_agent`` is every caller's agent when no token is configured."""
+    daemon = Daemon(supervisor, tools, settings, audit=audit, proc_handler=proc_handler)
+    mcp_endpoint = _mcp_endpoint(daemon)
+    routes = [
+        Route("/v1/tools", daemon.list_tools, methods=["GET"]),
+        Route("/v1/tools/{name:path}", daemon.call_tool, methods=["POST"]),
+        Route("/v1/events", daemon.events, methods=["GET"]),
+        Route("/openapi.json", daemon.openapi, methods=["GET"]),
+        WebSocketRoute("/v1/proc", daemon.proc_socket),
+        Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
+    ]
+    app = Starlette(routes=routes, lifespan=daemon.lifespan)
+    app.state.daemon = daemon
+    auth = TokenAuth(settings.server.tokens, open_agent)
+    app.add_middleware(AuthMiddleware, auth=auth, loopback_only=settings.server.loopback_only)
+    return app
+
+
+def daemon_of(app: Starlette) -> Daemon:
+    daemon: Daemon = app.state.daemon
+    return daemon
+
+
+def _mcp_endpoint(daemon: Daemon) -> ASGIApp:
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+
+    return StreamableHTTPASGIApp(daemon.mcp.server.session_manager)

@@ -1,0 +1,275 @@
+"""Running the daemon: one supervisor, the HTTP app on a TCP port and/or a Unix socket, signals.
+
+``serve`` binds the sockets itself (so port 0 and a Unix socket work together under one uvicorn
+server and one app lifespan), prints where it listens, writes ``<state_dir>/daemon.json`` for the
+CLI to find it, and on SIGTERM/SIGINT/SIGHUP/SIGQUIT: closes the streams clients hold open,
+forwards the signal to every session tree (SIGKILL after the grace period), stops serving, and
+returns only when every tree is gone. Connections still open after the grace period (plus 5 s) are cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from procpilot.config import ServerSettings, Settings
+from procpilot.engine.events import EventBus
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import ProcpilotError
+from procpilot.faces.tooling import ToolSpec
+
+__all__ = [
+    "SHUTDOWN_SIGNALS",
+    "DaemonAddress",
+    "ServeRefused",
+    "build_tools",
+    "check_binding",
+    "daemon_file",
+    "make_supervisor",
+    "proc_handler_factory",
+    "serve",
+]
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+class ServeRefused(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "add_tokens": 'Add [server.tokens] ("token" = "agent-id") to the config, or bind 127.0.0.1.',
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonAddress:
+    url: str | None  # http://host:port, when listening on TCP
+    unix_socket: str | None
+
+    @property
+    def client_url(self) -> str:
+        """What ``procpilot.Client`` and the CLI take: the TCP URL, else ``unix://<path>``."""
+        if self.url:
+            return self.url
+        return f"unix://{self.unix_socket}"
+
+
+def check_binding(server: ServerSettings, *, tcp: bool = True) -> None:
+    """Anything but the loopback needs bearer tokens: refuse to start otherwise."""
+    if not tcp and server.unix_socket is None:
+        raise ServeRefused("nothing to listen on: no TCP port and no Unix socket", hints={"add_socket": _SOCK})
+    if tcp and not server.loopback_only and not server.tokens:
+        raise ServeRefused(
+            f"refusing to listen on {server.host}: without [server.tokens] anyone who can reach it could run commands"
+        )
+
+
+_BACKLOG = 2048
+_SOCK = "Give --unix-socket PATH (or [server] unix_socket), or drop --no-tcp."
+
+
+def daemon_file(settings: Settings) -> Path:
+    return settings.state_dir / "daemon.json"
+
+
+def _optional(module: str, name: str) -> Any:
+    """A name from a module other faces may not have written yet (None if absent)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def make_supervisor(settings: Settings) -> Supervisor:
+    """The supervisor, with the per-agent spawn policy where the policy package provides it."""
+    make_filter = _optional("procpilot.policy.spawn_filter", "make_spawn_filter")
+    return Supervisor(settings, spawn_filter=make_filter(settings) if make_filter else None)
+
+
+def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSpec], EventBus[Any]]:
+    """Every face's tools, behind the permission gate where the policy package provides it, and the
+    bus their audit events go to (the gate's, else the process.* face's own)."""
+    from procpilot.faces.all_tools import all_tools
+    from procpilot.faces.capabilities import audit_bus
+
+    gate_class = _optional("procpilot.policy.gate", "Gate")
+    if gate_class is None:
+        return all_tools(supervisor), audit_bus(supervisor)
+    gate = gate_class(settings)
+    # The gate audits every notify-tier call itself: the faces must not publish them twice.
+    return list(gate.wrap(all_tools(supervisor, audit=False))), gate.audit
+
+
+def proc_handler_factory() -> Callable[[Supervisor, str], Any]:
+    """One proc/* handler per WebSocket connection, for the connection's agent (spec 003 defaults)."""
+    from procpilot.faces.proc_protocol import ProcHandler
+
+    return ProcHandler
+
+
+def _bind(server: ServerSettings, tcp: bool) -> tuple[list[socket.socket], DaemonAddress]:
+    sockets: list[socket.socket] = []
+    url = None
+    path = None
+    try:
+        if tcp:
+            family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
+            # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only when it is said.
+            inet = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            sockets.append(inet)
+            inet.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            inet.bind((server.host, server.port))
+            inet.listen(_BACKLOG)  # from now on clients queue up, even before the app has started
+            inet.set_inheritable(False)
+            port = inet.getsockname()[1]
+            host = f"[{server.host}]" if family == socket.AF_INET6 else server.host
+            url = f"http://{host}:{port}"
+        if server.unix_socket is not None:
+            path = str(server.unix_socket)
+            _remove_stale_socket(path)
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sockets.append(unix)
+            old = os.umask(0o177)  # the socket is created 0600: only its owner may connect
+            try:
+                unix.bind(path)
+                unix.listen(_BACKLOG)
+            finally:
+                os.umask(old)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        where = f"{server.host}:{server.port}" if url is None else path
+        message = f"cannot listen on {where}: {exc.strerror or exc}"
+        raise ServeRefused(message, hints={"free_it": _busy_hint()}) from None
+    return sockets, DaemonAddress(url, path)
+
+
+def _busy_hint() -> str:
+    return "Stop the other server on that address (procpilot ps tells if it is a procpilot daemon) or pick another."
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(17, f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: left by a daemon that did not stop cleanly
+        return
+    finally:
+        probe.close()
+    raise OSError(98, "another daemon is listening on it")
+
+
+def _uvicorn_server(config: Any) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Leaves signals to us: uvicorn would re-raise them after serving, before sessions end."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)
+
+
+async def serve(
+    settings: Settings,
+    *,
+    open_agent: str = "default",
+    tcp: bool = True,
+    announce: Callable[[DaemonAddress], None] | None = None,
+) -> int:
+    """Serve until a shutdown signal; returns the signal number that stopped it (0 if none)."""
+    import uvicorn
+
+    from procpilot.transports.http import create_app, daemon_of
+
+    check_binding(settings.server, tcp=tcp)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    sockets, address = _bind(settings.server, tcp)
+    marker = daemon_file(settings)
+    received: list[int] = []
+    try:
+        async with make_supervisor(settings) as sup:
+            tools, audit = build_tools(sup, settings)
+            logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
+            app = create_app(
+                sup, tools, settings, audit=audit, open_agent=open_agent, proc_handler=proc_handler_factory()
+            )
+            daemon = daemon_of(app)
+            grace = settings.exec.kill_grace_sec
+            config = uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+                ws="websockets-sansio",
+                timeout_graceful_shutdown=int(grace) + 5,
+                ws_ping_interval=20.0,
+            )
+            server = _uvicorn_server(config)
+            loop = asyncio.get_running_loop()
+            stopping: list[asyncio.Future[None]] = []
+
+            async def shut_down(sig: int) -> None:
+                await daemon.begin_shutdown()
+                await sup.aclose(sig)
+
+            def on_signal(sig: int) -> None:
+                if received:
+                    return  # already stopping; the shutdown is bounded by the grace period
+
+                received.append(sig)
+                stopping.append(asyncio.ensure_future(shut_down(sig)))
+                server.should_exit = True
+
+            for sig in SHUTDOWN_SIGNALS:
+                loop.add_signal_handler(sig, on_signal, sig)
+            try:
+                _write_marker(marker, address)
+                if announce is not None:
+                    announce(address)
+                await server.serve(sockets=sockets)
+            finally:
+                for sig in SHUTDOWN_SIGNALS:
+                    loop.remove_signal_handler(sig)
+                for future in stopping:
+                    with contextlib.suppress(Exception):
+                        await future
+            await sup.aclose(received[0] if received else signal.SIGTERM)
+    finally:
+        for sock in sockets:
+            sock.close()
+        if address.unix_socket:
+            with contextlib.suppress(OSError):
+                os.unlink(address.unix_socket)
+        with contextlib.suppress(OSError):
+            if json.loads(marker.read_text()).get("pid") == os.getpid():
+                marker.unlink()
+    return received[0] if received else 0
+
+
+def _write_marker(path: Path, address: DaemonAddress) -> None:
+    """Where the daemon listens (never a token), for the CLI on the same machine."""
+    data = {"url": address.client_url, "http": address.url, "unixSocket": address.unix_socket, "pid": os.getpid()}
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)

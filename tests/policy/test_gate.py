@@ -1,0 +1,101 @@
+"""Permission tiers and approvals on real tool calls (the exec/process tools over a real supervisor)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from procpilot.config import load_settings
+from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.exec_process import exec_process_tools
+from procpilot.faces.tooling import ToolSpec
+from procpilot.policy.gate import AuditEvent, Gate
+
+
+def policy_settings(tmp_path: Path, workspace: Path, toml: str) -> Any:
+    cfg = tmp_path / "policy.toml"
+    cfg.write_text(toml)
+    return load_settings(cfg, env={}, state_dir=tmp_path / "state", workspace_root=workspace)
+
+
+def tool(tools: list[ToolSpec], name: str) -> ToolSpec:
+    return next(t for t in tools if t.name == name)
+
+
+async def test_tiers_block_notify_and_audit(tmp_path: Path, workspace: Path) -> None:
+    settings = policy_settings(
+        tmp_path, workspace, '[policy.agents.locked]\ntiers = { exec = "blocked" }\n'
+    )
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        events: list[AuditEvent] = []
+        gate.audit.add_callback(events.append)
+        tools = gate.wrap(exec_process_tools(sup))
+        ok = await tool(tools, "exec").call({"command": "echo hi"}, "free")
+        assert not ok.is_error
+        assert [(e.scope, e.tool, e.tier, e.outcome) for e in events] == [("free", "exec", "notify", "ok")]
+        assert "echo hi" in events[0].summary
+        blocked = await tool(tools, "exec").call({"command": "echo hi"}, "locked")
+        assert blocked.is_error
+        assert blocked.data["error"] == "PermissionDenied"
+        assert events[-1].outcome == "blocked"
+        listed = await tool(tools, "process").call({"action": "list"}, "free")
+        assert not listed.is_error
+        assert len(events) == 2  # autonomous calls are not audited
+
+
+async def test_approval_holds_the_call_until_an_approver_decides(tmp_path: Path, workspace: Path) -> None:
+    settings = policy_settings(
+        tmp_path,
+        workspace,
+        '[policy]\napproval_timeout_sec = 0.3\n[policy.default]\ntiers = { exec = "approval_required" }\n',
+    )
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        events: list[AuditEvent] = []
+        gate.audit.add_callback(events.append)
+        exec_tool = tool(gate.wrap(exec_process_tools(sup)), "exec")
+
+        call = asyncio.ensure_future(exec_tool.call({"command": "echo approved"}, "a1"))
+        while not gate.pending("a1"):
+            await asyncio.sleep(0.005)
+        request = gate.pending("a1")[0]
+        assert request.status == "awaiting_approval"
+        assert gate.pending("someone-else") == []
+        assert sup.list("a1") == []  # nothing ran yet
+        gate.decide(request.id, True, approver="ops")
+        result = await call
+        assert result.data["output"] == "approved\n"
+
+        call = asyncio.ensure_future(exec_tool.call({"command": "echo denied"}, "a1"))
+        while not gate.pending("a1"):
+            await asyncio.sleep(0.005)
+        gate.decide(gate.pending("a1")[0].id, False, approver="ops", reason="not today")
+        denied = await call
+        assert denied.is_error
+        assert denied.data["error"] == "ApprovalDenied"
+        assert "not today" in denied.text
+
+        expired = await exec_tool.call({"command": "echo late"}, "a1")
+        assert expired.data["error"] == "ApprovalDenied"
+        outcomes = [e.outcome for e in events]
+        assert outcomes.count("awaiting_approval") == 3
+        assert {"approved", "denied", "expired"} <= set(outcomes)
+        assert len(sup.list("a1")) == 1  # only the approved command ever ran
+
+
+async def test_stdin_writes_are_checked_when_the_policy_says_so(tmp_path: Path, workspace: Path) -> None:
+    settings = policy_settings(
+        tmp_path, workspace, '[policy.default]\nallow = ["sh", "echo", "ls", "cat"]\ncheck_stdin = true\n'
+    )
+    async with Supervisor(settings) as sup:
+        tools = Gate(settings).wrap(exec_process_tools(sup))
+        started = await tool(tools, "exec").call({"command": "sh", "background": True}, "a1")
+        sid = started.data["sessionId"]
+        refused = await tool(tools, "process").call({"action": "write", "sessionId": sid, "data": "rm -rf x\n"}, "a1")
+        assert refused.is_error
+        assert refused.data["error"] == "CommandDenied"
+        fine = await tool(tools, "process").call({"action": "write", "sessionId": sid, "data": "echo ok\n"}, "a1")
+        assert not fine.is_error
+        await tool(tools, "process").call({"action": "remove", "sessionId": sid}, "a1")

@@ -1,0 +1,234 @@
+"""The client side: the CLI commands as subprocesses, and procpilot.client's Client/AsyncClient."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from procpilot.client import AsyncClient, Client, DaemonNotRunning, ToolReply, Unauthorized, UnknownTool
+from procpilot.errors import InvalidArgument, ProcessAlreadyExited, ProcpilotError, SessionNotFound
+from tests.transports.test_http import PROCPILOT, TOKEN_A, TOKEN_B, Served, start_daemon
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    daemon = start_daemon(tmp_path_factory.mktemp("cli"))
+    yield daemon
+    assert daemon.stop() == 0, daemon.log_text()
+
+
+def cli(
+    served: Served | None, *args: str, token: str | None = TOKEN_A, timeout: float = 60, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "COLUMNS": "200"}
+    if served is not None:
+        env["PROCPILOT_URL"] = served.url
+    if token is not None:
+        env["PROCPILOT_TOKEN"] = token
+    return subprocess.run(
+        [PROCPILOT, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False, **kw  # type: ignore[call-overload]
+    )
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+
+def test_run_streams_output_and_exits_with_the_code(served: Served) -> None:
+    result = cli(served, "run", "echo one; sleep 0.3; echo two >&2; exit 7")
+    assert result.returncode == 7
+    assert result.stdout == "one\ntwo\n"
+    result = cli(served, "run", "printf", "%s\\n", "a b", "c")  # words are quoted, not re-split
+    assert (result.returncode, result.stdout) == (0, "a b\nc\n")
+
+
+def test_run_streams_live(served: Served) -> None:
+    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    proc = subprocess.Popen(
+        [PROCPILOT, "run", "echo first; sleep 3; echo second"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    started = time.monotonic()
+    assert proc.stdout.readline() == "first\n"
+    assert time.monotonic() - started < 2.5  # seen while the command still runs
+    assert proc.stdout.readline() == "second\n"
+    assert proc.wait(30) == 0
+    proc.stdout.close()
+
+
+def test_run_interrupted_kills_the_session(served: Served) -> None:
+    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    proc = subprocess.Popen([PROCPILOT, "run", "echo up; sleep 60"], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "up\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 128 + signal.SIGINT
+    proc.stdout.close()
+    with Client(served.url, TOKEN_A) as c:
+        rows = c.process("list")["sessions"]
+        assert all(r["status"] != "running" for r in rows)
+        for row in rows:
+            c.process("remove", row["sessionId"])
+
+
+def test_detached_session_lifecycle(served: Served) -> None:
+    started = cli(served, "run", "-d", "cat")
+    assert started.returncode == 0, started.stderr
+    sid = started.stdout.strip()
+    assert re.fullmatch(r"[a-z2-7]{16}", sid)
+    ps = cli(served, "ps")
+    assert sid in ps.stdout and "running" in ps.stdout
+    assert cli(served, "write", sid, "hello", "--newline").returncode == 0
+    assert cli(served, "write", sid, "--eof").returncode == 0
+    waited = cli(served, "wait", sid, "--timeout", "20")
+    assert waited.returncode == 0, waited.stderr
+    logs = cli(served, "logs", sid)
+    assert logs.stdout == "hello\n"
+    assert cli(served, "rm", sid).returncode == 0
+    assert sid not in cli(served, "ps").stdout
+
+
+def test_logs_follow_and_wait_codes(served: Served) -> None:
+    sid = cli(served, "run", "-d", "for i in 1 2 3 4 5; do echo n$i; sleep 0.2; done; exit 3").stdout.strip()
+    followed = cli(served, "logs", "-f", sid)
+    assert followed.stdout == "n1\nn2\nn3\nn4\nn5\n"
+    assert cli(served, "wait", sid).returncode == 3
+    sleeper = cli(served, "run", "-d", "sleep 30").stdout.strip()
+    assert cli(served, "wait", sleeper, "--timeout", "0.5").returncode == 124
+    killed = cli(served, "kill", sleeper, "--signal", "SIGKILL")
+    assert killed.returncode == 0 and "killed" in killed.stderr
+    assert cli(served, "wait", sleeper).returncode == 128 + signal.SIGKILL
+    for session in (sid, sleeper):
+        cli(served, "rm", session)
+
+
+def test_logs_pages_a_long_output(served: Served) -> None:
+    sid = cli(served, "run", "-d", "seq 1 5000").stdout.strip()
+    cli(served, "wait", sid)
+    out = cli(served, "logs", sid).stdout
+    assert out == "".join(f"{i}\n" for i in range(1, 5001))
+    cli(served, "rm", sid)
+
+
+def test_tools_and_errors(served: Served) -> None:
+    tools = cli(served, "tools")
+    assert tools.returncode == 0 and "exec" in tools.stdout and "process" in tools.stdout
+    missing = cli(served, "kill", "nosuchsession000")
+    assert missing.returncode == 1
+    assert "SessionNotFound" in missing.stderr and "Traceback" not in missing.stderr
+    wrong = cli(served, "ps", token="wrong")  # noqa: S106
+    assert wrong.returncode == 1 and "Unauthorized" in wrong.stderr and "PROCPILOT_TOKEN" in wrong.stderr
+
+
+def test_clear_error_when_no_daemon_runs(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PROCPILOT_URL": f"http://127.0.0.1:{port}"}
+    result = subprocess.run([PROCPILOT, "ps"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "DaemonNotRunning" in result.stderr
+    assert "procpilot serve" in result.stderr  # and how to start one
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_finds_the_daemon_through_its_state_dir(served: Served) -> None:
+    env = {
+        "PATH": os.environ["PATH"],
+        "PROCPILOT_STATE_DIR": str(served.root / "state"),
+        "PROCPILOT_TOKEN": TOKEN_A,
+    }
+    result = subprocess.run([PROCPILOT, "ps"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_unix_socket_url(served: Served) -> None:
+    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": f"unix://{served.unix_socket}", "PROCPILOT_TOKEN": TOKEN_B}
+    result = subprocess.run(
+        [PROCPILOT, "run", "echo via-socket"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (result.returncode, result.stdout) == (0, "via-socket\n")
+
+
+# -- the Python client -------------------------------------------------------------------------
+
+
+def test_sync_client_every_tool_and_typed_errors(served: Served) -> None:
+    with Client(served.url, TOKEN_A) as c:
+        names = {t["name"] for t in c.tools()}
+        assert {"exec", "process"} <= names
+        done = c.exec("echo hi")
+        assert isinstance(done, ToolReply) and done["output"] == "hi\n" and "hi" in done.text
+        bg = c.exec("cat", background=True)
+        sid = bg["sessionId"]
+        assert c.process("write", sid, data="x\n", eof=True)["bytesWritten"] == 2
+        assert c.process("wait", sid, timeout=10_000)["reason"] == "exited"
+        with pytest.raises(ProcessAlreadyExited) as caught:
+            c.process("write", sid, data="more")
+        assert caught.value.hints and caught.value.code == "ProcessAlreadyExited"
+        with pytest.raises(SessionNotFound):
+            c.process("poll", "nosuchsession000")
+        with pytest.raises(InvalidArgument):
+            c.call("exec")
+        with pytest.raises(UnknownTool):
+            c.call("nope")
+        # Every other tool by name, or as an attribute (dots become underscores).
+        if "process.list" in names:
+            assert "processes" in c.process_list().data
+        assert c.call("process", action="list")["total"] >= 1
+        c.process("remove", sid)
+        c.process("remove", done["sessionId"])
+        assert c.openapi()["openapi"].startswith("3.1")
+
+
+def test_unknown_error_codes_still_raise_procpilot_errors() -> None:
+    from procpilot.client import error_from
+
+    exc = error_from({"error": "BrandNewError", "message": "m", "hints": {"h": "x"}, "extra": 1})
+    assert isinstance(exc, ProcpilotError) and exc.code == "BrandNewError"
+    assert exc.hints == {"h": "x"} and exc.details == {"extra": 1}
+
+
+def test_client_errors_for_auth_and_absent_daemon(served: Served) -> None:
+    with Client(served.url, "wrong") as c, pytest.raises(Unauthorized):
+        c.exec("true")
+    with Client("http://127.0.0.1:1", TOKEN_A) as c, pytest.raises(DaemonNotRunning) as caught:
+        c.exec("true")
+    assert "procpilot serve" in " ".join(caught.value.hints.values())
+
+
+async def test_async_client_and_events(served: Served) -> None:
+    async with AsyncClient(served.url, TOKEN_A) as c:
+        events = c.events()
+        assert (await anext(events))["type"] == "ready"
+        bg = await c.exec("sleep 0.2; exit 2", background=True)
+        event = await anext(events)
+        if event["type"] == "audit":  # exec is a notify-tier tool: its call is audited first
+            assert event["tool"] == "exec"
+            event = await anext(events)
+        assert event["sessionId"] == bg["sessionId"] and event["exitCode"] == 2
+        await events.aclose()
+        with pytest.raises(SessionNotFound):
+            await c.process("kill", "nosuchsession000")
+        await c.process("remove", bg["sessionId"])
+
+
+def test_sync_events(served: Served) -> None:
+    with Client(served.url, TOKEN_A) as c:
+        events = c.events()
+        assert next(events)["type"] == "ready"
+        bg = c.exec("true", background=True)
+        event = next(events)
+        while event["type"] != "exit":
+            event = next(events)
+        assert event["sessionId"] == bg["sessionId"]
+        events.close()
+        c.process("remove", bg["sessionId"])
