@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -104,4 +105,4 @@ async def test_a_non_root_child_cannot_escape_its_cgroup(supervisor: Supervisor)
     s = await supervisor.run(spec, scope=A, yield_ms=None)
     out = s.output[Stream.STDOUT].read().data.decode()
     assert "MOVED" not in out
-    assert f"procpilot-{os.getpid()}/{s.id}" in out  # still inside the session's cgroups
+    assert re.search(rf"procpilot-{os.getpid()}-\w+/{s.id}", out)  # still inside the session's cgroups

@@ -295,6 +295,38 @@ async def test_shutdown_ends_every_tree(settings, tmp_path: Path) -> None:  # ty
     assert not alive(daemon)
 
 
+async def test_two_supervisors_in_one_process_do_not_touch_each_others_trees(
+    settings, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    from procpilot.config import load_settings
+
+    other = load_settings(env={}, state_dir=tmp_path / "state2", workspace_root=settings.workspace_root)
+    async with Supervisor(settings) as one:
+        s = await one.spawn(SpawnSpec("sleep 30"), scope=A)
+        async with Supervisor(other) as two:
+            await two.run(SpawnSpec("true"), scope=A, yield_ms=None)
+        # Closing the second left the first's session (and its cgroup) alone.
+        assert s.is_running
+        assert s.pid is not None and s.pid in one._tree_backend.pids(s.id, s.pid)
+        await one.kill(A, s.id, signal.SIGKILL, wait=None)
+        assert s.state is SessionState.KILLED
+
+
+async def test_a_cancelled_aclose_still_ends_every_tree(settings) -> None:  # type: ignore[no-untyped-def]
+    sup = await Supervisor(settings).start()
+    s = await sup.spawn(SpawnSpec((PY, str(PROGRAMS / "ignore_term.py"))), scope=A)
+    await sup.wait(A, s.id, timeout=10, pattern=re.compile("ready"))
+    closing = asyncio.ensure_future(sup.aclose(grace=0.5))
+    await asyncio.sleep(0.1)
+    closing.cancel()  # the caller gives up; the shutdown must not
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert s.is_running  # SIGTERM ignored, the grace not yet over
+    await sup.aclose()  # a second call waits for the same shutdown
+    assert s.state is SessionState.KILLED
+    assert s.signal_sent == "SIGKILL"
+
+
 async def test_transient_emfile_is_retried(supervisor: Supervisor) -> None:
     import resource
 

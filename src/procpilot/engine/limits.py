@@ -18,7 +18,6 @@ it execs the user's command (never a ``preexec_fn``), and removed when the sessi
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,11 +247,11 @@ def _own_v1_cgroups() -> dict[str, Path]:
     return {c: mounts[c] / own[c].lstrip("/") for c in mounts if c in own}
 
 
-def _try_v1() -> CgroupV1Limits | None:
+def _try_v1(name: str) -> CgroupV1Limits | None:
     own = _own_v1_cgroups()
     if set(own) != {"memory", "cpu", "pids"}:
         return None
-    roots = {c: p / f"procpilot-{os.getpid()}" for c, p in own.items()}
+    roots = {c: p / name for c, p in own.items()}
     try:
         for root in roots.values():
             root.mkdir(exist_ok=True)
@@ -268,36 +267,44 @@ def _try_v1() -> CgroupV1Limits | None:
     return CgroupV1Limits(roots)
 
 
-def _try_v2(base: Path | None) -> CgroupV2Limits | None:
-    if base is None:
+def _try_v2(root: Path | None) -> CgroupV2Limits | None:
+    """``root``: the directory whose children are the sessions' cgroups (the tree backend's own,
+    when it groups by cgroup v2: a process is in one v2 cgroup only, so limits must live there)."""
+    if root is None:
         return None
-    try:
-        available = set((base / "cgroup.controllers").read_text().split())
-    except OSError:
-        return None
-    if not {"memory", "cpu", "pids"} <= available:
-        return None
-    root = base / f"procpilot-limits-{os.getpid()}"
+    created = not root.exists()
     try:
         root.mkdir(exist_ok=True)
+        available = set((root / "cgroup.controllers").read_text().split())
+        if not {"memory", "cpu", "pids"} <= available:
+            raise OSError("memory, cpu and pids are not delegated to us")
         (root / "cgroup.subtree_control").write_text("+memory +cpu +pids")
     except OSError:
-        with contextlib.suppress(OSError):
-            root.rmdir()
+        if created:
+            with contextlib.suppress(OSError):
+                root.rmdir()
         return None
     return CgroupV2Limits(root)
 
 
-def probe_limits(prefer: str = "auto", v2_base: Path | None = None) -> LimitBackend:
-    """The best limit mechanism available: cgroup v2, then v1, then the watchdog."""
-    if prefer in ("auto", "cgroup2"):
-        from procpilot.engine.trees import own_unified_cgroup
+def probe_limits(prefer: str = "auto", v2_root: Path | None = None, name: str | None = None) -> LimitBackend:
+    """The best limit mechanism available: cgroup v2, then v1, then the watchdog.
 
-        backend: LimitBackend | None = _try_v2(v2_base or own_unified_cgroup())
+    ``v2_root`` is where v2 session cgroups live (default: a directory ``name`` below our own
+    cgroup); ``name`` is this supervisor's directory name in every hierarchy.
+    """
+    from procpilot.engine.trees import instance_name, own_unified_cgroup
+
+    name = name or instance_name()
+    if prefer in ("auto", "cgroup2"):
+        if v2_root is None:
+            base = own_unified_cgroup()
+            v2_root = None if base is None else base / name
+        backend: LimitBackend | None = _try_v2(v2_root)
         if backend is not None:
             return backend
     if prefer in ("auto", "cgroup1"):
-        backend = _try_v1()
+        backend = _try_v1(name)
         if backend is not None:
             return backend
     return WatchdogLimits()

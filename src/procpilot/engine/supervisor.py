@@ -30,7 +30,7 @@ from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
-from procpilot.engine.trees import MARKER_ENV, TreeBackend, probe_trees, reap_orphans
+from procpilot.engine.trees import MARKER_ENV, CgroupTrees, TreeBackend, instance_name, probe_trees, reap_orphans
 from procpilot.errors import ProcessAlreadyExited, ProcpilotError, SessionNotFound, SessionStillRunning, SpawnFailed
 from procpilot.render import for_model, tail_chars
 
@@ -87,6 +87,7 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
+        self._close_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -96,10 +97,13 @@ class Supervisor:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         if self._store is None:
             self._store = FileStore(self.settings.state_dir)
+        name = instance_name()
         if self._trees is None:
-            self._trees = probe_trees()
+            self._trees = probe_trees(name=name)
         if self._limits is None:
-            self._limits = probe_limits()
+            # Where sessions are grouped by cgroup v2, limits go in the same directories.
+            v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
+            self._limits = probe_limits(v2_root=v2_root, name=name)
         self._started = True
         self._spawn_task(self._housekeeping())
         return self
@@ -147,11 +151,39 @@ class Supervisor:
         return self._trees
 
     async def aclose(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
-        """End every running tree (``sig``, then SIGKILL after ``grace``) and stop housekeeping."""
-        if self._closed or not self._started:
+        """End every running tree (``sig``, then SIGKILL after ``grace``) and stop housekeeping.
+
+        Safe to cancel and to call again: the shutdown runs in a task of its own that a cancelled
+        caller leaves running and a second call waits for; if that task itself is cancelled (the
+        event loop is going away) every tree is SIGKILLed on the spot.
+        """
+        if not self._started:
             self._closed = True
             return
-        self._closed = True
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.ensure_future(self._close(sig, grace))
+        await asyncio.shield(self._close_task)
+
+    async def _close(self, sig: int, grace: float | None) -> None:
+        try:
+            await self._end_all(sig, grace)
+        except asyncio.CancelledError:
+            self._kill_all_now()
+            raise
+        finally:
+            reap_orphans(set())
+            self._tree_backend.close()
+            self._limit_backend.close()
+            self.exits.close()
+
+    def _kill_all_now(self) -> None:
+        for session in self._sessions.values():
+            if session.is_running:
+                with contextlib.suppress(ProcpilotError):
+                    session.terminate(SessionState.KILLED, signal.SIGKILL, None)
+
+    async def _end_all(self, sig: int, grace: float | None) -> None:
         grace = self.settings.exec.kill_grace_sec if grace is None else grace
         running = [s for s in self._sessions.values() if not s.finished]
         for session in running:
@@ -162,14 +194,14 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         if running:
-            await asyncio.wait([asyncio.ensure_future(s.wait_finished()) for s in running], timeout=grace + 5.0)
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
-        reap_orphans(set())
-        self._tree_backend.close()
-        self._limit_backend.close()
-        self.exits.close()
+            waits = [asyncio.ensure_future(s.wait_finished()) for s in running]
+            try:
+                await asyncio.wait(waits, timeout=grace + 5.0)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+        # Housekeeping tasks were cancelled above; their own errors are of no interest now.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)

@@ -20,13 +20,14 @@ import contextlib
 import ctypes
 import os
 import platform
+import secrets
 import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["MARKER_ENV", "CgroupTrees", "ScanTrees", "TreeBackend", "probe_trees", "reap_orphans"]
+__all__ = ["MARKER_ENV", "CgroupTrees", "ScanTrees", "TreeBackend", "instance_name", "probe_trees", "reap_orphans"]
 
 MARKER_ENV = "PROCPILOT_SESSION"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -82,16 +83,17 @@ def _all_pids() -> Iterable[int]:
 
 
 def _marker_of(pid: int) -> str | None:
-    """The session marker in a process's environment: "" if it has none, None if unreadable.
+    """The session marker in a process's environment: "" if it has none (or we may not read it),
+    None if the process is exiting.
 
     A process in the middle of exiting has already dropped its memory: its environment reads as
-    empty, which says nothing about whose it was.
+    empty, which says nothing about whose it was, but it may still hold its files (a port).
     """
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read()
     except OSError:
-        return None
+        return ""
     if not env:
         return None
     prefix = f"{MARKER_ENV}=".encode()
@@ -136,7 +138,8 @@ class ScanTrees:
             if leader in table:
                 members.add(leader)
         # Orphans re-parented to us (we are their subreaper) are ours if they carry the marker. One
-        # that is exiting cannot say, and its children are not re-parented yet: ask them instead.
+        # that is exiting cannot say: it counts until it is a zombie (it may still hold a port), and
+        # its children, not re-parented yet, are asked instead.
         children: dict[int, list[int]] = {}
         for pid, (ppid, _, _, _) in table.items():
             children.setdefault(ppid, []).append(pid)
@@ -147,6 +150,7 @@ class ScanTrees:
             if marker == session_id:
                 members.add(pid)
             elif marker is None:
+                members.add(pid)
                 frontier.extend(children.get(pid, []))
         # Close over parent links: anything descended from a member is a member.
         changed = True
@@ -262,12 +266,18 @@ def own_unified_cgroup() -> Path | None:
     return None
 
 
-def probe_trees(prefer: str = "auto") -> TreeBackend:
+def instance_name() -> str:
+    """A cgroup directory name of one supervisor: its pid (for finding a crashed one's leftovers)
+    and a random part, so two supervisors in one process never share (or remove) a directory."""
+    return f"procpilot-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def probe_trees(prefer: str = "auto", name: str | None = None) -> TreeBackend:
     """The best tree mechanism this host offers: cgroup v2 grouping if writable, else /proc scans."""
     if prefer in ("auto", "cgroup2"):
         base = own_unified_cgroup()
         if base is not None:
-            root = base / f"procpilot-{os.getpid()}"
+            root = base / (name or instance_name())
             try:
                 root.mkdir(exist_ok=True)
                 probe = root / "probe"
