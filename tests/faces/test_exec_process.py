@@ -171,6 +171,7 @@ async def test_list_shows_sessions_newest_first_with_names(connect: Connect) -> 
         ({"action": "log", "sessionId": "SID", "offset": -1}, "InvalidArgument"),
         ({"action": "wait", "sessionId": "SID", "pattern": "(unclosed"}, "InvalidPattern"),
         ({"action": "clear", "sessionId": "SID"}, "SessionStillRunning"),
+        ({"action": "poll", "sessionId": "SID", "timout": 5}, "InvalidArgument"),  # a misspelt name
     ],
 )
 async def test_bad_input_gets_typed_errors(connect: Connect, args: dict[str, Any], code: str) -> None:
@@ -182,6 +183,12 @@ async def test_bad_input_gets_typed_errors(connect: Connect, args: dict[str, Any
         assert err_data["error"] == code
         assert text.startswith(code) and "What to do next" in text
         await call(client, "process", action="remove", sessionId=data["sessionId"])
+
+
+async def test_a_misspelt_argument_is_refused_not_silently_dropped(connect: Connect) -> None:
+    async with connect() as client:
+        text, data, is_error = await call(client, "exec", command="echo hi", timout=1)
+        assert is_error and data["error"] == "InvalidArgument" and "timout" in text
 
 
 async def test_missing_command_and_elevated_are_typed_errors(connect: Connect) -> None:

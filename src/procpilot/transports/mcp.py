@@ -1,14 +1,13 @@
 """MCP transport: every ToolSpec as an MCP tool, on the official SDK's ``MCPServer``.
 
-The advertised input schema is the face's pydantic model; the SDK-level signature accepts every
-field as optional ``Any`` so validation (and its typed, hinted errors) stays with the face. A
+The advertised input schema is the face's pydantic model, and the client's arguments reach the
+face untouched, so validation (and its typed, hinted errors) stays with the face. A
 typed failure is an ``isError`` result naming the error; only a malformed request is a protocol
 error. Works in both protocol eras the SDK speaks (legacy initialize, and 2026-07-28).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,21 +38,25 @@ def to_call_result(result: ToolResult) -> CallToolResult:
 ScopeSource = str | Callable[[], str]
 
 
-def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
-    fields = list(spec.input_model.model_fields)
+class _FaceTool(Tool):
+    """A tool whose arguments reach the face exactly as the client sent them.
 
-    async def call(**arguments: Any) -> CallToolResult:
+    The SDK would validate them against a model built from the function's signature and drop
+    any name it does not know, so a misspelt ``timout`` would silently run with the default.
+    The face validates instead: unknown names are an ``InvalidArgument`` the model can fix.
+    """
+
+    async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:
+        result = await self.fn(arguments)
+        return self.fn_metadata.convert_result(result) if convert_result else result
+
+
+def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
+    async def call(arguments: dict[str, Any]) -> CallToolResult:
         caller = scope if isinstance(scope, str) else scope()
         return to_call_result(await spec.call(arguments, caller))
 
-    # The SDK builds its argument model from the signature: every field optional and untyped,
-    # so the face's own validation produces the errors an agent sees.
-    call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Any) for n in fields],
-        return_annotation=CallToolResult,
-    )
-    call.__annotations__ = {n: Any for n in fields} | {"return": CallToolResult}
-    tool = Tool.from_function(
+    tool = _FaceTool.from_function(
         call,
         name=spec.name,
         description=spec.description,
