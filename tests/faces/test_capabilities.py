@@ -38,6 +38,7 @@ KILL_FIELDS = {"killed", "signal_sent", "process_id", "state"}
 LIST_FIELDS = {"processes", "total"}
 ENTRY_FIELDS = {"process_id", "command", "state", "exit_code", "started_at", "duration_ms", "resource_usage"}
 LOGS_FIELDS = {"stdout", "stderr", "stdout_size", "stderr_size", "truncated", "process_id", "state"}
+LOGS_FIELDS |= {"stdout_next_offset", "stderr_next_offset"}  # beyond the spec: exact paging
 USAGE_FIELDS = {"cpu_ms", "memory_peak_bytes", "io_read_bytes", "io_write_bytes"}
 BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {sec}: pass\n"
 
@@ -238,6 +239,19 @@ async def test_command_not_found_has_the_spec_hints(connect: Connect) -> None:
         assert "process.run(command='which'" in data["hints"]["check_path"]
         _, data, is_error = await mcp_call(client, "process.run", command="no-such-binary-qq --flag")
         assert is_error and data["error"] == "CommandNotFound"
+
+
+async def test_a_program_that_cannot_be_executed_is_spawn_failed(connect: Connect, workspace: Path) -> None:
+    script = workspace / "noexec.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)
+    async with connect() as client:
+        for command in ("./noexec.sh", str(workspace)):
+            text, data, is_error = await mcp_call(client, "process.run", command=command, args=[])
+            assert is_error and data["error"] == "SpawnFailed", text
+            assert "check_permissions" in data["hints"]
+        _, data, is_error = await mcp_call(client, "process.run", command="./noexec.sh")  # through the shell
+        assert is_error and data["error"] == "SpawnFailed"
 
 
 async def test_working_directory_inside_the_workspace(tools: Tools, workspace: Path) -> None:
@@ -475,9 +489,12 @@ async def test_logs_streams_and_every_field(connect: Connect) -> None:
             "truncated": False,
             "process_id": pid,
             "state": "completed",
+            "stdout_next_offset": 10,
+            "stderr_next_offset": 5,
         }
         _, out, _ = await mcp_call(client, "process.logs", process_id=pid, stream="stdout")
         assert out["stdout"] == "out1\nout2\n" and out["stderr"] == "" and out["stderr_size"] == 5
+        assert out["stderr_next_offset"] is None
         _, err, _ = await mcp_call(client, "process.logs", process_id=pid, stream="stderr")
         assert err["stdout"] == "" and err["stderr"] == "err1\n" and err["stdout_size"] == 10
 
@@ -502,6 +519,7 @@ async def test_logs_limit_never_splits_a_character(tools: Tools) -> None:
     pid = run["process_id"]
     page = await tools("process.logs", process_id=pid, stream="stdout", offset=0, limit=2)
     assert page["stdout"] == "a" and page["truncated"] is True
+    assert page["stdout_next_offset"] == 1  # not 2: the cut "é" comes whole on the next page
     result = await tools.by_name["process.logs"].call(
         {"process_id": pid, "stream": "stdout", "offset": 1, "limit": 4}, "agent-a"
     )
@@ -587,6 +605,20 @@ async def test_io_write_bytes_count(tools: Tools, workspace: Path) -> None:
     data = await tools("process.run", command="sh", args=["-c", script])
     assert data["resource_usage"]["io_write_bytes"] >= 3_000_000
     assert (workspace / "big").stat().st_size == 3_000_000
+
+
+async def test_a_tree_never_sampled_still_reports_its_memory_and_io(supervisor: Supervisor) -> None:
+    import resource
+
+    ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    size = ours + (200 << 20)  # above our own peak: a vfork'd child's ru_maxrss starts from ours
+    touch = f"x = bytearray({size}); x[::4096] = bytes(len(x[::4096]))"
+    script = f"head -c 3000000 /dev/zero > /dev/null; {PY} -c '{touch}'"
+    session = await supervisor.run(SpawnSpec(script), scope="a", yield_ms=None)
+    usage = usage_tracker(supervisor).usage(session)  # first asked after the end: nothing sampled
+    assert usage.memory_peak_bytes >= size, usage
+    assert usage.io_read_bytes >= 3_000_000 and usage.io_write_bytes >= 3_000_000, usage
+    assert usage.cpu_ms > 0
 
 
 def test_sample_tree_of_this_process() -> None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -56,6 +57,15 @@ def signal_name(sig: int) -> str:
         return f"SIG{sig}"
 
 
+def _zombie_io(pid: int) -> tuple[int, int] | None:
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return int(fields[b"rchar"]), int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 class Session:
     def __init__(
         self,
@@ -83,6 +93,11 @@ class Session:
         self.error: str | None = None
         self.backgrounded = False
         self.rusage: Any = None  # resource.struct_rusage of the leader, from wait4
+        # Our own peak RSS (KiB) when the child started: a vfork'd child inherits it into its
+        # ru_maxrss, so only an ru_maxrss above it is the tree's own peak.
+        self.spawner_maxrss_kb = 0
+        # (rchar, wchar) of the leader read as a zombie: its I/O plus every descendant it reaped.
+        self.exit_io: tuple[int, int] | None = None
         self.poll_cursors: dict[Stream, int] = {}
         self.stdin_open = False
         self._trees = trees
@@ -158,6 +173,7 @@ class Session:
         self._t0 = time.monotonic()
         self.started_at = time.time()
         self._set_state(SessionState.RUNNING)
+        self.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.stdin_open = spawned.stdin_fd is not None
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
         if spawned.stderr_fd is not None:
@@ -235,6 +251,9 @@ class Session:
             self._timers.append(self._loop.call_later(0.05, self._poll_leader))
 
     def _on_leader_exit(self) -> None:
+        # The pidfd is readable: the leader is a zombie, whose I/O counters are still there to read.
+        if self._spawned is not None and not self._leader_reaped:
+            self.exit_io = _zombie_io(self._spawned.pid)
         self._reap()
 
     def _reap(self) -> bool:

@@ -188,6 +188,13 @@ def check_command(command: str | tuple[str, ...], env: Mapping[str, str], cwd: P
         path = Path(program) if os.path.isabs(program) else (cwd or Path.cwd()) / program
         if not path.exists():
             raise CommandNotFound(f"command not found: {program}", command=program)
+        if not path.is_file() or not os.access(path, os.X_OK):
+            what = "a directory" if path.is_dir() else "not executable"
+            raise SpawnFailed(
+                f"cannot run {program}: {what}",
+                errno=errno.EISDIR if path.is_dir() else errno.EACCES,
+                hints={"check_permissions": f"Make it executable (chmod +x {program}) or run it with its interpreter."},
+            )
         return
     if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
         raise CommandNotFound(f"command not found: {program}", command=program)

@@ -10,16 +10,18 @@ session, running maxima that never go down:
   cgroup v2 tree backend the cgroup's own ``cpu.stat`` (exact, dead members included) is a floor.
 * ``memory_peak_bytes`` — the largest sum of the tree's resident set sizes seen in one sample, or
   the high-water mark (``VmHWM``) of its largest process if that is more; under a memory limit, the
-  cgroup's own peak. (The leader's ``ru_maxrss`` is no use: a child started by vfork+exec inherits
-  the supervisor's high-water mark.)
+  cgroup's own peak.
 * ``io_read_bytes`` / ``io_write_bytes`` — bytes the tree's processes read and wrote through
   system calls (``rchar``/``wchar`` of ``/proc/PID/io``, which also count reaped children), or the
   storage-level counters where those are all that is available.
 
-When the session ends, the leader's ``wait4`` rusage (its own CPU time plus that of every
-descendant it waited for, and its block I/O) and, under a memory limit, the cgroup's peak are
-folded in where they are larger: a tree too short-lived to have been sampled still reports its
-CPU time (its memory, never sampled, then reads 0).
+When the session ends, what the leader left is folded in where it is larger, so a tree too
+short-lived to have been sampled still reports its usage: the ``wait4`` rusage (CPU time of the
+leader and of every descendant it waited for; ``ru_maxrss``, the largest of theirs, but only when
+it is above the supervisor's own high-water mark at spawn, which a vfork'd child inherits), the
+I/O counters of the leader read while it was a zombie (its reaped descendants included) and, under
+a memory limit, the cgroup's peak. A short tree that stayed below the supervisor's own peak RSS and
+was never sampled reports memory 0.
 """
 
 from __future__ import annotations
@@ -251,13 +253,12 @@ class UsageTracker:
         rusage = session.rusage
         if rusage is not None:
             leader_cpu = (rusage.ru_utime + rusage.ru_stime) * 1000
-            final = final.max(
-                Usage(
-                    cpu_ms=int(leader_cpu + track.credit_cpu),
-                    io_read_bytes=int(rusage.ru_inblock) * 512 + track.credit_read,
-                    io_write_bytes=int(rusage.ru_oublock) * 512 + track.credit_write,
-                )
-            )
+            # Above what the child inherited from us at spawn, ru_maxrss is the tree's own peak.
+            peak = rusage.ru_maxrss * 1024 if rusage.ru_maxrss > session.spawner_maxrss_kb else 0
+            final = final.max(Usage(cpu_ms=int(leader_cpu + track.credit_cpu), memory_peak_bytes=peak))
+        if session.exit_io is not None:
+            read, write = session.exit_io
+            final = final.max(Usage(io_read_bytes=read + track.credit_read, io_write_bytes=write + track.credit_write))
         report = session.limit_report
         if report is not None and report.memory_peak_bytes:
             final = final.max(Usage(memory_peak_bytes=report.memory_peak_bytes))

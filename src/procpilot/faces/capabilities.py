@@ -369,6 +369,10 @@ class LogsOutput(BaseModel):
     truncated: bool
     process_id: str
     state: State
+    # Beyond spec 000: the exact byte offset to ask for next (``stdout_size`` is that only when
+    # nothing was cut, and a cut never splits a UTF-8 character); None for a stream not read.
+    stdout_next_offset: int | None = None
+    stderr_next_offset: int | None = None
 
 
 # -- the capabilities --------------------------------------------------------------------------
@@ -542,6 +546,7 @@ class ProcessCapabilities:
             texts = {"stdout": "", "stderr": ""}
             sizes = {"stdout": session.output[Stream.STDOUT].size, "stderr": session.output[Stream.STDERR].size}
             notes: dict[str, Any] = {}
+            next_offsets: dict[str, int | None] = {"stdout": None, "stderr": None}
             truncated = False
             for name in ("stdout", "stderr"):
                 if params.stream not in (name, "both"):
@@ -549,10 +554,11 @@ class ProcessCapabilities:
                 result = session.output[Stream(name)].read(offset, params.limit)
                 sizes[name] = result.total
                 data = result.data
+                next_offsets[name] = result.end
                 if result.end < result.total:
                     truncated = True
                     data = data[: complete_utf8_prefix(data)]  # a character cut by limit waits for the next page
-                    notes[f"{name}_next_offset"] = result.end - (len(result.data) - len(data))
+                    next_offsets[name] = notes[f"{name}_next_offset"] = result.end - (len(result.data) - len(data))
                 if result.dropped:
                     notes[f"{name}_dropped_bytes"] = result.dropped
                 texts[name] = data.decode("utf-8", errors="replace")
@@ -564,6 +570,8 @@ class ProcessCapabilities:
                 truncated=truncated,
                 process_id=session.id,
                 state=spec_state(session),
+                stdout_next_offset=next_offsets["stdout"],
+                stderr_next_offset=next_offsets["stderr"],
             )
             return output, notes
 
