@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from procpilot.engine.keys import (
@@ -250,3 +252,20 @@ def test_encode_paste_bracketed(text: str, expected: bytes) -> None:
 
 def test_encode_paste_unbracketed_is_plain_text() -> None:
     assert encode_paste("a\x1b[201~b", bracketed=False) == b"a\x1b[201~b"
+
+
+@pytest.mark.parametrize(
+    ("encode", "field"),
+    [
+        (encode_literal, "literal"),
+        (lambda t: encode_literal(t, "data"), "data"),
+        (encode_submit, "text"),
+        (encode_paste, "text"),
+        (lambda t: encode_paste(t, bracketed=False), "text"),
+        (lambda t: encode_keys(["a", t[-1]]), "keys"),
+    ],
+)
+def test_a_lone_surrogate_is_an_invalid_argument_naming_the_field(encode: Any, field: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        encode("a\ud800")
+    assert caught.value.details["field"] == field

@@ -17,6 +17,7 @@
     │   └── SpawnFailed                   any other OS refusal (permissions, limits)
     ├── KillFailed                        the OS refused to deliver a signal
     ├── NotSupported                      the feature is not available (yet) here
+    ├── InternalError                     a bug in procpilot: the call failed, the server lives on
     └── ConfigError (ValueError)          a configuration file or env var is invalid
 
 Every class carries a stable ``code`` (the name agents see) and ``hints``: what to do next.
@@ -30,6 +31,7 @@ from typing import Any, ClassVar
 __all__ = [
     "CommandNotFound",
     "ConfigError",
+    "InternalError",
     "InvalidArgument",
     "InvalidFilter",
     "InvalidPattern",
@@ -163,6 +165,13 @@ class KillFailed(ProcpilotError):
 class NotSupported(ProcpilotError):
     default_hints: ClassVar[dict[str, str]] = {
         "drop_option": "Call again without this option.",
+    }
+
+
+class InternalError(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "retry": "Retry once; if it fails again, try a simpler request (another command, fewer options).",
+        "report": "This is a procpilot bug, not a problem with your command: the server log has the details.",
     }
 
 

@@ -8,6 +8,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -365,3 +366,17 @@ async def test_killing_a_queued_session_ends_it_as_killed(supervisor: Supervisor
     assert queued.pid is None
     await supervisor.remove(A, first.id)
     await supervisor.wait(A, other_job.id, timeout=5)
+
+
+async def test_a_spawn_failing_with_any_exception_leaves_no_files_and_frees_its_lane(supervisor: Supervisor) -> None:
+    sessions = supervisor.settings.state_dir / "sessions"
+    bad_env: Any = {"K": 1}  # not a str: a TypeError deep in the spawn path, not a ProcpilotError
+    with pytest.raises(TypeError):
+        await supervisor.spawn(SpawnSpec("true", env=bad_env, lane="main"), scope=A)
+    with pytest.raises(InvalidArgument):
+        await supervisor.spawn(SpawnSpec("echo a\0b", lane="main"), scope=A)
+    assert not sessions.exists() or list(sessions.iterdir()) == []
+    assert supervisor.list(A) == []
+    s = await supervisor.spawn(SpawnSpec("true", lane="main"), scope=A)
+    assert s.state is not SessionState.QUEUED  # the failed spawns gave their lane slot back
+    await supervisor.wait(A, s.id, timeout=10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,8 @@ from mcp import Client
 
 from procpilot.config import Settings
 from procpilot.engine.supervisor import Supervisor
-from procpilot.faces.exec_process import exec_process_tools
+from procpilot.faces.exec_process import ExecParams, exec_process_tools
+from procpilot.faces.tooling import ToolResult, ToolSpec
 from procpilot.transports.mcp import build_mcp_server
 
 Connect = Callable[[], Client]
@@ -251,3 +253,61 @@ async def test_polling_a_finished_session_returns_all_that_was_unread(connect: C
         assert polled["cutChars"] == 0
         assert polled["output"].startswith("1\n2\n3\n")
         assert polled["output"].endswith("1999\n2000\n")
+
+
+Tools = dict[str, ToolSpec]
+
+
+@pytest.fixture
+def tools(supervisor: Supervisor) -> Tools:
+    """The face's tools called directly: some inputs (lone surrogates) cannot cross a JSON client."""
+    return {spec.name: spec for spec in exec_process_tools(supervisor)}
+
+
+def session_dirs(supervisor: Supervisor) -> set[str]:
+    root = supervisor.settings.state_dir / "sessions"
+    return {p.name for p in root.iterdir()} if root.exists() else set()
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "field"),
+    [
+        ("exec", {"command": "echo a\0b"}, "command"),
+        ("exec", {"command": "true", "workdir": "a\0b"}, "workdir"),
+        ("exec", {"command": "true", "env": {"K": "a\0b"}}, "env"),
+        ("exec", {"command": "true", "env": {"K": "\ud800"}}, "env"),
+        ("exec", {"command": "true", "env": {"K\0": "v"}}, "env"),
+        ("process", {"action": "write", "sessionId": "SID", "data": "\ud800"}, "data"),
+        ("process", {"action": "paste", "sessionId": "SID", "text": "\ud800"}, "text"),
+        ("process", {"action": "submit", "sessionId": "SID", "text": "\ud800"}, "text"),
+        ("process", {"action": "send-keys", "sessionId": "SID", "literal": "\ud800"}, "literal"),
+        ("process", {"action": "send-keys", "sessionId": "SID", "keys": ["\ud800"]}, "keys"),
+    ],
+)
+async def test_nul_and_lone_surrogates_are_invalid_arguments_naming_the_field(
+    tools: Tools, supervisor: Supervisor, tool: str, args: dict[str, Any], field: str
+) -> None:
+    cat = await tools["exec"].call({"command": "cat", "background": True}, "a")
+    sid = cat.data["sessionId"]
+    before = session_dirs(supervisor)
+    args = {k: (sid if v == "SID" else v) for k, v in args.items()}
+    result = await tools[tool].call(args, "a")
+    assert result.is_error and result.data["error"] == "InvalidArgument", result.text
+    assert result.data["field"] == field
+    assert session_dirs(supervisor) == before  # a refused spawn leaves no session directory behind
+    await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+async def test_an_unexpected_exception_is_an_internal_error_result(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken(arguments: Any, scope: str) -> ToolResult:
+        raise KeyError("secret-internal-detail")
+
+    spec = ToolSpec("broken", "", ExecParams, broken)
+    with caplog.at_level(logging.ERROR):
+        result = await spec.call({}, "a")
+    assert result.is_error and result.data["error"] == "InternalError"
+    assert "Traceback" not in result.text and "secret-internal-detail" not in result.text
+    assert result.data["hints"]
+    assert any(r.exc_info for r in caplog.records)  # the traceback goes to the server log only

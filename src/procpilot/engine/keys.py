@@ -100,6 +100,18 @@ _USE_LITERAL_HINT = {
 _HEX_BYTE = re.compile(r"(?:0[xX])?([0-9a-fA-F]{1,2})")
 
 
+def _utf8(text: str, field: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (valid JSON, not valid text) is an InvalidArgument."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{field} contains a character with no UTF-8 encoding ({text[exc.start]!r}, a lone surrogate)",
+            hints={"fix_text": f"Send {field} as valid Unicode (surrogates only in pairs), or raw bytes with hex."},
+            field=field,
+        ) from None
+
+
 def _split_modifiers(name: str) -> tuple[int, str]:
     """Peel ``C-``/``M-``/``S-`` prefixes (any order, any case) off ``name``.
 
@@ -211,7 +223,7 @@ def encode_keys(keys: Sequence[str]) -> bytes:
     """
     if isinstance(keys, str):
         keys = [keys]
-    return "".join(_encode_one(name) for name in keys).encode("utf-8")
+    return _utf8("".join(_encode_one(name) for name in keys), "keys")
 
 
 def encode_hex(hex_values: Sequence[str]) -> bytes:
@@ -235,14 +247,14 @@ def encode_hex(hex_values: Sequence[str]) -> bytes:
     return bytes(out)
 
 
-def encode_literal(text: str) -> bytes:
-    """``text`` as UTF-8, with no key-name interpretation."""
-    return text.encode("utf-8")
+def encode_literal(text: str, field: str = "literal") -> bytes:
+    """``text`` as UTF-8, with no key-name interpretation; ``field`` names it in errors."""
+    return _utf8(text, field)
 
 
 def encode_submit(text: str) -> bytes:
     """``text`` followed by Enter (``\\r``, what a terminal sends for the Return key)."""
-    return (text + "\r").encode("utf-8")
+    return _utf8(text + "\r", "text")
 
 
 def encode_paste(text: str, bracketed: bool = True) -> bytes:
@@ -253,7 +265,7 @@ def encode_paste(text: str, bracketed: bool = True) -> bytes:
     end the paste early and let the rest be read as typed keys.
     """
     if not bracketed:
-        return text.encode("utf-8")
+        return _utf8(text, "text")
     while PASTE_END in text:
         text = text.replace(PASTE_END, "")
-    return (PASTE_START + text + PASTE_END).encode("utf-8")
+    return _utf8(PASTE_START + text + PASTE_END, "text")

@@ -28,7 +28,7 @@ from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
 from procpilot.errors import CommandNotFound, InvalidArgument, SpawnFailed
 
-__all__ = ["SpawnSpec", "Spawned", "build_env", "spawn_process"]
+__all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
 
 _F_SETPIPE_SZ = 1031
 _PIPE_SIZE = 1 << 20
@@ -156,10 +156,31 @@ def build_env(
         env.setdefault("TERM", "dumb")
     env[marker[0]] = marker[1]
     for key, value in overrides.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise InvalidArgument(f"env: invalid variable {key!r}", field="env")
+        if not key or "=" in key or "\0" in key:
+            raise InvalidArgument(f"env: invalid variable name {key!r}", field="env")
+        check_os_string(f"env.{key}", value, field="env")
         env[key] = value
     return env
+
+
+def check_os_string(name: str, value: str, *, field: str | None = None) -> None:
+    """Refuse what the OS cannot take as an argument, path or variable: a NUL byte, or a lone
+    surrogate that has no byte encoding. ``name`` appears in the message; ``field`` (default
+    ``name``) is the request field the error points at."""
+    if "\0" in value:
+        raise InvalidArgument(
+            f"{name} contains a NUL byte, which no command, path or variable can hold",
+            hints={"remove_nul": f"Remove the NUL (\\0) character from {name}."},
+            field=field or name,
+        )
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{name} contains a character with no UTF-8 encoding ({value[exc.start]!r}, a lone surrogate)",
+            hints={"fix_text": f"Send {name} as valid Unicode text (surrogates must come in pairs)."},
+            field=field or name,
+        ) from None
 
 
 def _first_word(command: str) -> str | None:
@@ -230,6 +251,13 @@ async def spawn_process(
     prelude: Sequence[str] = (),
 ) -> Spawned:
     """Start the child, retrying transient OS errors with backoff."""
+    if isinstance(spec.command, str):
+        check_os_string("command", spec.command)
+    else:
+        for index, word in enumerate(spec.command):
+            check_os_string(f"command[{index}]", word, field="command")
+    if spec.cwd is not None:
+        check_os_string("workdir", str(spec.cwd))
     if spec.cwd is not None and not spec.cwd.is_dir():
         raise InvalidArgument(
             f"workdir does not exist or is not a directory: {spec.cwd}",

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import builtins
 import contextlib
+import logging
 import os
 import re
 import secrets
@@ -36,6 +37,7 @@ from procpilot.render import for_model, tail_chars
 
 __all__ = ["Supervisor", "WaitOutcome"]
 
+_log = logging.getLogger(__name__)
 _TAIL_CHARS = 400
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
@@ -253,7 +255,9 @@ class Supervisor:
         if spec.lane is None or self._lanes.try_acquire(spec.lane):
             try:
                 await self._start(session)
-            except ProcpilotError:
+            except BaseException:
+                # Whatever went wrong (a typed refusal, a bug, a cancelled caller), the session
+                # never started: nothing may be left on disk under its id.
                 output.remove_files()
                 self._store.delete(session_id)
                 raise
@@ -264,32 +268,34 @@ class Supervisor:
         return session
 
     async def _start(self, session: Session) -> None:
+        """Start a session whose lane slot (if any) is held; on any failure release all it held."""
         spec = session.spec
-        env = build_env(
-            self.settings.base_env_passthrough,
-            self.settings.base_env_set,
-            spec.env,
-            marker=(MARKER_ENV, session.id),
-            pty=spec.pty,
-            pty_size=spec.pty_size,
-        )
-        prelude: list[str] = []
-        tree_line = self._tree_backend.prepare(session.id)
-        if tree_line:
-            prelude.append(tree_line)
-        if spec.limits is not None and not spec.limits.empty:
-            limits = self._limit_backend
-            try:
-                prelude += limits.prepare(session.id, spec.limits)
-            except OSError as exc:
-                limits.release(session.id)
-                self._tree_backend.release(session.id)
-                raise SpawnFailed(f"could not set up limits with {limits.name}: {exc}") from exc
-            session.limit_backend = limits
+        tree_prepared = False
         try:
+            env = build_env(
+                self.settings.base_env_passthrough,
+                self.settings.base_env_set,
+                spec.env,
+                marker=(MARKER_ENV, session.id),
+                pty=spec.pty,
+                pty_size=spec.pty_size,
+            )
+            prelude: list[str] = []
+            tree_line = self._tree_backend.prepare(session.id)
+            tree_prepared = True
+            if tree_line:
+                prelude.append(tree_line)
+            if spec.limits is not None and not spec.limits.empty:
+                limits = self._limit_backend
+                session.limit_backend = limits
+                try:
+                    prelude += limits.prepare(session.id, spec.limits)
+                except OSError as exc:
+                    raise SpawnFailed(f"could not set up limits with {limits.name}: {exc}") from exc
             spawned = await spawn_process(spec, env, prelude=prelude)
-        except ProcpilotError:
-            self._tree_backend.release(session.id)
+        except BaseException:
+            if tree_prepared:
+                self._tree_backend.release(session.id)
             if session.limit_backend is not None:
                 session.limit_backend.release(session.id)
             if spec.lane is not None:
@@ -316,6 +322,10 @@ class Supervisor:
             await self._start(session)
         except ProcpilotError as exc:
             session.fail_to_start(f"{exc.code}: {exc.message}")
+        except Exception as exc:
+            # A bug must still end the session: left QUEUED, it would never be reported.
+            _log.exception("session %s failed to start", session.id)
+            session.fail_to_start(f"InternalError: {type(exc).__name__}")
 
     async def _feed_stdin(self, session: Session, data: bytes) -> None:
         with contextlib.suppress(ProcpilotError, OSError):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from procpilot.engine.capture import Stream
 from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
 from procpilot.engine.session import Session
-from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, NotSupported
@@ -178,6 +178,9 @@ class ExecProcessFace:
 
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
+        check_os_string("command", params.command)
+        if params.workdir is not None:
+            check_os_string("workdir", params.workdir)
         if params.elevated:
             raise NotSupported(
                 "elevated runs are not available: no sandbox policy allows running outside it",
@@ -343,7 +346,7 @@ class ExecProcessFace:
     async def _write(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         if params.data is None and not params.eof:
             raise InvalidArgument("write needs data (or eof=true)", field="data")
-        return await self._send(session, scope, encode_literal(params.data or ""), eof=params.eof)
+        return await self._send(session, scope, encode_literal(params.data or "", "data"), eof=params.eof)
 
     async def _send(self, session: Session, scope: str, payload: bytes, eof: bool = False) -> ToolResult:
         written = await self.sup.write(scope, session.id, payload, eof=eof)
@@ -366,7 +369,7 @@ class ExecProcessFace:
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         # A terminal's Enter is CR; a pipe reader wants LF.
         end = b"\r" if session.spec.pty else b"\n"
-        return await self._send(session, scope, encode_literal(params.text or "") + end)
+        return await self._send(session, scope, encode_literal(params.text or "", "text") + end)
 
     async def _paste(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         if params.text is None:

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 
-from procpilot.errors import InvalidArgument, ProcpilotError
+from procpilot.errors import InternalError, InvalidArgument, ProcpilotError
 
 __all__ = ["PermissionTier", "ToolResult", "ToolSpec", "error_result", "parse_arguments"]
+
+_log = logging.getLogger(__name__)
 
 
 class PermissionTier(enum.Enum):
@@ -51,11 +54,21 @@ class ToolSpec:
         return self.input_model.model_json_schema()
 
     async def call(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        """Run the tool; every ``ProcpilotError`` becomes a typed error result, never a raise."""
+        """Run the tool; every error becomes a typed error result, never a raise.
+
+        An exception that is not a ``ProcpilotError`` is a bug: the caller gets ``InternalError``
+        (never the traceback, which can hold paths and other agents' data) and the server log
+        gets the traceback. Cancellation is not an error and passes through.
+        """
         try:
             return await self.handler(arguments, scope)
         except ProcpilotError as exc:
             return error_result(exc)
+        except Exception as exc:
+            _log.exception("tool %s failed (scope %s)", self.name, scope)
+            return error_result(
+                InternalError(f"the {self.name} tool failed unexpectedly ({type(exc).__name__})", tool=self.name)
+            )
 
 
 def error_result(exc: ProcpilotError) -> ToolResult:
