@@ -1,14 +1,16 @@
 """Command allow/deny lists: a corpus of known allowlist bypasses, each refused, and plain commands that pass.
 
 Every check resolves real files: /usr/bin programs, and copies, symlinks and fake binaries made in tmp_path.
-Nothing is executed.
+Only the arithmetic tricks are executed (in bash, against a file in tmp_path), to prove each one is live.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,61 @@ BYPASSES: list[tuple[str, str]] = [
     ('printf -v "$x" 1', '"$x"'),
     ('[ -v "$x" ]', "-v"),
     ("let x=1", "let"),
+    # names bash assigns through a subscript (arithmetic): `{NAME}>` redirections and `wait -p NAME`
+    ("x='a[$(rm x)]'; ls {b[x]}>/dev/null", "{b[x]}"),
+    ("x='a[$(rm x)]'; echo {b[x]}>/dev/null", "{b[x]}"),
+    ("echo {b[$x]}<<<hi", "{b[$x]}"),
+    ("{b[x]}>/dev/null ls", "{b[x]}"),
+    ("echo {PATH}>/dev/null", "PATH"),
+    ("ls >/dev/null & wait -n -p 'b[x]'", "wait -p"),
+    ("ls & wait -np b[x]", "wait -p"),
+    ("ls & wait -n -pb[x]", "wait -p"),
+    ("read -a 'b[$(rm x)]' <<< 1", "read -a"),
+    ("printf -v 'b[$(rm x)]' 1", "printf -v"),
+    ("declare 'b[$(rm x)]=1'", "b[$(rm x)]"),
+    ("local 'b[$(rm x)]'", "local"),
+    ("export 'b[$(rm x)]'", "export"),
+    ("echo ${b[$(rm x)]}", "rm"),
+    ("(( b[x] ))", "("),
+    ("[[ -v b[x] ]]", "-v"),
+    ("test -v 'b[x]'", "-v"),
+    ("mapfile -t 'b[$(rm x)]' <<< 1", "mapfile"),
+    ('o=-v; printf "$o" \'b[x]\' 1', "b[x]"),
+    ('o=-v; [ "$o" \'b[x]\' ]', "b[x]"),
+    ("o=-p; ls & wait -n $o 'b[x]'", "b[x]"),
+]
+
+# Sinks where bash evaluates a name's subscript as arithmetic, so `x='a[$(cmd)]'` runs cmd. Each is
+# run in a real bash first, to prove the trick is live, then must be refused.
+ARITHMETIC_SINKS = [
+    "ls {b[x]}>/dev/null",
+    "echo {b[x]}>/dev/null",
+    'echo {b["x"]}>>/dev/null',
+    "echo {b[x]}<>/dev/null",
+    "echo {b[x]}</dev/null",
+    "echo {b[x]}>|/dev/null",
+    "echo {b[x]}<<<hi",
+    "{b[x]}>/dev/null ls",
+    "exec {b[x]}>/dev/null",
+    "ls >/dev/null & wait -n -p 'b[x]'",
+    "ls >/dev/null & wait -np 'b[x]'",
+    "ls >/dev/null & wait -n -pb[x]",
+    "ls >/dev/null & wait -p 'b[x]' -n",
+    "o=-p; ls >/dev/null & wait -n $o 'b[x]'",
+    "read 'b[x]' <<< 1",
+    "printf -v 'b[x]' 1",
+    "o=-v; printf \"$o\" 'b[x]' 1",
+    "declare 'b[x]=1'",
+    "typeset 'b[x]=1'",
+    "echo ${b[x]}",
+    "(( b[x] ))",
+    "[[ -v b[x] ]]",
+    "test -v 'b[x]'",
+    "[ -v 'b[x]' ]",
+    "o=-v; test \"$o\" 'b[x]'",
+    "o=-v; v='b[x]'; [ \"$o\" \"$v\" ]",
+    "b[x]=1",
+    "echo $((x))",
 ]
 
 
@@ -132,6 +189,22 @@ def test_bypass_is_refused(policy: CommandPolicy, cwd: Path, trick: str, needle:
         policy.check(trick, cwd)
     assert needle in refused.value.message
     assert refused.value.code in ("CommandDenied", "UnanalyzableCommand")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.parametrize("sink", ARITHMETIC_SINKS)
+def test_arithmetic_in_a_name_runs_code_in_bash_and_is_refused(
+    policy: CommandPolicy, tmp_path: Path, sink: str
+) -> None:
+    mark = tmp_path / "ran"
+    text = f"x='a[$(touch {mark})]'; {sink}"
+    subprocess.run(
+        ["bash", "-c", text], cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False
+    )
+    assert mark.exists(), "bash no longer runs this trick: it does not belong in the corpus"
+    for command in (["bash", "-c", text], "bash -c " + shlex.quote(text), text):
+        with pytest.raises(CommandDenied):
+            policy.check(command, tmp_path)
 
 
 def test_a_copy_of_an_allowed_program_is_refused(policy: CommandPolicy, cwd: Path) -> None:

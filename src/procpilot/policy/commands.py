@@ -27,6 +27,7 @@ limit what programs can do; use the allowlist to keep an agent to the tools it w
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -87,6 +88,7 @@ class _Word:
     quoted: bool = False  # some part was quoted or escaped: not a reserved word
     expands: bool = False  # a $ or ` expansion outside single quotes: the value is only known at run time
     pattern: bool = False  # an unquoted glob, brace expansion, ~ or zsh =cmd: may become other words
+    fd_var: bool = False  # `{NAME}` right before a redirection: bash assigns the new fd to NAME
 
     @property
     def static(self) -> bool:
@@ -296,6 +298,10 @@ class _Lexer:
         w.text = "".join(out)
         w.raw = t[start : self.pos]
         w.pattern = _is_pattern("".join(shape))
+        # bash reads `{b[x]}>file` as "open file, store the fd in b[x]", and a subscript is
+        # arithmetic that can run code hidden in x's value (quotes inside the braces do not stop it).
+        if t.startswith(("<", ">"), self.pos) and len(w.raw) > 2 and w.raw[0] == "{" and w.raw[-1] == "}":
+            w.fd_var = True
         if self.want_delimiter is not None:
             self.pending.append((w.text, self.want_delimiter, w.quoted))
             self.want_delimiter = None
@@ -595,6 +601,15 @@ def _parse(tokens: list[_Token], scan: _Scan) -> None:
             else:
                 scan.problem(f"redirection {tok.op} without a target")
             continue
+        if tok.fd_var:
+            inner = tok.text[1:-1] if tok.text.startswith("{") and tok.text.endswith("}") else tok.text
+            _check_name(_Word(inner, tok.raw, expands=tok.expands), scan, "redirection variable")
+            if not argv or os.path.basename(argv[0].text) in _WRAPPERS:
+                # dash has no {NAME}> form: to it this word is an argument, here the command (or
+                # the command a wrapper runs); bash reads a redirection and runs the next word.
+                scan.problem(f"{_snippet(tok.raw)}: sh reads a command word here, bash a redirection")
+            started = True
+            continue
         if not argv and not started and not tok.quoted:
             if tok.text in _RESERVED:
                 continue
@@ -783,35 +798,68 @@ def _command_builtin(words: list[_Word], scan: _Scan) -> None:
     _analyze_argv(args[i:], scan, in_shell=True)
 
 
+def _after_unknown_words(name: str, args: list[_Word], scan: _Scan) -> None:
+    """A word only known at run time may turn out to be an option (``-p``, ``-v``) that makes the
+    next word a variable name: that word must then be harmless as a name too."""
+    for before, word in itertools.pairwise(args):
+        if before.static:
+            continue
+        if not word.static or "[" in word.text or _sensitive(word.text):
+            scan.problem(
+                f"{name} {before.raw} {word.raw}: if {before.raw} expands to an option, "
+                f"{word.raw} is a variable name that can run code in bash"
+            )
+
+
+def _builtin_options(args: list[_Word], with_value: str) -> tuple[list[tuple[str, _Word]], int]:
+    """A builtin's options the way bash's getopt reads them (clusters, ``-pNAME`` or ``-p NAME``):
+    the (letter, value) of each option in ``with_value``, and the index of the first operand."""
+    found: list[tuple[str, _Word]] = []
+    i = 0
+    while i < len(args) and args[i].text.startswith("-") and args[i].text != "-":
+        word = args[i]
+        i += 1
+        if word.text == "--":
+            break
+        for j in range(1, len(word.text)):
+            if word.text[j] not in with_value:
+                continue
+            value = _Word(word.text[j + 1 :], word.text[j + 1 :], expands=word.expands)
+            if not value.text:
+                value = args[i] if i < len(args) else _Word("", "")
+                i += 1
+            found.append((word.text[j], value))
+            break
+    return found, min(i, len(args))
+
+
 def _check_builtin(name: str, args: list[_Word], scan: _Scan) -> None:
     """Builtins that run nothing can still assign variables; bash evaluates some names as code."""
     if name in ("cd", "pushd", "popd"):
         scan.cwd_changed = True
     elif name == "read":
-        i = 0
-        while i < len(args) and args[i].text.startswith("-") and args[i].text != "-":
-            flag = args[i].text
-            i += 1
-            if flag == "--":
-                break
-            for j in range(1, len(flag)):
-                if flag[j] not in "adinNptu":
-                    continue
-                value = _Word(flag[j + 1 :], flag[j + 1 :], expands=args[i - 1].expands)
-                if not value.text and i < len(args):
-                    value = args[i]
-                    i += 1
-                if flag[j] == "a":
-                    _check_name(value, scan, "read -a")
-                break
+        options, i = _builtin_options(args, "adinNptu")
+        for letter, value in options:
+            if letter == "a":
+                _check_name(value, scan, "read -a")
         for word in args[i:]:
             _check_name(word, scan, "read")
-    elif name == "printf" and args and args[0].text.startswith("-v"):
-        target = args[0].text[2:]
-        if target:
-            _check_name(_Word(target, target, expands=args[0].expands), scan, "printf -v")
-        elif len(args) > 1:
-            _check_name(args[1], scan, "printf -v")
+    elif name == "wait":
+        # `wait -p NAME` stores the pid of the job that ended in NAME.
+        options, _ = _builtin_options(args, "p")
+        for letter, value in options:
+            if letter == "p":
+                _check_name(value, scan, "wait -p")
+        _after_unknown_words(name, args, scan)
+    elif name == "printf" and args:
+        if args[0].static and args[0].text.startswith("-v"):
+            target = args[0].text[2:]
+            if target:
+                _check_name(_Word(target, target, expands=args[0].expands), scan, "printf -v")
+            elif len(args) > 1:
+                _check_name(args[1], scan, "printf -v")
+        else:
+            _after_unknown_words(name, args[:2], scan)
     elif name in ("declare", "typeset", "local", "export", "readonly"):
         for word in args:
             if word.text.startswith(("-", "+")) and word.static:
@@ -830,6 +878,8 @@ def _check_builtin(name: str, args: list[_Word], scan: _Scan) -> None:
     elif name == "getopts" and len(args) >= 2:
         _check_name(args[1], scan, "getopts")
     elif name in ("test", "[", "[["):
+        if name != "[[":  # [[ reads its operators before expansion; test and [ after
+            _after_unknown_words(name, args, scan)
         for word in args:
             if word.text in ("-v", "-R"):
                 scan.problem(f"{name} {word.raw}: the variable name is evaluated, which can run code in bash")
