@@ -22,6 +22,7 @@ from procpilot.errors import (
     ProcessAlreadyExited,
     SessionNotFound,
     SessionStillRunning,
+    StdinClosed,
 )
 from tests.conftest import PROGRAMS, PY
 
@@ -380,3 +381,11 @@ async def test_a_spawn_failing_with_any_exception_leaves_no_files_and_frees_its_
     s = await supervisor.spawn(SpawnSpec("true", lane="main"), scope=A)
     assert s.state is not SessionState.QUEUED  # the failed spawns gave their lane slot back
     await supervisor.wait(A, s.id, timeout=10)
+
+
+async def test_a_write_blocked_on_a_full_pipe_ends_when_the_session_does(supervisor: Supervisor) -> None:
+    s = await supervisor.spawn(SpawnSpec("sleep 0.5"), scope=A)
+    with pytest.raises(StdinClosed) as caught:
+        await asyncio.wait_for(supervisor.write(A, s.id, b"x" * (4 << 20)), timeout=10)
+    assert 0 < caught.value.details["bytes_written"] < 4 << 20  # says how much got in before the end
+    assert (await supervisor.wait(A, s.id, timeout=10)).reason == "exited"

@@ -311,3 +311,28 @@ async def test_an_unexpected_exception_is_an_internal_error_result(
     assert "Traceback" not in result.text and "secret-internal-detail" not in result.text
     assert result.data["hints"]
     assert any(r.exc_info for r in caplog.records)  # the traceback goes to the server log only
+
+
+async def test_write_to_a_child_that_never_reads_returns_by_its_deadline_saying_what_was_not_sent(
+    tools: Tools,
+) -> None:
+    started = await tools["exec"].call({"command": "sleep 30", "background": True}, "a")
+    sid = started.data["sessionId"]
+    payload = "x" * (4 << 20)  # more than any pipe buffer holds
+    t0 = asyncio.get_running_loop().time()
+    result = await asyncio.wait_for(
+        tools["process"].call({"action": "write", "sessionId": sid, "data": payload, "eof": True, "timeout": 300}, "a"),
+        timeout=10,
+    )
+    assert asyncio.get_running_loop().time() - t0 < 5
+    assert not result.is_error
+    written = result.data["bytesWritten"]
+    assert 0 < written < len(payload) and result.data["bytesNotWritten"] == len(payload) - written
+    assert f"only {written} of {len(payload)}" in result.text and "NOT sent" in result.text
+    assert result.data["stdinClosed"] is False  # eof not applied: it would cut off the unsent part
+    # A second write queues behind nothing: the pipe is still full, so it too ends by its deadline.
+    again = await asyncio.wait_for(
+        tools["process"].call({"action": "write", "sessionId": sid, "data": "y", "timeout": 100}, "a"), timeout=10
+    )
+    assert again.data["bytesWritten"] == 0
+    await tools["process"].call({"action": "remove", "sessionId": sid}, "a")

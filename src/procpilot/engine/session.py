@@ -115,6 +115,7 @@ class Session:
         self._timers: list[asyncio.TimerHandle] = []
         self._finished = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self._stdin_waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
 
     # -- views ---------------------------------------------------------------------------------
@@ -374,33 +375,61 @@ class Session:
 
     # -- stdin ---------------------------------------------------------------------------------
 
-    async def write(self, data: bytes, eof: bool = False) -> int:
-        async with self._write_lock:
-            spawned = self._spawned
-            if spawned is None or spawned.stdin_fd is None or not self.stdin_open:
-                raise StdinClosed(f"session {self.id} has no open stdin")
-            view = memoryview(data)
-            written = 0
-            while view:
-                try:
-                    n = os.write(spawned.stdin_fd, view)
-                except BlockingIOError:
-                    await self._writable(spawned.stdin_fd)
-                    continue
-                except BrokenPipeError as exc:
-                    self._close_stdin()
-                    raise StdinClosed(f"session {self.id} closed its stdin") from exc
-                written += n
-                view = view[n:]
-            if eof:
-                if self.spec.pty:
-                    with contextlib.suppress(OSError):
-                        os.write(spawned.stdin_fd, b"\x04")
-                else:
-                    self._close_stdin()
-            return written
+    async def write(self, data: bytes, eof: bool = False, *, timeout: float | None = None) -> int:
+        """Write ``data`` to stdin (then close it if ``eof``); returns the bytes written.
 
-    async def _writable(self, fd: int) -> None:
+        A child that never reads its stdin fills the pipe: with a ``timeout`` (seconds) the wait
+        for room ends at that deadline and the count written so far is returned, so the caller
+        can tell the rest was not sent (``eof`` is then not applied either: it would cut the
+        unsent part off for good). Without one it waits as long as it takes.
+        """
+        deadline = None if timeout is None else self._loop.time() + max(0.0, timeout)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._write_lock.acquire()
+        except TimeoutError:
+            return 0  # another write still holds stdin, stuck behind the same full pipe
+        try:
+            return await self._write_locked(data, eof, deadline)
+        finally:
+            self._write_lock.release()
+
+    async def _write_locked(self, data: bytes, eof: bool, deadline: float | None) -> int:
+        spawned = self._spawned
+        if spawned is None or spawned.stdin_fd is None or not self.stdin_open:
+            raise StdinClosed(f"session {self.id} has no open stdin")
+        view = memoryview(data)
+        written = 0
+        while view:
+            fd = spawned.stdin_fd
+            if fd is None:
+                raise StdinClosed(
+                    f"session {self.id} ended after reading {written} of {len(data)} bytes", bytes_written=written
+                )
+            try:
+                n = os.write(fd, view)
+            except BlockingIOError:
+                if not await self._writable(fd, deadline):
+                    return written
+                continue
+            except BrokenPipeError as exc:
+                self._close_stdin()
+                raise StdinClosed(
+                    f"session {self.id} closed its stdin after {written} of {len(data)} bytes", bytes_written=written
+                ) from exc
+            written += n
+            view = view[n:]
+        if eof and spawned.stdin_fd is not None:
+            if self.spec.pty:
+                with contextlib.suppress(OSError):
+                    os.write(spawned.stdin_fd, b"\x04")
+            else:
+                self._close_stdin()
+        return written
+
+    async def _writable(self, fd: int, deadline: float | None) -> bool:
+        """Wait until ``fd`` takes more; False at the deadline. Also returns when stdin is closed
+        under us (the session ended): the fd is gone then, and no writability event would come."""
         fut: asyncio.Future[None] = self._loop.create_future()
 
         def ready() -> None:
@@ -408,17 +437,28 @@ class Session:
                 fut.set_result(None)
 
         self._loop.add_writer(fd, ready)
+        self._stdin_waiter = fut
         try:
-            await fut
+            async with asyncio.timeout_at(deadline):
+                await fut
+        except TimeoutError:
+            return False
         finally:
-            self._loop.remove_writer(fd)
+            self._stdin_waiter = None
+            if self._spawned is not None and self._spawned.stdin_fd == fd:
+                self._loop.remove_writer(fd)
+        return True
 
     def _close_stdin(self) -> None:
         spawned = self._spawned
         self.stdin_open = False
         if spawned is not None and spawned.stdin_fd is not None:
             fd, spawned.stdin_fd = spawned.stdin_fd, None
+            self._loop.remove_writer(fd)
             os.close(fd)
+        waiter = self._stdin_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     # -- records -------------------------------------------------------------------------------
 

@@ -384,11 +384,15 @@ class Supervisor:
             session.backgrounded = True
         return session
 
-    async def write(self, scope: str, session_id: str, data: bytes, *, eof: bool = False) -> int:
+    async def write(
+        self, scope: str, session_id: str, data: bytes, *, eof: bool = False, timeout: float | None = None
+    ) -> int:
+        """Write to the session's stdin; returns the bytes written, fewer than ``len(data)`` if the
+        child did not read them within ``timeout`` seconds (None: wait as long as it takes)."""
         session = self.get(scope, session_id)
         if session.finished:
             raise ProcessAlreadyExited(f"session {session_id} has already ended ({session.state.value})")
-        return await session.write(data, eof=eof)
+        return await session.write(data, eof=eof, timeout=timeout)
 
     async def kill(
         self,

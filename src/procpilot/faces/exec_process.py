@@ -44,6 +44,7 @@ ACTIONS = (
 _POLL_MAX_WAIT_MS = 30_000
 _WAIT_MAX_MS = 600_000
 _WAIT_DEFAULT_MS = 30_000
+_WRITE_DEFAULT_MS = 5_000
 _LOG_DEFAULT_LINES = 200
 _TAIL_CHARS = 400
 _RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
@@ -103,7 +104,11 @@ class ProcessParams(BaseModel):
     )
     offset: int | None = Field(None, description="log: first line (0-based).")
     limit: int | None = Field(None, description="log: number of lines; poll: most characters to show.")
-    timeout: int | None = Field(None, description="poll / wait: block up to this many ms for output or exit.")
+    timeout: int | None = Field(
+        None,
+        description="poll / wait: block up to this many ms for output or exit; write / send-keys / submit / "
+        "paste: wait up to this many ms (default 5000) for the process to take the input.",
+    )
     signal: str | None = Field(None, description="kill: signal to send first (default SIGTERM).")
 
 
@@ -346,12 +351,31 @@ class ExecProcessFace:
     async def _write(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         if params.data is None and not params.eof:
             raise InvalidArgument("write needs data (or eof=true)", field="data")
-        return await self._send(session, scope, encode_literal(params.data or "", "data"), eof=params.eof)
+        payload = encode_literal(params.data or "", "data")
+        return await self._send(session, params, scope, payload, eof=params.eof)
 
-    async def _send(self, session: Session, scope: str, payload: bytes, eof: bool = False) -> ToolResult:
-        written = await self.sup.write(scope, session.id, payload, eof=eof)
-        data = self._summary(session) | {"bytesWritten": written, "stdinClosed": not session.stdin_open}
-        text = f"wrote {written} bytes to session {session.id}" + (" and closed stdin" if eof else "")
+    async def _send(
+        self, session: Session, params: ProcessParams, scope: str, payload: bytes, eof: bool = False
+    ) -> ToolResult:
+        timeout_ms = _WRITE_DEFAULT_MS if params.timeout is None else min(params.timeout, _WAIT_MAX_MS)
+        written = await self.sup.write(scope, session.id, payload, eof=eof, timeout=timeout_ms / 1000)
+        data = self._summary(session) | {
+            "bytesWritten": written,
+            "bytesNotWritten": len(payload) - written,
+            "stdinClosed": not session.stdin_open,
+        }
+        if written == len(payload):
+            text = f"wrote {written} bytes to session {session.id}" + (" and closed stdin" if eof else "")
+            return ToolResult(text, data)
+        # The pipe stayed full: say exactly what did not go, never drop it quietly.
+        text = (
+            f"wrote only {written} of {len(payload)} bytes to session {session.id}: it did not read its stdin "
+            f"within {timeout_ms} ms, so the other {len(payload) - written} bytes were NOT sent"
+            + (" and stdin was left open (eof not applied)" if eof else "")
+            + ".\nWhat to do next:\n- check_output: poll or log the session to see whether it is waiting for "
+            "something else.\n- resend_rest: write the unsent part again (a larger timeout waits longer), or kill "
+            "the session if it will never read it."
+        )
         return ToolResult(text, data)
 
     async def _send_keys(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
@@ -364,18 +388,18 @@ class ExecProcessFace:
             payload += encode_hex(params.hex)
         if params.literal:
             payload += encode_literal(params.literal)
-        return await self._send(session, scope, payload)
+        return await self._send(session, params, scope, payload)
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         # A terminal's Enter is CR; a pipe reader wants LF.
         end = b"\r" if session.spec.pty else b"\n"
-        return await self._send(session, scope, encode_literal(params.text or "", "text") + end)
+        return await self._send(session, params, scope, encode_literal(params.text or "", "text") + end)
 
     async def _paste(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         if params.text is None:
             raise InvalidArgument("paste needs text", field="text")
         payload = encode_paste(params.text, bracketed=session.spec.pty)
-        return await self._send(session, scope, payload)
+        return await self._send(session, params, scope, payload)
 
     async def _kill(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         name = (params.signal or "SIGTERM").upper()
