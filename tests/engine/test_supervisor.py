@@ -389,3 +389,10 @@ async def test_a_write_blocked_on_a_full_pipe_ends_when_the_session_does(supervi
         await asyncio.wait_for(supervisor.write(A, s.id, b"x" * (4 << 20)), timeout=10)
     assert 0 < caught.value.details["bytes_written"] < 4 << 20  # says how much got in before the end
     assert (await supervisor.wait(A, s.id, timeout=10)).reason == "exited"
+
+
+async def test_pty_sessions_track_bracketed_paste_mode_from_their_output(supervisor: Supervisor) -> None:
+    on = await supervisor.run(SpawnSpec(r"printf 'a\033[?1;2004hb'", pty=True), scope=A, yield_ms=None)
+    off = await supervisor.run(SpawnSpec(r"printf '\033[?2004h x \033[?2004l'", pty=True), scope=A, yield_ms=None)
+    pipe = await supervisor.run(SpawnSpec(r"printf '\033[?2004h'"), scope=A, yield_ms=None)
+    assert on.bracketed_paste and not off.bracketed_paste and not pipe.bracketed_paste

@@ -336,3 +336,21 @@ async def test_write_to_a_child_that_never_reads_returns_by_its_deadline_saying_
     )
     assert again.data["bytesWritten"] == 0
     await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+@pytest.mark.parametrize("enables", [False, True])
+async def test_paste_is_bracketed_only_when_the_program_enabled_bracketed_paste(tools: Tools, enables: bool) -> None:
+    # The mode sequence is printed in two writes, so the tracker must see it across reads.
+    prelude = r"printf '\033[?20'; sleep 0.1; printf '04h'; " if enables else ""
+    command = prelude + r"echo ready; IFS= read -r a; printf '%s' \"$a\" | od -An -tx1 | tr -d ' \n'; echo"
+    started = await tools["exec"].call({"command": command, "pty": True, "background": True}, "a")
+    sid = started.data["sessionId"]
+    await tools["process"].call({"action": "wait", "sessionId": sid, "pattern": "ready", "timeout": 10_000}, "a")
+    await tools["process"].call({"action": "paste", "sessionId": sid, "text": "hi"}, "a")
+    await tools["process"].call({"action": "submit", "sessionId": sid, "text": ""}, "a")
+    await tools["process"].call({"action": "wait", "sessionId": sid, "timeout": 10_000}, "a")
+    log = (await tools["process"].call({"action": "log", "sessionId": sid}, "a")).data["output"]
+    bracketed = "1b5b3230307e68691b5b3230317e"  # ESC[200~ hi ESC[201~
+    assert (bracketed in log) is enables, log
+    if not enables:
+        assert "6869" in log.splitlines()[-1] and "200~" not in log

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import resource
 import signal
 import time
@@ -33,6 +34,9 @@ _READ_SIZE = 1 << 20
 _ORPHAN_GRACE = 1.0
 # ... and the pipes this much longer to reach EOF before we stop waiting for them.
 _DRAIN_DEADLINE = 3.0
+# ESC [ ? <modes> h|l: a program setting (h) or resetting (l) terminal modes.
+_DEC_MODE = re.compile(rb"\x1b\[\?([0-9;]{1,32})([hl])")
+_DEC_MODE_MAX = 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,10 @@ class Session:
         self.exit_io: tuple[int, int] | None = None
         self.poll_cursors: dict[Stream, int] = {}
         self.stdin_open = False
+        # Under a pty: whether the program asked for bracketed paste (ESC[?2004h) and did not
+        # take it back (ESC[?2004l) since; a paste is bracketed only then.
+        self.bracketed_paste = False
+        self._mode_carry = b""
         self._trees = trees
         self._on_finish = on_finish
         self._spawned: Spawned | None = None
@@ -212,9 +220,23 @@ class Session:
                 raise
             data = b""
         if data:
+            if self.spec.pty:
+                self._track_terminal_modes(data)
             self.output.append(stream, data)
             return
         self._close_stream(fd)
+
+    def _track_terminal_modes(self, data: bytes) -> None:
+        """Follow DEC private mode 2004 (bracketed paste) as the program sets and resets it.
+
+        A few bytes of the previous chunk are scanned again with this one, so a sequence split
+        across two reads is still seen; seeing one twice is harmless, only the last one counts.
+        """
+        text = self._mode_carry + data
+        for found in _DEC_MODE.finditer(text):
+            if b"2004" in found.group(1).split(b";"):
+                self.bracketed_paste = found.group(2) == b"h"
+        self._mode_carry = text[-_DEC_MODE_MAX:]
 
     def _close_stream(self, fd: int) -> None:
         self._loop.remove_reader(fd)

@@ -398,7 +398,8 @@ class ExecProcessFace:
     async def _paste(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         if params.text is None:
             raise InvalidArgument("paste needs text", field="text")
-        payload = encode_paste(params.text, bracketed=session.spec.pty)
+        # Markers reach a program that never enabled bracketed paste as literal ESC[200~ text.
+        payload = encode_paste(params.text, bracketed=session.spec.pty and session.bracketed_paste)
         return await self._send(session, params, scope, payload)
 
     async def _kill(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
