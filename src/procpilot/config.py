@@ -184,7 +184,16 @@ class Settings(BaseModel):
 
     def is_protected(self, name: str) -> bool:
         # Every LD_*/DYLD_* variable steers the dynamic loader, so no list of names can be complete.
-        return name in self.protected_env or name.startswith(("LD_", "DYLD_"))
+        # The shell's code hooks (BASH_ENV, ENV, BASH_FUNC_*, PS4 + SHELLOPTS...) run code before any
+        # command is checked, so they are never overridable either. PATH alone stays configurable:
+        # the command policy resolves programs on the session's own PATH.
+        from procpilot.policy.commands import sensitive_variable
+
+        return (
+            name in self.protected_env
+            or name.startswith(("LD_", "DYLD_"))
+            or (name != "PATH" and sensitive_variable(name))
+        )
 
     def describe(self) -> dict[str, Any]:
         """The effective settings under their TOML names (what ``procpilot config`` shows)."""

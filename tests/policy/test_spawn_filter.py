@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +17,11 @@ from procpilot.engine.limits import Limits
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import ProtectedVariable
+from procpilot.faces.proc_protocol import ProcHandler
 from procpilot.policy.commands import CommandDenied
 from procpilot.policy.spawn_filter import ElevationDenied, LimitAboveAllocation, ProcLimit, make_spawn_filter
+from procpilot.transports.serve import build_tools, make_supervisor
 
 
 def settings_with(tmp_path: Path, workspace: Path, toml: str) -> Any:
@@ -60,3 +67,78 @@ async def test_network_off_policy_applies_to_every_spawn(tmp_path: Path, workspa
         assert s.output[Stream.STDOUT].read().data.split() == [b"lo"]
         s = await sup.run(SpawnSpec("cat /proc/net/dev | tail -n +3 | wc -l"), scope="online", yield_ms=None)
         assert int(s.output[Stream.STDOUT].read().data) >= 1
+
+
+# Each runs code through the environment before any command check: (variables, how the mark is made).
+ENV_TRICKS: list[tuple[str, dict[str, str]]] = [
+    ("BASH_ENV", {"BASH_ENV": "{script}"}),
+    ("ENV", {"ENV": "{script}"}),  # sh reads $ENV when interactive; bash in posix mode too
+    ("BASH_FUNC", {"BASH_FUNC_ls%%": "() {{ touch {mark}; }}"}),
+    ("PS4", {"SHELLOPTS": "xtrace", "PS4": "$(touch {mark})"}),
+    ("LD_PRELOAD", {"LD_PRELOAD": "{lib}"}),
+]
+
+
+def _evil_library(tmp_path: Path, mark: Path) -> Path | None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    source = tmp_path / "evil.c"
+    source.write_text(
+        "#include <stdlib.h>\n"
+        "__attribute__((constructor)) static void evil(void) {\n"
+        '    unsetenv("LD_PRELOAD");\n'  # or the touch it runs would load it again, forever
+        f'    system("touch {mark}");\n'
+        "}\n"
+    )
+    lib = tmp_path / "evil.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    return lib
+
+
+@pytest.mark.parametrize(("name", "variables"), ENV_TRICKS, ids=[n for n, _ in ENV_TRICKS])
+async def test_environment_tricks_are_refused_on_every_face(
+    tmp_path: Path, workspace: Path, name: str, variables: dict[str, str]
+) -> None:
+    mark = tmp_path / "ran"
+    script = tmp_path / "evil.sh"
+    script.write_text(f"touch {mark}\n")
+    lib = _evil_library(tmp_path, mark)
+    if name == "LD_PRELOAD" and lib is None:
+        pytest.skip("no C compiler to build the preload library")
+    env = {k: v.format(script=script, mark=mark, lib=lib) for k, v in variables.items()}
+    # sh reads $ENV only when interactive.
+    argv = ("sh", "-ic", "ls") if name == "ENV" else ("bash", "-c", "ls")
+    settings = settings_with(tmp_path, workspace, '[policy.agents.lim]\nallow = ["bash", "sh", "ls"]\n')
+
+    # A live trick: run plainly, its code runs. (bash ignores PS4 from the environment as root.)
+    plain = {**os.environ, **env}
+    subprocess.run(argv, env=plain, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
+    if not (name == "PS4" and os.geteuid() == 0):
+        assert mark.exists(), f"{name}: the trick no longer runs code here"
+    mark.unlink(missing_ok=True)
+
+    async with make_supervisor(settings) as sup:
+        tools = {t.name: t for t in build_tools(sup, settings)[0]}
+        for scope in ("lim", "anyone"):
+            result = await tools["exec"].call({"command": shlex.join(argv), "env": env}, scope)
+            assert result.is_error and result.data["error"] == "ProtectedVariable", (scope, result.text)
+            result = await tools["process.run"].call({"command": shlex.join(argv), "environment": env}, scope)
+            assert result.is_error and result.data["error"] == "ProtectedVariable", (scope, result.text)
+            handler = ProcHandler(sup, scope)
+            try:
+                response = await handler.handle({"type": "proc/spawn/req", "id": "1", "cmd": list(argv), "env": env})
+            finally:
+                handler.close()
+            assert response["error"]["code"] == "protected_variable", (scope, response)
+            with pytest.raises(ProtectedVariable):  # and the engine's own API, behind the filter
+                await sup.spawn(SpawnSpec(argv, env=env), scope=scope)
+    assert not mark.exists()
+
+
+def test_shell_hooks_are_protected_whatever_the_configured_list(tmp_path: Path, workspace: Path) -> None:
+    settings = settings_with(tmp_path, workspace, '[env]\nprotected = ["SECRET"]\n')
+    for name in ("BASH_ENV", "ENV", "BASH_FUNC_ls%%", "PS4", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "LD_AUDIT"):
+        assert settings.is_protected(name), name
+    assert not settings.is_protected("PATH")  # configurable: the policy resolves on the session's PATH
+    assert not settings.is_protected("ENVIRONMENT")

@@ -207,7 +207,7 @@ def resolve_working_directory(settings: Settings, value: str | None) -> Path:
 
 
 def checked_environment(settings: Settings, environment: Mapping[str, str] | None) -> dict[str, str]:
-    """The overrides, refused if any names a protected variable (PATH, HOME, LD_*, DYLD_*, ...)."""
+    """The overrides, refused if any names a protected variable (PATH, HOME, LD_*, BASH_ENV, ...)."""
     env = dict(environment or {})
     protected = sorted(name for name in env if settings.is_protected(name))
     if protected:

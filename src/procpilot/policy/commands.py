@@ -38,7 +38,7 @@ from typing import ClassVar
 
 from procpilot.errors import ProcpilotError
 
-__all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in"]
+__all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in", "sensitive_variable"]
 
 
 class CommandDenied(ProcpilotError):
@@ -534,8 +534,12 @@ _SENSITIVE = frozenset({
 _SENSITIVE_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_")
 
 
-def _sensitive(name: str) -> bool:
+def sensitive_variable(name: str) -> bool:
+    """Whether setting ``name`` can change which program runs, what it loads or what a shell runs."""
     return name in _SENSITIVE or name.startswith(_SENSITIVE_PREFIXES)
+
+
+_sensitive = sensitive_variable
 
 
 def _analyze_text(text: str, scan: _Scan) -> None:
