@@ -354,3 +354,23 @@ async def test_paste_is_bracketed_only_when_the_program_enabled_bracketed_paste(
     assert (bracketed in log) is enables, log
     if not enables:
         assert "6869" in log.splitlines()[-1] and "200~" not in log
+
+
+async def test_with_the_process_tool_disabled_stdin_is_empty_and_process_is_not_offered(settings: Settings) -> None:
+    sync_settings = settings.model_copy(update={"process": settings.process.model_copy(update={"enabled": False})})
+    async with Supervisor(sync_settings) as sup:
+        specs = {spec.name: spec for spec in exec_process_tools(sup)}
+        assert set(specs) == {"exec"}  # nothing to come back with: the tool is not advertised
+        t0 = asyncio.get_running_loop().time()
+        result = await specs["exec"].call({"command": "read x; echo got=$x; echo end", "timeout": 5}, "a")
+        assert asyncio.get_running_loop().time() - t0 < 4  # read saw EOF at once, no hang until the timeout
+        assert result.data["state"] == "exited_ok" and result.data["output"] == "got=\nend\n"
+
+
+async def test_a_timeout_while_waiting_for_input_says_so(tools: Tools) -> None:
+    result = await tools["exec"].call({"command": "echo asking; read x", "timeout": 1, "yieldMs": 10_000}, "a")
+    assert result.data["state"] == "timed_out"
+    assert "it was waiting for input on stdin" in result.text
+    assert result.data["timedOutWaitingForInput"] is True
+    plain = await tools["exec"].call({"command": "sleep 5", "timeout": 1, "yieldMs": 10_000}, "a")
+    assert plain.data["state"] == "timed_out" and "waiting for input" not in plain.text

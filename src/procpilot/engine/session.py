@@ -107,6 +107,7 @@ class Session:
         # Under a pty: whether the program asked for bracketed paste (ESC[?2004h) and did not
         # take it back (ESC[?2004l) since; a paste is bracketed only then.
         self.bracketed_paste = False
+        self.timed_out_waiting_for_input = False
         self._mode_carry = b""
         self._trees = trees
         self._on_finish = on_finish
@@ -376,6 +377,9 @@ class Session:
 
     def _on_timeout(self) -> None:
         if self.is_running:
+            # Read before the kill: afterwards nothing is blocked anywhere, and "it hung on a
+            # prompt" is the likeliest reason a command ran out of time.
+            self.timed_out_waiting_for_input = self.waiting_for_input
             self.terminate(SessionState.TIMED_OUT, signal.SIGTERM, self.kill_grace)
 
     def terminate(self, end: SessionState, sig: int, grace: float | None) -> None:

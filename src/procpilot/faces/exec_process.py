@@ -146,11 +146,14 @@ class ExecProcessFace:
             data["error"] = session.error
         if session.is_running:
             data["waitingForInput"] = session.waiting_for_input
+        elif session.timed_out_waiting_for_input:
+            data["timedOutWaitingForInput"] = True
         return data
 
     def _ending(self, session: Session) -> str:
         if session.state is SessionState.TIMED_OUT:
-            return f"timed out after {session.duration_ms} ms; the process tree was ended"
+            why = "; it was waiting for input on stdin" if session.timed_out_waiting_for_input else ""
+            return f"timed out after {session.duration_ms} ms{why}; the process tree was ended"
         if session.state is SessionState.KILLED:
             return f"killed ({session.signal_sent or session.exit_signal}) after {session.duration_ms} ms"
         if session.state is SessionState.LIMIT_EXCEEDED:
@@ -203,6 +206,9 @@ class ExecProcessFace:
             pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
             lane=params.lane,
             notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
+            # Without the process tool nothing could ever write to a stdin pipe: a prompt would
+            # hang until the timeout. /dev/null makes it read EOF at once instead.
+            stdin="pipe" if self.sup.settings.process.enabled else "null",
         )
         if not self.sup.settings.process.enabled:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
@@ -452,6 +458,10 @@ EXEC_DESCRIPTION = (
     "(default 10 s) keeps running in the background and returns a sessionId to use with the process tool. "
     "background=true returns at once. The whole process tree is killed after timeout seconds."
 )
+EXEC_SYNC_DESCRIPTION = (
+    "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
+    "The whole process tree is killed after timeout seconds."
+)
 PROCESS_DESCRIPTION = (
     "Manage background sessions started by exec: list; poll (new output since the last poll); log "
     "(line pages: offset/limit); wait (block until exit or a regex pattern matches); write (stdin, eof "
@@ -461,7 +471,10 @@ PROCESS_DESCRIPTION = (
 
 
 def exec_process_tools(supervisor: Supervisor) -> list[ToolSpec]:
+    """``exec`` and ``process``; only ``exec`` (always synchronous) when ``[tools.process]`` is off."""
     face = ExecProcessFace(supervisor)
+    if not supervisor.settings.process.enabled:
+        return [ToolSpec("exec", EXEC_SYNC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
         ToolSpec("exec", EXEC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY),
         ToolSpec("process", PROCESS_DESCRIPTION, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
