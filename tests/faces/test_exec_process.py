@@ -374,3 +374,23 @@ async def test_a_timeout_while_waiting_for_input_says_so(tools: Tools) -> None:
     assert result.data["timedOutWaitingForInput"] is True
     plain = await tools["exec"].call({"command": "sleep 5", "timeout": 1, "yieldMs": 10_000}, "a")
     assert plain.data["state"] == "timed_out" and "waiting for input" not in plain.text
+
+
+@pytest.mark.parametrize("notifies", [None, False, True])
+async def test_exec_promises_an_exit_notification_only_when_one_will_come(
+    supervisor: Supervisor, notifies: bool | None
+) -> None:
+    (exec_tool, _) = exec_process_tools(supervisor, notifies_exit=notifies)
+    result = await exec_tool.call({"command": "sleep 5", "background": True}, "a")
+    # None decides by whether anything listens for exits: nothing does here (a stdio server).
+    assert ("you will be notified when it exits" in result.text) is bool(notifies)
+    if not notifies:
+        assert "not announced" in result.text
+    remove = supervisor.on_exit(lambda info: None)  # what the HTTP daemon does at start-up
+    auto = await exec_tool.call({"command": "sleep 5", "background": True}, "a")
+    assert ("you will be notified" in auto.text) is (notifies is not False)
+    quiet = await exec_tool.call({"command": "sleep 5", "background": True, "notifyOnExit": False}, "a")
+    assert "you will be notified" not in quiet.text
+    remove()
+    for sid in (result.data["sessionId"], auto.data["sessionId"], quiet.data["sessionId"]):
+        await supervisor.remove("a", sid)

@@ -14,13 +14,17 @@ from procpilot.faces.tooling import ToolSpec
 __all__ = ["all_tools", "definitions_json"]
 
 
-def all_tools(supervisor: Supervisor, *, audit: bool = True) -> list[ToolSpec]:
+def all_tools(supervisor: Supervisor, *, audit: bool = True, notifies_exit: bool | None = None) -> list[ToolSpec]:
     """``exec`` + ``process`` (specs 001/002/004) and ``process.*`` (spec 000), over one supervisor.
 
     ``audit=False`` leaves the Notify-tier audit events to a wrapper that publishes its own (the
-    policy gate), so none is published twice.
+    policy gate), so none is published twice. ``notifies_exit`` is whether the transport announces
+    session exits to its clients (see ``exec_process_tools``).
     """
-    return [*exec_process_tools(supervisor), *capability_tools(supervisor, audit=audit)]
+    return [
+        *exec_process_tools(supervisor, notifies_exit=notifies_exit),
+        *capability_tools(supervisor, audit=audit),
+    ]
 
 
 def definitions_json(fmt: Format, settings: Settings | None = None) -> str:

@@ -122,10 +122,21 @@ def _stream(name: str | None) -> Stream:
 
 
 class ExecProcessFace:
-    def __init__(self, supervisor: Supervisor) -> None:
+    def __init__(self, supervisor: Supervisor, *, notifies_exit: bool | None = None) -> None:
         self.sup = supervisor
         self.cfg = supervisor.settings.exec
+        self._notifies_exit = notifies_exit
         self._empty_polls: dict[str, int] = {}
+
+    def _exit_is_announced(self, session: Session) -> bool:
+        """Whether anything will tell the caller this session ended: the transport says so, or,
+        when it did not say, whether anything listens for exit events (the daemon does; a stdio
+        MCP server has nobody to push to)."""
+        if not session.spec.notify_on_exit:
+            return False
+        if self._notifies_exit is not None:
+            return self._notifies_exit
+        return self.sup.exits.has_listeners
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -238,7 +249,11 @@ class ExecProcessFace:
         text = (
             f"Command {verb} in the background: sessionId={session.id} pid={session.pid}. "
             "Use process wait (blocks until exit or a pattern), poll (new output) or log (pages); "
-            "you will be notified when it exits."
+            + (
+                "you will be notified when it exits."
+                if self._exit_is_announced(session)
+                else "its exit is not announced, so wait or poll to learn when it ends."
+            )
         )
         if tail:
             text += f"\nTail so far:\n{tail}"
@@ -470,9 +485,14 @@ PROCESS_DESCRIPTION = (
 )
 
 
-def exec_process_tools(supervisor: Supervisor) -> list[ToolSpec]:
-    """``exec`` and ``process``; only ``exec`` (always synchronous) when ``[tools.process]`` is off."""
-    face = ExecProcessFace(supervisor)
+def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = None) -> list[ToolSpec]:
+    """``exec`` and ``process``; only ``exec`` (always synchronous) when ``[tools.process]`` is off.
+
+    ``notifies_exit``: whether the transport tells the client when a backgrounded session ends
+    (the HTTP daemon does, stdio MCP does not), so exec promises a notification only when one
+    will come. None decides per call: true iff something listens for the supervisor's exit events.
+    """
+    face = ExecProcessFace(supervisor, notifies_exit=notifies_exit)
     if not supervisor.settings.process.enabled:
         return [ToolSpec("exec", EXEC_SYNC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
