@@ -63,6 +63,16 @@ def test_trailing_partial_line_counts_as_a_line(tmp_path: Path) -> None:
     assert log.read_lines(1, None).lines == [b"b"]
 
 
+def test_an_empty_slice_has_no_lines(tmp_path: Path) -> None:
+    empty = SegmentedLog(tmp_path, "e", cap_bytes=1 << 20)
+    assert empty.read_lines(0, None).lines == []
+    log = SegmentedLog(tmp_path, "v", cap_bytes=1 << 20)
+    log.write(b"a\n\nb\n")
+    assert log.read_lines(5, None).lines == []  # offset past the end
+    assert log.read_lines(0, 0).lines == []  # limit 0
+    assert log.read_lines(1, 1).lines == [b""]  # a real empty line is still one line
+
+
 def test_utf8_decoder_never_splits_a_character() -> None:
     decoder = Utf8ChunkDecoder()
     data = "héllo wörld ✓".encode()

@@ -394,3 +394,17 @@ async def test_exec_promises_an_exit_notification_only_when_one_will_come(
     remove()
     for sid in (result.data["sessionId"], auto.data["sessionId"], quiet.data["sessionId"]):
         await supervisor.remove("a", sid)
+
+
+async def test_log_of_an_empty_slice_reports_zero_lines_and_says_why(tools: Tools) -> None:
+    seq = await tools["exec"].call({"command": "seq 1 3"}, "a")
+    silent = await tools["exec"].call({"command": "true"}, "a")
+
+    async def log(sid: str, **args: Any) -> ToolResult:
+        return await tools["process"].call({"action": "log", "sessionId": sid, **args}, "a")
+
+    past = await log(seq.data["sessionId"], offset=10)
+    assert past.data["lines"] == 0 and past.data["output"] == ""
+    assert "past the end" in past.text and "3 lines" in past.text
+    assert (await log(seq.data["sessionId"], limit=0)).data["lines"] == 0
+    assert (await log(silent.data["sessionId"])).data["lines"] == 0

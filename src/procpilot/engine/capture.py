@@ -210,7 +210,8 @@ class SegmentedLog:
         start = self.offset_of_line(first)
         end = self.offset_of_line(last)
         result = self.read(start, end - start)
-        lines = result.data.split(b"\n")
+        # b"".split() is [b""]: an empty range must be no lines, not one empty line.
+        lines = result.data.split(b"\n") if result.data else []
         if lines and lines[-1] == b"" and result.data.endswith(b"\n"):
             lines.pop()
         dropped_lines = max(0, (last - first) - len(lines)) if result.dropped else 0

@@ -346,6 +346,8 @@ class ExecProcessFace:
         else:
             first, count = max(0, total - _LOG_DEFAULT_LINES), _LOG_DEFAULT_LINES
             note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
+        if first >= total > 0:
+            note = f"offset {first} is past the end: there are {total} lines (offsets 0 to {max(0, total - 1)})"
         lines = view.read_lines(first, count)
         text = for_model(b"\n".join(lines.lines))
         shown, cut = head_chars(text, self.cfg.result_max_chars)
