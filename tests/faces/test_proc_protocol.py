@@ -16,7 +16,6 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import NotSupported
 from procpilot.faces.proc_protocol import (
     PROC_STATE_OF,
     ProcConfig,
@@ -116,9 +115,25 @@ def test_config_defaults() -> None:
     assert config.max_output_bytes == 1024 * 1024 and config.max_procs == 10 and config.network_disabled is False
 
 
-def test_network_disabled_is_refused(supervisor: Supervisor) -> None:
-    with pytest.raises(NotSupported, match="network_disabled"):
-        ProcHandler(supervisor, SCOPE, ProcConfig(network_disabled=True))
+async def test_network_disabled_leaves_only_a_private_loopback(supervisor: Supervisor) -> None:
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        connect = (
+            "import socket,sys\ntry:\n socket.create_connection(('127.0.0.1', int(sys.argv[1])), 2)\n"
+            " print('connected')\nexcept OSError:\n print('refused')\n"
+        )
+        for disabled, expected in ((False, "connected"), (True, "refused")):
+            procs = ProcsAPI(ProcHandler(supervisor, SCOPE, ProcConfig(network_disabled=disabled)))
+            seen: list[str] = []
+            argv = [sys.executable, "-c", connect, str(port)]
+            p = await procs.spawn(argv, on_output=lambda event, into=seen: into.append(event.data))
+            status = await procs.wait(p.proc_id, timeout=20)
+            assert status.state is ProcState.STOPPED, (status, seen)
+            assert "".join(seen).strip() == expected
 
 
 # -- spawn, events, status ---------------------------------------------------------------------------

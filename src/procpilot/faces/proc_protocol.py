@@ -48,12 +48,12 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.engine.capture import Stream, Utf8ChunkDecoder
+from procpilot.engine.isolation import Isolation
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import (
-    NotSupported,
     ProcessAlreadyExited,
     ProcpilotError,
     SessionNotFound,
@@ -219,7 +219,7 @@ class ProcConfig(BaseModel):
     timeout: float | None = Field(30.0, gt=0)  # default per process; a request's own timeout wins
     max_output_bytes: int = Field(_MIB, ge=0)  # pushed per process; the rest stays on disk only
     max_procs: int = Field(10, ge=1)  # running processes spawned through this handler
-    network_disabled: bool = False  # refused until the limits issue brings network isolation here
+    network_disabled: bool = False  # only a private loopback; refused (fails closed) where no mechanism works
 
 
 # -- the handler -------------------------------------------------------------------------------
@@ -269,11 +269,6 @@ class ProcHandler:
         self.sup = supervisor
         self.scope = scope
         self.config = config or ProcConfig()
-        if self.config.network_disabled:
-            raise NotSupported(
-                "proc config network_disabled=true is not supported yet: processes would run with the network on",
-                hints={"drop_option": "Set network_disabled to false, or use an agent policy with network = false."},
-            )
         self._subscribers: list[EventCallback] = []
         self._pumps: dict[str, _Pump] = {}
         self._mine: set[str] = set()  # running processes spawned here (for max_procs)
@@ -396,7 +391,8 @@ class ProcHandler:
         cwd: Path = resolve_working_directory(settings, req.cwd)
         env = checked_environment(settings, req.env)
         timeout = req.timeout if req.timeout is not None else self.config.timeout
-        spec = SpawnSpec(tuple(req.cmd), cwd=cwd, env=env, timeout=timeout, stdin=req.stdin_mode)
+        isolation = Isolation(network=False) if self.config.network_disabled else None
+        spec = SpawnSpec(tuple(req.cmd), cwd=cwd, env=env, timeout=timeout, stdin=req.stdin_mode, isolation=isolation)
         session = await self.sup.spawn(spec, scope=self.scope)
         # No await from here to the return: output is appended by the event loop's reader callbacks,
         # which cannot run before this step ends, so the snapshot + subscription miss and repeat nothing.
