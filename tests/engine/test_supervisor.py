@@ -396,3 +396,11 @@ async def test_pty_sessions_track_bracketed_paste_mode_from_their_output(supervi
     off = await supervisor.run(SpawnSpec(r"printf '\033[?2004h x \033[?2004l'", pty=True), scope=A, yield_ms=None)
     pipe = await supervisor.run(SpawnSpec(r"printf '\033[?2004h'"), scope=A, yield_ms=None)
     assert on.bracketed_paste and not off.bracketed_paste and not pipe.bracketed_paste
+
+
+async def test_wait_finds_a_pattern_across_a_scan_chunk_edge_inside_a_character(supervisor: Supervisor) -> None:
+    # "é" is two bytes: the first is the last byte of the first 1 MiB scan chunk.
+    script = "import sys; sys.stdout.buffer.write(b'a' * ((1 << 20) - 1) + 'éMARK'.encode()); sys.stdout.flush()"
+    s = await supervisor.run(SpawnSpec((PY, "-c", script)), scope=A, yield_ms=None)
+    outcome = await supervisor.wait(A, s.id, timeout=5, pattern=re.compile("aéMARK"))
+    assert outcome.reason == "pattern" and outcome.match == "aéMARK"

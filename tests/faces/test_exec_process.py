@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from mcp import Client
 
 from procpilot.config import Settings
+from procpilot.engine.capture import Stream
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import ExecParams, exec_process_tools
 from procpilot.faces.tooling import ToolResult, ToolSpec
@@ -408,3 +410,55 @@ async def test_log_of_an_empty_slice_reports_zero_lines_and_says_why(tools: Tool
     assert "past the end" in past.text and "3 lines" in past.text
     assert (await log(seq.data["sessionId"], limit=0)).data["lines"] == 0
     assert (await log(silent.data["sessionId"])).data["lines"] == 0
+
+
+BIG = 40_000_000  # bytes of output: the reads below must cost a small fraction of it
+
+
+def peak_bytes_during(coro: Any) -> Any:
+    async def run() -> tuple[Any, int]:
+        tracemalloc.start()
+        try:
+            result = await coro
+            return result, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    return run()
+
+
+async def test_reads_after_a_huge_burst_are_memory_bounded(tools: Tools, supervisor: Supervisor) -> None:
+    command = f"head -c {BIG} /dev/zero | tr '\\0' x | fold -w 100; echo END; sleep 30"
+    started = await tools["exec"].call({"command": command, "background": True}, "a")
+    sid = started.data["sessionId"]
+    session = supervisor.get("a", sid)
+    view = session.output[Stream.COMBINED]
+    for _ in range(600):
+        if view.size >= BIG * 101 // 100:
+            break
+        await asyncio.sleep(0.05)
+
+    async def process(**args: Any) -> ToolResult:
+        return await tools["process"].call({"sessionId": sid, **args}, "a")
+
+    poll, peak = await peak_bytes_during(process(action="poll"))
+    assert peak < BIG // 5, f"poll allocated {peak} bytes"
+    assert poll.data["output"].endswith("END\n") and poll.data["cutChars"] >= BIG
+    assert (await process(action="poll", timeout=10)).data["output"] == ""  # the cursor went to the end
+    log, peak = await peak_bytes_during(process(action="log", offset=0))
+    assert peak < BIG // 5, f"log allocated {peak} bytes"
+    assert log.data["output"].startswith("x" * 100 + "\n") and len(log.data["output"]) <= 200_000
+    wait, peak = await peak_bytes_during(process(action="wait", pattern="NEVER", timeout=200))
+    assert peak < BIG // 5, f"wait allocated {peak} bytes"
+    assert wait.data["reason"] == "timeout"
+    found = await process(action="wait", pattern="END", timeout=10_000)
+    assert found.data["reason"] == "pattern"
+    await process(action="remove")
+
+
+async def test_a_finished_exec_with_huge_output_reads_only_its_tail(tools: Tools) -> None:
+    command = f"head -c {BIG} /dev/zero | tr '\\0' x | fold -w 100; echo END"
+    result, peak = await peak_bytes_during(tools["exec"].call({"command": command, "yieldMs": 60_000}, "a"))
+    assert result.data["status"] == "done"
+    assert peak < BIG // 5, f"exec allocated {peak} bytes"
+    assert result.data["output"].endswith("xEND\n") and result.data["outputCutChars"] >= BIG - 200_000

@@ -55,6 +55,7 @@ class LineSlice:
     first: int
     total: int
     dropped_lines: int
+    unread_bytes: int = 0  # bytes of the asked-for range past ``max_bytes``, not read
 
 
 class SegmentedLog:
@@ -203,19 +204,22 @@ class SegmentedLog:
             pos += len(data)
         return self.size
 
-    def read_lines(self, first: int, count: int | None) -> LineSlice:
+    def read_lines(self, first: int, count: int | None, max_bytes: int | None = None) -> LineSlice:
+        """Lines ``[first, first + count)`` (``count`` None: to the end), reading at most
+        ``max_bytes`` of them (the last line may then be partial; ``unread_bytes`` counts the rest)."""
         total = self.total_lines
         first = min(max(0, first), total)
         last = total if count is None else min(total, first + max(0, count))
         start = self.offset_of_line(first)
         end = self.offset_of_line(last)
-        result = self.read(start, end - start)
+        unread = 0 if max_bytes is None else max(0, end - start - max(0, max_bytes))
+        result = self.read(start, end - start - unread)
         # b"".split() is [b""]: an empty range must be no lines, not one empty line.
         lines = result.data.split(b"\n") if result.data else []
         if lines and lines[-1] == b"" and result.data.endswith(b"\n"):
             lines.pop()
-        dropped_lines = max(0, (last - first) - len(lines)) if result.dropped else 0
-        return LineSlice(lines, first, total, dropped_lines)
+        dropped_lines = max(0, (last - first) - len(lines)) if result.dropped and not unread else 0
+        return LineSlice(lines, first, total, dropped_lines, unread)
 
 
 OutputListener = Callable[[Stream, bytes], None]

@@ -33,12 +33,13 @@ from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import MARKER_ENV, CgroupTrees, TreeBackend, instance_name, probe_trees, reap_orphans
 from procpilot.errors import ProcessAlreadyExited, ProcpilotError, SessionNotFound, SessionStillRunning, SpawnFailed
-from procpilot.render import for_model, tail_chars
+from procpilot.render import complete_utf8_prefix, for_model, tail_chars
 
 __all__ = ["Supervisor", "WaitOutcome"]
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 400
+_SCAN_CHUNK = 1 << 20
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
 
@@ -434,15 +435,26 @@ class Supervisor:
         scanned = since
         carry = ""
         while True:
-            if pattern is not None and view.size > scanned:
-                chunk = view.read(scanned)
-                text = carry + chunk.data.decode("utf-8", errors="replace")
+            # Scanned a chunk at a time: memory stays bounded however much output is new.
+            while pattern is not None and view.size > scanned:
+                chunk = view.read(scanned, _SCAN_CHUNK)
+                data = chunk.data
+                keep = len(data)
+                if chunk.end < view.size or not session.finished:
+                    keep = complete_utf8_prefix(data)  # a character split at the edge waits, whole
+                    if keep == 0:
+                        if chunk.end >= view.size:
+                            break  # only part of a character so far
+                        keep = len(data)  # stray bytes before the cap's gap: never completed
+                text = carry + data[:keep].decode("utf-8", errors="replace")
                 found = pattern.search(for_model(text))
                 if found:
-                    return WaitOutcome("pattern", found.group(0), chunk.end)
-                scanned = chunk.end
+                    return WaitOutcome("pattern", found.group(0), chunk.end - (len(data) - keep))
+                scanned = chunk.end - (len(data) - keep)
                 # Keep the last line so a match spanning two reads is still found.
                 carry = text[text.rfind("\n") + 1 :][-4096:]
+                if chunk.end < view.size:
+                    await asyncio.sleep(0)  # a long backlog must not starve the other sessions
             if session.finished:
                 return WaitOutcome("exited")
             remaining = None if deadline is None else deadline - time.monotonic()

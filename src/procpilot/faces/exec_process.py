@@ -47,6 +47,8 @@ _WAIT_DEFAULT_MS = 30_000
 _WRITE_DEFAULT_MS = 5_000
 _LOG_DEFAULT_LINES = 200
 _TAIL_CHARS = 400
+# Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
+_TAIL_WINDOW_FACTOR = 8
 _RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
 _SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
 
@@ -174,10 +176,33 @@ class ExecProcessFace:
         how = f"exit code {session.exit_code}" if session.exit_code is not None else f"{session.exit_signal}"
         return f"{how} after {session.duration_ms} ms"
 
-    def _read_text(self, session: Session, stream: Stream, start: int, end: int) -> tuple[str, int, int]:
-        """Model text of bytes [start, end); returns (text, end actually used, dropped bytes)."""
+    def _read_tail(self, session: Session, stream: Stream, start: int, limit: int) -> tuple[str, int, int]:
+        """The last ``limit`` characters of the model text of bytes [start, end of the view).
+
+        Only the last few times ``limit`` bytes are read, however much is unread: a poll after a
+        200 MB burst costs what a poll after 2 KB does. Returns (text, cut, end used); ``cut``
+        counts the characters cut, and each byte never read as one character.
+        """
+        end = session.output[stream].size
+        skipped = max(0, end - start - limit * _TAIL_WINDOW_FACTOR)
+        text, used_end, _ = self._read_text(session, stream, start + skipped, end, mid_char=bool(skipped))
+        shown, cut = tail_chars(text, limit)
+        return shown, cut + skipped, used_end
+
+    def _read_text(
+        self, session: Session, stream: Stream, start: int, end: int, *, mid_char: bool = False
+    ) -> tuple[str, int, int]:
+        """Model text of bytes [start, end); returns (text, end actually used, dropped bytes).
+
+        ``mid_char``: ``start`` may fall inside a character, whose leftover bytes are skipped.
+        """
         result = session.output[stream].read(start, end - start)
         data = result.data
+        if mid_char:
+            lead = 0
+            while lead < min(3, len(data)) and 0x80 <= data[lead] <= 0xBF:
+                lead += 1
+            data = data[lead:]
         used_end = result.end
         if not session.finished:
             # Leave a character split across two reads for the next read, whole.
@@ -231,8 +256,7 @@ class ExecProcessFace:
         data = self._summary(session)
         if session.finished:
             view = session.output[Stream.COMBINED]
-            text, end, _ = self._read_text(session, Stream.COMBINED, 0, view.size)
-            shown, cut = tail_chars(text, self.cfg.result_max_chars)
+            shown, cut, end = self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
             session.poll_cursors[Stream.COMBINED] = end
             data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
             header = f"[{status_of(session)}: {self._ending(session)}]"
@@ -303,15 +327,14 @@ class ExecProcessFace:
         cursor = session.poll_cursors.get(stream, 0)
         if params.timeout and view.size <= cursor and not session.finished:
             await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
-        text, end, _ = self._read_text(session, stream, cursor, view.size)
-        session.poll_cursors[stream] = end
         # A finished session has nothing more to come: hand over all that is unread (up to the
         # result cap), not a tail, so the last poll never hides the ending.
         default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
-        limit = min(params.limit or default, self.cfg.pending_max_chars)
-        shown, cut = tail_chars(text, limit)
+        limit = min(default if params.limit is None else params.limit, self.cfg.pending_max_chars)
+        shown, cut, end = self._read_tail(session, stream, cursor, limit)
+        session.poll_cursors[stream] = end
         data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
-        if text or session.finished:
+        if shown or cut or session.finished:
             self._empty_polls.pop(session.id, None)
         else:
             n = self._empty_polls.get(session.id, 0)
@@ -348,9 +371,11 @@ class ExecProcessFace:
             note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
         if first >= total > 0:
             note = f"offset {first} is past the end: there are {total} lines (offsets 0 to {max(0, total - 1)})"
-        lines = view.read_lines(first, count)
+        # Reading stops a little past what one result can show: the rest is counted, not loaded.
+        lines = view.read_lines(first, count, max_bytes=self.cfg.result_max_chars * _TAIL_WINDOW_FACTOR)
         text = for_model(b"\n".join(lines.lines))
         shown, cut = head_chars(text, self.cfg.result_max_chars)
+        cut += lines.unread_bytes
         data = self._summary(session) | {
             "output": shown,
             "offset": lines.first,
