@@ -462,3 +462,19 @@ async def test_a_finished_exec_with_huge_output_reads_only_its_tail(tools: Tools
     assert result.data["status"] == "done"
     assert peak < BIG // 5, f"exec allocated {peak} bytes"
     assert result.data["output"].endswith("xEND\n") and result.data["outputCutChars"] >= BIG - 200_000
+
+
+async def test_a_repeated_pattern_wait_waits_for_new_output(tools: Tools) -> None:
+    command = "echo READY 1; sleep 0.5; echo READY 2; sleep 30"
+    started = await tools["exec"].call({"command": command, "background": True}, "a")
+    sid = started.data["sessionId"]
+
+    async def wait(**args: Any) -> ToolResult:
+        return await tools["process"].call({"action": "wait", "sessionId": sid, "pattern": r"READY \d", **args}, "a")
+
+    assert (await wait(timeout=10_000)).data["match"] == "READY 1"
+    second = await wait(timeout=10_000)
+    assert second.data["reason"] == "pattern" and second.data["match"] == "READY 2"
+    assert (await wait(timeout=200)).data["reason"] == "timeout"  # nothing new since
+    assert (await wait(timeout=200, offset=0)).data["match"] == "READY 1"  # an explicit offset rescans
+    await tools["process"].call({"action": "remove", "sessionId": sid}, "a")

@@ -59,7 +59,11 @@ def new_session_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class WaitOutcome:
-    """Why a wait returned: the session ``exited``, the output matched ``pattern``, or ``timeout``."""
+    """Why a wait returned: the session ``exited``, the output matched ``pattern``, or ``timeout``.
+
+    ``match_offset`` is the end of the output scanned when the match was found: a wait from there
+    (``since``) matches only what came after.
+    """
 
     reason: Literal["exited", "pattern", "timeout"]
     match: str | None = None

@@ -104,7 +104,11 @@ class ProcessParams(BaseModel):
     stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
         None, description="poll / log / wait: which output (default: stdout and stderr in arrival order)."
     )
-    offset: int | None = Field(None, description="log: first line (0-based).")
+    offset: int | None = Field(
+        None,
+        description="log: first line (0-based). wait: byte offset to scan from; by default a pattern "
+        "wait only matches output after the previous wait's match (offset=0 rescans everything).",
+    )
     limit: int | None = Field(None, description="log: number of lines; poll: most characters to show.")
     timeout: int | None = Field(
         None,
@@ -129,6 +133,8 @@ class ExecProcessFace:
         self.cfg = supervisor.settings.exec
         self._notifies_exit = notifies_exit
         self._empty_polls: dict[str, int] = {}
+        # Per session and stream: the byte offset after the last reported pattern match.
+        self._wait_cursors: dict[str, dict[Stream, int]] = {}
 
     def _exit_is_announced(self, session: Session) -> bool:
         """Whether anything will tell the caller this session ended: the transport says so, or,
@@ -483,9 +489,23 @@ class ExecProcessFace:
                 raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
         timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
         stream = _stream(params.stream)
-        outcome = await self.sup.wait(scope, session.id, timeout=timeout_ms / 1000, pattern=pattern, stream=stream)
+        # Each pattern wait scans on from where the last match was reported, so waiting twice for
+        # READY waits for the next READY instead of returning the old one; offset (bytes) resets.
+        cursors = self._wait_cursors.setdefault(session.id, {})
+        since = params.offset if params.offset is not None else cursors.get(stream, 0)
+        outcome = await self.sup.wait(
+            scope, session.id, timeout=timeout_ms / 1000, pattern=pattern, stream=stream, since=since
+        )
+        if outcome.reason == "pattern" and outcome.match_offset is not None:
+            cursors[stream] = outcome.match_offset
         tail = self.sup.tail_text(session, _TAIL_CHARS)
-        data = self._summary(session) | {"reason": outcome.reason, "match": outcome.match, "tail": tail}
+        data = self._summary(session) | {
+            "reason": outcome.reason,
+            "match": outcome.match,
+            "matchOffset": outcome.match_offset,
+            "scannedFrom": since,
+            "tail": tail,
+        }
         if outcome.reason == "pattern":
             head = f"[pattern matched: {outcome.match!r}; session still {status_of(session)}]"
         elif outcome.reason == "exited":
@@ -506,7 +526,8 @@ EXEC_SYNC_DESCRIPTION = (
 )
 PROCESS_DESCRIPTION = (
     "Manage background sessions started by exec: list; poll (new output since the last poll); log "
-    "(line pages: offset/limit); wait (block until exit or a regex pattern matches); write (stdin, eof "
+    "(line pages: offset/limit); wait (block until exit or a regex pattern matches output after the previous "
+    "wait's match); write (stdin, eof "
     "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
     "remove (kill, then clear)."
 )
