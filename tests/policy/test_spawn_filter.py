@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import shutil
@@ -31,9 +32,7 @@ def settings_with(tmp_path: Path, workspace: Path, toml: str) -> Any:
 
 
 async def test_allowlist_max_procs_and_elevation(tmp_path: Path, workspace: Path) -> None:
-    settings = settings_with(
-        tmp_path, workspace, '[policy.agents.a1]\nallow = ["sleep", "echo"]\nmax_procs = 1\n'
-    )
+    settings = settings_with(tmp_path, workspace, '[policy.agents.a1]\nallow = ["sleep", "echo"]\nmax_procs = 1\n')
     async with Supervisor(settings, spawn_filter=make_spawn_filter(settings)) as sup:
         with pytest.raises(CommandDenied):
             await sup.spawn(SpawnSpec("echo hi; rm -rf /tmp/nothing"), scope="a1")
@@ -142,3 +141,26 @@ def test_shell_hooks_are_protected_whatever_the_configured_list(tmp_path: Path, 
         assert settings.is_protected(name), name
     assert not settings.is_protected("PATH")  # configurable: the policy resolves on the session's PATH
     assert not settings.is_protected("ENVIRONMENT")
+
+
+async def test_a_pty_shell_in_a_readonly_root_keeps_its_terminal(tmp_path: Path, workspace: Path) -> None:
+    from procpilot.engine.isolation import isolation_capabilities
+
+    if isolation_capabilities()["readonly_root"] is None:
+        pytest.skip("bubblewrap is not installed on this host")
+    settings = settings_with(tmp_path, workspace, "[policy.agents.ro]\nreadonly_root = true\n")
+    async with Supervisor(settings, spawn_filter=make_spawn_filter(settings)) as sup:
+        shell = await sup.spawn(SpawnSpec(("bash", "--norc", "-i"), pty=True, cwd=workspace), scope="ro")
+        assert shell.spec.isolation is not None and not shell.spec.isolation.new_session
+        await sup.write("ro", shell.id, b"sleep 30\n")
+        await asyncio.sleep(0.5)
+        await sup.write("ro", shell.id, b"\x03")  # ^C ends sleep, not the shell
+        await sup.write("ro", shell.id, b"echo alive-$((6*7))\n")
+        for _ in range(100):
+            if b"alive-42" in shell.output[Stream.COMBINED].read().data:
+                break
+            await asyncio.sleep(0.05)
+        assert not shell.finished and b"alive-42" in shell.output[Stream.COMBINED].read().data
+        await sup.kill("ro", shell.id, 9, wait=None)
+        s = await sup.run(SpawnSpec("true"), scope="ro", yield_ms=None)
+        assert s.spec.isolation is not None and s.spec.isolation.new_session

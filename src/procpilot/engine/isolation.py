@@ -1,10 +1,15 @@
 """Network and filesystem isolation: a command prefix chosen by probing, failing closed.
 
-* Network off (only loopback): ``unshare --net`` where we may create network namespaces (root),
-  ``bwrap --unshare-net`` where bubblewrap is installed, else ``unshare --map-root-user --net`` (an
-  unprivileged user namespace). If none works, a request for no network is refused with
-  ``IsolationUnavailable``; it never runs with the network silently on.
-* Read-only root with only the workspace (and /tmp) writable: bubblewrap only.
+* Network off (only loopback): ``unshare --map-root-user --net`` (a user namespace of its own, so
+  the child's capabilities do not reach the host's namespaces), else ``bwrap --unshare-net
+  --cap-drop ALL``, else ``unshare --net`` + ``setpriv`` dropping every capability. A candidate is
+  taken only if a process inside it cannot ``setns`` back into our network namespace: a root child
+  of a plain ``unshare --net`` can (``nsenter --net=/proc/1/ns/net``). If none works, a request for
+  no network is refused with ``IsolationUnavailable``; it never runs with the network silently on.
+* Read-only root with only the workspace (and /tmp) writable: bubblewrap only, with no
+  capabilities (or ``mount -o remount,rw /`` undoes it), its own pid namespace and /proc (no
+  handles on the host's processes and their namespaces) and, unless it runs on a pty of its own, a
+  new session (no TIOCSTI into a terminal outside).
 
 The prefix goes *outside* the shell that joins the session's cgroups; ``unshare`` execs in place, so
 the leader stays the process we spawned. bubblewrap stays as a small parent and exits with its child.
@@ -12,8 +17,10 @@ the leader stays the process we spawned. bubblewrap stays as a small parent and 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -35,6 +42,9 @@ class Isolation:
     network: bool = True  # False: only loopback, in a namespace of its own
     readonly_root: bool = False
     writable: tuple[Path, ...] = ()
+    # A session of its own inside the sandbox (bubblewrap --new-session). False for a pty session:
+    # its terminal is its own, and without it as controlling terminal ^C and job control are gone.
+    new_session: bool = True
 
     @property
     def empty(self) -> bool:
@@ -48,27 +58,58 @@ def _works(argv: list[str]) -> bool:
         return False
 
 
+# Exits 0 only if it could join the network namespace of the process named by argv[1].
+_SETNS_PROBE = (
+    "import ctypes, os, sys\n"
+    "try:\n"
+    "    fd = os.open(f'/proc/{sys.argv[1]}/ns/net', os.O_RDONLY)\n"
+    "except OSError:\n"
+    "    sys.exit(3)\n"
+    "sys.exit(0 if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) == 0 else 3)\n"
+)
+
+
+def _contains_network(argv: list[str]) -> bool:
+    """True if a command run under ``argv`` cannot get back into our network namespace."""
+    try:
+        done = subprocess.run(
+            [*argv, sys.executable, "-c", _SETNS_PROBE, str(os.getpid())], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 3
+
+
 @cache
 def _network_prefix() -> tuple[str, ...] | None:
     unshare = shutil.which("unshare")
     bwrap = shutil.which("bwrap")
+    setpriv = shutil.which("setpriv")
     candidates: list[list[str]] = []
     if unshare:
-        candidates.append([unshare, "--net", "--"])
-    if bwrap:
-        candidates.append([bwrap, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--"])
-    if unshare:
         candidates.append([unshare, "--map-root-user", "--net", "--"])
+    if bwrap:
+        candidates.append(
+            [bwrap, "--dev-bind", "/", "/", "--unshare-net", "--cap-drop", "ALL", "--die-with-parent", "--"]
+        )
+    if unshare and setpriv:
+        # An empty bounding set: not even root gets a capability back by exec'ing.
+        candidates.append([unshare, "--net", "--", setpriv, "--bounding-set=-all", "--inh-caps=-all", "--"])
     for argv in candidates:
-        if _works(argv):
+        if _works(argv) and _contains_network(argv):
             return tuple(argv)
     return None
+
+
+# Without capabilities (no remount, no setns), in a pid namespace of its own (no handles on the
+# host's processes). --new-session (no TIOCSTI into a terminal outside) is added per session.
+_BWRAP_BOX = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--cap-drop", "ALL")
 
 
 @cache
 def _bwrap() -> str | None:
     bwrap = shutil.which("bwrap")
-    if bwrap and _works([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--"]):
+    if bwrap and _works([bwrap, *_BWRAP_BOX, "--"]):
         return bwrap
     return None
 
@@ -90,7 +131,9 @@ def isolation_prefix(isolation: Isolation) -> list[str]:
         bwrap = _bwrap()
         if bwrap is None:
             raise IsolationUnavailable("a read-only root needs bubblewrap, which is not installed here")
-        argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # noqa: S108 - a private tmpfs
+        argv = [bwrap, *_BWRAP_BOX, "--tmpfs", "/tmp"]  # noqa: S108 - a private tmpfs
+        if isolation.new_session:
+            argv.append("--new-session")
         for path in isolation.writable:
             argv += ["--bind", str(path), str(path)]
         if not isolation.network:

@@ -105,6 +105,7 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
                 network=policy.network and (isolation is None or isolation.network),
                 readonly_root=policy.readonly_root,
                 writable=writable,
+                new_session=not spec.pty,
             )
         return dataclasses.replace(spec, limits=_limits(policy, spec.limits), isolation=isolation)
 
