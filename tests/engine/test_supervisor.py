@@ -404,3 +404,19 @@ async def test_wait_finds_a_pattern_across_a_scan_chunk_edge_inside_a_character(
     s = await supervisor.run(SpawnSpec((PY, "-c", script)), scope=A, yield_ms=None)
     outcome = await supervisor.wait(A, s.id, timeout=5, pattern=re.compile("aéMARK"))
     assert outcome.reason == "pattern" and outcome.match == "aéMARK"
+
+
+async def test_lanes_are_per_scope(supervisor: Supervisor) -> None:
+    mine = await supervisor.spawn(SpawnSpec("sleep 5", lane="main"), scope=A)
+    theirs = await supervisor.spawn(SpawnSpec("sleep 5", lane="main"), scope="agent-b")
+    queued = await supervisor.spawn(SpawnSpec("echo later", lane="main"), scope=A)
+    assert mine.is_running and theirs.is_running  # another agent's main lane is not ours
+    assert queued.state is SessionState.QUEUED  # our own cap still holds
+    await asyncio.sleep(0.05)  # the queued session's task starts waiting for its slot
+    assert supervisor.lane_usage(A) == {"main": (1, 1, 1)}
+    assert supervisor.lane_usage()["agent-b/main"] == (1, 0, 1)
+    await supervisor.remove("agent-b", theirs.id)
+    assert queued.state is SessionState.QUEUED
+    await supervisor.kill(A, mine.id, wait=None)
+    assert (await supervisor.wait(A, queued.id, timeout=10)).reason == "exited"
+    assert supervisor.lane_usage(A) == {}  # idle lanes are not kept

@@ -257,7 +257,7 @@ class Supervisor:
         output = SessionOutput(directory, self.settings.exec.max_log_bytes)
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
         session.kill_grace = self.settings.exec.kill_grace_sec
-        if spec.lane is None or self._lanes.try_acquire(spec.lane):
+        if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
             try:
                 await self._start(session)
             except BaseException:
@@ -304,7 +304,7 @@ class Supervisor:
             if session.limit_backend is not None:
                 session.limit_backend.release(session.id)
             if spec.lane is not None:
-                self._lanes.release(spec.lane)
+                self._lanes.release(spec.lane, session.scope)
             raise
         self._sessions[session.id] = session
         session.attach(spawned)
@@ -315,13 +315,13 @@ class Supervisor:
 
     async def _start_when_free(self, session: Session, lane: str) -> None:
         try:
-            await self._lanes.acquire(lane)
+            await self._lanes.acquire(lane, session.scope)
         except asyncio.CancelledError:
             if session.state is SessionState.QUEUED:
                 session.fail_to_start("the supervisor shut down before a lane slot was free")
             raise
         if session.state is not SessionState.QUEUED:
-            self._lanes.release(lane)  # killed while waiting
+            self._lanes.release(lane, session.scope)  # killed while waiting
             return
         try:
             await self._start(session)
@@ -341,7 +341,7 @@ class Supervisor:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
         if session.spec.lane is not None and session.started_at is not None:
-            self._lanes.release(session.spec.lane)
+            self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
         if session.spec.notify_on_exit and self.exits.has_listeners:
@@ -365,8 +365,9 @@ class Supervisor:
     def all_sessions(self) -> builtins.list[Session]:
         return list(self._sessions.values())
 
-    def lane_usage(self) -> dict[str, tuple[int, int, int]]:
-        return self._lanes.usage()
+    def lane_usage(self, scope: str | None = None) -> dict[str, tuple[int, int, int]]:
+        """(active, waiting, cap) per lane in use: ``scope``'s, or every scope's keyed ``scope/lane``."""
+        return self._lanes.usage(scope)
 
     def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
         view = session.output[Stream.COMBINED]
