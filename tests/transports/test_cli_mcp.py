@@ -102,3 +102,74 @@ def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert "ConfigError" in result.stderr
     assert "backgroundMS" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_http_off_the_loopback_without_tokens_refuses_to_start(tmp_path: Path) -> None:
+    argv = [PROCPILOT, "mcp", "--http", "--host", "0.0.0.0", "--port", "0"]  # noqa: S104
+    result = subprocess.run(argv, env=server_env(tmp_path), capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert "ServeRefused" in result.stderr and "tokens" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+_INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+_MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def test_http_checks_host_and_origin_on_the_loopback(tmp_path: Path) -> None:
+    import httpx2
+
+    proc, url = start_http(tmp_path)
+    try:
+        with httpx2.Client(timeout=30) as http:
+            port = url.split(":")[2].split("/")[0]
+            rebound = http.post(url, json=_INIT, headers={**_MCP_HEADERS, "Host": f"evil.example:{port}"})
+            assert rebound.status_code == 403
+            cross_site = http.post(url, json=_INIT, headers={**_MCP_HEADERS, "Origin": "http://evil.example"})
+            assert cross_site.status_code == 403
+            assert http.post(url, json=_INIT, headers=_MCP_HEADERS).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+def test_http_off_the_loopback_needs_a_token(tmp_path: Path) -> None:
+    import httpx2
+
+    config = tmp_path / "tokens.toml"
+    config.write_text('[server.tokens]\n"tok-remote-0123456789" = "remote"\n')
+    proc = subprocess.Popen(
+        [PROCPILOT, "mcp", "--http", "--host", "0.0.0.0", "--port", "0", "--config", str(config)],  # noqa: S104
+        env=server_env(tmp_path),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        port = None
+        for _ in range(200):
+            found = re.search(r"http://0\.0\.0\.0:(\d+)/mcp", proc.stderr.readline())
+            if found:
+                port = found.group(1)
+                break
+        assert port, "server did not print its URL"
+        url = f"http://127.0.0.1:{port}/mcp"
+        with httpx2.Client(timeout=30) as http:
+            assert http.post(url, json=_INIT, headers=_MCP_HEADERS).status_code == 401
+            wrong = {**_MCP_HEADERS, "Authorization": "Bearer nope"}
+            assert http.post(url, json=_INIT, headers=wrong).status_code == 401
+            right = {**_MCP_HEADERS, "Authorization": "Bearer tok-remote-0123456789"}
+            assert http.post(url, json=_INIT, headers=right).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert proc.stderr is not None
+        proc.stderr.close()

@@ -75,17 +75,30 @@ def mcp(
     except ProcpilotError as exc:
         _err.print(f"[red]{exc.code}[/red]: {exc.message}")
         raise typer.Exit(2) from None
+    if http:
+        from procpilot.transports.serve import check_binding
+
+        # The same rule as `serve`: off the loopback, exec without a bearer token is a remote shell.
+        settings = settings.model_copy(update={"server": settings.server.model_copy(update={"host": host})})
+        try:
+            check_binding(settings.server)
+        except ProcpilotError as exc:
+            _fail(exc, 2)
 
     async def main() -> None:
         from procpilot.transports.mcp import build_mcp_server
         from procpilot.transports.serve import build_tools, make_supervisor
 
         async with make_supervisor(settings) as sup:
-            server = build_mcp_server(build_tools(sup, settings)[0], scope=agent)
             if not http:
+                server = build_mcp_server(build_tools(sup, settings)[0], scope=agent)
                 await _serve_until_signal(sup, server.run_stdio_async)
                 return
             import uvicorn
+
+            from procpilot.transports.http import guarded_mcp_app, request_agent
+
+            server = build_mcp_server(build_tools(sup, settings)[0], scope=request_agent)
 
             # Listening before the URL is printed: a client that reads it can connect at once.
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -94,10 +107,11 @@ def mcp(
             listener.bind((host, port))
             listener.listen(2048)
             bound = listener.getsockname()[1]
-            starlette_app = server.streamable_http_app(host=host)
-            config_ = uvicorn.Config(starlette_app, log_level="warning")
+            guarded = guarded_mcp_app(server, settings, open_agent=agent)
+            config_ = uvicorn.Config(guarded, log_level="warning")
             url = f"http://{host}:{bound}/mcp"
-            _err.print(f"procpilot MCP server on [bold]{url}[/bold] (agent scope: {agent})")
+            scope_note = "agent scope: by bearer token" if settings.server.tokens else f"agent scope: {agent}"
+            _err.print(f"procpilot MCP server on [bold]{url}[/bold] ({scope_note})")
             _err.print(f"Connect a client, e.g.: claude mcp add --transport http procpilot {url}")
             _err.print(f"state: {settings.state_dir}   workspace: {settings.workspace_root}")
             server_ = _quiet_uvicorn()(config_)

@@ -78,6 +78,8 @@ __all__ = [
     "current_agent",
     "daemon_of",
     "error_class",
+    "guarded_mcp_app",
+    "request_agent",
     "status_for_error",
 ]
 
@@ -252,6 +254,27 @@ def _agent() -> str:
     if agent is None:  # only reachable if a route is served without the middleware
         raise RuntimeError("no authenticated agent for this request")
     return agent
+
+
+def request_agent() -> str:
+    """The agent of the request being served (set by the auth middleware)."""
+    return _agent()
+
+
+def guarded_mcp_app(server: Any, settings: Settings, *, open_agent: str) -> ASGIApp:
+    """``procpilot mcp --http``: the SDK's streamable HTTP app behind the daemon's own checks.
+
+    Bearer tokens (when configured) decide the agent, and on a loopback binding ``Host`` and
+    ``Origin`` must be loopback names: the same rules as ``procpilot serve``, because this app
+    runs commands just the same.
+    """
+    loopback = settings.server.loopback_only
+    inner = server.streamable_http_app(
+        host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104 - only the security default is chosen here
+        transport_security=_transport_security(loopback),
+    )
+    auth = TokenAuth(settings.server.tokens, open_agent)
+    return AuthMiddleware(inner, auth, loopback_only=loopback)
 
 
 # -- events ------------------------------------------------------------------------------------
