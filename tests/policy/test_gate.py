@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,7 @@ def tool(tools: list[ToolSpec], name: str) -> ToolSpec:
 
 
 async def test_tiers_block_notify_and_audit(tmp_path: Path, workspace: Path) -> None:
-    settings = policy_settings(
-        tmp_path, workspace, '[policy.agents.locked]\ntiers = { exec = "blocked" }\n'
-    )
+    settings = policy_settings(tmp_path, workspace, '[policy.agents.locked]\ntiers = { exec = "blocked" }\n')
     async with Supervisor(settings) as sup:
         gate = Gate(settings)
         events: list[AuditEvent] = []
@@ -99,3 +98,56 @@ async def test_stdin_writes_are_checked_when_the_policy_says_so(tmp_path: Path, 
         fine = await tool(tools, "process").call({"action": "write", "sessionId": sid, "data": "echo ok\n"}, "a1")
         assert not fine.is_error
         await tool(tools, "process").call({"action": "remove", "sessionId": sid}, "a1")
+
+
+async def test_a_pending_request_is_plain_data(tmp_path: Path, workspace: Path) -> None:
+    settings = policy_settings(
+        tmp_path,
+        workspace,
+        '[policy]\napproval_timeout_sec = 5\n[policy.default]\ntiers = { exec = "approval_required" }\n',
+    )
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        exec_tool = tool(gate.wrap(exec_process_tools(sup)), "exec")
+        call = asyncio.ensure_future(exec_tool.call({"command": "echo hi", "env": {"A": "1"}}, "a1"))
+        while not gate.pending("a1"):
+            await asyncio.sleep(0.005)
+        request = gate.pending("a1")[0]
+        public = request.public()
+        assert json.loads(json.dumps(public)) == public
+        assert "_decision" not in public
+        assert public["id"] == request.id and public["status"] == "awaiting_approval"
+        assert public["arguments"] == {"command": "echo hi", "env": {"A": "1"}}
+        gate.decide(request.id, False, approver="ops")
+        assert (await call).data["error"] == "ApprovalDenied"
+        assert request.public()["status"] == "denied" and request.public()["decided_by"] == "ops"
+
+
+async def test_send_keys_are_checked_whatever_their_encoding(tmp_path: Path, workspace: Path) -> None:
+    settings = policy_settings(
+        tmp_path, workspace, '[policy.default]\nallow = ["sh", "echo", "ls", "cat"]\ncheck_stdin = true\n'
+    )
+    mark = workspace / "typed"
+    typed = f"touch {mark}"
+    async with Supervisor(settings) as sup:
+        tools = Gate(settings).wrap(exec_process_tools(sup))
+        process = tool(tools, "process")
+        started = await tool(tools, "exec").call({"command": "sh", "background": True, "pty": True}, "a1")
+        sid = started.data["sessionId"]
+        tricks: list[dict[str, Any]] = [
+            {"hex": [format(b, "02x") for b in (typed + "\r").encode()]},
+            {"keys": [*typed, "Enter"]},
+            {"keys": ["t", "o"], "literal": "uch " + str(mark) + "\r"},
+            {"literal": typed + "\r"},
+            {"hex": ["ff", "0d"]},  # not UTF-8: what a shell would make of it is unknown
+        ]
+        for args in tricks:
+            refused = await process.call({"action": "send-keys", "sessionId": sid, **args}, "a1")
+            assert refused.is_error and refused.data["error"] in ("CommandDenied", "UnanalyzableCommand"), args
+        fine = await process.call({"action": "send-keys", "sessionId": sid, "keys": [*"echo ok", "Enter"]}, "a1")
+        assert not fine.is_error, fine.text
+        interrupt = await process.call({"action": "send-keys", "sessionId": sid, "keys": ["C-c"]}, "a1")
+        assert not interrupt.is_error, interrupt.text
+        await asyncio.sleep(0.3)
+        assert not mark.exists()
+        await process.call({"action": "remove", "sessionId": sid}, "a1")

@@ -23,12 +23,15 @@ from typing import Any, ClassVar, Literal
 
 from procpilot.config import Settings
 from procpilot.engine.events import EventBus
-from procpilot.errors import ProcpilotError, SessionNotFound
+from procpilot.engine.keys import encode_hex, encode_keys, encode_literal
+from procpilot.errors import InvalidArgument, ProcpilotError, SessionNotFound
 from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec
 
 __all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
-_STDIN_ACTIONS = {"write": ("data",), "submit": ("text",), "paste": ("text",), "send-keys": ("literal",)}
+_STDIN_ACTIONS = {"write": ("data",), "submit": ("text",), "paste": ("text",)}
+# Interrupt, quit, suspend, end of input: alone, they make no command a shell would run.
+_SIGNAL_KEYS = frozenset("\x03\x1c\x1a\x04")
 
 
 class PermissionDenied(ProcpilotError):
@@ -71,8 +74,10 @@ class ApprovalRequest:
     _decision: asyncio.Future[bool] | None = None
 
     def public(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data.pop("_decision", None)
+        """The request as plain data (for an API or CLI), without the future the call waits on."""
+        # Not dataclasses.asdict: it deep-copies every field, and a Future cannot be copied.
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_decision"}
+        data["arguments"] = dict(self.arguments)
         return data
 
 
@@ -181,6 +186,9 @@ class Gate:
             return
         fields = _STDIN_ACTIONS.get(str(arguments.get("action")), ())
         texts = [str(arguments[f]) for f in fields if arguments.get(f)]
+        if arguments.get("action") == "send-keys":
+            texts.append(_send_keys_text(arguments))
+        texts = [t for t in texts if t and not set(t) <= _SIGNAL_KEYS]
         if not texts:
             return
         from procpilot.policy.commands import CommandPolicy
@@ -188,3 +196,25 @@ class Gate:
         checker = CommandPolicy(allow=policy.allow, deny=policy.deny)
         for text in texts:
             checker.check_input(text)
+
+
+def _send_keys_text(arguments: Mapping[str, Any]) -> str:
+    """What send-keys will type, built as the process face builds it (keys, then hex, then literal):
+    key names and hex bytes can spell a command as well as literal text can."""
+
+    def strings(name: str) -> list[str]:
+        value = arguments.get(name)
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise InvalidArgument(f"send-keys: {name} must be a list of strings", field=name)
+
+    payload = encode_keys(strings("keys")) + encode_hex(strings("hex"))
+    literal = arguments.get("literal")
+    if literal is not None:
+        payload += encode_literal(str(literal))
+    # Bytes that are not UTF-8 come out as lone surrogates: not printable, so refused as control characters.
+    return payload.decode("utf-8", errors="surrogateescape")
