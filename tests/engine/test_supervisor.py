@@ -420,3 +420,11 @@ async def test_lanes_are_per_scope(supervisor: Supervisor) -> None:
     await supervisor.kill(A, mine.id, wait=None)
     assert (await supervisor.wait(A, queued.id, timeout=10)).reason == "exited"
     assert supervisor.lane_usage(A) == {}  # idle lanes are not kept
+
+
+async def test_remove_of_a_running_session_terminates_before_it_kills(supervisor: Supervisor) -> None:
+    script = "trap 'echo cleaning up; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+    s = await supervisor.spawn(SpawnSpec(script), scope=A)
+    await supervisor.wait(A, s.id, timeout=10, pattern=re.compile("ready"))
+    await supervisor.remove(A, s.id)
+    assert s.signal_sent == "SIGTERM" and s.exit_code == 0  # it had its chance to clean up

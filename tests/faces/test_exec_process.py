@@ -478,3 +478,19 @@ async def test_a_repeated_pattern_wait_waits_for_new_output(tools: Tools) -> Non
     assert (await wait(timeout=200)).data["reason"] == "timeout"  # nothing new since
     assert (await wait(timeout=200, offset=0)).data["match"] == "READY 1"  # an explicit offset rescans
     await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+async def test_poll_with_limit_zero_shows_nothing_and_per_session_state_is_pruned(
+    tools: Tools, supervisor: Supervisor
+) -> None:
+    started = await tools["exec"].call({"command": "echo hello; sleep 30", "background": True}, "a")
+    sid = started.data["sessionId"]
+    await tools["process"].call({"action": "wait", "sessionId": sid, "pattern": "hello", "timeout": 10_000}, "a")
+    zero = await tools["process"].call({"action": "poll", "sessionId": sid, "limit": 0}, "a")
+    assert zero.data["output"] == "" and zero.data["cutChars"] == len("hello\n")
+    assert "hello" not in zero.text
+    await tools["process"].call({"action": "poll", "sessionId": sid}, "a")  # empty: counted for backoff
+    face = tools["process"].handler.__self__  # type: ignore[attr-defined]
+    assert sid in face._empty_polls
+    await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+    assert sid not in face._empty_polls and sid not in face._wait_cursors

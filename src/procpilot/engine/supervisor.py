@@ -478,10 +478,11 @@ class Supervisor:
         self._forget(session)
 
     async def remove(self, scope: str, session_id: str) -> Session:
-        """Kill if running (waiting for the tree to end), then clear."""
+        """Kill if running (SIGTERM, SIGKILL after the grace period, waiting for the tree to end),
+        then clear. A program gets its chance to clean up, as with kill."""
         session = self.get(scope, session_id)
         if not session.finished:
-            await self.kill(scope, session_id, signal.SIGKILL, wait=None)
+            await self.kill(scope, session_id, signal.SIGTERM, wait=None)
         self._forget(session)
         return session
 

@@ -314,7 +314,17 @@ class ExecProcessFace:
         session = self.sup.get(scope, params.sessionId)
         handler = getattr(self, "_" + params.action.replace("-", "_"))
         result: ToolResult = await handler(session, params, scope)
+        self._prune()
         return result
+
+    def _prune(self) -> None:
+        """Forget per-session state of sessions that are gone (removed, cleared, expired)."""
+        if len(self._empty_polls) + len(self._wait_cursors) == 0:
+            return
+        live = {s.id for s in self.sup.all_sessions()}
+        for table in (self._empty_polls, self._wait_cursors):
+            for session_id in [k for k in table if k not in live]:
+                del table[session_id]
 
     def _list(self, scope: str) -> ToolResult:
         rows = []
