@@ -494,3 +494,28 @@ async def test_poll_with_limit_zero_shows_nothing_and_per_session_state_is_prune
     assert sid in face._empty_polls
     await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
     assert sid not in face._empty_polls and sid not in face._wait_cursors
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        ({"workdir": "/etc"}, "PathOutOfScope"),
+        ({"workdir": "../../.."}, "PathOutOfScope"),
+        ({"workdir": "out"}, "PathOutOfScope"),  # a symlink leading out of the workspace
+        ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "ProtectedVariable"),
+        ({"env": {"PATH": "/tmp"}}, "ProtectedVariable"),
+    ],
+)
+async def test_exec_keeps_to_the_workspace_and_protected_variables(
+    tools: Tools, supervisor: Supervisor, args: dict[str, Any], code: str
+) -> None:
+    (supervisor.settings.workspace_root / "out").symlink_to("/etc")
+    result = await tools["exec"].call({"command": "pwd", **args}, "a")
+    assert result.is_error and result.data["error"] == code, result.text
+
+
+async def test_exec_resolves_a_relative_workdir_against_the_workspace(tools: Tools, supervisor: Supervisor) -> None:
+    root = supervisor.settings.workspace_root.resolve()
+    (root / "sub").mkdir()
+    result = await tools["exec"].call({"command": "pwd", "workdir": "sub"}, "a")
+    assert result.data["output"] == f"{root / 'sub'}\n"

@@ -8,7 +8,6 @@ an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages 
 
 from __future__ import annotations
 
-import os
 import re
 import signal as signal_module
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, NotSupported
+from procpilot.faces.capabilities import checked_environment, resolve_working_directory
 from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
 
@@ -236,13 +236,15 @@ class ExecProcessFace:
                 "elevated runs are not available: no sandbox policy allows running outside it",
                 hints={"drop_option": "Call again without elevated."},
             )
-        root = self.sup.settings.workspace_root
-        cwd = root / os.path.expanduser(params.workdir) if params.workdir else root
+        # The same fences as process.run: a workdir outside the workspace (.., absolute, a
+        # symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
+        cwd = resolve_working_directory(self.sup.settings, params.workdir)
+        env = checked_environment(self.sup.settings, params.env)
         timeout = self.cfg.timeout_sec if params.timeout is None else params.timeout
         spec = SpawnSpec(
             command=params.command,
             cwd=cwd,
-            env=params.env or {},
+            env=env,
             timeout=timeout or None,
             pty=params.pty,
             pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
