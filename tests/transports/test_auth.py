@@ -44,7 +44,8 @@ def test_missing_or_wrong_token_is_a_bare_401_everywhere(served: Served, authori
         for method, path, body in ENDPOINTS:
             r = c.request(method, path, json=body, headers=headers)
             assert r.status_code == 401, (method, path, r.status_code)
-            assert r.json() == {"error": "Unauthorized"}  # nothing about tools, agents or sessions
+            # A fixed body: nothing about tools, agents or sessions, the same for every failure.
+            assert r.json() == {"error": "Unauthorized", "message": "Unauthorized."}
             assert r.headers["www-authenticate"] == "Bearer"
 
 

@@ -282,6 +282,50 @@ def test_openapi_matches_behaviour(served: Served) -> None:
         cleanup(c)
 
 
+def test_refusals_match_the_openapi_document(served: Served) -> None:
+    """The auth middleware's 401 and 403 bodies validate against the served Error schema, and every
+    route's document lists the statuses it really answers."""
+    with served.http() as c:
+        doc = c.get("/openapi.json").json()
+    error = _validator(doc, "#/components/schemas/Error")
+    probes = [
+        ("GET", "/v1/tools", "get"),
+        ("GET", "/v1/events", "get"),
+        ("GET", "/openapi.json", "get"),
+        ("POST", "/v1/tools/exec", "post"),
+        ("POST", "/mcp", "post"),
+        ("GET", "/mcp", "get"),
+        ("DELETE", "/mcp", "delete"),
+    ]
+    with httpx2.Client(base_url=served.url, timeout=30) as anon, served.http() as c:
+        for method, path, op in probes:
+            responses = doc["paths"][path][op]["responses"]
+            for client, headers, status in [
+                (anon, {}, 401),
+                (c, {"Host": "evil.example"}, 403),
+                (c, {"Origin": "http://evil.example"}, 403),
+            ]:
+                r = client.request(method, path, headers=headers)
+                assert r.status_code == status, (method, path, r.status_code)
+                assert str(status) in responses, (method, path, status)
+                error.validate(r.json())
+                assert responses[str(status)]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
+        assert "403" in doc["paths"]["/v1/proc"]["get"]["responses"]
+        # The MCP endpoint's own refusals are JSON-RPC errors, listed with their status.
+        rpc = _validator(doc, "#/components/schemas/JsonRpcError")
+        mcp_headers = {"content-type": "application/json"}
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        for method, headers, status in [
+            ("POST", {**mcp_headers, "accept": "text/html"}, 406),
+            ("POST", {**mcp_headers, "accept": "application/json, text/event-stream", "mcp-session-id": "x"}, 404),
+            ("GET", {"accept": "text/event-stream"}, 400),
+        ]:
+            r = c.request(method, "/mcp", headers=headers, json=init if method == "POST" else None)
+            assert r.status_code == status, (method, headers, r.text)
+            assert str(status) in doc["paths"]["/mcp"][method.lower()]["responses"]
+            rpc.validate(r.json())
+
+
 # -- server-sent events ------------------------------------------------------------------------
 
 

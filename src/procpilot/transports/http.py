@@ -15,7 +15,7 @@ daemon through DNS rebinding or a cross-site form post.
 
 REST error statuses (the JSON body is the error's ``{"error", "message", "hints", ...}``):
 
-    401 Unauthorized          no token, or a wrong one (the body reveals nothing more)
+    401 Unauthorized          no token, or a wrong one (a fixed body that reveals nothing more)
     403 *Denied               PermissionDenied, ApprovalDenied, ElevationDenied, ...
     404 SessionNotFound       (also another agent's session), UnknownTool
     409 SessionStateError     ProcessAlreadyExited, SessionStillRunning, StdinClosed
@@ -198,6 +198,12 @@ def _loopback_origin(origin: str | None) -> bool:
     return False
 
 
+# Fixed texts: they satisfy the Error schema (which requires a message) and say nothing about why
+# (no "token expired", "unknown agent", "bad host"), so a prober learns nothing from them.
+_UNAUTHORIZED = b'{"error":"Unauthorized","message":"Unauthorized."}'
+_FORBIDDEN = b'{"error":"Forbidden","message":"Forbidden."}'
+
+
 class AuthMiddleware:
     """Pure ASGI: resolves the bearer token to an agent, refuses everything else with a bare 401."""
 
@@ -213,11 +219,11 @@ class AuthMiddleware:
         if self.loopback_only and (
             not _loopback_host(_header(scope, b"host")) or not _loopback_origin(_header(scope, b"origin"))
         ):
-            await self._refuse(scope, receive, send, 403, b'{"error":"Forbidden"}')
+            await self._refuse(scope, receive, send, 403, _FORBIDDEN)
             return
         agent = self.auth.agent_for(_header(scope, b"authorization"))
         if agent is None:
-            await self._refuse(scope, receive, send, 401, b'{"error":"Unauthorized"}')
+            await self._refuse(scope, receive, send, 401, _UNAUTHORIZED)
             return
         from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
         from mcp.server.auth.provider import AccessToken
@@ -364,6 +370,19 @@ _ERROR_SCHEMA: dict[str, Any] = {
     },
     "additionalProperties": True,
 }
+_JSONRPC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["jsonrpc", "error"],
+    "properties": {
+        "jsonrpc": {"const": "2.0"},
+        "id": {},
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "integer"}, "message": {"type": "string"}, "data": {}},
+        },
+    },
+}
 _SUCCESS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["text", "data"],
@@ -372,6 +391,7 @@ _SUCCESS_SCHEMA: dict[str, Any] = {
         "data": {"type": "object", "description": "The structured result (MCP structuredContent)."},
     },
 }
+_HOST_REFUSED = "A non-loopback Host or Origin header on a loopback daemon (DNS rebinding, cross-site requests)."
 _STATUS_TEXT = {
     401: "No bearer token, or a wrong one (the body says nothing more).",
     403: "Refused by the agent's policy (PermissionDenied, ApprovalDenied, *Denied), or a non-loopback Host/Origin.",
@@ -419,6 +439,11 @@ def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, An
                 "responses": responses,
             }
         }
+    # What the auth middleware answers before any route runs: every path can answer these.
+    guarded = {
+        "401": {"description": _STATUS_TEXT[401], **error_ref},
+        "403": {"description": _HOST_REFUSED, **error_ref},
+    }
     paths["/v1/tools"] = {
         "get": {
             "operationId": "list_tools",
@@ -428,7 +453,17 @@ def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, An
                     "description": "Tools",
                     "content": {"application/json": {"schema": {"type": "object", "required": ["tools"]}}},
                 },
-                "401": {"description": _STATUS_TEXT[401], **error_ref},
+                **guarded,
+            },
+        }
+    }
+    paths["/openapi.json"] = {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This document.",
+            "responses": {
+                "200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}},
+                **guarded,
             },
         }
     }
@@ -447,7 +482,7 @@ def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, An
                     "description": "An event stream",
                     "content": {"text/event-stream": {"schema": {"type": "string"}}},
                 },
-                "401": {"description": _STATUS_TEXT[401], **error_ref},
+                **guarded,
             },
         }
     }
@@ -460,15 +495,47 @@ def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, An
                 "or {id, error}; proc/read/event notifications pushed live, in order. A slow reader gets a "
                 "proc/lagged notice naming the byte range it missed (page it with proc/read)."
             ),
-            "responses": {"101": {"description": "Switching protocols"}, "401": {"description": _STATUS_TEXT[401]}},
+            "responses": {
+                "101": {"description": "Switching protocols"},
+                "404": {"description": "Not a WebSocket upgrade request."},
+                **guarded,
+            },
         }
     }
+    rpc_error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcError"}}}}
+    schemas["JsonRpcError"] = _JSONRPC_ERROR_SCHEMA
+    mcp_common = {
+        "400": {"description": "No or unknown-format Mcp-Session-Id, or a body that is not JSON-RPC.", **rpc_error},
+        "404": {"description": "The Mcp-Session-Id names no session (or another token's).", **rpc_error},
+        **guarded,
+    }
+    event_stream = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+    mcp_summary = "MCP over streamable HTTP (the same tools; resources proc://{sessionId})."
     paths["/mcp"] = {
         "post": {
-            "operationId": "mcp",
-            "summary": "MCP over streamable HTTP (the same tools; resources proc://{sessionId}).",
-            "responses": {"200": {"description": "JSON-RPC over HTTP/SSE"}, "401": {"description": _STATUS_TEXT[401]}},
-        }
+            "operationId": "mcp_post",
+            "summary": mcp_summary,
+            "responses": {
+                "200": {"description": "JSON-RPC responses, as JSON or an SSE stream"},
+                "202": {"description": "A notification or response was accepted"},
+                "406": {"description": "Accept must name application/json and text/event-stream.", **rpc_error},
+                **mcp_common,
+            },
+        },
+        "get": {
+            "operationId": "mcp_get",
+            "summary": "The session's standalone SSE stream (server notifications).",
+            "responses": {
+                "200": {"description": "An event stream", **event_stream},
+                "406": {"description": "Accept must name text/event-stream.", **rpc_error},
+                **mcp_common,
+            },
+        },
+        "delete": {
+            "operationId": "mcp_delete",
+            "summary": "End the MCP session.",
+            "responses": {"200": {"description": "The session ended"}, **mcp_common},
+        },
     }
     return {
         "openapi": "3.1.0",
