@@ -40,6 +40,7 @@ from procpilot.errors import ProcpilotError
 __all__ = [
     "AsyncClient",
     "Client",
+    "DaemonConnectionLost",
     "DaemonNotRunning",
     "Proc",
     "ProcExit",
@@ -65,6 +66,13 @@ class DaemonNotRunning(ProcpilotError):
     default_hints: ClassVar[dict[str, str]] = {
         "start_daemon": "Start it with `procpilot serve` (or `make run` in a procpilot checkout).",
         "other_address": "Point at another daemon with --url or PROCPILOT_URL (http://HOST:PORT or unix:///PATH).",
+    }
+
+
+class DaemonConnectionLost(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "check_daemon": "The daemon stopped answering mid-request: see if it still runs (`procpilot ps`).",
+        "sessions": "A restarted daemon does not re-adopt running sessions; they ended with the old one.",
     }
 
 
@@ -201,6 +209,15 @@ def _not_running(url: str, exc: Exception) -> DaemonNotRunning:
     return DaemonNotRunning(f"no procpilot daemon answers at {url} ({type(exc).__name__}: {exc})", url=url)
 
 
+def _transport_error(url: str, exc: httpx2.TransportError) -> ProcpilotError:
+    """Not connecting at all is a daemon that is not running; anything later is a lost connection
+    (the daemon died, was restarted, or the network dropped), which the caller should hear as such."""
+    if isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout)):
+        return _not_running(url, exc)
+    reason = str(exc) or type(exc).__name__
+    return DaemonConnectionLost(f"lost the connection to the daemon at {url} ({type(exc).__name__}: {reason})", url=url)
+
+
 def _tool_name(attribute: str) -> str:
     """``process_spawn`` -> ``process.spawn`` (tool names with dots are attributes with underscores)."""
     head, _, rest = attribute.partition("_")
@@ -231,8 +248,8 @@ class Client:
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
         try:
             return self._http.request(method, path, **kwargs)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-            raise _not_running(self.url, exc) from None
+        except httpx2.TransportError as exc:
+            raise _transport_error(self.url, exc) from None
 
     def call(self, tool: str, /, **arguments: Any) -> ToolReply:
         """Run any tool by name; ``None`` arguments are left out (the tool's default applies)."""
@@ -265,8 +282,8 @@ class Client:
                     if event.event in ("exit", "audit", "dropped", "ready"):
                         data = json.loads(event.data)
                         yield {"type": event.event, **data} if event.event in ("dropped", "ready") else data
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-            raise _not_running(self.url, exc) from None
+        except httpx2.TransportError as exc:
+            raise _transport_error(self.url, exc) from None
 
     def __getattr__(self, name: str) -> Callable[..., ToolReply]:
         if name.startswith("_"):
@@ -300,8 +317,8 @@ class AsyncClient:
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
         try:
             return await self._http.request(method, path, **kwargs)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-            raise _not_running(self.url, exc) from None
+        except httpx2.TransportError as exc:
+            raise _transport_error(self.url, exc) from None
 
     async def call(self, tool: str, /, **arguments: Any) -> ToolReply:
         args = {k: v for k, v in arguments.items() if v is not None}
@@ -330,8 +347,8 @@ class AsyncClient:
                     if event.event in ("exit", "audit", "dropped", "ready"):
                         data = json.loads(event.data)
                         yield {"type": event.event, **data} if event.event in ("dropped", "ready") else data
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-            raise _not_running(self.url, exc) from None
+        except httpx2.TransportError as exc:
+            raise _transport_error(self.url, exc) from None
 
     def procs(self) -> ProcsClient:
         """The streaming client over the WebSocket: ``async with client.procs() as procs: ...``."""

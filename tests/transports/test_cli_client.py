@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -232,3 +233,58 @@ def test_sync_events(served: Served) -> None:
         assert event["sessionId"] == bg["sessionId"]
         events.close()
         c.process("remove", bg["sessionId"])
+
+
+def _has_socket(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{pid}/fd"))
+    return False
+
+
+def test_daemon_dying_mid_request_is_a_clean_error(tmp_path: Path) -> None:
+    import threading
+
+    from procpilot.client import DaemonConnectionLost
+    from tests.conftest import marked_processes
+
+    daemon = start_daemon(tmp_path / "dying")
+    try:
+        sid = cli(daemon, "run", "-d", "sleep 60").stdout.strip()
+        waiting = subprocess.Popen(
+            [PROCPILOT, "wait", sid],
+            env={"PATH": os.environ["PATH"], "PROCPILOT_URL": daemon.url, "PROCPILOT_TOKEN": TOKEN_A, "COLUMNS": "200"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        caught: list[BaseException] = []
+
+        def client_wait() -> None:
+            with Client(daemon.url, TOKEN_A) as c:
+                try:
+                    c.process("wait", sid, timeout=60_000)
+                except BaseException as exc:  # the test inspects whatever it was
+                    caught.append(exc)
+
+        thread = threading.Thread(target=client_wait)
+        thread.start()
+        # Both waits must be in flight when the daemon dies (a late one is DaemonNotRunning instead).
+        deadline = time.monotonic() + 30
+        while not _has_socket(waiting.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        daemon.proc.kill()
+        daemon.proc.wait()
+        _out, err = waiting.communicate(timeout=30)
+        thread.join(30)
+        assert waiting.returncode not in (0, None), (waiting.returncode, err)
+        assert "DaemonConnectionLost" in err and "Traceback" not in err, err
+        assert "procpilot ps" in err  # and what to do next
+        assert len(caught) == 1 and isinstance(caught[0], DaemonConnectionLost), caught
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+        for pid in marked_processes():  # the SIGKILLed daemon could not end its sessions
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
