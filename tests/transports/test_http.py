@@ -459,6 +459,28 @@ async def test_mcp_legacy_clients_hear_of_exits_without_polling(served: Served) 
         await _call(client, "process", action="remove", sessionId=bg["sessionId"])
 
 
+async def test_mcp_legacy_clients_hear_of_backgrounded_process_run_exits(served: Served) -> None:
+    heard: list[str] = []
+    got = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        uri = getattr(getattr(message, "params", None), "uri", None)
+        if uri is not None:
+            heard.append(str(uri))
+            got.set()
+
+    async with served.mcp(mode="legacy", message_handler=on_message) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        if "process.run" not in names:
+            pytest.skip("this build has no process.* face")
+        bg = await _call(client, "process.run", command="sleep", args=["0.5"], background=True)
+        assert bg["state"] == "running"
+        with anyio.fail_after(15):
+            await got.wait()
+        assert heard == [f"proc://{bg['process_id']}"]
+        await _call(client, "process", action="remove", sessionId=bg["process_id"])
+
+
 # -- start-up and shutdown ---------------------------------------------------------------------
 
 

@@ -1057,17 +1057,20 @@ class _McpFace:
                     with contextlib.suppress(BaseException):
                         await task
             result = task.result()
-            self._follow(ctx, scope, result.data if not result.is_error else {})
+            self._follow(ctx, scope, spec.name, result.data if not result.is_error else {})
             return result
 
         return dataclasses.replace(spec, handler=handler)
 
-    def _follow(self, ctx: Any, agent: str, data: Mapping[str, Any]) -> None:
+    def _follow(self, ctx: Any, agent: str, tool: str, data: Mapping[str, Any]) -> None:
         """A legacy client that just saw a session backgrounded hears of its end unasked."""
         from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-        session_id = data.get("sessionId")
-        if not isinstance(session_id, str) or data.get("status") not in ("running", "queued"):
+        if tool == "process.run":  # spec 000's vocabulary: process_id, and state instead of status
+            session_id, running = data.get("process_id"), data.get("state") == "running"
+        else:
+            session_id, running = data.get("sessionId"), data.get("status") in ("running", "queued")
+        if not isinstance(session_id, str) or not running:
             return
         if getattr(ctx, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS:
             return
