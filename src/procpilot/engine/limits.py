@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from procpilot.engine.trees import hold_instance, kill_cgroup_v1, reap_stale_instances, release_instance
+
 __all__ = ["LimitBackend", "LimitReport", "Limits", "probe_limits"]
 
 _CPU_PERIOD_US = 100_000
@@ -91,6 +93,7 @@ class CgroupV1Limits:
 
     def __init__(self, roots: dict[str, Path]) -> None:
         self.roots = roots  # controller -> our directory in that hierarchy
+        self._holds = [hold_instance(root) for root in roots.values()]
 
     def _dir(self, controller: str, session_id: str) -> Path:
         return self.roots[controller] / session_id
@@ -141,6 +144,9 @@ class CgroupV1Limits:
                     if child.is_dir():
                         _rmdir(child)
                 _rmdir(root)
+        for hold in self._holds:
+            release_instance(hold)
+        self._holds = []
 
 
 class CgroupV2Limits:
@@ -149,6 +155,7 @@ class CgroupV2Limits:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._hold = hold_instance(root)
 
     def prepare(self, session_id: str, limits: Limits) -> list[str]:
         d = self.root / session_id
@@ -188,6 +195,8 @@ class CgroupV2Limits:
                 if child.is_dir():
                     self.release(child.name)
             _rmdir(self.root)
+        release_instance(self._hold)
+        self._hold = None
 
 
 class WatchdogLimits:
@@ -251,6 +260,9 @@ def _try_v1(name: str) -> CgroupV1Limits | None:
     own = _own_v1_cgroups()
     if set(own) != {"memory", "cpu", "pids"}:
         return None
+    for parent in own.values():
+        # What crashed supervisors left beside ours: their sessions may still run, unlimited now.
+        reap_stale_instances(parent, kill_cgroup_v1)
     roots = {c: p / name for c, p in own.items()}
     try:
         for root in roots.values():

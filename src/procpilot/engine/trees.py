@@ -18,16 +18,31 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import platform
+import re
 import secrets
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["MARKER_ENV", "CgroupTrees", "ScanTrees", "TreeBackend", "instance_name", "probe_trees", "reap_orphans"]
+__all__ = [
+    "MARKER_ENV",
+    "CgroupTrees",
+    "ScanTrees",
+    "TreeBackend",
+    "hold_instance",
+    "instance_name",
+    "kill_cgroup_v1",
+    "kill_cgroup_v2",
+    "probe_trees",
+    "reap_orphans",
+    "reap_stale_instances",
+    "release_instance",
+]
 
 MARKER_ENV = "PROCPILOT_SESSION"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -86,12 +101,15 @@ def _marker_of(pid: int) -> str | None:
     """The session marker in a process's environment: "" if it has none (or we may not read it),
     None if the process is exiting.
 
-    A process in the middle of exiting has already dropped its memory: its environment reads as
-    empty, which says nothing about whose it was, but it may still hold its files (a port).
+    A process in the middle of exiting has already dropped its memory: its environment cannot be
+    opened (ESRCH) or reads as empty (older kernels), which says nothing about whose it was, but
+    it may still hold its files (a port).
     """
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = f.read()
+    except ProcessLookupError:
+        return None if os.path.exists(f"/proc/{pid}") else ""
     except OSError:
         return ""
     if not env:
@@ -186,6 +204,7 @@ class CgroupTrees:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.subreaper = _set_subreaper()
+        self._hold = hold_instance(root)
 
     def _dir(self, session_id: str) -> Path:
         return self.root / session_id
@@ -239,6 +258,8 @@ class CgroupTrees:
                 self.release(child.name)
         with contextlib.suppress(OSError):
             self.root.rmdir()
+        release_instance(self._hold)
+        self._hold = None
 
 
 def own_unified_cgroup() -> Path | None:
@@ -272,11 +293,136 @@ def instance_name() -> str:
     return f"procpilot-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+_INSTANCE = re.compile(r"procpilot-([0-9]+)-[0-9a-f]+")
+# A directory younger than this may belong to a supervisor between its mkdir and its lock.
+_STALE_AFTER_S = 1.0
+
+
+def hold_instance(path: Path) -> int | None:
+    """Mark ``path``, one of this supervisor's cgroup directories, as in use: a shared lock that the
+    kernel drops when we exit, however we exit. Release it with :func:`release_instance`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release_instance(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_instances(parent: Path, kill: Callable[[Path], None]) -> list[Path]:
+    """End what crashed supervisors left in ``parent``: each ``procpilot-<pid>-<hex>`` directory whose
+    supervisor is gone has ``kill`` applied to it (it must leave it without processes) and is then
+    removed with everything below it. Returns the directories removed.
+
+    The pid in the name only counts in the pid namespace that supervisor lived in; parallel
+    supervisors in other namespaces share these hierarchies. So a directory is stale only if its
+    lock (:func:`hold_instance`) is free too: the kernel frees it when its holder dies.
+    """
+    removed: list[Path] = []
+    try:
+        entries = sorted(parent.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _INSTANCE.fullmatch(path.name)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < _STALE_AFTER_S:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: its supervisor lives
+            kill(path)
+            if _remove_tree(path):
+                removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _remove_tree(path: Path) -> bool:
+    """rmdir ``path`` and the cgroups below it, deepest first; False if one would not go."""
+    with contextlib.suppress(OSError):
+        for child in path.iterdir():
+            if child.is_dir() and not _remove_tree(child):
+                return False
+    for _ in range(250):
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.004)  # the kernel lags a moment behind the last exit in the group
+    return False
+
+
+def kill_cgroup_v2(path: Path) -> None:
+    """End every process in the v2 cgroup ``path`` and below (``cgroup.kill``), and wait for them."""
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    for _ in range(500):
+        try:
+            events = dict(line.split() for line in (path / "cgroup.events").read_text().splitlines())
+        except (OSError, ValueError):
+            return
+        if events.get("populated") == "0":
+            return
+        time.sleep(0.004)
+
+
+def kill_cgroup_v1(path: Path) -> None:
+    """SIGKILL every process in the v1 cgroup ``path`` and below, until none is left (a fork racing
+    the first round joins the cgroup too, and is caught by the next)."""
+    for _ in range(500):
+        pids: set[int] = set()
+        for procs in [path / "cgroup.procs", *path.rglob("*/cgroup.procs")]:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in procs.read_text().split())
+        pids.discard(0)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.004)
+
+
 def probe_trees(prefer: str = "auto", name: str | None = None) -> TreeBackend:
-    """The best tree mechanism this host offers: cgroup v2 grouping if writable, else /proc scans."""
+    """The best tree mechanism this host offers: cgroup v2 grouping if writable, else /proc scans.
+
+    Before taking its own directory, it ends what crashed supervisors left beside it.
+    """
     if prefer in ("auto", "cgroup2"):
         base = own_unified_cgroup()
         if base is not None:
+            reap_stale_instances(base, kill_cgroup_v2)
             root = base / (name or instance_name())
             try:
                 root.mkdir(exist_ok=True)
