@@ -107,6 +107,22 @@ async def test_poll_is_incremental_and_never_destroys_output(connect: Connect) -
         await call(client, "process", action="remove", sessionId=sid)
 
 
+async def test_results_name_the_log_file_past_10_kb(connect: Connect) -> None:
+    async with connect() as client:
+        _, small, _ = await call(client, "exec", command="echo small")
+        assert "logPath" not in small
+        text, big, _ = await call(client, "exec", command="head -c 20000 /dev/zero | tr '\\0' x")
+        assert big["outputCutChars"] == 0 and big["logPath"] in text  # all shown, and where it lives
+        with open(big["logPath"], "rb") as f:
+            assert f.read() == b"x" * 20000  # an agent's file tools read the same bytes
+        _, data, _ = await call(client, "exec", command="head -c 20000 /dev/zero | tr '\\0' y; sleep 30", yieldMs=10)
+        sid = data["sessionId"]
+        await call(client, "process", action="wait", sessionId=sid, pattern="y{20000}", timeout=10_000)
+        text, polled, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert polled["cutChars"] > 0 and polled["logPath"] in text
+        await call(client, "process", action="remove", sessionId=sid)
+
+
 async def test_log_paging_rules(connect: Connect) -> None:
     async with connect() as client:
         _, data, _ = await call(client, "exec", command="seq 1 300")

@@ -47,6 +47,8 @@ _WAIT_DEFAULT_MS = 30_000
 _WRITE_DEFAULT_MS = 5_000
 _LOG_DEFAULT_LINES = 200
 _TAIL_CHARS = 400
+# Spec 002: past this much output, results name the file that holds it, for the agent's file tools.
+_OFFLOAD_BYTES = 10 * 1024
 # Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
 _TAIL_WINDOW_FACTOR = 8
 _RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
@@ -273,6 +275,9 @@ class ExecProcessFace:
                     f"\n[{cut} earlier characters not shown; full output: process log sessionId={session.id}"
                     f" or the file {self._where(session)}]"
                 )
+            elif view.size > _OFFLOAD_BYTES:
+                header += f"\n[{view.size} bytes of output, also in the file {self._where(session)}]"
+            if cut or view.size > _OFFLOAD_BYTES:
                 data["logPath"] = self._where(session)
             return ToolResult(f"{shown}\n{header}" if shown else header, data)
         tail = self.sup.tail_text(session, _TAIL_CHARS)
@@ -359,8 +364,11 @@ class ExecProcessFace:
             self._empty_polls[session.id] = n + 1
             data["retryInMs"] = _RETRY_STEPS_MS[min(n, len(_RETRY_STEPS_MS) - 1)]
         parts = []
+        if view.size > _OFFLOAD_BYTES:
+            data["logPath"] = self._where(session)
         if cut:
-            parts.append(f"[{cut} earlier characters of this poll not shown; they are in process log]")
+            where = f" or the file {data['logPath']}" if "logPath" in data else ""
+            parts.append(f"[{cut} earlier characters of this poll not shown; they are in process log{where}]")
         if shown:
             parts.append(shown)
         if session.finished:
