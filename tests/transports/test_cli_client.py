@@ -44,7 +44,8 @@ def cli(
 def test_run_streams_output_and_exits_with_the_code(served: Served) -> None:
     result = cli(served, "run", "echo one; sleep 0.3; echo two >&2; exit 7")
     assert result.returncode == 7
-    assert result.stdout == "one\ntwo\n"
+    assert result.stdout == "one\n"
+    assert result.stderr == "two\n"  # the session's stderr is ours
     result = cli(served, "run", "printf", "%s\\n", "a b", "c")  # words are quoted, not re-split
     assert (result.returncode, result.stdout) == (0, "a b\nc\n")
 
@@ -74,6 +75,36 @@ def test_run_interrupted_kills_the_session(served: Served) -> None:
     with Client(served.url, TOKEN_A) as c:
         rows = c.process("list")["sessions"]
         assert all(r["status"] != "running" for r in rows)
+        for row in rows:
+            c.process("remove", row["sessionId"])
+
+
+def test_run_forwards_piped_stdin(served: Served) -> None:
+    result = cli(served, "run", "cat", input="hi\n")
+    assert (result.returncode, result.stdout) == (0, "hi\n"), result.stderr
+    result = cli(served, "run", "wc -l", input="".join(f"line {i}\n" for i in range(5000)))
+    assert (result.returncode, result.stdout.strip()) == (0, "5000"), result.stderr
+    result = cli(served, "run", "cat", stdin=subprocess.DEVNULL)  # EOF at once: cat ends
+    assert (result.returncode, result.stdout) == (0, "")
+    with Client(served.url, TOKEN_A) as c:
+        for row in c.process("list")["sessions"]:
+            c.process("remove", row["sessionId"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_run_terminated_kills_the_session(served: Served, sig: int) -> None:
+    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    proc = subprocess.Popen(
+        [PROCPILOT, "run", "echo up; sleep 60"], env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "up\n"
+    proc.send_signal(sig)
+    assert proc.wait(30) == 128 + sig  # the session got the same signal, and its code is ours
+    proc.stdout.close()
+    with Client(served.url, TOKEN_A) as c:
+        rows = c.process("list")["sessions"]
+        assert rows and all(r["status"] != "running" for r in rows)
         for row in rows:
             c.process("remove", row["sessionId"])
 

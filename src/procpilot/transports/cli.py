@@ -21,7 +21,7 @@ from procpilot.config import load_settings
 from procpilot.errors import ProcpilotError
 
 if TYPE_CHECKING:
-    from procpilot.client import Client
+    from procpilot.client import Client, ToolReply
     from procpilot.engine.supervisor import Supervisor
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process supervisor for AI agents.")
@@ -271,28 +271,104 @@ def run(
             print(session_id)
             _err.print(f"started in the background; follow it with: procpilot logs -f {session_id}")
             return
+        _forward_stdin(client.url, token, session_id)
         data = started.data
-        try:
-            while data.get("status") in _RUNNING:
+        with _signals_raise(_FORWARDED_SIGNALS):
+            try:
+                while data.get("status") in _RUNNING:
+                    data = _stream_poll(client, session_id)
+            except (KeyboardInterrupt, _Signalled) as exc:
+                # What would have ended a local command ends the remote one the same way.
+                sig = exc.signum if isinstance(exc, _Signalled) else signal.SIGINT
+                client.process("kill", session_id, signal=signal.Signals(sig).name)
                 data = _stream_poll(client, session_id)
-        except KeyboardInterrupt:
-            client.process("kill", session_id, signal="SIGINT")
-            data = _stream_poll(client, session_id)
-            while data.get("status") in _RUNNING:
-                data = _stream_poll(client, session_id)
+                while data.get("status") in _RUNNING:
+                    data = _stream_poll(client, session_id)
     raise typer.Exit(_exit_code(data))
 
 
+_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Signalled(BaseException):  # like KeyboardInterrupt: no `except Exception` may swallow it
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Turn ``signals`` into ``_Signalled`` once, as Python does SIGINT into KeyboardInterrupt;
+    a second one of them has its default effect (the user insists)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_DFL)
+        raise _Signalled(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _forward_stdin(url: str, token: str | None, session_id: str) -> None:
+    """Piped or redirected stdin goes to the session's stdin, then EOF (``echo hi | procpilot run cat``).
+
+    A terminal is left alone: there a line-by-line echo would fight the shell's own, and a
+    session that wants interactive input is better served by ``procpilot write``.
+    """
+    import codecs
+    import os
+    import threading
+
+    if sys.stdin is None or sys.stdin.isatty():
+        return
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):
+        return
+
+    def pump() -> None:
+        from procpilot.client import Client
+
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        # Its own connection: the main thread's is busy in a long poll. The session ending first
+        # (StdinClosed, ProcessAlreadyExited) just ends the pumping.
+        with contextlib.suppress(ProcpilotError, OSError), Client(url, token) as writer:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                text = decoder.decode(chunk, final=not chunk)
+                if text or not chunk:
+                    writer.process("write", session_id, data=text or None, eof=True if not chunk else None)
+                if not chunk:
+                    return
+
+    # A daemon thread: a stdin that never closes must not keep us alive once the session ended.
+    threading.Thread(target=pump, name="procpilot-stdin", daemon=True).start()
+
+
 def _stream_poll(client: Client, session_id: str) -> dict[str, object]:
-    reply = client.process("poll", session_id, timeout=30_000, limit=200_000)
+    """Print what arrived, stdout to our stdout and stderr to our stderr; the stdout poll waits
+    (up to 30 s) for output on either stream, or the exit."""
+    reply = _poll_one(client, session_id, "stdout", 30_000)
+    _poll_one(client, session_id, "stderr", None)  # after stdout's, so a finished session's is complete
+    return reply.data
+
+
+def _poll_one(client: Client, session_id: str, stream: str, timeout: int | None) -> ToolReply:
+    reply = client.process("poll", session_id, stream=stream, timeout=timeout, limit=200_000)
     if reply.get("cutChars"):
-        note = escape(f"[{reply['cutChars']} characters not shown: procpilot logs {session_id}]")
+        note = escape(f"[{reply['cutChars']} characters of {stream} not shown: procpilot logs {session_id}]")
         _err.print(f"[dim]{note}[/dim]")
     output = reply.get("output") or ""
     if output:
-        sys.stdout.write(output)
-        sys.stdout.flush()
-    return reply.data
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        out.write(output)
+        out.flush()
+    return reply
 
 
 @app.command()
