@@ -15,6 +15,7 @@
     │   ├── PathOutOfScope                the working directory is outside the workspace
     │   ├── ProtectedVariable             an env override of a protected variable
     │   └── SpawnFailed                   any other OS refusal (permissions, limits)
+    ├── ResourceLimitExceeded             the process was killed for passing its memory limit
     ├── KillFailed                        the OS refused to deliver a signal
     ├── NotSupported                      the feature is not available (yet) here
     ├── InternalError                     a bug in procpilot: the call failed, the server lives on
@@ -42,6 +43,7 @@ __all__ = [
     "ProcessAlreadyExited",
     "ProcpilotError",
     "ProtectedVariable",
+    "ResourceLimitExceeded",
     "SessionNotFound",
     "SessionStateError",
     "SessionStillRunning",
@@ -153,6 +155,15 @@ class SpawnFailed(SpawnError):
     default_hints: ClassVar[dict[str, str]] = {
         "check_permissions": "Verify the command is executable and the sandbox has required permissions.",
         "retry": "Retry the operation.",
+    }
+
+
+class ResourceLimitExceeded(ProcpilotError):
+    """The process was killed because it passed a limit; details say which (``limit``) and the peak."""
+
+    default_hints: ClassVar[dict[str, str]] = {
+        "increase_limits": "Retry with higher cpu_limit or memory_limit if within agent allocation.",
+        "optimize": "Modify the command or script to use fewer resources.",
     }
 
 

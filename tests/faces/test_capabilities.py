@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -720,3 +721,34 @@ async def wait_for_output(tools: Tools, process_id: str, text: str, timeout: flo
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{text!r} never appeared")
+
+
+MEMORY_HOG = (
+    "import sys, time\nprint('before the hog', flush=True)\nchunks = []\n"
+    "while True:\n    chunks.append(bytearray(8 << 20))\n    time.sleep(0.005)\n"
+)
+
+
+@pytest.mark.parametrize("shell_survives", [False, True], ids=["hog", "hog-then-echo"])
+async def test_a_memory_kill_is_resource_limit_exceeded_with_the_peak(
+    supervisor: Supervisor, tools: Tools, shell_survives: bool
+) -> None:
+    if "memory" not in supervisor.capabilities()["limits"]["enforced"]:
+        pytest.skip("no memory limit mechanism here")
+    limit = 96 << 20
+    command = f"python3 -c {shlex.quote(MEMORY_HOG)}" + ("; echo done" if shell_survives else "")
+    err = await tools.error("process.run", command=command, memory_limit=limit, timeout=60)
+    assert err["error"] == "ResourceLimitExceeded", err
+    assert err["limit"] == "memory" and err["limit_bytes"] == limit
+    assert err["memory_peak_bytes"] is not None and err["memory_peak_bytes"] >= limit // 2
+    assert {"increase_limits", "optimize"} <= set(err["hints"])
+    process_id = err["process_id"]
+    # The partial output is still there, and monitor says the same.
+    logs = await tools("process.logs", process_id=process_id)
+    assert "before the hog" in logs["stdout"]
+    if shell_survives:
+        assert "done" in logs["stdout"]  # the shell outlived its child: still a limit kill
+    again = await tools.error("process.monitor", process_id=process_id)
+    assert again["error"] == "ResourceLimitExceeded" and again["process_id"] == process_id
+    listed = await tools("process.list")
+    assert [p["state"] for p in listed["processes"] if p["process_id"] == process_id] == ["killed"]

@@ -348,7 +348,7 @@ class Session:
         oom = self.limit_report is not None and self.limit_report.oom_killed
         if self._requested_end is not None:
             end = self._requested_end
-        elif oom and self.exit_code != 0:
+        elif oom:  # even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`)
             end = SessionState.LIMIT_EXCEEDED
         elif self.exit_code == 0:
             end = SessionState.EXITED_OK

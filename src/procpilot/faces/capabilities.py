@@ -11,7 +11,8 @@ State vocabulary (spec 000), from the engine's :class:`SessionState`:
     FAILED_TO_START             -> "completed"    (listing only; process.run raises SpawnFailed)
     KILLED                      -> "killed"       (exit_code null)
     TIMED_OUT                   -> "timed_out"    (exit_code null; partial output kept)
-    LIMIT_EXCEEDED              -> "killed"       (until ResourceLimitExceeded lands with the limits issue)
+    LIMIT_EXCEEDED              -> "killed"       (listing only; process.run and process.monitor raise
+                                                    ResourceLimitExceeded: which limit, the peak)
 
 Errors carry the spec's names and recovery hints: the engine's ``SessionNotFound`` becomes
 :class:`ProcessNotFound` at this boundary, and the hints of the other spec errors are the spec's.
@@ -52,6 +53,7 @@ from procpilot.errors import (
     ProcessAlreadyExited,
     ProcpilotError,
     ProtectedVariable,
+    ResourceLimitExceeded,
     SessionNotFound,
     SpawnFailed,
 )
@@ -442,6 +444,7 @@ class ProcessCapabilities:
                     raise
             if session.state is SessionState.FAILED_TO_START:
                 raise SpawnFailed(f"could not start {session.command!r}: {session.error}", process_id=session.id)
+            _raise_if_limit_exceeded(session)
             return RunOutput(
                 exit_code=spec_exit_code(session),
                 stdout_summary=self._summary(session, Stream.STDOUT, params.stdout_lines),
@@ -458,6 +461,7 @@ class ProcessCapabilities:
     async def monitor(self, params: MonitorInput, scope: str) -> MonitorOutput:
         with _spec_errors():
             session = self._get(scope, params.process_id)
+            _raise_if_limit_exceeded(session)
             return MonitorOutput(
                 process_id=session.id,
                 command=session.command,
@@ -727,6 +731,26 @@ LOGS_DESCRIPTION = (
 
 def _meta(tier: PermissionTier) -> dict[str, Any]:
     return {"procpilot/permission": tier.value}
+
+
+def _raise_if_limit_exceeded(session: Session) -> None:
+    """Spec 000: a process killed for passing its memory limit is a ResourceLimitExceeded error, not
+    a plain "killed" (only memory kills: a CPU limit throttles)."""
+    if session.state is not SessionState.LIMIT_EXCEEDED:
+        return
+    limits = session.spec.limits
+    limit_bytes = limits.memory_bytes if limits is not None else None
+    peak = session.limit_report.memory_peak_bytes if session.limit_report is not None else None
+    raise ResourceLimitExceeded(
+        f"process {session.id} was killed for exceeding its memory limit"
+        + (f" of {limit_bytes} bytes" if limit_bytes is not None else "")
+        + (f" (peak {peak} bytes)" if peak is not None else ""),
+        hints={"read_output": f"process.logs with process_id={session.id} has its output up to the kill."},
+        process_id=session.id,
+        limit="memory",
+        limit_bytes=limit_bytes,
+        memory_peak_bytes=peak,
+    )
 
 
 def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[ToolSpec]:
