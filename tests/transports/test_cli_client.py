@@ -319,3 +319,39 @@ def test_daemon_dying_mid_request_is_a_clean_error(tmp_path: Path) -> None:
         for pid in marked_processes():  # the SIGKILLed daemon could not end its sessions
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_serve_banner_says_how_to_connect(served: Served, tmp_path: Path) -> None:
+    banner = served.log_text()
+    assert f"claude mcp add --transport http procpilot {served.url}/mcp" in banner
+    assert f"export PROCPILOT_URL={served.url}" in banner
+    assert f"export PROCPILOT_STATE_DIR={served.root / 'state'}" in banner  # not the default state dir
+    assert not any(token in banner for token in (TOKEN_A, TOKEN_B))
+
+    # The default state dir needs no export: the CLI looks there anyway.
+    proc = subprocess.Popen(
+        [PROCPILOT, "serve", "--port", "0"],
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        while not any("CLI:" in line for line in lines):
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        text = "".join(lines)
+        url = re.search(r"daemon on (http://127\.0\.0\.1:\d+)", text)
+        assert url, text
+        assert f"claude mcp add --transport http procpilot {url.group(1)}/mcp" in text
+        assert f"export PROCPILOT_URL={url.group(1)}" in text
+        assert "PROCPILOT_STATE_DIR" not in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert proc.stderr is not None
+        proc.stderr.close()

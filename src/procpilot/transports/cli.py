@@ -22,7 +22,9 @@ from procpilot.errors import ProcpilotError
 
 if TYPE_CHECKING:
     from procpilot.client import Client, ToolReply
+    from procpilot.config import Settings
     from procpilot.engine.supervisor import Supervisor
+    from procpilot.transports.serve import DaemonAddress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process supervisor for AI agents.")
 _err = Console(stderr=True)
@@ -161,7 +163,6 @@ def serve(
     agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
-    from procpilot.transports.serve import DaemonAddress
     from procpilot.transports.serve import serve as run_daemon
 
     overrides: dict[str, Any] = {}
@@ -196,11 +197,38 @@ def serve(
             else f"  auth: none configured: every caller is agent {agent!r} (loopback only)"
         )
         say(f"  state: {settings.state_dir}   workspace: {settings.workspace_root}")
+        for line in _how_to_connect(address, settings):
+            say(line)
 
     try:
         asyncio.run(run_daemon(settings, open_agent=agent, tcp=tcp, announce=announce))
     except ProcpilotError as exc:
         _fail(exc, 2)
+
+
+def _how_to_connect(address: DaemonAddress, settings: Settings) -> list[str]:
+    """Copy-paste lines for an MCP client and for the CLI in another shell (never a token)."""
+    import os
+    import shlex
+
+    from procpilot.config import load_settings as defaults
+
+    tokens = bool(settings.server.tokens)
+    lines = ["Connect:"]
+    if address.url:
+        header = ' --header "Authorization: Bearer $PROCPILOT_TOKEN"' if tokens else ""
+        lines.append(f"  MCP client:  claude mcp add --transport http procpilot {address.url}/mcp{header}")
+    exports = [f"export PROCPILOT_URL={shlex.quote(address.client_url)}"]
+    if tokens:
+        exports.append("export PROCPILOT_TOKEN=<your agent's token>")
+    # The CLI also finds a daemon through its daemon.json, but only in the state dir it looks in.
+    env = {k: v for k, v in os.environ.items() if k != "PROCPILOT_STATE_DIR"}
+    with contextlib.suppress(ProcpilotError):
+        if settings.state_dir != defaults(env=env).state_dir:
+            exports.append(f"export PROCPILOT_STATE_DIR={shlex.quote(str(settings.state_dir))}")
+    lines.append("  CLI:         " + exports[0])
+    lines += [" " * 15 + line for line in exports[1:]]
+    return lines
 
 
 def _fail(exc: ProcpilotError, code: int = 1) -> NoReturn:
