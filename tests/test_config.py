@@ -484,3 +484,55 @@ def test_describe_feeds_back_as_toml_keys(tmp_path: Path) -> None:
     s = load_settings(write(tmp_path, "\n".join(lines) + "\n"), env={})
     assert s.exec.timeout_sec == 42
     assert s.exec.pty_rows == 50
+
+
+# -- [proc] ----------------------------------------------------------------------------------------
+
+
+def test_proc_defaults_are_spec_003s() -> None:
+    from procpilot.faces.proc_protocol import ProcConfig
+
+    proc = load_settings(env={}).proc
+    spec = ProcConfig()
+    assert proc.allowed_commands is None and spec.allowed_commands is None
+    assert proc.timeout == spec.timeout
+    assert (proc.max_output_bytes, proc.max_procs) == (spec.max_output_bytes, spec.max_procs)
+
+
+def test_proc_section(tmp_path: Path) -> None:
+    cfg = write(tmp_path, '[proc]\nallowed_commands = ["make", "pytest"]\ntimeout = 3600\nmax_procs = 4\n')
+    proc = load_settings(cfg, env={}).proc
+    assert proc.allowed_commands == ("make", "pytest")
+    assert (proc.timeout, proc.max_procs, proc.max_output_bytes) == (3600.0, 4, 1024 * 1024)
+    assert load_settings(cfg, env={}).describe()["proc"]["max_procs"] == 4
+    assert load_settings(write(tmp_path, "[proc]\ntimeout = 0\n", "a.toml"), env={}).proc.timeout == 0  # no limit
+    clamped = load_settings(write(tmp_path, "[proc]\nmax_procs = 0\nmax_output_bytes = -5\n", "b.toml"), env={}).proc
+    assert (clamped.max_procs, clamped.max_output_bytes) == (1, 0)
+    assert load_settings(write(tmp_path, "[proc]\nmax_procs = 99999999\n", "c.toml"), env={}).proc.max_procs == 10_000
+    assert load_settings(env={}, proc={"timeout": 5}).proc.timeout == 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[proc]\ntimeout = -1\n", "proc.timeout: must be at least 0"),
+        ('[proc]\ntimeout = "30"\n', "proc.timeout: expected a number, got '30'"),
+        ("[proc]\nmax_procs = 1.5\n", "proc.max_procs: expected an integer, got 1.5"),
+        ('[proc]\nallowed_commands = "make"\n', "proc.allowed_commands: expected a list, got 'make'"),
+        ("proc = 5\n", "proc: expected a table, got 5"),
+    ],
+)
+def test_bad_proc_value_is_a_config_error(tmp_path: Path, text: str, message: str) -> None:
+    cfg = write(tmp_path, text)
+    err = load_error(cfg, env={})
+    assert err.message.startswith(message), err.message
+    assert err.message.endswith(f"(in {cfg})")
+
+
+def test_unknown_proc_key_is_a_config_error(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "[proc]\nmax_proc = 3\n")
+    err = load_error(cfg, env={})
+    assert err.message.startswith("proc.max_proc: unknown key (did you mean 'max_procs'?)")
+    assert err.details["key"] == "proc.max_proc"
+    err = load_error(env={}, proc={"network_disabled": True})
+    assert "proc.network_disabled: unknown key" in err.message

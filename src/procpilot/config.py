@@ -25,6 +25,7 @@ __all__ = [
     "ExecSettings",
     "LaneSettings",
     "PolicySettings",
+    "ProcSettings",
     "ProcessToolSettings",
     "ServerSettings",
     "Settings",
@@ -102,6 +103,18 @@ class ServerSettings(BaseModel):
         return self.host in ("127.0.0.1", "::1", "localhost") or self.host.startswith("127.")
 
 
+class ProcSettings(BaseModel):
+    """``[proc]``: the proc/* protocol (spec 003) over the daemon's WebSocket, one handler per connection."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allowed_commands: tuple[str, ...] | None = None  # None: any (the agent's policy still applies)
+    # Seconds a process may run unless its spawn request says otherwise; 0 = no limit (TOML has no null).
+    timeout: Annotated[float, Field(strict=True, ge=0)] = 30.0
+    max_output_bytes: Annotated[_Int, _clamp(0, 1 << 30)] = _MIB  # pushed per process; the rest stays on disk
+    max_procs: Annotated[_Int, _clamp(1, 10_000)] = 10  # running processes per connection
+
+
 Tier = Literal["autonomous", "notify", "approval_required", "blocked"]
 
 
@@ -165,6 +178,7 @@ class Settings(BaseModel):
     lanes: LaneSettings = LaneSettings()
     server: ServerSettings = ServerSettings()
     policy: PolicySettings = PolicySettings()
+    proc: ProcSettings = ProcSettings()
     base_env_passthrough: tuple[str, ...] = (
         "PATH",
         "HOME",
@@ -215,6 +229,7 @@ class Settings(BaseModel):
                 "tokens": f"{len(self.server.tokens)} configured",  # never print a secret
             },
             "policy": self.policy.model_dump(mode="json"),
+            "proc": self.proc.model_dump(mode="json"),
         }
 
 
@@ -246,7 +261,7 @@ _ENV_PATHS: tuple[tuple[str, str], ...] = (
     ("PROCPILOT_STATE_DIR", "state_dir"),
     ("PROCPILOT_WORKSPACE", "workspace_root"),
 )
-_TOP_KEYS = ("state_dir", "workspace_root", "tools", "lanes", "base_env", "env", "server", "policy")
+_TOP_KEYS = ("state_dir", "workspace_root", "tools", "lanes", "base_env", "env", "server", "policy", "proc")
 
 Loc = tuple[int | str, ...]
 
@@ -409,6 +424,12 @@ def _from_toml(path: Path) -> dict[str, Any]:
             out["server"] = server  # other keys and values: the model, with errors named by key
         elif key == "policy":
             out["policy"] = table(value, "policy")
+        elif key == "proc":
+            proc = table(value, "proc")
+            for name in proc:
+                if name not in ProcSettings.model_fields:
+                    raise unknown(f"proc.{name}", name, ProcSettings.model_fields)
+            out["proc"] = proc
         else:
             raise unknown(key, key, _TOP_KEYS)
     return out

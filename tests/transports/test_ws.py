@@ -269,3 +269,22 @@ async def test_spec_003_procs_api_over_the_websocket(served: Served) -> None:
             await asyncio.sleep(0.05)
         assert "".join(seen) == "a\nb\n"
         procs.close()
+
+
+async def test_proc_section_configures_the_websocket_handler(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """[proc] reaches each connection's handler: here a 1 s default timeout, one process at a time,
+    and an allowlist (spec 003's defaults would give 30 s, 10 processes, any command)."""
+    extra = '[proc]\ntimeout = 1\nmax_procs = 1\nallowed_commands = ["sleep", "cat"]\n'
+    daemon = await asyncio.to_thread(start_daemon, tmp_path_factory.mktemp("wsproc"), extra=extra)
+    try:
+        async with await open_ws(daemon) as ws:
+            first = await request(ws, {"type": "proc/spawn/req", "id": "1", "cmd": ["sleep", "20"]})
+            assert first["state"] == "RUNNING", first
+            second = await request(ws, {"type": "proc/spawn/req", "id": "2", "cmd": ["cat"]})
+            assert second["error"]["code"] == "proc_limit", second
+            end = await asyncio.wait_for(until_exit(ws, first["proc_id"], []), 20)
+            assert end["state"] == "TIMEDOUT"  # the configured 1 s, not 30 s (the wait is 30 s at most)
+            refused = await request(ws, {"type": "proc/spawn/req", "id": "3", "cmd": ["echo", "x"]})
+            assert refused.get("error"), refused
+    finally:
+        assert await asyncio.to_thread(daemon.stop) == 0, daemon.log_text()

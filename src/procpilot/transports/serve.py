@@ -109,11 +109,25 @@ def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSp
     return list(gate.wrap(all_tools(supervisor, audit=False))), gate.audit
 
 
-def proc_handler_factory() -> Callable[[Supervisor, str], Any]:
-    """One proc/* handler per WebSocket connection, for the connection's agent (spec 003 defaults)."""
-    from procpilot.faces.proc_protocol import ProcHandler
+def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervisor, str], Any]:
+    """One proc/* handler per WebSocket connection, for the connection's agent, configured by
+    ``[proc]`` (spec 003's defaults without settings)."""
+    from procpilot.faces.proc_protocol import ProcConfig, ProcHandler
 
-    return ProcHandler
+    if settings is None:
+        return ProcHandler
+    proc = settings.proc
+    config = ProcConfig(
+        allowed_commands=list(proc.allowed_commands) if proc.allowed_commands is not None else None,
+        timeout=proc.timeout or None,  # 0 in TOML: no limit
+        max_output_bytes=proc.max_output_bytes,
+        max_procs=proc.max_procs,
+    )
+
+    def handler(supervisor: Supervisor, agent: str) -> Any:
+        return ProcHandler(supervisor, agent, config)
+
+    return handler
 
 
 def _bind(server: ServerSettings, tcp: bool) -> tuple[list[socket.socket], DaemonAddress]:
@@ -210,7 +224,7 @@ async def serve(
             tools, audit = build_tools(sup, settings)
             logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
             app = create_app(
-                sup, tools, settings, audit=audit, open_agent=open_agent, proc_handler=proc_handler_factory()
+                sup, tools, settings, audit=audit, open_agent=open_agent, proc_handler=proc_handler_factory(settings)
             )
             daemon = daemon_of(app)
             grace = settings.exec.kill_grace_sec
