@@ -271,6 +271,10 @@ class Client:
     def openapi(self) -> dict[str, Any]:
         return _body(self._request("GET", "/openapi.json"))
 
+    def capabilities(self) -> dict[str, Any]:
+        """Which mechanisms the daemon's host offers (tree kill, limits, isolation, pidfd)."""
+        return _body(self._request("GET", "/v1/capabilities"))
+
     def events(self) -> Iterator[dict[str, Any]]:
         """Exit and audit events of this agent, as they happen (``{"type": "exit", ...}``)."""
         try:
@@ -336,6 +340,9 @@ class AsyncClient:
 
     async def openapi(self) -> dict[str, Any]:
         return _body(await self._request("GET", "/openapi.json"))
+
+    async def capabilities(self) -> dict[str, Any]:
+        return _body(await self._request("GET", "/v1/capabilities"))
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         try:

@@ -22,6 +22,7 @@ ENDPOINTS = [
     ("POST", "/v1/tools/process", {"action": "list"}),
     ("POST", "/v1/tools/nope", {}),
     ("GET", "/openapi.json", None),
+    ("GET", "/v1/capabilities", None),
     ("GET", "/v1/events", None),
     ("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
     ("GET", "/v1/nothing-here", None),

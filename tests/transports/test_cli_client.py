@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -355,3 +356,40 @@ def test_serve_banner_says_how_to_connect(served: Served, tmp_path: Path) -> Non
         assert proc.wait(30) == 0
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+def test_capabilities_endpoint_and_doctor(served: Served) -> None:
+    with Client(served.url, TOKEN_A) as c:
+        caps = c.capabilities()
+    assert {"tree_kill", "limits", "isolation", "pidfd"} <= set(caps)
+    assert set(caps["limits"]) == {"mechanism", "enforced", "not_enforced"}
+    with Client(served.url, "wrong") as c, pytest.raises(Unauthorized):
+        c.capabilities()
+
+    doctor = cli(served, "doctor")
+    assert doctor.returncode == 0, doctor.stderr
+    assert "Traceback" not in doctor.stderr
+    assert "tree kill" in doctor.stdout and caps["tree_kill"] in doctor.stdout
+    assert caps["limits"]["mechanism"] in doctor.stdout
+    assert f"daemon reachable at {served.url}" in doctor.stdout
+    as_json = json.loads(cli(served, "doctor", "--json").stdout)
+    assert as_json["daemon"]["reachable"] and as_json["daemon"]["capabilities"] == caps
+    assert as_json["host"]["limits"]["mechanism"] == caps["limits"]["mechanism"]  # the same host
+
+    refused = cli(served, "doctor", token="wrong")  # noqa: S106
+    assert refused.returncode == 0 and "Unauthorized" in refused.stdout
+
+
+def test_doctor_without_a_daemon(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "COLUMNS": "200"}
+    env["PROCPILOT_URL"] = f"http://127.0.0.1:{port}"
+    result = subprocess.run([PROCPILOT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "limits: mechanism" in result.stdout
+    assert "no daemon running" in result.stdout and "procpilot serve" in result.stdout
+    assert "Traceback" not in result.stderr

@@ -9,7 +9,7 @@ import json
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -559,6 +559,80 @@ def tools(
     for row in rows:
         table.add_row(row["name"], row.get("tier", ""), escape(str(row.get("description", "")).split(". ")[0]))
     _out.print(table)
+
+@app.command()
+def doctor(
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """What this host offers (tree kill, resource limits, isolation) and whether a daemon answers."""
+    from procpilot.client import Client
+
+    local = asyncio.run(_probe_capabilities())
+    daemon: dict[str, Any] = {}
+    client = Client(url, token)
+    try:
+        daemon = {"url": client.url, "reachable": True, "capabilities": client.capabilities()}
+    except ProcpilotError as exc:
+        # A daemon that refuses our token still answered: say so, it is not "not running".
+        daemon = {"url": client.url, "reachable": exc.code != "DaemonNotRunning", "error": exc.code}
+        daemon["message"] = exc.message
+    finally:
+        client.close()
+    if json_:
+        print(json.dumps({"host": local, "daemon": daemon}, indent=2))
+        return
+    _out.print(_capabilities_table("This host (probed here)", local))
+    if "capabilities" in daemon:
+        _out.print(f"[green]daemon reachable[/green] at {escape(daemon['url'])}")
+        _out.print(_capabilities_table("The daemon's host", daemon["capabilities"]))
+    elif daemon["reachable"]:
+        _out.print(f"[yellow]daemon at {escape(daemon['url'])} answered: {daemon['error']}[/yellow]")
+        _out.print(f"  {escape(daemon['message'])}")
+    else:
+        _out.print(f"[yellow]no daemon running[/yellow] at {escape(daemon['url'])}: start one with procpilot serve")
+
+
+async def _probe_capabilities() -> dict[str, Any]:
+    """A supervisor started on a throw-away state dir and closed: what it found is what serve would."""
+    import tempfile
+
+    from procpilot.engine.supervisor import Supervisor
+
+    with tempfile.TemporaryDirectory(prefix="procpilot-doctor-") as tmp:
+        try:
+            settings = load_settings(None, state_dir=tmp, workspace_root=tmp)
+        except ProcpilotError:  # a bad environment variable is not what doctor is asked about
+            settings = load_settings(None, {}, state_dir=tmp, workspace_root=tmp)
+        async with Supervisor(settings) as sup:
+            return sup.capabilities()
+
+
+def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
+    from rich.table import Table
+
+    def show(value: Any) -> str:
+        if isinstance(value, bool):
+            return "[green]yes[/green]" if value else "[red]no[/red]"
+        if isinstance(value, list | tuple):
+            return escape(", ".join(map(str, value))) if value else "[dim]none[/dim]"
+        return "[red]unavailable[/red]" if value in (None, "") else escape(str(value))
+
+    table = Table("MECHANISM", "", title=title, title_justify="left", box=None)
+    names = {"tree_kill": "tree kill", "pidfd": "pidfd (exit without polling)", "subreaper": "child subreaper"}
+    for key, value in caps.items():
+        if isinstance(value, Mapping):
+            for sub, item in value.items():
+                label = f"{key.replace('_', ' ')}: {sub.replace('_', ' ')}"
+                shown = show(item)
+                if key == "limits" and sub == "not_enforced" and item:
+                    shown = f"[red]{shown}[/red]"
+                table.add_row(label, shown)
+        else:
+            table.add_row(names.get(key, key.replace("_", " ")), show(value))
+    return table
+
 
 def main() -> None:
     try:

@@ -3,6 +3,7 @@
     POST /v1/tools/{name}   every tool of every face; same inputs, results and typed errors as MCP
     GET  /v1/tools          the tools with their input schemas
     GET  /openapi.json      an OpenAPI 3.1 document built from the tools' input models
+    GET  /v1/capabilities   which mechanisms this host gives the supervisor (limits, tree kill, isolation)
     GET  /v1/events         server-sent events: exits and audit events of the caller's scope
     WS   /v1/proc           the proc/* protocol (spec 003), output pushed live
     /mcp                    MCP over streamable HTTP (both protocol eras)
@@ -457,6 +458,21 @@ def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, An
             },
         }
     }
+    paths["/v1/capabilities"] = {
+        "get": {
+            "operationId": "capabilities",
+            "summary": "Which mechanism serves tree kill, resource limits and isolation on this host.",
+            "responses": {
+                "200": {
+                    "description": "tree_kill, subreaper, limits {mechanism, enforced, not_enforced}, isolation, pidfd",
+                    "content": {
+                        "application/json": {"schema": {"type": "object", "required": ["tree_kill", "limits"]}}
+                    },
+                },
+                **guarded,
+            },
+        }
+    }
     paths["/openapi.json"] = {
         "get": {
             "operationId": "openapi",
@@ -681,6 +697,10 @@ class Daemon:
             code = str(result.data.get("error", "ProcpilotError"))
             return _json({**result.data, "text": result.text}, status_for_error(code))
         return _json({"text": result.text, "data": result.data})
+
+    async def capabilities(self, request: Request) -> Response:
+        _agent()
+        return _json(self.sup.capabilities())
 
     async def openapi(self, request: Request) -> Response:
         _agent()
@@ -1200,6 +1220,7 @@ def create_app(
         Route("/v1/tools/{name:path}", daemon.call_tool, methods=["POST"]),
         Route("/v1/events", daemon.events, methods=["GET"]),
         Route("/openapi.json", daemon.openapi, methods=["GET"]),
+        Route("/v1/capabilities", daemon.capabilities, methods=["GET"]),
         WebSocketRoute("/v1/proc", daemon.proc_socket),
         Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
     ]
