@@ -10,8 +10,10 @@ from typing import Any
 from procpilot.config import load_settings
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import exec_process_tools
+from procpilot.faces.proc_protocol import ProcHandler
 from procpilot.faces.tooling import ToolSpec
 from procpilot.policy.gate import AuditEvent, Gate
+from procpilot.transports.serve import make_supervisor
 
 
 def policy_settings(tmp_path: Path, workspace: Path, toml: str) -> Any:
@@ -88,7 +90,7 @@ async def test_stdin_writes_are_checked_when_the_policy_says_so(tmp_path: Path, 
     settings = policy_settings(
         tmp_path, workspace, '[policy.default]\nallow = ["sh", "echo", "ls", "cat"]\ncheck_stdin = true\n'
     )
-    async with Supervisor(settings) as sup:
+    async with make_supervisor(settings) as sup:
         tools = Gate(settings).wrap(exec_process_tools(sup))
         started = await tool(tools, "exec").call({"command": "sh", "background": True}, "a1")
         sid = started.data["sessionId"]
@@ -97,7 +99,17 @@ async def test_stdin_writes_are_checked_when_the_policy_says_so(tmp_path: Path, 
         assert refused.data["error"] == "CommandDenied"
         fine = await tool(tools, "process").call({"action": "write", "sessionId": sid, "data": "echo ok\n"}, "a1")
         assert not fine.is_error
+        # Below every face: the same session written through spec 003's proc/write is checked too.
+        handler = ProcHandler(sup, "a1")
+        response = await handler.handle({"type": "proc/write/req", "proc_id": sid, "data": "rm -rf x\n"})
+        assert response["error"]["code"] == "command_denied"
+        mark = workspace / "written"
+        response = await handler.handle({"type": "proc/write/req", "proc_id": sid, "data": f"touch {mark}\n"})
+        assert response["error"]["code"] == "command_denied"
+        response = await handler.handle({"type": "proc/write/req", "proc_id": sid, "data": "echo fine\n"})
+        assert response.get("error") is None
         await tool(tools, "process").call({"action": "remove", "sessionId": sid}, "a1")
+        assert not mark.exists()
 
 
 async def test_a_pending_request_is_plain_data(tmp_path: Path, workspace: Path) -> None:
@@ -129,7 +141,7 @@ async def test_send_keys_are_checked_whatever_their_encoding(tmp_path: Path, wor
     )
     mark = workspace / "typed"
     typed = f"touch {mark}"
-    async with Supervisor(settings) as sup:
+    async with make_supervisor(settings) as sup:
         tools = Gate(settings).wrap(exec_process_tools(sup))
         process = tool(tools, "process")
         started = await tool(tools, "exec").call({"command": "sh", "background": True, "pty": True}, "a1")

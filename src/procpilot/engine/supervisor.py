@@ -79,6 +79,7 @@ class Supervisor:
         trees: TreeBackend | None = None,
         limits: LimitBackend | None = None,
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
+        write_filter: Callable[[str, Session, bytes], None] | None = None,
     ) -> None:
         self.settings = settings or load_settings()
         self._store: SessionStore | None = store
@@ -87,6 +88,9 @@ class Supervisor:
         # Called as filter(scope, spec, running sessions in that scope) before every spawn: it may
         # refuse (raise a ProcpilotError) or return the spec to run. Policy lives outside the engine.
         self._spawn_filter = spawn_filter
+        # Called as filter(scope, session, data) before any byte reaches a session's stdin, whatever
+        # face it came from: it may refuse (raise). Input to a shell is commands too.
+        self._write_filter = write_filter
         self._sessions: dict[str, Session] = {}
         lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
         self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
@@ -398,6 +402,8 @@ class Supervisor:
         session = self.get(scope, session_id)
         if session.finished:
             raise ProcessAlreadyExited(f"session {session_id} has already ended ({session.state.value})")
+        if self._write_filter is not None and data:
+            self._write_filter(scope, session, data)
         return await session.write(data, eof=eof, timeout=timeout)
 
     async def kill(

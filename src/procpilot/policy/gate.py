@@ -6,9 +6,9 @@
                        or the approval times out; every decision is an audit event
     blocked            refused with ``PermissionDenied``
 
-A tool's own tier (its ``ToolSpec.tier``) applies unless the agent's policy names another. The
-gate also checks text written to an interactive session's stdin as commands when the agent's policy
-says ``check_stdin`` (writes into a shell must not skip the command checks).
+A tool's own tier (its ``ToolSpec.tier``) applies unless the agent's policy names another. What is
+written to a session's stdin is checked below every face, by the supervisor's write filter
+(``policy.spawn_filter.make_write_filter``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,11 @@ from typing import Any, ClassVar, Literal
 
 from procpilot.config import Settings
 from procpilot.engine.events import EventBus
-from procpilot.engine.keys import encode_hex, encode_keys, encode_literal
-from procpilot.errors import InvalidArgument, ProcpilotError, SessionNotFound
+from procpilot.errors import ProcpilotError, SessionNotFound
 from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec
 
 __all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
-_STDIN_ACTIONS = {"write": ("data",), "submit": ("text",), "paste": ("text",)}
-# Interrupt, quit, suspend, end of input: alone, they make no command a shell would run.
-_SIGNAL_KEYS = frozenset("\x03\x1c\x1a\x04")
 
 
 class PermissionDenied(ProcpilotError):
@@ -169,7 +165,6 @@ class Gate:
             if tier is PermissionTier.BLOCKED:
                 self.audit.publish(AuditEvent(scope, spec.name, tier.value, "blocked", summary))
                 raise PermissionDenied(f"{spec.name} is blocked for agent {scope!r}", tool=spec.name)
-            self._check_stdin(scope, spec, arguments)
             if tier is PermissionTier.APPROVAL:
                 await self._await_approval(scope, spec, arguments)
             result = await spec.call(arguments, scope)
@@ -180,41 +175,4 @@ class Gate:
 
         return handler
 
-    def _check_stdin(self, scope: str, spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
-        policy = self.settings.policy.for_agent(scope)
-        if not policy.check_stdin or spec.name != "process":
-            return
-        fields = _STDIN_ACTIONS.get(str(arguments.get("action")), ())
-        texts = [str(arguments[f]) for f in fields if arguments.get(f)]
-        if arguments.get("action") == "send-keys":
-            texts.append(_send_keys_text(arguments))
-        texts = [t for t in texts if t and not set(t) <= _SIGNAL_KEYS]
-        if not texts:
-            return
-        from procpilot.policy.commands import CommandPolicy
 
-        checker = CommandPolicy(allow=policy.allow, deny=policy.deny)
-        for text in texts:
-            checker.check_input(text)
-
-
-def _send_keys_text(arguments: Mapping[str, Any]) -> str:
-    """What send-keys will type, built as the process face builds it (keys, then hex, then literal):
-    key names and hex bytes can spell a command as well as literal text can."""
-
-    def strings(name: str) -> list[str]:
-        value = arguments.get(name)
-        if value is None:
-            return []
-        if isinstance(value, str):
-            return [value]
-        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            return list(value)
-        raise InvalidArgument(f"send-keys: {name} must be a list of strings", field=name)
-
-    payload = encode_keys(strings("keys")) + encode_hex(strings("hex"))
-    literal = arguments.get("literal")
-    if literal is not None:
-        payload += encode_literal(str(literal))
-    # Bytes that are not UTF-8 come out as lone surrogates: not printable, so refused as control characters.
-    return payload.decode("utf-8", errors="surrogateescape")

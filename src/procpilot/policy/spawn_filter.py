@@ -17,13 +17,20 @@ from typing import ClassVar
 from procpilot.config import AgentPolicy, Settings
 from procpilot.engine.isolation import Isolation
 from procpilot.engine.limits import Limits
+from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.errors import ProcpilotError, ProtectedVariable
-from procpilot.policy.commands import CommandPolicy
+from procpilot.policy.commands import CommandPolicy, UnanalyzableCommand
 
-__all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter"]
+__all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter", "make_write_filter"]
 
 SpawnFilter = Callable[[str, SpawnSpec, int], SpawnSpec]
+WriteFilter = Callable[[str, Session, bytes], None]
+
+# Interrupt, quit, suspend, end of input: alone, they make no command a shell would run.
+_SIGNAL_KEYS = frozenset("\x03\x1c\x1a\x04")
+# What a bracketed paste wraps its text in; the text inside is what the shell gets.
+_PASTE_MARKERS = (b"\x1b[200~", b"\x1b[201~")
 
 
 class ProcLimit(ProcpilotError):
@@ -110,6 +117,34 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
         return dataclasses.replace(spec, limits=_limits(policy, spec.limits), isolation=isolation)
 
     return spawn_filter
+
+
+def make_write_filter(settings: Settings) -> WriteFilter:
+    """The filter for ``Supervisor(write_filter=...)``: under an agent policy with ``check_stdin``,
+    what is written to a session's stdin is checked as command lines, by every face alike
+    (process write/submit/paste/send-keys, proc/write, REST): typing into a shell must not skip the
+    command checks."""
+    checkers: dict[str, CommandPolicy] = {}
+
+    def write_filter(scope: str, session: Session, data: bytes) -> None:
+        policy = settings.policy.for_agent(scope)
+        if not policy.check_stdin:
+            return
+        for marker in _PASTE_MARKERS:
+            data = data.replace(marker, b"")
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise UnanalyzableCommand(
+                "input to a checked session must be UTF-8 text: what a shell would make of these bytes is unknown",
+            ) from None
+        if not text or set(text) <= _SIGNAL_KEYS:
+            return
+        if scope not in checkers:
+            checkers[scope] = CommandPolicy(allow=policy.allow, deny=policy.deny)
+        checkers[scope].check_input(text, session.spec.cwd)
+
+    return write_filter
 
 
 def _base_path(settings: Settings) -> str:

@@ -33,7 +33,9 @@ __all__ = [
     "SHUTDOWN_SIGNALS",
     "DaemonAddress",
     "ServeRefused",
+    "Toolset",
     "build_tools",
+    "build_toolset",
     "check_binding",
     "daemon_file",
     "make_supervisor",
@@ -90,23 +92,37 @@ def _optional(module: str, name: str) -> Any:
 
 
 def make_supervisor(settings: Settings) -> Supervisor:
-    """The supervisor, with the per-agent spawn policy where the policy package provides it."""
-    make_filter = _optional("procpilot.policy.spawn_filter", "make_spawn_filter")
-    return Supervisor(settings, spawn_filter=make_filter(settings) if make_filter else None)
+    """The supervisor, with the per-agent policy on every spawn and every write to a stdin."""
+    from procpilot.policy.spawn_filter import make_spawn_filter, make_write_filter
+
+    return Supervisor(settings, spawn_filter=make_spawn_filter(settings), write_filter=make_write_filter(settings))
 
 
-def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSpec], EventBus[Any]]:
-    """Every face's tools, behind the permission gate where the policy package provides it, and the
-    bus their audit events go to (the gate's, else the process.* face's own)."""
+@dataclass(frozen=True, slots=True)
+class Toolset:
+    tools: list[ToolSpec]
+    audit: EventBus[Any]  # the gate's, else the process.* face's own
+    gate: Any | None  # the policy gate (approvals are decided through it), when the policy package has one
+
+
+def build_toolset(supervisor: Supervisor, settings: Settings) -> Toolset:
+    """Every face's tools, behind the permission gate where the policy package provides it."""
     from procpilot.faces.all_tools import all_tools
     from procpilot.faces.capabilities import audit_bus
 
     gate_class = _optional("procpilot.policy.gate", "Gate")
     if gate_class is None:
-        return all_tools(supervisor), audit_bus(supervisor)
+        return Toolset(all_tools(supervisor), audit_bus(supervisor), None)
     gate = gate_class(settings)
     # The gate audits every notify-tier call itself: the faces must not publish them twice.
-    return list(gate.wrap(all_tools(supervisor, audit=False))), gate.audit
+    return Toolset(list(gate.wrap(all_tools(supervisor, audit=False))), gate.audit, gate)
+
+
+def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSpec], EventBus[Any]]:
+    """Every face's tools, behind the permission gate where the policy package provides it, and the
+    bus their audit events go to (the gate's, else the process.* face's own)."""
+    toolset = build_toolset(supervisor, settings)
+    return toolset.tools, toolset.audit
 
 
 def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervisor, str], Any]:
@@ -221,10 +237,16 @@ async def serve(
     received: list[int] = []
     try:
         async with make_supervisor(settings) as sup:
-            tools, audit = build_tools(sup, settings)
+            toolset = build_toolset(sup, settings)
             logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
             app = create_app(
-                sup, tools, settings, audit=audit, open_agent=open_agent, proc_handler=proc_handler_factory(settings)
+                sup,
+                toolset.tools,
+                settings,
+                audit=toolset.audit,
+                open_agent=open_agent,
+                proc_handler=proc_handler_factory(settings),
+                gate=toolset.gate,
             )
             daemon = daemon_of(app)
             grace = settings.exec.kill_grace_sec
