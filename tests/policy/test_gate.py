@@ -46,6 +46,31 @@ async def test_tiers_block_notify_and_audit(tmp_path: Path, workspace: Path) -> 
         assert len(events) == 2  # autonomous calls are not audited
 
 
+async def test_an_audit_event_names_the_process_and_hides_environment_values(
+    tmp_path: Path, workspace: Path
+) -> None:
+    from procpilot.faces.all_tools import all_tools
+
+    settings = policy_settings(tmp_path, workspace, "")
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        events: list[AuditEvent] = []
+        gate.audit.add_callback(events.append)
+        tools = gate.wrap(all_tools(sup, audit=False))
+        run = await tool(tools, "process.run").call(
+            {"command": "sleep 30", "background": True, "environment": {"TOKEN": "s3cret"}}, "a1"
+        )
+        pid = run.data["process_id"]
+        await tool(tools, "process.kill").call({"process_id": pid, "signal": "SIGKILL"}, "a1")
+        started, killed = events
+        assert started.tool == "process.run" and started.process_id == pid and started.outcome == "ok"
+        assert started.arguments is not None and started.arguments["environment"] == {"TOKEN": "<redacted>"}
+        assert "s3cret" not in repr(started)
+        assert killed.tool == "process.kill" and killed.process_id == pid
+        assert pid in killed.summary and "SIGKILL" in killed.summary
+        assert killed.duration_ms is not None
+
+
 async def test_approval_holds_the_call_until_an_approver_decides(tmp_path: Path, workspace: Path) -> None:
     settings = policy_settings(
         tmp_path,

@@ -54,6 +54,9 @@ class AuditEvent:
     at: float = field(default_factory=time.time)
     request_id: str | None = None
     decided_by: str | None = None
+    process_id: str | None = None  # the session the call touched, or started
+    arguments: dict[str, Any] | None = None  # as called, with environment values redacted
+    duration_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -77,7 +80,11 @@ class ApprovalRequest:
         return data
 
 
+_ID_KEYS = ("sessionId", "process_id", "proc_id")
+
+
 def _summary(tool: str, arguments: Mapping[str, Any]) -> str:
+    words = []
     for key in ("command", "cmd", "action"):
         if key in arguments and arguments[key] is not None:
             value = arguments[key]
@@ -85,8 +92,27 @@ def _summary(tool: str, arguments: Mapping[str, Any]) -> str:
             extra = arguments.get("args")
             if key == "command" and isinstance(extra, list):
                 text += " " + " ".join(map(str, extra))
-            return f"{tool}: {text[:200]}"
-    return tool
+            words.append(text[:200])
+            break
+    words += [str(arguments[k]) for k in (*_ID_KEYS, "signal") if arguments.get(k) is not None]
+    return f"{tool}: {' '.join(words)}" if words else tool
+
+
+def _process_id(arguments: Mapping[str, Any], result: ToolResult | None = None) -> str | None:
+    for source in (arguments, result.data if result is not None else {}):
+        for key in _ID_KEYS:
+            if isinstance(source.get(key), str):
+                return str(source[key])
+    return None
+
+
+def _redacted(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments for the audit trail: environment values may be secrets, their names are not."""
+    out = dict(arguments)
+    for key in ("env", "environment"):
+        if isinstance(out.get(key), Mapping):
+            out[key] = dict.fromkeys(out[key], "<redacted>")
+    return out
 
 
 class Gate:
@@ -167,10 +193,22 @@ class Gate:
                 raise PermissionDenied(f"{spec.name} is blocked for agent {scope!r}", tool=spec.name)
             if tier is PermissionTier.APPROVAL:
                 await self._await_approval(scope, spec, arguments)
+            started = time.monotonic()
             result = await spec.call(arguments, scope)
             if tier is not PermissionTier.AUTONOMOUS:
                 outcome = f"error:{result.data.get('error')}" if result.is_error else "ok"
-                self.audit.publish(AuditEvent(scope, spec.name, tier.value, outcome, summary))
+                self.audit.publish(
+                    AuditEvent(
+                        scope,
+                        spec.name,
+                        tier.value,
+                        outcome,
+                        summary,
+                        process_id=_process_id(arguments, result),
+                        arguments=_redacted(arguments),
+                        duration_ms=int((time.monotonic() - started) * 1000),
+                    )
+                )
             return result
 
         return handler
