@@ -97,6 +97,8 @@ class ServerSettings(BaseModel):
     unix_socket: Path | None = None
     # token -> agent id (the scope). Kept out of repr so a logged settings object leaks no secret.
     tokens: Mapping[str, str] = Field(default_factory=dict, repr=False)
+    # Agent ids that may decide approval requests (never their own); empty: nobody over the daemon.
+    approvers: tuple[str, ...] = ()
 
     @property
     def loopback_only(self) -> bool:
@@ -129,6 +131,9 @@ class AgentPolicy(BaseModel):
     tiers: Mapping[str, Tier] = Field(default_factory=dict)  # tool name -> tier (overrides the tool's own)
     network: bool = True  # False: sessions get only a private loopback
     readonly_root: bool = False  # True: only the workspace (and `writable`) can be written
+    # True: a private pid namespace, no capabilities, the state directory and cgroup tree hidden:
+    # its sessions cannot see, signal or read the logs of any other agent's (needs bubblewrap).
+    isolate: bool = False
     writable: tuple[str, ...] = ()
     elevated_allowed: bool = False  # may ask to run outside the box above
     max_procs: int | None = Field(None, ge=1)  # running sessions at once
@@ -227,6 +232,7 @@ class Settings(BaseModel):
                 "port": self.server.port,
                 "unix_socket": str(self.server.unix_socket) if self.server.unix_socket else None,
                 "tokens": f"{len(self.server.tokens)} configured",  # never print a secret
+                "approvers": list(self.server.approvers),
             },
             "policy": self.policy.model_dump(mode="json"),
             "proc": self.proc.model_dump(mode="json"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -164,3 +165,56 @@ async def test_a_pty_shell_in_a_readonly_root_keeps_its_terminal(tmp_path: Path,
         await sup.kill("ro", shell.id, 9, wait=None)
         s = await sup.run(SpawnSpec("true"), scope="ro", yield_ms=None)
         assert s.spec.isolation is not None and s.spec.isolation.new_session
+
+
+def _needs_bwrap() -> None:
+    from procpilot.engine.isolation import isolation_capabilities
+
+    if isolation_capabilities().get("readonly_root") is None:
+        pytest.skip("bubblewrap is not installed here")
+
+
+async def test_an_isolated_agent_cannot_see_signal_or_read_another_agents_sessions(
+    tmp_path: Path, workspace: Path
+) -> None:
+    _needs_bwrap()
+    settings = settings_with(tmp_path, workspace, "[policy.agents.boxed]\nisolate = true\n")
+    async with make_supervisor(settings) as sup:
+        secret = await sup.spawn(SpawnSpec("echo SECRET-OF-A; sleep 30"), scope="a")
+        await sup.wait("a", secret.id, timeout=10, pattern=re.compile("SECRET"))
+        state = settings.state_dir
+        cgroups = "/sys/fs/cgroup"
+        probe = (
+            f"kill -9 {secret.pid} 2>&1 || echo KILL-REFUSED; "
+            f"cat {state}/sessions/*/* 2>&1 | grep -c SECRET-OF-A; "
+            f"ls {state}/sessions | wc -l; ls {cgroups} | wc -l; "
+            "ps -e -o pid= | wc -l; echo written > mine.txt"
+        )
+        boxed = await sup.run(SpawnSpec(probe, cwd=workspace), scope="boxed", yield_ms=None)
+        out = boxed.output[Stream.STDOUT].read().data.decode().split()
+        assert "KILL-REFUSED" in out, out
+        assert out[-4:] == ["0", "0", "0", out[-1]], out  # no secret, no sessions, no cgroups
+        assert int(out[-1]) <= 4, out  # its own box's processes only (sh, ps, wc...)
+        assert secret.is_running  # the other agent's session is untouched
+        assert (workspace / "mine.txt").read_text() == "written\n"  # a writable root: work goes on
+        assert boxed.state is SessionState.EXITED_OK
+        await sup.kill("a", secret.id, wait=None)
+
+
+async def test_elevated_is_the_policys_to_allow(tmp_path: Path, workspace: Path) -> None:
+    from procpilot.faces.exec_process import exec_process_tools
+
+    settings = settings_with(
+        tmp_path, workspace, "[policy.default]\nnetwork = false\n[policy.agents.trusted]\nelevated_allowed = true\n"
+    )
+    async with make_supervisor(settings) as sup:
+        exec_tool = exec_process_tools(sup)[0]
+        denied = await exec_tool.call({"command": "true", "elevated": True}, "plain")
+        assert denied.is_error and denied.data["error"] == "ElevationDenied"
+        allowed = await exec_tool.call({"command": "cat /proc/net/dev | wc -l", "elevated": True}, "trusted")
+        assert not allowed.is_error and allowed.data["status"] == "done"
+        boxed = await exec_tool.call({"command": "cat /proc/net/dev | wc -l"}, "trusted")
+        assert int(allowed.data["output"]) > int(boxed.data["output"])  # outside the box: more than lo
+    async with Supervisor(settings) as bare:  # no policy at all: nothing could allow leaving a box
+        refused = await exec_process_tools(bare)[0].call({"command": "true", "elevated": True}, "trusted")
+        assert refused.is_error and refused.data["error"] == "NotSupported"

@@ -42,13 +42,17 @@ class Isolation:
     network: bool = True  # False: only loopback, in a namespace of its own
     readonly_root: bool = False
     writable: tuple[Path, ...] = ()
+    # A box of its own even with a writable root: a private pid namespace, no capabilities, the
+    # cgroup tree and ``hidden`` paths out of sight. What keeps one agent from another's processes.
+    private: bool = False
+    hidden: tuple[Path, ...] = ()  # covered by an empty tmpfs inside the box (the state directory)
     # A session of its own inside the sandbox (bubblewrap --new-session). False for a pty session:
     # its terminal is its own, and without it as controlling terminal ^C and job control are gone.
     new_session: bool = True
 
     @property
     def empty(self) -> bool:
-        return self.network and not self.readonly_root
+        return self.network and not self.readonly_root and not self.private
 
 
 def _works(argv: list[str]) -> bool:
@@ -104,6 +108,9 @@ def _network_prefix() -> tuple[str, ...] | None:
 # Without capabilities (no remount, no setns), in a pid namespace of its own (no handles on the
 # host's processes). --new-session (no TIOCSTI into a terminal outside) is added per session.
 _BWRAP_BOX = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--cap-drop", "ALL")
+# The cgroup tree: root owns its files, so even without capabilities a process could move itself out
+# of its session's cgroups (and their limits) or write another session's cgroup.kill.
+_CGROUP_FS = Path("/sys/fs/cgroup")
 
 
 @cache
@@ -127,15 +134,23 @@ def isolation_prefix(isolation: Isolation) -> list[str]:
     """The argv prefix that puts a command inside ``isolation``; raises if that cannot be had."""
     if isolation.empty:
         return []
-    if isolation.readonly_root:
+    if isolation.readonly_root or isolation.private:
         bwrap = _bwrap()
         if bwrap is None:
-            raise IsolationUnavailable("a read-only root needs bubblewrap, which is not installed here")
-        argv = [bwrap, *_BWRAP_BOX, "--tmpfs", "/tmp"]  # noqa: S108 - a private tmpfs
+            what = "a read-only root" if isolation.readonly_root else "a private box"
+            raise IsolationUnavailable(f"{what} needs bubblewrap, which is not installed here")
+        if isolation.readonly_root:
+            argv = [bwrap, *_BWRAP_BOX, "--tmpfs", "/tmp"]  # noqa: S108 - a private tmpfs
+            for path in isolation.writable:
+                argv += ["--bind", str(path), str(path)]
+        else:
+            argv = [bwrap, "--bind", "/", "/", *_BWRAP_BOX[3:]]
         if isolation.new_session:
             argv.append("--new-session")
-        for path in isolation.writable:
-            argv += ["--bind", str(path), str(path)]
+        # After the binds: a hidden path inside a writable one (the state dir in the workspace) stays hidden.
+        for path in (*isolation.hidden, _CGROUP_FS):
+            if path.is_dir():
+                argv += ["--tmpfs", str(path)]
         if not isolation.network:
             argv.append("--unshare-net")
         return [*argv, "--die-with-parent", "--"]

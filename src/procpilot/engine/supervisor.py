@@ -32,7 +32,14 @@ from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import MARKER_ENV, CgroupTrees, TreeBackend, instance_name, probe_trees, reap_orphans
-from procpilot.errors import ProcessAlreadyExited, ProcpilotError, SessionNotFound, SessionStillRunning, SpawnFailed
+from procpilot.errors import (
+    NotSupported,
+    ProcessAlreadyExited,
+    ProcpilotError,
+    SessionNotFound,
+    SessionStillRunning,
+    SpawnFailed,
+)
 from procpilot.render import complete_utf8_prefix, for_model, tail_chars
 
 __all__ = ["Supervisor", "WaitOutcome"]
@@ -256,6 +263,12 @@ class Supervisor:
         if self._spawn_filter is not None:
             running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
             spec = self._spawn_filter(scope, spec, running)
+        elif spec.elevated:
+            # Leaving a box is the policy's to allow; with no policy nothing could have allowed it.
+            raise NotSupported(
+                "elevated runs need an agent policy that allows them, and this supervisor has none",
+                hints={"drop_option": "Call again without elevated."},
+            )
         session_id = new_session_id()
         directory = self._store.session_dir(session_id)
         output = SessionOutput(directory, self.settings.exec.max_log_bytes)

@@ -21,7 +21,7 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, NotSupported
+from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
 from procpilot.faces.capabilities import checked_environment, resolve_working_directory
 from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
@@ -84,7 +84,9 @@ class ExecParams(BaseModel):
         None, ge=0, description="Kill the whole process tree after this many seconds (default 1800, 0 = none)."
     )
     pty: bool = Field(False, description="Run under a pseudo-terminal (for programs that need a TTY).")
-    elevated: bool = Field(False, description="Run outside the sandbox (refused until a sandbox policy allows it).")
+    elevated: bool = Field(
+        False, description="Run outside the agent's sandbox (network and filesystem limits); only if its policy allows."
+    )
     notifyOnExit: bool | None = Field(  # noqa: N815
         None, description="Announce the exit of a backgrounded run (default true)."
     )
@@ -233,11 +235,6 @@ class ExecProcessFace:
         check_os_string("command", params.command)
         if params.workdir is not None:
             check_os_string("workdir", params.workdir)
-        if params.elevated:
-            raise NotSupported(
-                "elevated runs are not available: no sandbox policy allows running outside it",
-                hints={"drop_option": "Call again without elevated."},
-            )
         # The same fences as process.run: a workdir outside the workspace (.., absolute, a
         # symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
         cwd = resolve_working_directory(self.sup.settings, params.workdir)
@@ -247,6 +244,7 @@ class ExecProcessFace:
             command=params.command,
             cwd=cwd,
             env=env,
+            elevated=params.elevated,  # the agent's policy decides (spawn filter)
             timeout=timeout or None,
             pty=params.pty,
             pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),

@@ -106,13 +106,15 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
             path = dict(spec.env).get("PATH") or _base_path(settings)
             commands_for(scope, path).check(spec.command, spec.cwd)
         isolation = spec.isolation
-        if not spec.elevated and (not policy.network or policy.readonly_root):
+        if not spec.elevated and (not policy.network or policy.readonly_root or policy.isolate):
             writable = (settings.workspace_root, *(Path(p) for p in policy.writable))
             isolation = Isolation(
                 network=policy.network and (isolation is None or isolation.network),
                 readonly_root=policy.readonly_root,
                 writable=writable,
                 new_session=not spec.pty,
+                private=policy.isolate,
+                hidden=(settings.state_dir,),
             )
         return dataclasses.replace(spec, limits=_limits(policy, spec.limits), isolation=isolation)
 
