@@ -106,3 +106,14 @@ async def test_a_non_root_child_cannot_escape_its_cgroup(supervisor: Supervisor)
     out = s.output[Stream.STDOUT].read().data.decode()
     assert "MOVED" not in out
     assert re.search(rf"procpilot-{os.getpid()}-\w+/{s.id}", out)  # still inside the session's cgroups
+
+
+async def test_address_space_limit_only_on_request(supervisor: Supervisor) -> None:
+    grab = "x = bytearray(300 << 20); print('got it')"
+    capped = await supervisor.run(
+        SpawnSpec(("python3", "-c", grab), limits=Limits(address_space_bytes=200 << 20)), scope=A, yield_ms=None
+    )
+    assert capped.state is SessionState.EXITED_ERROR
+    assert b"MemoryError" in capped.output[Stream.STDERR].read().data
+    free = await supervisor.run(SpawnSpec(("python3", "-c", grab)), scope=A, yield_ms=None)
+    assert free.state is SessionState.EXITED_OK  # no RLIMIT_AS unless asked for

@@ -56,6 +56,15 @@ async def test_the_agents_allocation_caps_and_defaults_limits(tmp_path: Path, wo
         assert s.spec.limits == Limits(memory_bytes=268435456, pids_max=64)
 
 
+async def test_an_address_space_limit_from_the_policy_reaches_the_process(tmp_path: Path, workspace: Path) -> None:
+    settings = settings_with(tmp_path, workspace, "[policy.agents.small]\naddress_space_limit = 104857600\n")
+    async with make_supervisor(settings) as sup:
+        s = await sup.run(SpawnSpec("ulimit -v"), scope="small", yield_ms=None)
+        assert s.output[Stream.STDOUT].read().data == b"102400\n"
+        s = await sup.run(SpawnSpec("ulimit -v"), scope="other", yield_ms=None)
+        assert s.output[Stream.STDOUT].read().data == b"unlimited\n"
+
+
 async def test_network_off_policy_applies_to_every_spawn(tmp_path: Path, workspace: Path) -> None:
     from procpilot.engine.isolation import isolation_capabilities
 

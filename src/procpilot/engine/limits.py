@@ -37,10 +37,20 @@ class Limits:
     memory_bytes: int | None = None
     cpu_fraction: float | None = None  # of one core
     pids_max: int | None = None
+    # RLIMIT_AS of each process (not the tree): only on request, since runtimes that reserve large
+    # virtual ranges up front (the JVM, Node, Go) fail under it at sizes they would never touch.
+    address_space_bytes: int | None = None
 
     @property
     def empty(self) -> bool:
+        """No limit over the tree (nothing for a cgroup or the watchdog to do)."""
         return self.memory_bytes is None and self.cpu_fraction is None and self.pids_max is None
+
+    def rlimit_lines(self) -> list[str]:
+        """Shell lines that set the per-process rlimits, run by the child before the command."""
+        if self.address_space_bytes is None:
+            return []
+        return [f"ulimit -v {max(1, self.address_space_bytes // 1024)} || exit 125"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -314,6 +314,8 @@ class Supervisor:
                     prelude += limits.prepare(session.id, spec.limits)
                 except OSError as exc:
                     raise SpawnFailed(f"could not set up limits with {limits.name}: {exc}") from exc
+            if spec.limits is not None:
+                prelude += spec.limits.rlimit_lines()
             spawned = await spawn_process(spec, env, prelude=prelude)
         except BaseException:
             if tree_prepared:

@@ -59,6 +59,7 @@ def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
         ("memory_bytes", policy.memory_limit),
         ("cpu_fraction", policy.cpu_limit),
         ("pids_max", policy.pids_max),
+        ("address_space_bytes", policy.address_space_limit),
     ):
         value = getattr(asked, field)
         if value is not None and cap is not None and value > cap:
@@ -67,8 +68,11 @@ def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
         memory_bytes=asked.memory_bytes if asked.memory_bytes is not None else policy.memory_limit,
         cpu_fraction=asked.cpu_fraction if asked.cpu_fraction is not None else policy.cpu_limit,
         pids_max=asked.pids_max if asked.pids_max is not None else policy.pids_max,
+        address_space_bytes=(
+            asked.address_space_bytes if asked.address_space_bytes is not None else policy.address_space_limit
+        ),
     )
-    return None if limits.empty else limits
+    return None if limits.empty and limits.address_space_bytes is None else limits
 
 
 def make_spawn_filter(settings: Settings) -> SpawnFilter:
