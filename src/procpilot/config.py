@@ -140,6 +140,8 @@ class AgentPolicy(BaseModel):
     memory_limit: int | None = Field(None, ge=1 << 20)  # bytes; the agent's allocation and default
     cpu_limit: float | None = Field(None, gt=0)  # fraction of one core
     pids_max: int | None = Field(None, ge=1)
+    # RLIMIT_AS per process, only when asked for: it breaks runtimes that reserve address space.
+    address_space_limit: int | None = Field(None, ge=1 << 20)
 
 
 class PolicySettings(BaseModel):
