@@ -536,3 +536,14 @@ def test_unknown_proc_key_is_a_config_error(tmp_path: Path) -> None:
     assert err.details["key"] == "proc.max_proc"
     err = load_error(env={}, proc={"network_disabled": True})
     assert "proc.network_disabled: unknown key" in err.message
+
+
+def test_server_approvers(tmp_path: Path) -> None:
+    assert load_settings(env={}).server.approvers == ()
+    cfg = write(tmp_path, '[server]\napprovers = ["lead", "ops"]\n')
+    assert load_settings(cfg, env={}).server.approvers == ("lead", "ops")
+    assert load_settings(cfg, env={}).describe()["server"]["approvers"] == ["lead", "ops"]
+    err = load_error(write(tmp_path, '[server]\napprovers = "lead"\n', "bad.toml"), env={})
+    assert err.message.startswith("server.approvers: expected a list, got 'lead'")
+    err = load_error(write(tmp_path, '[server]\napprover = ["lead"]\n', "typo.toml"), env={})
+    assert err.message.startswith("server.approver: unknown key")

@@ -275,6 +275,19 @@ class Client:
         """Which mechanisms the daemon's host offers (tree kill, limits, isolation, pidfd)."""
         return _body(self._request("GET", "/v1/capabilities"))
 
+    def approvals(self) -> list[dict[str, Any]]:
+        """Calls held for approval, of every agent (only for agents in ``[server] approvers``)."""
+        pending: list[dict[str, Any]] = _body(self._request("GET", "/v1/approvals"))["approvals"]
+        return pending
+
+    def decide(self, request_id: str, approve: bool, reason: str | None = None) -> dict[str, Any]:
+        """Approve or deny a held call (never one of your own)."""
+        body: dict[str, Any] = {"decision": "approve" if approve else "deny"}
+        if reason is not None:
+            body["reason"] = reason
+        decided: dict[str, Any] = _body(self._request("POST", f"/v1/approvals/{request_id}", json=body))["approval"]
+        return decided
+
     def events(self) -> Iterator[dict[str, Any]]:
         """Exit and audit events of this agent, as they happen (``{"type": "exit", ...}``)."""
         try:
@@ -343,6 +356,18 @@ class AsyncClient:
 
     async def capabilities(self) -> dict[str, Any]:
         return _body(await self._request("GET", "/v1/capabilities"))
+
+    async def approvals(self) -> list[dict[str, Any]]:
+        pending: list[dict[str, Any]] = _body(await self._request("GET", "/v1/approvals"))["approvals"]
+        return pending
+
+    async def decide(self, request_id: str, approve: bool, reason: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"decision": "approve" if approve else "deny"}
+        if reason is not None:
+            body["reason"] = reason
+        response = await self._request("POST", f"/v1/approvals/{request_id}", json=body)
+        decided: dict[str, Any] = _body(response)["approval"]
+        return decided
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         try:

@@ -73,7 +73,9 @@ def daemon_env(root: Path) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
 
 
-def write_config(root: Path, tokens: dict[str, str] | None, *, host: str = "127.0.0.1", extra: str = "") -> Path:
+def write_config(
+    root: Path, tokens: dict[str, str] | None, *, host: str = "127.0.0.1", extra: str = "", server: str = ""
+) -> Path:
     (root / "ws").mkdir(parents=True, exist_ok=True)
     lines = [
         'state_dir = "state"',
@@ -84,6 +86,7 @@ def write_config(root: Path, tokens: dict[str, str] | None, *, host: str = "127.
         f'host = "{host}"',
         "port = 0",
         'unix_socket = "daemon.sock"',
+        *server.splitlines(),
     ]
     if tokens:
         lines.append("[server.tokens]")
@@ -93,9 +96,12 @@ def write_config(root: Path, tokens: dict[str, str] | None, *, host: str = "127.
     return config
 
 
-def start_daemon(root: Path, tokens: dict[str, str] | None = TOKENS, *args: str, extra: str = "") -> Served:
+def start_daemon(
+    root: Path, tokens: dict[str, str] | None = TOKENS, *args: str, extra: str = "", server: str = ""
+) -> Served:
+    """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server]."""
     root.mkdir(parents=True, exist_ok=True)
-    config = write_config(root, tokens, extra=extra)
+    config = write_config(root, tokens, extra=extra, server=server)
     log = root / "daemon.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -561,6 +561,54 @@ def tools(
     _out.print(table)
 
 @app.command()
+def approvals(
+    json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Calls held for approval (for agents in [server] approvers); decide with approve / deny."""
+    import time
+
+    from rich.table import Table
+
+    with _client(url, token) as client:
+        pending = client.approvals()
+    if json_:
+        print(json.dumps(pending, indent=2))
+        return
+    table = Table("ID", "AGENT", "TOOL", "WAITING", "CALL", box=None)
+    for row in pending:
+        waited = max(0.0, time.time() - float(row.get("created_at") or time.time()))
+        table.add_row(row["id"], escape(row["scope"]), row["tool"], f"{waited:.0f}s", escape(str(row["summary"])))
+    _out.print(table if pending else "No calls awaiting approval.")
+
+
+@app.command()
+def approve(
+    request_id: Annotated[str, typer.Argument(help="The approval request (procpilot approvals).")],
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Let a held call run."""
+    with _client(url, token) as client:
+        decided = client.decide(request_id, True)
+    _err.print(f"approved {escape(decided['id'])}: {escape(decided['summary'])} (agent {escape(decided['scope'])})")
+
+
+@app.command()
+def deny(
+    request_id: Annotated[str, typer.Argument(help="The approval request (procpilot approvals).")],
+    reason: Annotated[str | None, typer.Option(help="Told to the agent with the refusal.")] = None,
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Refuse a held call (the agent gets ApprovalDenied, with the reason)."""
+    with _client(url, token) as client:
+        decided = client.decide(request_id, False, reason)
+    _err.print(f"denied {escape(decided['id'])}: {escape(decided['summary'])} (agent {escape(decided['scope'])})")
+
+
+@app.command()
 def doctor(
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     url: _UrlOption = None,

@@ -4,6 +4,8 @@
     GET  /v1/tools          the tools with their input schemas
     GET  /openapi.json      an OpenAPI 3.1 document built from the tools' input models
     GET  /v1/capabilities   which mechanisms this host gives the supervisor (limits, tree kill, isolation)
+    GET  /v1/approvals      calls held for approval (approvers only: [server] approvers)
+    POST /v1/approvals/{id} {"decision": "approve"|"deny", "reason"?}: decide one (never your own)
     GET  /v1/events         server-sent events: exits and audit events of the caller's scope
     WS   /v1/proc           the proc/* protocol (spec 003), output pushed live
     /mcp                    MCP over streamable HTTP (both protocol eras)
@@ -44,7 +46,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -105,6 +107,7 @@ _STATUS_BY_CODE = {
     "IsolationUnavailable": 501,
     "UnknownTool": 404,
     "Unauthorized": 401,
+    "ApprovalForbidden": 403,
     "UnsupportedMediaType": 415,
     "ProcpilotError": 503,  # raised bare only when the supervisor is shutting down
 }
@@ -141,6 +144,37 @@ def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None
 
 def _error(code: str, message: str, status: int | None = None, **extra: Any) -> Response:
     return _json({"error": code, "message": message, "hints": {}, **extra}, status or status_for_error(code))
+
+
+class ApprovalForbidden(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "approvers": "Only the agents in [server] approvers may see and decide approval requests.",
+    }
+
+
+class SelfApprovalDenied(ProcpilotError):
+    default_hints: ClassVar[dict[str, str]] = {
+        "other_approver": "Another approver has to decide this request.",
+    }
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if not body.strip():
+        return {}
+    if not request.headers.get("content-type", "").lower().startswith("application/json"):
+        raise UnsupportedMediaType("send a JSON object with Content-Type: application/json")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise InvalidArgument(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("the body must be a JSON object")
+    return data
+
+
+class UnsupportedMediaType(ProcpilotError):
+    pass
 
 
 # -- auth --------------------------------------------------------------------------------------
@@ -473,6 +507,61 @@ def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, An
             },
         }
     }
+    approval = {"type": "object", "required": ["id", "scope", "tool", "summary", "status"]}
+    paths["/v1/approvals"] = {
+        "get": {
+            "operationId": "list_approvals",
+            "summary": "Calls held for approval (status awaiting_approval), of every agent. Approvers only.",
+            "responses": {
+                "200": {
+                    "description": "{approvals: [{id, scope, tool, summary, arguments, created_at, status}]}",
+                    "content": {"application/json": {"schema": {"type": "object", "required": ["approvals"]}}},
+                },
+                **guarded,
+                "403": {"description": "ApprovalForbidden: not in [server] approvers. " + _HOST_REFUSED, **error_ref},
+                "501": {"description": "No policy gate in this build.", **error_ref},
+            },
+        }
+    }
+    paths["/v1/approvals/{request_id}"] = {
+        "post": {
+            "operationId": "decide_approval",
+            "summary": "Approve or deny a held call; every decision is an audit event for the requesting agent.",
+            "parameters": [{"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["decision"],
+                            "properties": {
+                                "decision": {"enum": ["approve", "deny"]},
+                                "reason": {"type": "string"},
+                            },
+                            "additionalProperties": False,
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "{approval: the decided request}",
+                    "content": {"application/json": {"schema": {"properties": {"approval": approval}}}},
+                },
+                **guarded,
+                "403": {
+                    "description": "ApprovalForbidden (not an approver), SelfApprovalDenied (your own request), "
+                    + _HOST_REFUSED,
+                    **error_ref,
+                },
+                "404": {"description": "No pending request with this id (decided, expired or unknown).", **error_ref},
+                "415": {"description": _STATUS_TEXT[415], **error_ref},
+                "422": {"description": "decision is not approve or deny, or an unknown field.", **error_ref},
+                "501": {"description": "No policy gate in this build.", **error_ref},
+            },
+        }
+    }
     paths["/openapi.json"] = {
         "get": {
             "operationId": "openapi",
@@ -584,9 +673,11 @@ class Daemon:
         *,
         audit: EventBus[Any] | None = None,
         proc_handler: ProcHandlerFactory | None = None,
+        gate: Any | None = None,
     ) -> None:
         self.sup = supervisor
         self.settings = settings
+        self.gate = gate
         self.tools = {spec.name: spec for spec in tools}
         self.audit = audit
         self.proc_handler = proc_handler
@@ -701,6 +792,41 @@ class Daemon:
     async def capabilities(self, request: Request) -> Response:
         _agent()
         return _json(self.sup.capabilities())
+
+    def _approver(self) -> tuple[str, Any]:
+        """The calling approver and the gate, or the error that says why not."""
+        agent = _agent()
+        if self.gate is None:
+            raise NotSupported("this build has no policy gate: nothing is ever held for approval")
+        if agent not in self.settings.server.approvers:
+            raise ApprovalForbidden(f"agent {agent!r} is not an approver")
+        return agent, self.gate
+
+    async def approvals(self, request: Request) -> Response:
+        try:
+            _approver, gate = self._approver()
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), status_for_error(exc.code))
+        return _json({"approvals": [r.public() for r in gate.pending()]})
+
+    async def decide(self, request: Request) -> Response:
+        try:
+            agent, gate = self._approver()
+            request_id = request.path_params["request_id"]
+            body = await _json_body(request)
+            decision, reason = body.get("decision"), body.get("reason")
+            if decision not in ("approve", "deny") or not (reason is None or isinstance(reason, str)):
+                raise InvalidArgument('send {"decision": "approve" | "deny", "reason": "..."}', field="decision")
+            if set(body) - {"decision", "reason"}:
+                raise InvalidArgument(f"unknown fields: {sorted(set(body) - {'decision', 'reason'})}")
+            held = next((r for r in gate.pending() if r.id == request_id), None)
+            if held is not None and held.scope == agent:
+                # Four eyes: an approver who could wave through its own calls would need no approval.
+                raise SelfApprovalDenied(f"agent {agent!r} cannot decide its own request {request_id}")
+            decided = gate.decide(request_id, decision == "approve", approver=agent, reason=reason)
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), status_for_error(exc.code))
+        return _json({"approval": decided.public()})
 
     async def openapi(self, request: Request) -> Response:
         _agent()
@@ -1211,9 +1337,11 @@ def create_app(
     audit: EventBus[Any] | None = None,
     open_agent: str = "default",
     proc_handler: ProcHandlerFactory | None = None,
+    gate: Any | None = None,
 ) -> Starlette:
-    """The daemon's ASGI app. ``open_agent`` is every caller's agent when no token is configured."""
-    daemon = Daemon(supervisor, tools, settings, audit=audit, proc_handler=proc_handler)
+    """The daemon's ASGI app. ``open_agent`` is every caller's agent when no token is configured;
+    ``gate`` is the policy gate whose approval requests the approvers decide."""
+    daemon = Daemon(supervisor, tools, settings, audit=audit, proc_handler=proc_handler, gate=gate)
     mcp_endpoint = _mcp_endpoint(daemon)
     routes = [
         Route("/v1/tools", daemon.list_tools, methods=["GET"]),
@@ -1221,6 +1349,8 @@ def create_app(
         Route("/v1/events", daemon.events, methods=["GET"]),
         Route("/openapi.json", daemon.openapi, methods=["GET"]),
         Route("/v1/capabilities", daemon.capabilities, methods=["GET"]),
+        Route("/v1/approvals", daemon.approvals, methods=["GET"]),
+        Route("/v1/approvals/{request_id}", daemon.decide, methods=["POST"]),
         WebSocketRoute("/v1/proc", daemon.proc_socket),
         Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
     ]
