@@ -173,3 +173,15 @@ def test_http_off_the_loopback_needs_a_token(tmp_path: Path) -> None:
         assert proc.wait(timeout=20) == 0
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+async def test_stdio_server_keeps_the_audit_trail(tmp_path: Path) -> None:
+    import json
+
+    params = StdioServerParameters(command=PROCPILOT, args=["mcp", "--agent", "auditor"], env=server_env(tmp_path))
+    async with Client(params, mode="legacy") as client:
+        await call(client, "exec", command="echo audited")
+    lines = (tmp_path / "state" / "audit.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    assert any(e["scope"] == "auditor" and e["tool"] == "exec" and e["outcome"] == "ok" for e in events), events
+    assert ((tmp_path / "state" / "audit.jsonl").stat().st_mode & 0o777) == 0o600

@@ -169,6 +169,18 @@ def test_exec_and_process_over_rest(served: Served) -> None:
         cleanup(c)
 
 
+def test_audit_events_are_appended_to_the_state_dir(served: Served) -> None:
+    with served.http() as c:
+        done = post(c, "exec", command="echo for-the-record").json()["data"]
+        post(c, "process", action="remove", sessionId=done["sessionId"])
+    path = served.root / "state" / "audit.jsonl"
+    text = path.read_text()
+    events = [json.loads(line) for line in text.splitlines()]
+    assert any(e["scope"] == "agent-a" and e["tool"] == "exec" and "for-the-record" in e["summary"] for e in events)
+    assert not any(token in text for token in TOKENS)  # agent ids, never the tokens that chose them
+    assert (path.stat().st_mode & 0o777) == 0o600
+
+
 def test_empty_body_is_no_arguments(served: Served) -> None:
     with served.http() as c:
         r = c.post("/v1/tools/exec")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from procpilot.client import Client, ToolReply
     from procpilot.config import Settings
     from procpilot.engine.supervisor import Supervisor
+    from procpilot.faces.tooling import ToolSpec
     from procpilot.transports.serve import DaemonAddress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process supervisor for AI agents.")
@@ -88,40 +89,49 @@ def mcp(
             _fail(exc, 2)
 
     async def main() -> None:
-        from procpilot.transports.mcp import build_mcp_server
-        from procpilot.transports.serve import build_tools, make_supervisor
+        from procpilot.transports.serve import audit_file, build_tools, make_supervisor, record_audit
 
         async with make_supervisor(settings) as sup:
-            if not http:
-                server = build_mcp_server(build_tools(sup, settings)[0], scope=agent)
-                await _serve_until_signal(sup, server.run_stdio_async)
-                return
-            import uvicorn
-
-            from procpilot.transports.http import guarded_mcp_app, request_agent
-
-            server = build_mcp_server(build_tools(sup, settings)[0], scope=request_agent)
-
-            # Listening before the URL is printed: a client that reads it can connect at once.
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets NODELAY
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host, port))
-            listener.listen(2048)
-            bound = listener.getsockname()[1]
-            guarded = guarded_mcp_app(server, settings, open_agent=agent)
-            config_ = uvicorn.Config(guarded, log_level="warning")
-            url = f"http://{host}:{bound}/mcp"
-            scope_note = "agent scope: by bearer token" if settings.server.tokens else f"agent scope: {agent}"
-            _err.print(f"procpilot MCP server on [bold]{url}[/bold] ({scope_note})")
-            _err.print(f"Connect a client, e.g.: claude mcp add --transport http procpilot {url}")
-            _err.print(f"state: {settings.state_dir}   workspace: {settings.workspace_root}")
-            server_ = _quiet_uvicorn()(config_)
-            serving = functools.partial(server_.serve, sockets=[listener])
+            tools, audit = build_tools(sup, settings)
+            stop_audit = record_audit(audit, audit_file(settings))
             try:
-                await _serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True))
+                await serve_tools(sup, tools)
             finally:
-                listener.close()
+                stop_audit()
+
+    async def serve_tools(sup: Supervisor, tools: list[ToolSpec]) -> None:
+        from procpilot.transports.mcp import build_mcp_server
+
+        if not http:
+            server = build_mcp_server(tools, scope=agent)
+            await _serve_until_signal(sup, server.run_stdio_async)
+            return
+        import uvicorn
+
+        from procpilot.transports.http import guarded_mcp_app, request_agent
+
+        server = build_mcp_server(tools, scope=request_agent)
+
+        # Listening before the URL is printed: a client that reads it can connect at once.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets NODELAY
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(2048)
+        bound = listener.getsockname()[1]
+        guarded = guarded_mcp_app(server, settings, open_agent=agent)
+        config_ = uvicorn.Config(guarded, log_level="warning")
+        url = f"http://{host}:{bound}/mcp"
+        scope_note = "agent scope: by bearer token" if settings.server.tokens else f"agent scope: {agent}"
+        _err.print(f"procpilot MCP server on [bold]{url}[/bold] ({scope_note})")
+        _err.print(f"Connect a client, e.g.: claude mcp add --transport http procpilot {url}")
+        _err.print(f"state: {settings.state_dir}   workspace: {settings.workspace_root}")
+        server_ = _quiet_uvicorn()(config_)
+        serving = functools.partial(server_.serve, sockets=[listener])
+        try:
+            await _serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True))
+        finally:
+            listener.close()
 
     asyncio.run(main())
 

@@ -34,12 +34,14 @@ __all__ = [
     "DaemonAddress",
     "ServeRefused",
     "Toolset",
+    "audit_file",
     "build_tools",
     "build_toolset",
     "check_binding",
     "daemon_file",
     "make_supervisor",
     "proc_handler_factory",
+    "record_audit",
     "serve",
 ]
 
@@ -123,6 +125,39 @@ def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSp
     bus their audit events go to (the gate's, else the process.* face's own)."""
     toolset = build_toolset(supervisor, settings)
     return toolset.tools, toolset.audit
+
+
+def audit_file(settings: Settings) -> Path:
+    return settings.state_dir / "audit.jsonl"
+
+
+def record_audit(bus: EventBus[Any], path: Path) -> Callable[[], None]:
+    """Append every audit event on ``bus`` to ``path`` as one JSON line (0600); returns the remover.
+
+    Events carry agent ids, never tokens (the transports resolve tokens before any tool runs).
+    One write per event in append mode, so concurrent writers never interleave within a line.
+    """
+    import dataclasses
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+
+    def write(event: Any) -> None:
+        data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
+        line = json.dumps({"event": type(event).__name__, **data}, ensure_ascii=False, default=str) + "\n"
+        try:
+            os.write(fd, line.encode())
+        except OSError:
+            logging.getLogger(__name__).exception("could not append to the audit log %s", path)
+
+    remove = bus.add_callback(write)
+
+    def close() -> None:
+        remove()
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    return close
 
 
 def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervisor, str], Any]:
@@ -238,6 +273,7 @@ async def serve(
     try:
         async with make_supervisor(settings) as sup:
             toolset = build_toolset(sup, settings)
+            stop_audit = record_audit(toolset.audit, audit_file(settings))
             logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
             app = create_app(
                 sup,
@@ -289,6 +325,7 @@ async def serve(
                     with contextlib.suppress(Exception):
                         await future
             await sup.aclose(received[0] if received else signal.SIGTERM)
+            stop_audit()
     finally:
         for sock in sockets:
             sock.close()
