@@ -45,6 +45,42 @@ async def test_memory_hog_is_ended_by_the_watchdog(settings) -> None:  # type: i
         assert s.limit_report.oom_killed
 
 
+async def test_the_watchdog_holds_cpu_to_its_share_by_stopping_the_tree(settings) -> None:  # type: ignore[no-untyped-def]
+    async with Supervisor(settings, limits=WatchdogLimits()) as sup:
+        spec = SpawnSpec(("python3", "-c", BUSY.format(secs=1.5)), limits=Limits(cpu_fraction=0.5))
+        t0 = time.monotonic()
+        s = await sup.run(spec, scope=A, yield_ms=None)
+        wall = time.monotonic() - t0
+        assert s.state is SessionState.EXITED_OK and s.rusage is not None
+        share = (s.rusage.ru_utime + s.rusage.ru_stime) / wall
+        assert 0.3 <= share <= 0.7, f"used {share:.2f} of a core"  # unthrottled, a busy loop takes ~1.0
+
+
+async def test_the_watchdog_ends_a_fork_bomb_past_its_pids_limit(settings) -> None:  # type: ignore[no-untyped-def]
+    async with Supervisor(settings, limits=WatchdogLimits()) as sup:
+        bomb = "for i in $(seq 1 200); do sleep 30 & done; echo spawned; sleep 30"
+        s = await sup.run(SpawnSpec(bomb, limits=Limits(pids_max=20), timeout=60), scope=A, yield_ms=None)
+        assert s.state is SessionState.LIMIT_EXCEEDED
+        assert s.limit_report is not None and s.limit_report.limit == "pids"
+
+
+async def test_a_throttled_tree_still_ends_on_sigterm(settings) -> None:  # type: ignore[no-untyped-def]
+    async with Supervisor(settings, limits=WatchdogLimits()) as sup:
+        spec = SpawnSpec(("python3", "-c", BUSY.format(secs=60)), limits=Limits(cpu_fraction=0.1))
+        s = await sup.spawn(spec, scope=A)
+        state = b""
+        for _ in range(500):  # until the watchdog has it stopped
+            with open(f"/proc/{s.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            if state == b"T":
+                break
+            await asyncio.sleep(0.01)
+        assert state == b"T"
+        await sup.kill(A, s.id, wait=None)
+        assert s.state is SessionState.KILLED
+        assert s.exit_signal == "SIGTERM" and s.signal_sent == "SIGTERM"  # it ran to take it: no SIGKILL needed
+
+
 @needs_cgroups
 async def test_cpu_limit_throttles_to_its_share(supervisor: Supervisor) -> None:
     spec = SpawnSpec(("python3", "-c", BUSY.format(secs=2.0)), limits=Limits(cpu_fraction=0.5))

@@ -7,9 +7,10 @@ Probed once at start-up, in order:
 * ``cgroup1`` — the v1 controllers (this development machine): ``memory.limit_in_bytes`` (and
   ``memsw`` so swap is no way round it), ``cpu.cfs_quota_us``, ``pids.max``; OOM kills counted in
   ``memory.oom_control``.
-* ``watchdog`` — no writable controller: the supervisor samples each limited tree's RSS and ends it
-  by signal when it passes its memory limit. It cannot throttle CPU or cap forks; ``capabilities()``
-  says so.
+* ``watchdog`` — no writable controller: the supervisor samples each limited tree every 100 ms and
+  enforces by signal: past its memory or pids limit the tree is ended, and CPU is held to its share
+  by stopping (SIGSTOP) and continuing (SIGCONT) the tree. A fork bomb can outrun a 100 ms look;
+  ``capabilities()`` says which mechanism is in use.
 
 Every cgroup is created below the supervisor's own, joined by the child's first shell line before
 it execs the user's command (never a ``preexec_fn``), and removed when the session ends.
@@ -21,11 +22,11 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from procpilot.engine.trees import hold_instance, kill_cgroup_v1, reap_stale_instances, release_instance
 
-__all__ = ["LimitBackend", "LimitReport", "Limits", "probe_limits"]
+__all__ = ["LimitBackend", "LimitReport", "Limits", "TreeSample", "WatchdogLimits", "probe_limits"]
 
 _CPU_PERIOD_US = 100_000
 
@@ -57,8 +58,9 @@ class Limits:
 class LimitReport:
     """What the kernel (or the watchdog) observed for one session."""
 
-    oom_killed: bool
+    oom_killed: bool  # ended for passing a limit (the kernel's OOM killer, or the watchdog)
     memory_peak_bytes: int | None
+    limit: str | None = None  # which: "memory" or "pids" (the watchdog's); None if none was passed
 
 
 class LimitBackend(Protocol):
@@ -139,7 +141,7 @@ class CgroupV1Limits:
             oom = int(fields.get("oom_kill", "0")) > 0
         with contextlib.suppress(OSError, ValueError):
             peak = int((d / "memory.max_usage_in_bytes").read_text())
-        return LimitReport(oom, peak)
+        return LimitReport(oom, peak, "memory" if oom else None)
 
     def release(self, session_id: str) -> None:
         for controller in self.roots:
@@ -190,7 +192,7 @@ class CgroupV2Limits:
             oom = int(fields.get("oom_kill", "0")) > 0
         with contextlib.suppress(OSError, ValueError):
             peak = int((d / "memory.peak").read_text())
-        return LimitReport(oom, peak)
+        return LimitReport(oom, peak, "memory" if oom else None)
 
     def release(self, session_id: str) -> None:
         d = self.root / session_id
@@ -209,37 +211,94 @@ class CgroupV2Limits:
         self._hold = None
 
 
+@dataclass(frozen=True, slots=True)
+class TreeSample:
+    """One look at a tree: what the watchdog decides on."""
+
+    rss_bytes: int
+    cpu_seconds: float  # user + system of its live processes, with the children they reaped
+    processes: int
+
+
+@dataclass(slots=True)
+class _CpuBucket:
+    cpu_seconds: float
+    at: float
+    stopped_until: float | None = None
+
+
+Verdict = Literal["kill", "stop", "continue"] | None
+
+
 class WatchdogLimits:
-    """No controller to write: memory is enforced by sampling, the rest is not enforced."""
+    """No controller to write: the supervisor samples each limited tree (every 100 ms) and this
+    decides, and the supervisor enforces by signal. Memory or process count past the limit: the tree
+    is ended. CPU: a token bucket; a tree that used more than its share since the last look is
+    stopped (SIGSTOP) just long enough to bring it back to its share, then continued (SIGCONT)."""
 
     name = "watchdog"
-    enforces = frozenset({"memory"})
+    enforces = frozenset({"memory", "cpu", "pids"})
 
     def __init__(self) -> None:
         self.peaks: dict[str, int] = {}
-        self.killed: set[str] = set()
+        self.exceeded: dict[str, str] = {}
+        self._cpu: dict[str, _CpuBucket] = {}
 
     def prepare(self, session_id: str, limits: Limits) -> list[str]:
         self.peaks[session_id] = 0
         return []
 
-    def observe(self, session_id: str, rss_bytes: int, limit: int | None) -> bool:
-        """Record a sample; True iff the tree is over its memory limit and must be ended."""
-        self.peaks[session_id] = max(self.peaks.get(session_id, 0), rss_bytes)
-        if limit is not None and rss_bytes > limit:
-            self.killed.add(session_id)
-            return True
-        return False
+    def observe(self, session_id: str, sample: TreeSample, limits: Limits, now: float) -> Verdict:
+        """Record a sample and say what the tree needs: ``kill`` (over its memory or pids limit),
+        ``stop`` (ahead of its CPU share), ``continue`` (its stop is over), or nothing."""
+        self.peaks[session_id] = max(self.peaks.get(session_id, 0), sample.rss_bytes)
+        for limit, value, cap in (
+            ("memory", sample.rss_bytes, limits.memory_bytes),
+            ("pids", sample.processes, limits.pids_max),
+        ):
+            if cap is not None and value > cap:
+                self.exceeded[session_id] = limit
+                return "kill"
+        if limits.cpu_fraction is None:
+            return None
+        bucket = self._cpu.get(session_id)
+        if bucket is None:
+            self._cpu[session_id] = _CpuBucket(sample.cpu_seconds, now)
+            return None
+        if bucket.stopped_until is not None:
+            if now < bucket.stopped_until:
+                return None
+            # The stop paid the debt: the share earned while stopped is what was overspent.
+            bucket.stopped_until, bucket.cpu_seconds, bucket.at = None, sample.cpu_seconds, now
+            return "continue"
+        used = sample.cpu_seconds - bucket.cpu_seconds
+        allowed = limits.cpu_fraction * (now - bucket.at)
+        bucket.cpu_seconds, bucket.at = sample.cpu_seconds, now
+        if used <= allowed:
+            return None
+        bucket.stopped_until = now + (used - allowed) / limits.cpu_fraction
+        return "stop"
+
+    def resume(self, session_id: str) -> bool:
+        """Forget a stop (the tree is being ended: it must run to receive its signal); True iff it was stopped."""
+        bucket = self._cpu.get(session_id)
+        if bucket is None or bucket.stopped_until is None:
+            return False
+        bucket.stopped_until = None
+        return True
 
     def report(self, session_id: str) -> LimitReport:
-        return LimitReport(session_id in self.killed, self.peaks.get(session_id))
+        limit = self.exceeded.get(session_id)
+        return LimitReport(limit is not None, self.peaks.get(session_id), limit)
 
     def release(self, session_id: str) -> None:
         self.peaks.pop(session_id, None)
-        self.killed.discard(session_id)
+        self.exceeded.pop(session_id, None)
+        self._cpu.pop(session_id, None)
 
     def close(self) -> None:
         self.peaks.clear()
+        self._cpu.clear()
 
 
 def _own_v1_cgroups() -> dict[str, Path]:

@@ -138,6 +138,11 @@ class Session:
         return self.state is SessionState.RUNNING
 
     @property
+    def terminating(self) -> bool:
+        """True iff an end was asked for (kill, timeout, a limit) and the tree is not gone yet."""
+        return self._requested_end is not None and not self._finished.is_set()
+
+    @property
     def finished(self) -> bool:
         return self._finished.is_set()
 

@@ -26,7 +26,7 @@ from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
-from procpilot.engine.limits import LimitBackend, WatchdogLimits, probe_limits
+from procpilot.engine.limits import LimitBackend, TreeSample, WatchdogLimits, probe_limits
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
@@ -49,6 +49,16 @@ _TAIL_CHARS = 400
 _SCAN_CHUNK = 1 << 20
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime + cutime + cstime: a process's CPU with that of the children it reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return sum(int(v) for v in fields[11:15])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _rss_pages(pid: int) -> int:
@@ -207,6 +217,7 @@ class Supervisor:
         for session in running:
             if session.state is SessionState.QUEUED:
                 continue
+            self._resume_if_stopped(session)
             with contextlib.suppress(ProcpilotError):
                 session.terminate(SessionState.KILLED, sig, grace)
         for task in list(self._tasks):
@@ -240,17 +251,37 @@ class Supervisor:
                 self.sweep(now)
 
     async def _watchdog(self, limits: WatchdogLimits) -> None:
-        """Without a memory controller: sample limited trees' RSS and end those over their limit."""
+        """Without a controller: sample each limited tree and do what the watchdog decides."""
         page = os.sysconf("SC_PAGE_SIZE")
+        tick = os.sysconf("SC_CLK_TCK")
         while True:
             await asyncio.sleep(_WATCHDOG_INTERVAL)
+            now = time.monotonic()
             for session in list(self._sessions.values()):
-                if session.limit_backend is not limits or not session.is_running or session.spec.limits is None:
+                spec_limits = session.spec.limits
+                if session.limit_backend is not limits or not session.is_running or spec_limits is None:
                     continue
-                rss = sum(_rss_pages(pid) for pid in self._tree_backend.pids(session.id, session.pid)) * page
-                if limits.observe(session.id, rss, session.spec.limits.memory_bytes):
+                if session.terminating:
+                    self._resume_if_stopped(session)  # a stopped tree could not act on its signal
+                    continue
+                pids = self._tree_backend.pids(session.id, session.pid)
+                sample = TreeSample(
+                    rss_bytes=sum(_rss_pages(pid) for pid in pids) * page,
+                    cpu_seconds=sum(_cpu_ticks(pid) for pid in pids) / tick,
+                    processes=len(pids),
+                )
+                verdict = limits.observe(session.id, sample, spec_limits, now)
+                if verdict == "kill":
+                    self._resume_if_stopped(session)
                     with contextlib.suppress(ProcpilotError):
                         session.terminate(SessionState.LIMIT_EXCEEDED, signal.SIGKILL, None)
+                elif verdict is not None:
+                    sig = signal.SIGSTOP if verdict == "stop" else signal.SIGCONT
+                    self._tree_backend.signal(session.id, session.pid, sig, leader_alive=True)
+
+    def _resume_if_stopped(self, session: Session) -> None:
+        if isinstance(self._limits, WatchdogLimits) and self._limits.resume(session.id):
+            self._tree_backend.signal(session.id, session.pid, signal.SIGCONT, leader_alive=session.is_running)
 
     # -- spawning ------------------------------------------------------------------------------
 
@@ -439,6 +470,7 @@ class Supervisor:
             session.fail_to_start("killed while waiting for a lane slot", end=SessionState.KILLED)
             return session
         grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        self._resume_if_stopped(session)
         session.terminate(SessionState.KILLED, sig, grace)
         if wait is None or wait > 0:
             await session.wait_finished(wait)

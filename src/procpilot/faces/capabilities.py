@@ -734,18 +734,31 @@ def _meta(tier: PermissionTier) -> dict[str, Any]:
 
 
 def _raise_if_limit_exceeded(session: Session) -> None:
-    """Spec 000: a process killed for passing its memory limit is a ResourceLimitExceeded error, not
-    a plain "killed" (only memory kills: a CPU limit throttles)."""
+    """Spec 000: a process killed for passing its memory limit (or, under the watchdog, its pids
+    limit) is a ResourceLimitExceeded error, not a plain "killed" (a CPU limit throttles)."""
     if session.state is not SessionState.LIMIT_EXCEEDED:
         return
     limits = session.spec.limits
+    report = session.limit_report
+    peak = report.memory_peak_bytes if report is not None else None
+    which = (report.limit if report is not None else None) or "memory"
+    hints = {"read_output": f"process.logs with process_id={session.id} has its output up to the kill."}
+    if which == "pids":
+        pids_max = limits.pids_max if limits is not None else None
+        raise ResourceLimitExceeded(
+            f"process {session.id} was killed for starting more processes than its limit of {pids_max}",
+            hints=hints,
+            process_id=session.id,
+            limit="pids",
+            pids_max=pids_max,
+            memory_peak_bytes=peak,
+        )
     limit_bytes = limits.memory_bytes if limits is not None else None
-    peak = session.limit_report.memory_peak_bytes if session.limit_report is not None else None
     raise ResourceLimitExceeded(
         f"process {session.id} was killed for exceeding its memory limit"
         + (f" of {limit_bytes} bytes" if limit_bytes is not None else "")
         + (f" (peak {peak} bytes)" if peak is not None else ""),
-        hints={"read_output": f"process.logs with process_id={session.id} has its output up to the kill."},
+        hints=hints,
         process_id=session.id,
         limit="memory",
         limit_bytes=limit_bytes,
