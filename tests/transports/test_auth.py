@@ -207,3 +207,39 @@ async def test_sse_and_websocket_hear_only_their_own_agent(served: Served) -> No
             assert _post(b, "process", action="kill", sessionId=proc.id).status_code == 404
         await proc.kill("SIGKILL")
         await proc.wait(30)
+
+
+async def test_sse_audit_events_are_scoped_per_agent(served: Served) -> None:
+    """exec is a notify-tier tool: each call is an audit event, heard only on its own agent's stream."""
+
+    async def audits_until(lines: Any, marker: str, seen: list[str]) -> None:
+        kind = None
+        with anyio.fail_after(30):
+            async for line in lines:
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: ") and kind == "audit":
+                    seen.append(json.loads(line[6:])["summary"])
+                    if marker in seen[-1]:
+                        return
+
+    async with (
+        served.ahttp(TOKEN_A) as a,
+        served.ahttp(TOKEN_B) as b,
+        a.stream("GET", "/v1/events") as events_a,
+        b.stream("GET", "/v1/events") as events_b,
+    ):
+        lines_a, lines_b = events_a.aiter_lines(), events_b.aiter_lines()
+        ran = []
+        for client, command in ((a, "echo only-for-a"), (b, "echo only-for-b"), (a, "echo a-again")):
+            r = await client.post("/v1/tools/exec", json={"command": command})
+            ran.append((client, r.json()["data"]["sessionId"]))
+        seen_a: list[str] = []
+        seen_b: list[str] = []
+        await audits_until(lines_a, "a-again", seen_a)  # after B's call: B's event would be here by now
+        await audits_until(lines_b, "only-for-b", seen_b)
+        assert any("only-for-a" in s for s in seen_a)
+        assert not any("only-for-b" in s for s in seen_a)
+        assert not any("only-for-a" in s or "a-again" in s for s in seen_b)
+        for client, sid in ran:
+            await client.post("/v1/tools/process", json={"action": "remove", "sessionId": sid})

@@ -54,14 +54,20 @@ def test_run_streams_output_and_exits_with_the_code(served: Served) -> None:
 def test_run_streams_live(served: Served) -> None:
     env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
     proc = subprocess.Popen(
-        [PROCPILOT, "run", "echo first; sleep 3; echo second"], env=env, stdout=subprocess.PIPE, text=True
+        [PROCPILOT, "run", "echo first; read go; echo second $go"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
     )
-    assert proc.stdout is not None
-    started = time.monotonic()
+    assert proc.stdout is not None and proc.stdin is not None
+    # The command is blocked reading stdin until we answer: "first" was seen while it still runs,
+    # however slow the machine (no clock involved).
     assert proc.stdout.readline() == "first\n"
-    assert time.monotonic() - started < 2.5  # seen while the command still runs
-    assert proc.stdout.readline() == "second\n"
-    assert proc.wait(30) == 0
+    proc.stdin.write("now\n")
+    proc.stdin.close()
+    assert proc.stdout.readline() == "second now\n"
+    assert proc.wait(60) == 0
     proc.stdout.close()
 
 

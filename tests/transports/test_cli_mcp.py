@@ -72,7 +72,7 @@ def start_http(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     raise AssertionError("server did not print its URL")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
 async def test_http_server_and_shutdown_by_signal_end_every_tree(tmp_path: Path, sig: int) -> None:
     proc, url = start_http(tmp_path)
     try:

