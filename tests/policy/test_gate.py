@@ -154,7 +154,7 @@ async def test_a_pending_request_is_plain_data(tmp_path: Path, workspace: Path) 
         assert json.loads(json.dumps(public)) == public
         assert "_decision" not in public
         assert public["id"] == request.id and public["status"] == "awaiting_approval"
-        assert public["arguments"] == {"command": "echo hi", "env": {"A": "1"}}
+        assert public["arguments"] == {"command": "echo hi", "env": {"A": "<redacted>"}}  # names, not values
         gate.decide(request.id, False, approver="ops")
         assert (await call).data["error"] == "ApprovalDenied"
         assert request.public()["status"] == "denied" and request.public()["decided_by"] == "ops"

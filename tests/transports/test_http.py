@@ -576,6 +576,7 @@ def test_error_statuses() -> None:
         "ApprovalDenied": 403,
         "ElevationDenied": 403,
         "ProcLimit": 429,
+        "ResourceLimitExceeded": 422,
         "SpawnFailed": 500,
         "KillFailed": 500,
         "ProcpilotError": 503,

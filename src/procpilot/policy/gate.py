@@ -76,7 +76,7 @@ class ApprovalRequest:
         """The request as plain data (for an API or CLI), without the future the call waits on."""
         # Not dataclasses.asdict: it deep-copies every field, and a Future cannot be copied.
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_decision"}
-        data["arguments"] = dict(self.arguments)
+        data["arguments"] = _redacted(self.arguments)  # an approver sees the names, not the secrets
         return data
 
 

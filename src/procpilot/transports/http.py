@@ -24,7 +24,8 @@ REST error statuses (the JSON body is the error's ``{"error", "message", "hints"
     409 SessionStateError     ProcessAlreadyExited, SessionStillRunning, StdinClosed
     415 UnsupportedMediaType  a body that is not application/json
     422 InvalidArgument       and its family; CommandNotFound, PathOutOfScope, ProtectedVariable,
-                              LimitAboveAllocation: the request names something unusable
+                              LimitAboveAllocation: the request names something unusable;
+                              ResourceLimitExceeded: the process outgrew the limits it ran under
     429 ProcLimit             the agent already runs as many sessions as it may
     500                       SpawnFailed, KillFailed and anything else unexpected
     501 NotSupported          IsolationUnavailable
@@ -104,6 +105,7 @@ _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 _STATUS_BY_CODE = {
     "ProcLimit": 429,
     "LimitAboveAllocation": 422,
+    "ResourceLimitExceeded": 422,  # the process outgrew the limits it ran under: not a server fault
     "IsolationUnavailable": 501,
     "UnknownTool": 404,
     "Unauthorized": 401,
