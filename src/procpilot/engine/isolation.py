@@ -4,15 +4,21 @@
   the child's capabilities do not reach the host's namespaces), else ``bwrap --unshare-net
   --cap-drop ALL``, else ``unshare --net`` + ``setpriv`` dropping every capability. A candidate is
   taken only if a process inside it cannot ``setns`` back into our network namespace: a root child
-  of a plain ``unshare --net`` can (``nsenter --net=/proc/1/ns/net``). If none works, a request for
-  no network is refused with ``IsolationUnavailable``; it never runs with the network silently on.
-* Read-only root with only the workspace (and /tmp) writable: bubblewrap only, with no
+  of a plain ``unshare --net`` can (``nsenter --net=/proc/1/ns/net``). Last, with no namespace to
+  be had, a seccomp filter on socket families (``sandbox_exec --no-network``): it sees families,
+  not addresses, so it means no IP at all, *not even loopback*. If none works, a request for no
+  network is refused with ``IsolationUnavailable``; it never runs with the network silently on.
+* Read-only root with only the workspace (and /tmp) writable: bubblewrap, with no
   capabilities (or ``mount -o remount,rw /`` undoes it), its own pid namespace and /proc (no
   handles on the host's processes and their namespaces) and, unless it runs on a pty of its own, a
-  new session (no TIOCSTI into a terminal outside).
+  new session (no TIOCSTI into a terminal outside). Else Landlock (``sandbox_exec --landlock``):
+  writes denied outside the writable paths, capabilities dropped, but no pid namespace and no
+  private /tmp (the host's /tmp stays writable and shared). A private box needs bubblewrap.
 
-The prefix goes *outside* the shell that joins the session's cgroups; ``unshare`` execs in place, so
-the leader stays the process we spawned. bubblewrap stays as a small parent and exits with its child.
+Every mechanism is probed once, by a process that proves the restriction holds, not that the tool
+runs. The prefix goes *after* the shell that joins the session's cgroups (joins need a writable
+/sys); ``unshare`` and ``sandbox_exec`` exec in place, so the leader stays the process we spawned.
+bubblewrap stays as a small parent and exits with its child.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from procpilot.engine import sandbox_exec
 from procpilot.errors import NotSupported
 
 __all__ = ["Isolation", "IsolationUnavailable", "isolation_capabilities", "isolation_prefix"]
@@ -33,6 +41,7 @@ __all__ = ["Isolation", "IsolationUnavailable", "isolation_capabilities", "isola
 class IsolationUnavailable(NotSupported):
     default_hints = {  # noqa: RUF012 - inherited ClassVar
         "install_bubblewrap": "Install bubblewrap (apt-get install bubblewrap) or run the server as root.",
+        "kernel": "Or run on a kernel with Landlock (5.13+, in CONFIG_LSM) and libseccomp installed.",
         "drop_option": "Run without the isolation option if your policy allows it.",
     }
 
@@ -121,12 +130,96 @@ def _bwrap() -> str | None:
     return None
 
 
+# By path, not ``-m procpilot...``: importing the package would cost every spawn ~200 ms.
+_SANDBOX_EXEC = Path(sandbox_exec.__file__)
+
+
+def _sandbox(*options: str) -> list[str]:
+    return [sys.executable, "-I", str(_SANDBOX_EXEC), *options, "--"]
+
+
+# Exits 3 only if a write inside argv[1] works and one beside it, in argv[2], is refused, while
+# reads elsewhere still work.
+_LANDLOCK_PROBE = (
+    "import os, sys\n"
+    "open(os.path.join(sys.argv[1], 'in'), 'w').close()\n"
+    "open('/proc/self/status').read()\n"
+    "open('/dev/null', 'w').write('x')\n"
+    "try:\n"
+    "    open(os.path.join(sys.argv[2], 'out'), 'w').close()\n"
+    "except PermissionError:\n"
+    "    sys.exit(3)\n"
+)
+
+
+@cache
+def _landlock() -> bool:
+    """True if ``sandbox_exec --landlock`` really leaves only its writable paths writable here."""
+    with tempfile.TemporaryDirectory(prefix="procpilot-landlock-") as tmp:
+        inside, outside = Path(tmp, "inside"), Path(tmp, "outside")
+        inside.mkdir()
+        outside.mkdir()
+        argv = _sandbox("--landlock", "--writable", str(inside))
+        try:
+            done = subprocess.run(
+                [*argv, sys.executable, "-I", "-c", _LANDLOCK_PROBE, str(inside), str(outside)],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 3 and (inside / "in").exists() and not (outside / "out").exists()
+
+
+# Exits 3 only if no IP socket can be made and a unix socketpair still works.
+_SECCOMP_PROBE = (
+    "import socket, sys\n"
+    "for family in (socket.AF_INET, socket.AF_INET6):\n"
+    "    try:\n"
+    "        socket.socket(family, socket.SOCK_STREAM).close()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    sys.exit(1)\n"
+    "a, b = socket.socketpair()\n"
+    "a.send(b'x')\n"
+    "sys.exit(3 if b.recv(1) == b'x' else 1)\n"
+)
+
+
+@cache
+def _seccomp() -> bool:
+    """True if ``sandbox_exec --no-network`` really takes IP sockets away here."""
+    try:
+        done = subprocess.run(
+            [*_sandbox("--no-network"), sys.executable, "-I", "-c", _SECCOMP_PROBE],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 3
+
+
+def _network_mechanism() -> str | None:
+    net = _network_prefix()
+    if net is not None:
+        return "bwrap" if "bwrap" in net[0] else " ".join(net[:-1])
+    return "seccomp" if _seccomp() else None
+
+
 def isolation_capabilities() -> dict[str, str | None]:
     """Which mechanism serves each kind of isolation here (None: unavailable)."""
-    net = _network_prefix()
+    network = _network_mechanism()
+    bwrap = _bwrap()
+    readonly = "bwrap" if bwrap else ("landlock" if _landlock() else None)
     return {
-        "network_off": None if net is None else ("bwrap" if "bwrap" in net[0] else " ".join(net[:-1])),
-        "readonly_root": "bwrap" if _bwrap() else None,
+        "network_off": network,
+        # What "network off" leaves: a loopback of its own, or (seccomp) no IP at all.
+        "network_off_loopback": None if network is None else ("none" if network == "seccomp" else "private"),
+        "readonly_root": readonly,
+        "private_box": "bwrap" if bwrap else None,
     }
 
 
@@ -134,11 +227,10 @@ def isolation_prefix(isolation: Isolation) -> list[str]:
     """The argv prefix that puts a command inside ``isolation``; raises if that cannot be had."""
     if isolation.empty:
         return []
-    if isolation.readonly_root or isolation.private:
-        bwrap = _bwrap()
-        if bwrap is None:
-            what = "a read-only root" if isolation.readonly_root else "a private box"
-            raise IsolationUnavailable(f"{what} needs bubblewrap, which is not installed here")
+    bwrap = _bwrap()
+    if isolation.private and bwrap is None:
+        raise IsolationUnavailable("a private box needs bubblewrap, which is not installed here")
+    if bwrap is not None and (isolation.readonly_root or isolation.private):
         if isolation.readonly_root:
             argv = [bwrap, *_BWRAP_BOX, "--tmpfs", "/tmp"]  # noqa: S108 - a private tmpfs
             for path in isolation.writable:
@@ -154,10 +246,28 @@ def isolation_prefix(isolation: Isolation) -> list[str]:
         if not isolation.network:
             argv.append("--unshare-net")
         return [*argv, "--die-with-parent", "--"]
-    net = _network_prefix()
-    if net is None:
-        raise IsolationUnavailable(
-            "network_disabled was asked for, but this host offers no way to take the network away "
-            "(no network namespaces, no bubblewrap): refusing to run with the network on"
-        )
-    return list(net)
+    options: list[str] = []
+    if isolation.readonly_root:
+        if not _landlock():
+            raise IsolationUnavailable(
+                "a read-only root was asked for, but this host has neither bubblewrap nor Landlock: "
+                "refusing to run with the root writable"
+            )
+        # No private tmpfs without a mount namespace: the host's /tmp, shared with everyone.
+        options += ["--landlock", "--writable", "/tmp"]  # noqa: S108
+        for path in isolation.writable:
+            options += ["--writable", str(path)]
+    prefix: list[str] = []
+    if not isolation.network:
+        net = _network_prefix()
+        if net is not None:
+            # Outside the wrapper: Landlock would refuse unshare its write to /proc/self/uid_map.
+            prefix = list(net)
+        elif _seccomp():
+            options.append("--no-network")
+        else:
+            raise IsolationUnavailable(
+                "network_disabled was asked for, but this host offers no way to take the network away "
+                "(no network namespaces, no bubblewrap, no seccomp): refusing to run with the network on"
+            )
+    return [*prefix, *_sandbox(*options)] if options else prefix

@@ -576,7 +576,7 @@ def approvals(
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
-    """Calls held for approval (for agents in [server] approvers); decide with approve / deny."""
+    """Calls held for approval (for the agents listed as server approvers); decide with approve / deny."""
     import time
 
     from rich.table import Table
