@@ -37,6 +37,11 @@ unix_socket = "procpilot.sock"
 # One bearer token per agent; the token decides the agent's scope. Required off the loopback.
 # [server.tokens]
 # "a-long-random-secret" = "my-agent"
+
+# Agents that do not trust each other: each in a box of its own (needs bubblewrap), so no command
+# of one can see, signal or read the logs of another's sessions. See README "Limits, isolation".
+# [policy.default]
+# isolate = true
 endef
 export DEFAULT_CONFIG
 
