@@ -220,6 +220,27 @@ async def test_landlock_readonly_root_leaves_only_the_workspace_writable(
 
 
 @needs_landlock
+async def test_a_pty_shell_under_landlock_keeps_its_terminal(
+    supervisor: Supervisor, workspace: Path, no_bwrap: None
+) -> None:
+    isolation = Isolation(readonly_root=True, writable=(workspace,), new_session=False)
+    shell = await supervisor.spawn(
+        SpawnSpec(("bash", "--norc", "-i"), pty=True, cwd=workspace, isolation=isolation), scope=A
+    )
+    try:
+        line = b"echo alive-$((6*7)) > /dev/tty; touch /var/tmp/x-$$ || echo read-only-$((1+1))\n"
+        await supervisor.write(A, shell.id, line)
+        for _ in range(200):
+            if b"read-only-2" in shell.output[Stream.COMBINED].read().data:
+                break
+            await asyncio.sleep(0.025)
+        out = shell.output[Stream.COMBINED].read().data
+        assert b"alive-42" in out and b"read-only-2" in out, out
+    finally:
+        await supervisor.kill(A, shell.id, 9, wait=None)
+
+
+@needs_landlock
 async def test_landlock_cannot_be_remounted_or_undone(supervisor: Supervisor, workspace: Path, no_bwrap: None) -> None:
     outside = _outside(workspace, "ll-remount")
     script = (

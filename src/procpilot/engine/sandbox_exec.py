@@ -160,6 +160,8 @@ def drop_capabilities() -> None:
         d.inheritable = 0
     if libc.capset(ctypes.byref(header), data) != 0:
         _fail(CAPABILITIES_FAILED, f"capset: {os.strerror(ctypes.get_errno())}")
+    # landlock's error checks read ctypes' saved errno, not the return value: leave none behind.
+    ctypes.set_errno(0)
 
 
 def main(argv: list[str]) -> None:
