@@ -179,7 +179,7 @@ async def test_a_pty_shell_in_a_readonly_root_keeps_its_terminal(tmp_path: Path,
 def _needs_bwrap() -> None:
     from procpilot.engine.isolation import isolation_capabilities
 
-    if isolation_capabilities().get("readonly_root") is None:
+    if isolation_capabilities().get("private_box") is None:
         pytest.skip("bubblewrap is not installed here")
 
 
