@@ -89,7 +89,9 @@ class SegmentedLog:
         """Bytes deleted between the head and the first kept tail segment."""
         return max(0, self._tail_start - self.head_end)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, newlines: int | None = None) -> None:
+        """Append ``data``; ``newlines`` is its count of b"\\n" if the caller has it already
+        (counting is most of the CPU a big burst costs, and two views hold the same bytes)."""
         if not data:
             return
         pos = 0
@@ -100,7 +102,8 @@ class SegmentedLog:
             room = self.segment_size - within
             part = data if pos == 0 and len(data) <= room else data[pos : pos + room]
             written = os.write(self._fd, part)
-            self.lines += part.count(b"\n", 0, written)
+            whole = part is data and written == len(data)
+            self.lines += newlines if whole and newlines is not None else part.count(b"\n", 0, written)
             self.size += written
             pos += written
         self._last_byte_newline = data[-1] == 10
@@ -244,8 +247,9 @@ class SessionOutput:
         return self.views[stream]
 
     def append(self, stream: Stream, data: bytes) -> None:
-        self.views[stream].write(data)
-        self.views[Stream.COMBINED].write(data)
+        newlines = data.count(b"\n")
+        self.views[stream].write(data, newlines)
+        self.views[Stream.COMBINED].write(data, newlines)
         if self._listeners:
             for listener in list(self._listeners):
                 listener(stream, data)
