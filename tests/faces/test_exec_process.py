@@ -205,6 +205,20 @@ async def test_bad_input_gets_typed_errors(connect: Connect, args: dict[str, Any
         await call(client, "process", action="remove", sessionId=data["sessionId"])
 
 
+async def test_a_catastrophic_pattern_is_a_typed_error_not_a_stalled_server(connect: Connect) -> None:
+    async with connect() as client:
+        _, data, _ = await call(client, "exec", command="printf '%060d' 0 | tr 0 a; echo b; sleep 30", yieldMs=10)
+        sid = data["sessionId"]
+        await call(client, "process", action="wait", sessionId=sid, pattern="b", timeout=10_000)
+        text, err, is_error = await call(
+            client, "process", action="wait", sessionId=sid, pattern="(a|aa)+$", offset=0, timeout=10_000
+        )
+        assert is_error and err["error"] == "InvalidPattern" and "backtracking" in text
+        _, listed, is_error = await call(client, "process", action="list")  # the server still answers
+        assert not is_error and listed["sessions"][0]["sessionId"] == sid
+        await call(client, "process", action="remove", sessionId=sid)
+
+
 async def test_a_misspelt_argument_is_refused_not_silently_dropped(connect: Connect) -> None:
     async with connect() as client:
         text, data, is_error = await call(client, "exec", command="echo hi", timout=1)

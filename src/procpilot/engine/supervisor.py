@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import regex
+
 from procpilot.config import Settings, load_settings
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.events import EventBus, Subscription
@@ -33,6 +35,7 @@ from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import MARKER_ENV, CgroupTrees, TreeBackend, instance_name, probe_trees, reap_orphans
 from procpilot.errors import (
+    InvalidPattern,
     NotSupported,
     ProcessAlreadyExited,
     ProcpilotError,
@@ -49,6 +52,7 @@ _TAIL_CHARS = 400
 _SCAN_CHUNK = 1 << 20
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
+_PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of output
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -482,19 +486,25 @@ class Supervisor:
         session_id: str,
         *,
         timeout: float | None,
-        pattern: re.Pattern[str] | None = None,
+        pattern: re.Pattern[str] | regex.Pattern[str] | None = None,
         stream: Stream = Stream.COMBINED,
         since: int = 0,
     ) -> WaitOutcome:
-        """Block until exit, until ``pattern`` matches output (from byte ``since`` on), or ``timeout``."""
+        """Block until exit, until ``pattern`` matches output (from byte ``since`` on), or ``timeout``.
+
+        A pattern gets at most half a second per scan: past that it is an ``InvalidPattern``
+        (catastrophic backtracking), not a server whose event loop stalls for every session.
+        """
         session = self.get(scope, session_id)
+        # The regex module can give up on a match; re cannot. Same syntax and flag values.
+        matcher = regex.compile(pattern.pattern, pattern.flags) if isinstance(pattern, re.Pattern) else pattern
         deadline = None if timeout is None else time.monotonic() + timeout
         view = session.output[stream]
         scanned = since
         carry = ""
         while True:
             # Scanned a chunk at a time: memory stays bounded however much output is new.
-            while pattern is not None and view.size > scanned:
+            while matcher is not None and view.size > scanned:
                 chunk = view.read(scanned, _SCAN_CHUNK)
                 data = chunk.data
                 keep = len(data)
@@ -505,7 +515,14 @@ class Supervisor:
                             break  # only part of a character so far
                         keep = len(data)  # stray bytes before the cap's gap: never completed
                 text = carry + data[:keep].decode("utf-8", errors="replace")
-                found = pattern.search(for_model(text))
+                try:
+                    found = matcher.search(for_model(text), timeout=_PATTERN_TIMEOUT)
+                except TimeoutError:
+                    raise InvalidPattern(
+                        f"the pattern {matcher.pattern!r} takes too long to match (catastrophic backtracking)",
+                        hints={"simplify": "Use a pattern without nested repetition, e.g. a fixed word like 'READY'."},
+                        field="pattern",
+                    ) from None
                 if found:
                     return WaitOutcome("pattern", found.group(0), chunk.end - (len(data) - keep))
                 scanned = chunk.end - (len(data) - keep)
@@ -518,7 +535,7 @@ class Supervisor:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return WaitOutcome("timeout")
-            if pattern is None:
+            if matcher is None:
                 await session.wait_finished(remaining)
             else:
                 await session.output.wait_for_change(remaining)

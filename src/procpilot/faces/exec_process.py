@@ -8,11 +8,11 @@ an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages 
 
 from __future__ import annotations
 
-import re
 import signal as signal_module
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.engine.capture import Stream
@@ -502,8 +502,8 @@ class ExecProcessFace:
         pattern = None
         if params.pattern is not None:
             try:
-                pattern = re.compile(params.pattern)
-            except re.error as exc:
+                pattern = regex.compile(params.pattern)
+            except regex.error as exc:
                 raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
         timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
         stream = _stream(params.stream)
