@@ -97,11 +97,30 @@ def _walk(cls: type[ProcpilotError]) -> Iterable[type[ProcpilotError]]:
         yield from _walk(sub)
 
 
+# Where the error types beyond procpilot.errors live: imported only when a daemon names one we
+# have not loaded, so a caller can catch ``ProcessNotFound`` or ``CommandDenied`` as themselves.
+_ERROR_MODULES = (
+    "procpilot.faces.capabilities",
+    "procpilot.policy.commands",
+    "procpilot.policy.gate",
+    "procpilot.policy.spawn_filter",
+    "procpilot.engine.isolation",
+    "procpilot.transports.http",
+    "procpilot.transports.serve",
+)
+
+
 def error_class(code: str) -> type[ProcpilotError] | None:
-    """The loaded ProcpilotError subclass named ``code`` (errors of every face, policy included)."""
-    for cls in _walk(ProcpilotError):
-        if cls.__name__ == code:
-            return cls
+    """The ProcpilotError subclass named ``code`` (errors of every face, policy included)."""
+    for attempt in range(2):
+        for cls in _walk(ProcpilotError):
+            if cls.__name__ == code:
+                return cls
+        if attempt == 0:
+            import importlib
+
+            for module in _ERROR_MODULES:
+                importlib.import_module(module)
     return None
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,6 +227,23 @@ def test_sync_client_every_tool_and_typed_errors(served: Served) -> None:
         c.process("remove", sid)
         c.process("remove", done["sessionId"])
         assert c.openapi()["openapi"].startswith("3.1")
+
+
+def test_errors_of_every_face_come_back_as_their_own_classes() -> None:
+    # In a fresh interpreter, so nothing has imported the faces or the policy before the client.
+    code = (
+        "from procpilot.client import error_from\n"
+        "for name in ('ProcessNotFound', 'CommandDenied', 'ResourceLimitExceeded', 'ProcLimit'):\n"
+        "    exc = error_from({'error': name, 'message': 'm', 'hints': {}})\n"
+        "    print(type(exc).__module__, type(exc).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:4] == [
+        "procpilot.faces.capabilities ProcessNotFound",
+        "procpilot.policy.commands CommandDenied",
+        "procpilot.errors ResourceLimitExceeded",
+        "procpilot.policy.spawn_filter ProcLimit",
+    ]
 
 
 def test_unknown_error_codes_still_raise_procpilot_errors() -> None:
