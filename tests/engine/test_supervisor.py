@@ -350,7 +350,7 @@ async def test_the_store_keeps_each_sessions_latest_record(supervisor: Superviso
     from procpilot.engine.store import FileStore
 
     s = await supervisor.run(SpawnSpec("exit 5"), scope=A, yield_ms=None)
-    records = {r["id"]: r for r in FileStore(supervisor.settings.state_dir).load_all()}
+    records = FileStore(supervisor.settings.state_dir).load()
     assert records[s.id]["state"] == "exited_error"
     assert records[s.id]["exit_code"] == 5
     assert records[s.id]["pid"] == s.pid

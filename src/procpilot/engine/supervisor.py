@@ -207,6 +207,8 @@ class Supervisor:
             reap_orphans(set())
             self._tree_backend.close()
             self._limit_backend.close()
+            if self._store is not None:
+                self._store.close()
             self.exits.close()
 
     def _kill_all_now(self) -> None:
