@@ -97,6 +97,33 @@ async def test_listeners_see_every_chunk_in_order(tmp_path: Path) -> None:
     output.mark_closed()
 
 
+def test_the_directory_is_made_by_the_first_byte_and_never_without_one(tmp_path: Path) -> None:
+    silent = SessionOutput(tmp_path / "sessions" / "silent", cap_bytes=1 << 20)
+    assert silent[Stream.COMBINED].read().data == b""
+    assert silent[Stream.COMBINED].read_lines(0, None).lines == []
+    silent.mark_closed()
+    silent.remove_files()  # a directory that never existed is nothing to remove
+    assert not (tmp_path / "sessions").exists()
+    loud = SessionOutput(tmp_path / "sessions" / "loud", cap_bytes=1 << 20)
+    loud.append(Stream.STDERR, b"x\n")
+    assert sorted(p.name for p in loud.directory.iterdir()) == ["combined.000000", "stderr.000000"]
+    loud.mark_closed()
+    loud.remove_files()
+    assert list(loud.directory.iterdir()) == []
+
+
+async def test_a_session_that_prints_nothing_leaves_no_directory(supervisor: Supervisor) -> None:
+    quiet = await supervisor.run(SpawnSpec("true"), scope="a", yield_ms=None)
+    assert quiet.state is SessionState.EXITED_OK
+    assert not quiet.output.directory.exists()
+    assert quiet.log_files == []
+    talker = await supervisor.run(SpawnSpec("echo hi"), scope="a", yield_ms=None)
+    assert talker.log_files == [str(talker.output.directory / "combined.000000")]
+    supervisor.clear("a", quiet.id)
+    supervisor.clear("a", talker.id)
+    assert not talker.output.directory.exists()
+
+
 async def test_a_200_mb_burst_loses_nothing(settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     big = settings.model_copy(update={"exec": settings.exec.model_copy(update={"max_log_bytes": 512 << 20})})
     # A deterministic, incompressible-enough pattern: each line carries its own number.

@@ -111,7 +111,14 @@ class SegmentedLog:
     def _open_segment(self, index: int) -> int:
         if self._fd is not None:
             os.close(self._fd)
-        fd = os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        try:
+            fd = os.open(self._path(index), flags, 0o600)
+        except FileNotFoundError:
+            # The session's first byte: its directory is made only now, so a session that prints
+            # nothing (most short commands) costs no mkdir and no rmdir.
+            self._dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._path(index), flags, 0o600)
         self._fd_index = index
         self._lines_before.append(self.lines)
         oldest_kept_tail = index - _TAIL_SEGMENTS + 1
@@ -130,6 +137,8 @@ class SegmentedLog:
 
     def remove_files(self) -> None:
         self.close()
+        if not self._lines_before:
+            return  # no segment was ever opened: there is nothing (maybe not even a directory)
         for path in self._dir.glob(f"{self._name}.*"):
             path.unlink(missing_ok=True)
 
@@ -232,7 +241,7 @@ class SessionOutput:
     """The three views of one session plus the means to wait for more."""
 
     def __init__(self, directory: Path, cap_bytes: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        # Made by the first segment written to it: a session without output has no directory.
         self.directory = directory
         self.views = {
             Stream.COMBINED: SegmentedLog(directory, "combined", cap_bytes),

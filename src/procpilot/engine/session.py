@@ -172,7 +172,8 @@ class Session:
 
     @property
     def log_files(self) -> list[str]:
-        """The files that hold this session's combined output, oldest first."""
+        """The files that hold this session's combined output, oldest first: none (and no
+        directory) until its first byte."""
         return sorted(str(p) for p in self.output.directory.glob("combined.*"))
 
     def _set_state(self, new: SessionState) -> None:
