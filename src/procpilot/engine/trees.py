@@ -203,30 +203,35 @@ class CgroupTrees:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        # Session paths are plain strings: every spawn makes, reads and removes one, and pathlib's
+        # parsing cost more than the system calls.
+        self._root = str(root)
         self.subreaper = _set_subreaper()
         self._hold = hold_instance(root)
 
-    def _dir(self, session_id: str) -> Path:
-        return self.root / session_id
+    def _dir(self, session_id: str) -> str:
+        return f"{self._root}/{session_id}"
 
     def prepare(self, session_id: str) -> str | None:
         path = self._dir(session_id)
-        path.mkdir(exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
         return f'echo $$ > "{path}/cgroup.procs" || exit 125'
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
         try:
-            text = (self._dir(session_id) / "cgroup.procs").read_text()
+            with open(f"{self._root}/{session_id}/cgroup.procs", "rb") as f:
+                data = f.read()
         except OSError:
             return set()
-        return {int(line) for line in text.split()}
+        return {int(line) for line in data.split()}
 
     def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
-        path = self._dir(session_id)
         members = self.pids(session_id, leader)
         if sig == signal.SIGKILL and members:
             try:
-                (path / "cgroup.kill").write_text("1")
+                with open(f"{self._dir(session_id)}/cgroup.kill", "wb") as f:
+                    f.write(b"1")
                 return len(members)
             except OSError:
                 pass
@@ -240,7 +245,7 @@ class CgroupTrees:
         path = self._dir(session_id)
         for _ in range(50):
             try:
-                path.rmdir()
+                os.rmdir(path)
                 return
             except FileNotFoundError:
                 return
