@@ -1,0 +1,39 @@
+"""The layering the README draws, checked: the engine knows nothing of the policy, the faces or the
+transports, and no face or policy module reaches up into a transport."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "procpilot"
+FORBIDDEN = {
+    "engine": ("procpilot.faces", "procpilot.policy", "procpilot.transports", "procpilot.client"),
+    "policy": ("procpilot.transports", "procpilot.client"),
+    "faces": ("procpilot.transports", "procpilot.client"),
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.add(first.value)
+    return found
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_a_layer_imports_nothing_above_it(layer: str) -> None:
+    files = sorted((SRC / layer).glob("*.py"))
+    assert files
+    for path in files:
+        for module in imported_modules(path):
+            assert not module.startswith(FORBIDDEN[layer]), f"{path.relative_to(SRC)} imports {module}"
