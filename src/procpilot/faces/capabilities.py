@@ -57,7 +57,7 @@ from procpilot.errors import (
     SessionNotFound,
     SpawnFailed,
 )
-from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, dumps, parse_arguments
+from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, audit_arguments, dumps, parse_arguments
 from procpilot.render import complete_utf8_prefix, for_model, tail_chars
 
 __all__ = [
@@ -633,9 +633,6 @@ class AuditEvent:
 
 
 _AUDIT_BUSES: weakref.WeakKeyDictionary[Supervisor, EventBus[AuditEvent]] = weakref.WeakKeyDictionary()
-# Argument values an audit log must not copy: secrets travel in environments and stdin.
-_REDACTED = frozenset({"environment", "env"})
-_SIZED = frozenset({"stdin", "data", "text", "literal", "hex", "keys"})
 
 
 def audit_bus(supervisor: Supervisor) -> EventBus[AuditEvent]:
@@ -644,20 +641,6 @@ def audit_bus(supervisor: Supervisor) -> EventBus[AuditEvent]:
     if bus is None:
         bus = _AUDIT_BUSES[supervisor] = EventBus()
     return bus
-
-
-def _audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in arguments.items():
-        if value is None:
-            continue
-        if key in _REDACTED and isinstance(value, Mapping):
-            out[key] = dict.fromkeys(value, "<redacted>")
-        elif key in _SIZED:
-            out[key] = f"<{len(value) if isinstance(value, str | list) else 1} items/chars>"
-        else:
-            out[key] = value
-    return out
 
 
 def audited(spec: ToolSpec, supervisor: Supervisor) -> ToolSpec:
@@ -677,7 +660,7 @@ def audited(spec: ToolSpec, supervisor: Supervisor) -> ToolSpec:
                     what=spec.name,
                     when=_iso(started),
                     outcome=outcome,
-                    arguments=_audit_arguments(arguments),
+                    arguments=audit_arguments(arguments),
                     tier=spec.tier.value,
                     process_id=process_id if isinstance(process_id, str) else None,
                     state=data.get("state") if isinstance(data.get("state"), str) else None,

@@ -17,7 +17,15 @@ import pydantic
 
 from procpilot.errors import InternalError, InvalidArgument, ProcpilotError
 
-__all__ = ["PermissionTier", "ToolResult", "ToolSpec", "error_result", "parse_arguments"]
+__all__ = [
+    "PermissionTier",
+    "ToolResult",
+    "ToolSpec",
+    "audit_arguments",
+    "error_result",
+    "parse_arguments",
+    "redact_environment",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -98,3 +106,28 @@ def parse_arguments(model: type[pydantic.BaseModel], arguments: Mapping[str, Any
 
 def dumps(data: Mapping[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+_ENVIRONMENTS = frozenset({"environment", "env"})
+# What a call writes to a process: in an audit trail its size, never its content (typed passwords).
+_SIZED = frozenset({"stdin", "data", "text", "literal", "hex", "keys"})
+
+
+def redact_environment(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments with environment values hidden: their names are not secrets, values may be."""
+    out = dict(arguments)
+    for key in _ENVIRONMENTS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = dict.fromkeys(out[key], "<redacted>")
+    return out
+
+
+def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments as an audit trail keeps them: environment values hidden, what is written to a
+    process reduced to its size, omitted (None) ones left out."""
+    out: dict[str, Any] = {}
+    for key, value in redact_environment(arguments).items():
+        if value is None:
+            continue
+        out[key] = f"<{len(value) if isinstance(value, str | list) else 1} items/chars>" if key in _SIZED else value
+    return out

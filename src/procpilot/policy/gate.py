@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 from procpilot.config import Settings
 from procpilot.engine.events import EventBus
 from procpilot.errors import ProcpilotError, SessionNotFound
-from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec
+from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, audit_arguments, redact_environment
 
 __all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
@@ -55,7 +55,7 @@ class AuditEvent:
     request_id: str | None = None
     decided_by: str | None = None
     process_id: str | None = None  # the session the call touched, or started
-    arguments: dict[str, Any] | None = None  # as called, with environment values redacted
+    arguments: dict[str, Any] | None = None  # as an audit trail keeps them (tooling.audit_arguments)
     duration_ms: int | None = None
 
 
@@ -76,7 +76,7 @@ class ApprovalRequest:
         """The request as plain data (for an API or CLI), without the future the call waits on."""
         # Not dataclasses.asdict: it deep-copies every field, and a Future cannot be copied.
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_decision"}
-        data["arguments"] = _redacted(self.arguments)  # an approver sees the names, not the secrets
+        data["arguments"] = redact_environment(self.arguments)  # an approver sees the names, not the secrets
         return data
 
 
@@ -104,15 +104,6 @@ def _process_id(arguments: Mapping[str, Any], result: ToolResult | None = None) 
             if isinstance(source.get(key), str):
                 return str(source[key])
     return None
-
-
-def _redacted(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments for the audit trail: environment values may be secrets, their names are not."""
-    out = dict(arguments)
-    for key in ("env", "environment"):
-        if isinstance(out.get(key), Mapping):
-            out[key] = dict.fromkeys(out[key], "<redacted>")
-    return out
 
 
 class Gate:
@@ -205,7 +196,7 @@ class Gate:
                         outcome,
                         summary,
                         process_id=_process_id(arguments, result),
-                        arguments=_redacted(arguments),
+                        arguments=audit_arguments(arguments),
                         duration_ms=int((time.monotonic() - started) * 1000),
                     )
                 )
