@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -21,13 +20,16 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from procpilot.config import ServerSettings, Settings
 from procpilot.engine.events import EventBus
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ProcpilotError
 from procpilot.faces.tooling import ToolSpec
+
+if TYPE_CHECKING:
+    from procpilot.policy.gate import Gate
 
 __all__ = [
     "SHUTDOWN_SIGNALS",
@@ -85,14 +87,6 @@ def daemon_file(settings: Settings) -> Path:
     return settings.state_dir / "daemon.json"
 
 
-def _optional(module: str, name: str) -> Any:
-    """A name from a module other faces may not have written yet (None if absent)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
 def make_supervisor(settings: Settings) -> Supervisor:
     """The supervisor, with the per-agent policy on every spawn and every write to a stdin."""
     from procpilot.policy.spawn_filter import make_spawn_filter, make_write_filter
@@ -103,26 +97,22 @@ def make_supervisor(settings: Settings) -> Supervisor:
 @dataclass(frozen=True, slots=True)
 class Toolset:
     tools: list[ToolSpec]
-    audit: EventBus[Any]  # the gate's, else the process.* face's own
-    gate: Any | None  # the policy gate (approvals are decided through it), when the policy package has one
+    audit: EventBus[Any]  # the gate's: every notify-tier call and approval decision
+    gate: Gate  # the policy gate (approvals are decided through it)
 
 
 def build_toolset(supervisor: Supervisor, settings: Settings) -> Toolset:
-    """Every face's tools, behind the permission gate where the policy package provides it."""
+    """Every face's tools, behind the permission gate."""
     from procpilot.faces.all_tools import all_tools
-    from procpilot.faces.capabilities import audit_bus
+    from procpilot.policy.gate import Gate
 
-    gate_class = _optional("procpilot.policy.gate", "Gate")
-    if gate_class is None:
-        return Toolset(all_tools(supervisor), audit_bus(supervisor), None)
-    gate = gate_class(settings)
+    gate = Gate(settings)
     # The gate audits every notify-tier call itself: the faces must not publish them twice.
     return Toolset(list(gate.wrap(all_tools(supervisor, audit=False))), gate.audit, gate)
 
 
 def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSpec], EventBus[Any]]:
-    """Every face's tools, behind the permission gate where the policy package provides it, and the
-    bus their audit events go to (the gate's, else the process.* face's own)."""
+    """Every face's tools, behind the permission gate, and the bus their audit events go to."""
     toolset = build_toolset(supervisor, settings)
     return toolset.tools, toolset.audit
 
