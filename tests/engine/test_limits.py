@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 
@@ -121,11 +122,30 @@ async def test_capabilities_name_the_mechanisms_in_use(supervisor: Supervisor) -
     assert caps["limits"]["mechanism"] == supervisor.limit_mechanism == _MECHANISM
     assert set(caps["limits"]["enforced"]) | set(caps["limits"]["not_enforced"]) == {"memory", "cpu", "pids"}
     assert "network_off" in caps["isolation"]
+    # Every better mechanism that was not used says why.
+    order = ["cgroup2", "cgroup1", "watchdog"]
+    passed_over = [line.split(": ", 1) for line in caps["limits"]["passed_over"]]
+    assert [name for name, _ in passed_over] == order[: order.index(_MECHANISM)]
+    assert all(why for _, why in passed_over)
+
+
+@pytest.mark.skipif(
+    os.environ.get("PROCPILOT_VM") != "cgroup2",
+    reason="only in the guest of scripts/cgroup2_vm.py, whose v2 hierarchy holds every controller",
+)
+def test_a_v2_hierarchy_with_controllers_is_used_and_a_delegated_one_too() -> None:
+    assert _MECHANISM == "cgroup2", _PROBE.passed_over
+    with open("/proc/self/cgroup") as f:
+        own = f.read().split("0::", 1)[1].strip()
+    if os.environ.get("PROCPILOT_VM_DELEGATED") == "1":
+        # Started alone in a non-root cgroup: we moved into a leaf of our own to pass controllers on.
+        assert re.fullmatch(r".*/procpilot-[0-9]+-[0-9a-f]+-supervisor", own), own
+    else:
+        assert own == "/"
 
 
 @needs_cgroups
 async def test_a_non_root_child_cannot_escape_its_cgroup(supervisor: Supervisor) -> None:
-    import os
     import shutil
 
     if os.geteuid() != 0 or shutil.which("setpriv") is None:

@@ -386,7 +386,7 @@ def test_capabilities_endpoint_and_doctor(served: Served) -> None:
     with Client(served.url, TOKEN_A) as c:
         caps = c.capabilities()
     assert {"tree_kill", "limits", "isolation", "pidfd"} <= set(caps)
-    assert set(caps["limits"]) == {"mechanism", "enforced", "not_enforced"}
+    assert set(caps["limits"]) == {"mechanism", "enforced", "not_enforced", "passed_over"}
     with Client(served.url, "wrong") as c, pytest.raises(Unauthorized):
         c.capabilities()
 

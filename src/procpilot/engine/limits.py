@@ -24,11 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from procpilot.engine.trees import hold_instance, kill_cgroup_v1, reap_stale_instances, release_instance
+from procpilot.engine.trees import (
+    enable_controllers,
+    hold_instance,
+    kill_cgroup_v1,
+    reap_stale_instances,
+    release_instance,
+)
 
 __all__ = ["LimitBackend", "LimitReport", "Limits", "TreeSample", "WatchdogLimits", "probe_limits"]
 
 _CPU_PERIOD_US = 100_000
+_CONTROLLERS = ("cpu", "memory", "pids")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,7 @@ class LimitReport:
 class LimitBackend(Protocol):
     name: str
     enforces: frozenset[str]  # which of "memory", "cpu", "pids" it really enforces
+    passed_over: dict[str, str]  # better mechanisms probed and not used -> why not
 
     def prepare(self, session_id: str, limits: Limits) -> list[str]:
         """Create what the session needs; returns the shell lines that join it."""
@@ -104,6 +112,7 @@ class CgroupV1Limits:
     enforces = frozenset({"memory", "cpu", "pids"})
 
     def __init__(self, roots: dict[str, Path]) -> None:
+        self.passed_over: dict[str, str] = {}
         self.roots = roots  # controller -> our directory in that hierarchy
         self._holds = [hold_instance(root) for root in roots.values()]
 
@@ -166,6 +175,7 @@ class CgroupV2Limits:
     enforces = frozenset({"memory", "cpu", "pids"})
 
     def __init__(self, root: Path) -> None:
+        self.passed_over: dict[str, str] = {}
         self.root = root
         self._hold = hold_instance(root)
 
@@ -240,6 +250,7 @@ class WatchdogLimits:
     enforces = frozenset({"memory", "cpu", "pids"})
 
     def __init__(self) -> None:
+        self.passed_over: dict[str, str] = {}
         self.peaks: dict[str, int] = {}
         self.exceeded: dict[str, str] = {}
         self._cpu: dict[str, _CpuBucket] = {}
@@ -325,10 +336,12 @@ def _own_v1_cgroups() -> dict[str, Path]:
     return {c: mounts[c] / own[c].lstrip("/") for c in mounts if c in own}
 
 
-def _try_v1(name: str) -> CgroupV1Limits | None:
+def _try_v1(name: str) -> CgroupV1Limits | str:
+    """The v1 backend, or why not."""
     own = _own_v1_cgroups()
     if set(own) != {"memory", "cpu", "pids"}:
-        return None
+        absent = sorted({"memory", "cpu", "pids"} - set(own))
+        return f"no v1 hierarchy mounted for {', '.join(absent)}"
     for parent in own.values():
         # What crashed supervisors left beside ours: their sessions may still run, unlimited now.
         reap_stale_instances(parent, kill_cgroup_v1)
@@ -340,36 +353,38 @@ def _try_v1(name: str) -> CgroupV1Limits | None:
         probe.mkdir(exist_ok=True)
         (probe / "memory.limit_in_bytes").write_text(str(1 << 30))
         _rmdir(probe)
-    except OSError:
+    except OSError as exc:
         for root in roots.values():
             with contextlib.suppress(OSError):
                 root.rmdir()
-        return None
+        return f"cannot write below {own['memory']}: {exc.strerror}"
     return CgroupV1Limits(roots)
 
 
-def _try_v2(root: Path | None) -> CgroupV2Limits | None:
+def _try_v2(root: Path | None) -> CgroupV2Limits | str:
     """``root``: the directory whose children are the sessions' cgroups (the tree backend's own,
-    when it groups by cgroup v2: a process is in one v2 cgroup only, so limits must live there)."""
+    when it groups by cgroup v2: a process is in one v2 cgroup only, so limits must live there).
+    Returns the backend, or why not."""
     if root is None:
-        return None
+        return "no writable cgroup v2 hierarchy"
+    reason = enable_controllers(root.parent, _CONTROLLERS)
+    if reason is not None:
+        return reason
     created = not root.exists()
     try:
         root.mkdir(exist_ok=True)
-        available = set((root / "cgroup.controllers").read_text().split())
-        if not {"memory", "cpu", "pids"} <= available:
-            raise OSError("memory, cpu and pids are not delegated to us")
-        (root / "cgroup.subtree_control").write_text("+memory +cpu +pids")
-    except OSError:
+        (root / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in _CONTROLLERS))
+    except OSError as exc:
         if created:
             with contextlib.suppress(OSError):
                 root.rmdir()
-        return None
+        return f"cannot enable {', '.join(_CONTROLLERS)} in {root}: {exc.strerror}"
     return CgroupV2Limits(root)
 
 
 def probe_limits(prefer: str = "auto", v2_root: Path | None = None, name: str | None = None) -> LimitBackend:
-    """The best limit mechanism available: cgroup v2, then v1, then the watchdog.
+    """The best limit mechanism available: cgroup v2, then v1, then the watchdog. The backend's
+    ``passed_over`` says why each better one was not used.
 
     ``v2_root`` is where v2 session cgroups live (default: a directory ``name`` below our own
     cgroup); ``name`` is this supervisor's directory name in every hierarchy.
@@ -377,15 +392,21 @@ def probe_limits(prefer: str = "auto", v2_root: Path | None = None, name: str | 
     from procpilot.engine.trees import instance_name, own_unified_cgroup
 
     name = name or instance_name()
+    passed_over: dict[str, str] = {}
     if prefer in ("auto", "cgroup2"):
         if v2_root is None:
             base = own_unified_cgroup()
             v2_root = None if base is None else base / name
-        backend: LimitBackend | None = _try_v2(v2_root)
-        if backend is not None:
-            return backend
+        v2 = _try_v2(v2_root)
+        if not isinstance(v2, str):
+            return v2
+        passed_over["cgroup2"] = v2
     if prefer in ("auto", "cgroup1"):
-        backend = _try_v1(name)
-        if backend is not None:
-            return backend
-    return WatchdogLimits()
+        v1 = _try_v1(name)
+        if not isinstance(v1, str):
+            v1.passed_over = passed_over
+            return v1
+        passed_over["cgroup1"] = v1
+    watchdog = WatchdogLimits()
+    watchdog.passed_over = passed_over
+    return watchdog

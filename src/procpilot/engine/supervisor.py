@@ -161,6 +161,7 @@ class Supervisor:
                 "mechanism": limits.name,
                 "enforced": sorted(limits.enforces),
                 "not_enforced": sorted({"memory", "cpu", "pids"} - limits.enforces),
+                "passed_over": [f"{name}: {why}" for name, why in limits.passed_over.items()],
             },
             "isolation": isolation_capabilities(),
             "pidfd": hasattr(os, "pidfd_open"),

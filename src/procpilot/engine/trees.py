@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import os
 import platform
@@ -34,6 +35,7 @@ __all__ = [
     "CgroupTrees",
     "ScanTrees",
     "TreeBackend",
+    "enable_controllers",
     "hold_instance",
     "instance_name",
     "kill_cgroup_v1",
@@ -268,6 +270,17 @@ class CgroupTrees:
 
 
 def own_unified_cgroup() -> Path | None:
+    """The cgroup v2 directory this process was given, where its supervisors make theirs: our
+    current cgroup, or its parent when we sit in a leaf of our own (:func:`enable_controllers`)."""
+    current = _current_unified_cgroup()
+    if current is not None:
+        match = _INSTANCE.fullmatch(current.name)
+        if match is not None and match.group(2) and int(match.group(1)) == os.getpid():
+            return current.parent
+    return current
+
+
+def _current_unified_cgroup() -> Path | None:
     mounts: dict[str, Path] = {}
     try:
         with open("/proc/self/mountinfo") as f:
@@ -292,13 +305,73 @@ def own_unified_cgroup() -> Path | None:
     return None
 
 
+# Locks on the leaves we moved into (see enable_controllers): held for the life of the process,
+# since we stay in a leaf until we exit.
+_leaf_holds: list[int | None] = []
+
+
+def enable_controllers(base: Path, wanted: Iterable[str]) -> str | None:
+    """Hand the ``wanted`` v2 controllers down to the cgroups we make below ``base``, our own
+    cgroup (:func:`own_unified_cgroup`). None when done, else why not, in words for ``doctor``.
+
+    A cgroup other than the root cannot both hold processes and give controllers to its children
+    (the "no internal processes" rule). A supervisor started in a cgroup delegated to it (systemd's
+    ``Delegate=yes``) is in just that position, so, as systemd asks of a delegated manager, it first
+    moves itself into a leaf of its own below ``base``. Only when it is alone there: other
+    processes in ``base`` are not ours to move.
+    """
+    wanted = sorted(set(wanted))
+    try:
+        available = set((base / "cgroup.controllers").read_text().split())
+        enabled = set((base / "cgroup.subtree_control").read_text().split())
+    except OSError as exc:
+        return f"{base} cannot be read: {exc.strerror}"
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        return f"{', '.join(missing)} not delegated to {base}"
+    if enabled.issuperset(wanted):
+        return None
+    line = " ".join(f"+{c}" for c in wanted)
+    try:
+        (base / "cgroup.subtree_control").write_text(line)
+        return None
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            return f"cannot enable {', '.join(wanted)} in {base}: {exc.strerror}"
+    try:
+        others = {int(p) for p in (base / "cgroup.procs").read_text().split()} - {os.getpid()}
+    except (OSError, ValueError) as exc:
+        return f"{base} cannot be read: {exc}"
+    if others:
+        return (
+            f"{base} holds {len(others)} other process(es), so its controllers cannot be passed on;"
+            " run procpilot alone in a cgroup delegated to it (systemd: Delegate=yes)"
+        )
+    leaf = base / f"{instance_name()}-supervisor"
+    try:
+        leaf.mkdir()
+        hold = hold_instance(leaf)
+        try:
+            (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            release_instance(hold)
+            leaf.rmdir()
+            raise
+        _leaf_holds.append(hold)
+        (base / "cgroup.subtree_control").write_text(line)
+    except OSError as exc:
+        return f"cannot move into a leaf of {base} to enable {', '.join(wanted)}: {exc.strerror}"
+    return None
+
+
 def instance_name() -> str:
     """A cgroup directory name of one supervisor: its pid (for finding a crashed one's leftovers)
     and a random part, so two supervisors in one process never share (or remove) a directory."""
     return f"procpilot-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-_INSTANCE = re.compile(r"procpilot-([0-9]+)-[0-9a-f]+")
+# A supervisor's directory, or (with "-supervisor") the leaf it moved itself into.
+_INSTANCE = re.compile(r"procpilot-([0-9]+)-[0-9a-f]+(-supervisor)?")
 # A directory younger than this may belong to a supervisor between its mkdir and its lock.
 _STALE_AFTER_S = 1.0
 

@@ -683,7 +683,8 @@ def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
         if isinstance(value, Mapping):
             for sub, item in value.items():
                 label = f"{key.replace('_', ' ')}: {sub.replace('_', ' ')}"
-                shown = show(item)
+                # Reasons hold commas of their own: one per line.
+                shown = "\n".join(map(escape, item)) if sub == "passed_over" and item else show(item)
                 if key == "limits" and sub == "not_enforced" and item:
                     shown = f"[red]{shown}[/red]"
                 table.add_row(label, shown)

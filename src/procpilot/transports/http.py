@@ -500,7 +500,10 @@ def build_openapi(tools: Sequence[ToolSpec], version: str = "0") -> dict[str, An
             "summary": "Which mechanism serves tree kill, resource limits and isolation on this host.",
             "responses": {
                 "200": {
-                    "description": "tree_kill, subreaper, limits {mechanism, enforced, not_enforced}, isolation, pidfd",
+                    "description": (
+                        "tree_kill, subreaper, limits {mechanism, enforced, not_enforced, passed_over},"
+                        " isolation, pidfd"
+                    ),
                     "content": {
                         "application/json": {"schema": {"type": "object", "required": ["tree_kill", "limits"]}}
                     },
