@@ -271,11 +271,12 @@ class CgroupTrees:
 
 def own_unified_cgroup() -> Path | None:
     """The cgroup v2 directory this process was given, where its supervisors make theirs: our
-    current cgroup, or its parent when we sit in a leaf of our own (:func:`enable_controllers`)."""
+    current cgroup, or its parent when we sit in a supervisor's leaf (:func:`enable_controllers`),
+    ours or, in a process it started, our parent's: a leaf is for processes, not directories."""
     current = _current_unified_cgroup()
     if current is not None:
         match = _INSTANCE.fullmatch(current.name)
-        if match is not None and match.group(2) and int(match.group(1)) == os.getpid():
+        if match is not None and match.group(2):
             return current.parent
     return current
 
