@@ -6,16 +6,21 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench clean install
 
+# $(call apt_optional,COMMAND,PACKAGE,WHAT IS LOST WITHOUT IT)
+apt_optional = command -v $(1) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	{ apt-get install -y -q --no-install-recommends $(2) >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $(2) >/dev/null 2>&1; }; }; } || \
+	echo "note: $(2) is not installed: $(3)"
+
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	@# bubblewrap gives sessions a read-only root; optional, installed where we may (root + apt).
-	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  { apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; }; } || \
-	  echo "note: bubblewrap is not installed: read-only roots will be refused"
+	@# Optional system packages, installed where we may (root + apt): bubblewrap gives sessions a
+	@# read-only root; qemu boots the guest in which the tests meet a real cgroup v2 hierarchy.
+	@$(call apt_optional,bwrap,bubblewrap,read-only roots will be refused)
+	@$(call apt_optional,qemu-system-x86_64,qemu-system-x86,the cgroup v2 tests in a VM will be skipped)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -51,7 +56,7 @@ run: $(STAMP)
 	$(BIN)/procpilot serve --config $(RUN_DIR)/procpilot.toml --port $${PORT:-8765}
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

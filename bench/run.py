@@ -1,6 +1,6 @@
 """procpilot benchmarks: the engine against raw baselines measured in the same run.
 
-Run: ``.venv/bin/python bench/run.py [--quick] [--only exec,mcp,output,many,latency]``
+Run: ``.venv/bin/python bench/run.py [--quick] [--only exec,mcp,output,many,latency,isolation]``
 
 Every figure is informational: nothing here is asserted and nothing is part of CI's pass/fail.
 The "goal" column says what we aim for; "verdict" says whether this one run met it. The machine
@@ -956,12 +956,49 @@ async def bench_latency(root: Path, sizes: Sizes, out: Results, children: Childr
     out.note(5, "latency baseline: a thread blocking in os.read(64 KiB) on the child's pipe")
 
 
+def bench_isolation(root: Path, out: Results) -> None:
+    """What each isolation mechanism adds to one spawn of /bin/true (best of 10, wall time)."""
+    from procpilot.engine import isolation as iso
+
+    def best(argv: list[str]) -> float:
+        times = []
+        for _ in range(10):
+            start = time.perf_counter()
+            subprocess.run([*argv, "/bin/true"], check=True)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    bench = "6. isolation per spawn"
+    bare = best([])
+    workspace = root / "isolation"
+    workspace.mkdir(exist_ok=True)
+    cases = {
+        "network off": iso.Isolation(network=False),
+        "read-only root": iso.Isolation(readonly_root=True, writable=(workspace,)),
+        "private box": iso.Isolation(private=True, writable=(workspace,)),
+    }
+    for label, isolation in cases.items():
+        try:
+            prefix = iso.isolation_prefix(isolation)
+        except iso.IsolationUnavailable as exc:
+            out.add(bench, label, "unavailable", fmt_ms(bare))
+            out.note(6, f"isolation: {label}: {exc}")
+            continue
+        wrapped = best(prefix)
+        out.add(bench, f"{label} ({Path(prefix[0]).name})", fmt_ms(wrapped), fmt_ms(bare), f"+{fmt_ms(wrapped - bare)}")
+    if iso._landlock() and iso._seccomp():
+        wrapped = best(iso._sandbox("--landlock", "--writable", str(workspace), "--no-network"))
+        label = "Landlock + seccomp wrapper (fallback)"
+        out.add(bench, label, fmt_ms(wrapped), fmt_ms(bare), f"+{fmt_ms(wrapped - bare)}")
+    out.note(6, "isolation baseline: /bin/true spawned bare by subprocess.run; ratio column: time added")
+
+
 # -- main ----------------------------------------------------------------------------------------
 
-BENCHES = ("exec", "mcp", "output", "many", "latency")
+BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation")
 # "many" runs first, in a young heap: later, memory freed by earlier benchmarks would be reused and
 # hide the sessions' own RSS. The table is printed in the numbered order all the same.
-RUN_ORDER = ("many", "exec", "mcp", "output", "latency")
+RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation")
 
 
 async def settle() -> None:
@@ -987,6 +1024,7 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
         "output": lambda: bench_output(root, sizes, out, children),
         "many": lambda: bench_many(root, sizes, out, children),
         "latency": lambda: bench_latency(root, sizes, out, children),
+        "isolation": lambda: asyncio.to_thread(bench_isolation, root, out),
     }
     try:
         for i, name in enumerate(chosen, 1):
