@@ -111,6 +111,11 @@ mount -t proc -o nosuid,nodev,noexec proc /proc
 mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
 mount -t devtmpfs -o nosuid devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
+# devtmpfs lacks the links udev makes; `> /dev/stdout` would create a file instead.
+ln -s /proc/self/fd /dev/fd
+ln -s /proc/self/fd/0 /dev/stdin
+ln -s /proc/self/fd/1 /dev/stdout
+ln -s /proc/self/fd/2 /dev/stderr
 mount -t devpts -o nosuid,noexec,gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o nosuid,nodev,mode=755 tmpfs /run
