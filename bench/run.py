@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,19 @@ class Results:
 
     def add(self, *args: str, **kw: str) -> None:
         self.rows.append(Row(*args, **kw))
+
+    def compare(
+        self,
+        bench: str,
+        metric: str,
+        ours: float,
+        base: float,
+        fmt: Callable[[float], str],
+        goal: str = "",
+        ok: str = "",
+    ) -> None:
+        """A row of ours against the baseline, both shown by ``fmt``, and their ratio."""
+        self.add(bench, metric, fmt(ours), fmt(base), f"{ours / base:.2f}x", goal, ok)
 
     def note(self, bench: int, text: str) -> None:
         """A footnote, printed under the table in benchmark order (0 = general)."""
@@ -386,7 +399,7 @@ async def close_timed(sup: Supervisor) -> float:
 # -- 1. exec `true` ------------------------------------------------------------------------------
 
 
-async def interleaved(methods: dict[str, Callable[[], Awaitable[None]]], n: int, warmup: int) -> dict[str, Any]:
+async def interleaved(methods: Mapping[str, Callable[[], Awaitable[None]]], n: int, warmup: int) -> dict[str, Any]:
     """Run each method ``n`` times, in alternating blocks so drift hits them alike.
 
     Returns per method: the list of per-call seconds and the parent CPU seconds per call.
@@ -483,23 +496,10 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
         walls, cpu_per = res[key]
         med, p90 = statistics.median(walls), pct(walls, 0.9)
         ratio = med / raw_med
-        out.add(
-            bench,
-            f"{label}: median",
-            fmt_ms(med),
-            fmt_ms(raw_med),
-            f"{ratio:.2f}x",
-            "≤ 1.3x" if goal else "",
-            verdict(ratio <= 1.3) if goal else "",
-        )
-        out.add(bench, f"{label}: p90", fmt_ms(p90), fmt_ms(raw_p90), f"{p90 / raw_p90:.2f}x")
-        out.add(
-            bench,
-            f"{label}: parent CPU/call",
-            f"{cpu_per * 1e6:.0f} µs",
-            f"{raw_cpu * 1e6:.0f} µs",
-            f"{cpu_per / raw_cpu:.2f}x",
-        )
+        goal_text, ok = ("≤ 1.3x", verdict(ratio <= 1.3)) if goal else ("", "")
+        out.compare(bench, f"{label}: median", med, raw_med, fmt_ms, goal_text, ok)
+        out.compare(bench, f"{label}: p90", p90, raw_p90, fmt_ms)
+        out.compare(bench, f"{label}: parent CPU/call", cpu_per, raw_cpu, lambda v: f"{v * 1e6:.0f} µs")
     out.note(
         1,
         "exec: baseline subprocess.run(['/bin/sh', '-c', 'true']) in the same process; all methods interleaved "
@@ -612,41 +612,16 @@ async def bench_mcp(root: Path, sizes: Sizes, out: Results, children: Children) 
         shutil.rmtree(root / "mcp-bare", ignore_errors=True)
     bench = f"2. MCP stdio x{n}"
     b_exec, b_ping = bare["exec"], bare["ping"]
-    out.add(
-        bench,
-        "SDK Client exec true: calls/s",
-        f"{n / total:.0f}/s",
-        f"{n / sum(b_exec):.0f}/s",
-        f"{(n / total) / (n / sum(b_exec)):.2f}x",
+    out.compare(bench, "SDK Client exec true: calls/s", n / total, n / sum(b_exec), lambda v: f"{v:.0f}/s")
+    # p50 is the median (the mean of the middle two), as before; p99 the nearest rank.
+    stats: tuple[tuple[str, Callable[[list[float]], float]], ...] = (
+        ("p50", statistics.median),
+        ("p99", lambda values: pct(values, 0.99)),
     )
-    out.add(
-        bench,
-        "SDK Client exec true: p50",
-        fmt_ms(statistics.median(walls)),
-        fmt_ms(statistics.median(b_exec)),
-        f"{statistics.median(walls) / statistics.median(b_exec):.2f}x",
-    )
-    out.add(
-        bench,
-        "SDK Client exec true: p99",
-        fmt_ms(pct(walls, 0.99)),
-        fmt_ms(pct(b_exec, 0.99)),
-        f"{pct(walls, 0.99) / pct(b_exec, 0.99):.2f}x",
-    )
-    out.add(
-        bench,
-        "bare JSON-RPC exec true vs ping: p50",
-        fmt_ms(statistics.median(b_exec)),
-        fmt_ms(statistics.median(b_ping)),
-        f"{statistics.median(b_exec) / statistics.median(b_ping):.2f}x",
-    )
-    out.add(
-        bench,
-        "bare JSON-RPC exec true vs ping: p99",
-        fmt_ms(pct(b_exec, 0.99)),
-        fmt_ms(pct(b_ping, 0.99)),
-        f"{pct(b_exec, 0.99) / pct(b_ping, 0.99):.2f}x",
-    )
+    for name, stat in stats:
+        out.compare(bench, f"SDK Client exec true: {name}", stat(walls), stat(b_exec), fmt_ms)
+    for name, stat in stats:
+        out.compare(bench, f"bare JSON-RPC exec true vs ping: {name}", stat(b_exec), stat(b_ping), fmt_ms)
     out.note(
         2,
         "MCP: rows 1-3 compare the SDK's Client with a bare line-JSON-RPC client on the same server "
