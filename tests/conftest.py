@@ -1,8 +1,9 @@
-"""Shared fixtures. After every test: no process carrying a session marker survives, no fd leaked."""
+"""Shared fixtures. After every test: no process this run's supervisors started survives, no fd leaked."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -12,29 +13,65 @@ import pytest
 
 from procpilot.config import Settings, load_settings
 from procpilot.engine.supervisor import Supervisor
-from procpilot.engine.trees import MARKER_ENV
+from procpilot.engine.trees import MARKER_ENV, SUPERVISOR_ENV
 
 PROGRAMS = Path(__file__).parent / "programs"
 PY = sys.executable
 
 
-def marked_processes() -> list[int]:
-    """Pids of live processes started by any procpilot supervisor (they carry the marker)."""
-    found = []
-    needle = f"{MARKER_ENV}=".encode()
+def _environ(pid: int) -> dict[bytes, bytes] | None:
+    """A live (not zombie) process's environment, or None."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return None
+    if state == b"Z":
+        return None
+    return dict(item.partition(b"=")[::2] for item in env.split(b"\0") if item)
+
+
+def _supervisors_of_marked() -> dict[int, bytes]:
+    """Every live process that some procpilot supervisor started, with that supervisor's name."""
+    found = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != b"Z" and any(item.startswith(needle) for item in env.split(b"\0")):
-            found.append(int(name))
+        if name.isdigit() and (env := _environ(int(name))) is not None and MARKER_ENV.encode() in env:
+            found[int(name)] = env.get(SUPERVISOR_ENV.encode(), b"")
     return found
+
+
+def _descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
+
+
+# Supervisors that already had processes when the suite started: a daemon serving real agents.
+_FOREIGN = set(_supervisors_of_marked().values())
+
+
+def _ours(supervisor: bytes) -> bool:
+    """A supervisor of this test run: this process, a live descendant (a daemon a test started), or
+    one that is gone but was not running before the suite (a daemon a test killed outright)."""
+    match = re.fullmatch(rb"procpilot-([0-9]+)-[0-9a-f]+", supervisor)
+    if match is None or supervisor in _FOREIGN:
+        return False
+    pid = int(match[1])
+    return _descends_from_us(pid) or not os.path.exists(f"/proc/{pid}")
+
+
+def marked_processes() -> list[int]:
+    """Pids of live processes started by this test run's supervisors. Those of any other
+    supervisor on the machine (a daemon serving real agents) are none of a test's business."""
+    return [pid for pid, supervisor in _supervisors_of_marked().items() if _ours(supervisor)]
 
 
 def open_fds() -> set[int]:

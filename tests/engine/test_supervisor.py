@@ -20,6 +20,7 @@ from procpilot.errors import (
     CommandNotFound,
     InvalidArgument,
     ProcessAlreadyExited,
+    ProtectedVariable,
     SessionNotFound,
     SessionStillRunning,
     StdinClosed,
@@ -99,6 +100,21 @@ async def test_env_merges_onto_a_clean_base(supervisor: Supervisor, monkeypatch:
     assert "FOO=bar" in env
     assert "SECRET_TOKEN_FOR_TEST" not in env
     assert "PATH=" in env
+
+
+@pytest.mark.parametrize("name", ["PROCPILOT_SESSION", "PROCPILOT_SUPERVISOR"])
+async def test_the_markers_cannot_be_overridden(supervisor: Supervisor, name: str) -> None:
+    # Without a cgroup a tree is found by its marker: a command that renamed itself would escape kill.
+    with pytest.raises(ProtectedVariable):
+        await supervisor.run(SpawnSpec("sleep 30", env={name: "elsewhere"}), scope=A, yield_ms=None)
+
+
+async def test_every_process_names_its_supervisor(supervisor: Supervisor) -> None:
+    s = await supervisor.run(SpawnSpec("env"), scope=A, yield_ms=None)
+    env = s.output[Stream.STDOUT].read().data.decode().splitlines()
+    assert f"PROCPILOT_SESSION={s.id}" in env
+    assert f"PROCPILOT_SUPERVISOR={supervisor.instance}" in env
+    assert re.fullmatch(rf"procpilot-{os.getpid()}-[0-9a-f]+", supervisor.instance)
 
 
 async def test_kill_ends_setsid_daemon_grandchild(supervisor: Supervisor, tmp_path: Path) -> None:

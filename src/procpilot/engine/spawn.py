@@ -26,7 +26,7 @@ from typing import Literal
 
 from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
-from procpilot.errors import CommandNotFound, InvalidArgument, SpawnFailed
+from procpilot.errors import CommandNotFound, InvalidArgument, ProtectedVariable, SpawnFailed
 
 __all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
 
@@ -139,12 +139,15 @@ def build_env(
     base_set: Mapping[str, str],
     overrides: Mapping[str, str],
     *,
-    marker: tuple[str, str],
+    markers: Mapping[str, str],
     pty: bool,
     pty_size: tuple[int, int],
     source: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """A clean base (a few passthrough variables) plus fixed values, the marker, then overrides."""
+    """A clean base (a few passthrough variables) plus fixed values, overrides, then the markers.
+
+    The markers (which session, which supervisor) are how a tree is found without cgroups: an
+    override of one would let a command hide from its own kill, so it is refused."""
     source = os.environ if source is None else source
     env = {name: source[name] for name in base_passthrough if name in source}
     env.setdefault("PATH", os.defpath)
@@ -154,12 +157,16 @@ def build_env(
         env["COLUMNS"], env["LINES"] = str(pty_size[0]), str(pty_size[1])
     else:
         env.setdefault("TERM", "dumb")
-    env[marker[0]] = marker[1]
     for key, value in overrides.items():
         if not key or "=" in key or "\0" in key:
             raise InvalidArgument(f"env: invalid variable name {key!r}", field="env")
+        if key in markers:
+            raise ProtectedVariable(
+                f"cannot override protected environment variable(s): {key}", variables=[key]
+            )
         check_os_string(f"env.{key}", value, field="env")
         env[key] = value
+    env.update(markers)
     return env
 
 

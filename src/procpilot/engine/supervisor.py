@@ -33,7 +33,15 @@ from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
-from procpilot.engine.trees import MARKER_ENV, CgroupTrees, TreeBackend, instance_name, probe_trees, reap_orphans
+from procpilot.engine.trees import (
+    MARKER_ENV,
+    SUPERVISOR_ENV,
+    CgroupTrees,
+    TreeBackend,
+    instance_name,
+    probe_trees,
+    reap_orphans,
+)
 from procpilot.errors import (
     InvalidPattern,
     NotSupported,
@@ -120,6 +128,9 @@ class Supervisor:
         self._started = False
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
+        # Named at construction, so every process this supervisor starts carries the same name
+        # (SUPERVISOR_ENV) as its cgroup directories.
+        self.instance = instance_name()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -129,7 +140,7 @@ class Supervisor:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         if self._store is None:
             self._store = FileStore(self.settings.state_dir)
-        name = instance_name()
+        name = self.instance
         if self._trees is None:
             self._trees = probe_trees(name=name)
         if self._limits is None:
@@ -336,7 +347,7 @@ class Supervisor:
                 self.settings.base_env_passthrough,
                 self.settings.base_env_set,
                 spec.env,
-                marker=(MARKER_ENV, session.id),
+                markers={MARKER_ENV: session.id, SUPERVISOR_ENV: self.instance},
                 pty=spec.pty,
                 pty_size=spec.pty_size,
             )

@@ -32,6 +32,7 @@ from typing import Protocol
 
 __all__ = [
     "MARKER_ENV",
+    "SUPERVISOR_ENV",
     "CgroupTrees",
     "ScanTrees",
     "TreeBackend",
@@ -47,6 +48,9 @@ __all__ = [
 ]
 
 MARKER_ENV = "PROCPILOT_SESSION"
+# Which supervisor started a process (its instance name, see instance_name): lets an operator, or a
+# test suite beside a live daemon, tell one supervisor's processes from another's.
+SUPERVISOR_ENV = "PROCPILOT_SUPERVISOR"
 _PR_SET_CHILD_SUBREAPER = 36
 
 
