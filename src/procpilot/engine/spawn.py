@@ -26,7 +26,7 @@ from typing import Literal
 
 from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
-from procpilot.errors import CommandNotFound, InvalidArgument, ProtectedVariable, SpawnFailed
+from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
 __all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
 
@@ -113,6 +113,9 @@ class SpawnSpec:
     limits: Limits | None = None
     isolation: Isolation | None = None
     elevated: bool = False  # asks to run outside the agent's box; the spawn filter decides
+    # The working directory must lie inside this one: checked on the very directory the child
+    # enters, so a path swapped for a symlink after any earlier check cannot lead it out.
+    workspace: Path | None = None
 
     @property
     def display(self) -> str:
@@ -263,20 +266,52 @@ async def spawn_process(
     else:
         for index, word in enumerate(spec.command):
             check_os_string(f"command[{index}]", word, field="command")
-    if spec.cwd is not None:
-        check_os_string("workdir", str(spec.cwd))
-    if spec.cwd is not None and not spec.cwd.is_dir():
+    cwd_fd = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else None
+    try:
+        check_command(spec.command, env, spec.cwd)
+        return await _spawn_with_retries(spec, env, prelude, cwd_fd)
+    finally:
+        if cwd_fd is not None:
+            os.close(cwd_fd)
+
+
+def _open_workdir(cwd: Path, workspace: Path | None) -> int:
+    """A descriptor of the working directory, checked to lie inside ``workspace``.
+
+    The child enters the directory through this descriptor, never by its path again: whatever
+    happens to the path after the check (a component swapped for a symlink), the directory
+    checked is the directory the command runs in.
+    """
+    check_os_string("workdir", str(cwd))
+    try:
+        fd = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
         raise InvalidArgument(
-            f"workdir does not exist or is not a directory: {spec.cwd}",
+            f"workdir does not exist or is not a directory: {cwd}",
             hints={"fix_workdir": "Pass an existing directory, or omit workdir to use the default."},
             field="workdir",
-        )
-    check_command(spec.command, env, spec.cwd)
+        ) from None
+    if workspace is not None:
+        entered = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        root = workspace.resolve()
+        if entered != root and root not in entered.parents:
+            os.close(fd)
+            raise PathOutOfScope(
+                f"workdir {cwd} leads to {entered}, outside the workspace root {root}",
+                working_directory=str(cwd),
+                workspace_root=str(root),
+            )
+    return fd
+
+
+async def _spawn_with_retries(
+    spec: SpawnSpec, env: Mapping[str, str], prelude: Sequence[str], cwd_fd: int | None
+) -> Spawned:
     for attempt, delay in enumerate((0.0, *_RETRY_DELAYS)):
         if delay:
             await asyncio.sleep(delay)  # the loop keeps serving every other session meanwhile
         try:
-            return _spawn_once(spec, env, prelude)
+            return _spawn_once(spec, env, prelude, cwd_fd)
         except OSError as exc:
             if exc.errno in _TRANSIENT and attempt < len(_RETRY_DELAYS):
                 continue
@@ -287,7 +322,7 @@ async def spawn_process(
     raise AssertionError("unreachable")
 
 
-def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str]) -> Spawned:
+def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str], cwd_fd: int | None) -> Spawned:
     # Shell lines run in the child before the user's command: joining cgroups, taking the pty.
     prelude = list(lines)
     prefix = isolation_prefix(spec.isolation) if spec.isolation is not None else []
@@ -329,7 +364,9 @@ def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str]) -
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
-            cwd=spec.cwd,
+            # The child changes directory before it closes its inherited descriptors, so this
+            # /proc/self link is still ours to follow there (see _open_workdir).
+            cwd=None if cwd_fd is None else f"/proc/self/fd/{cwd_fd}",
             env=dict(env),
             start_new_session=True,
             close_fds=True,

@@ -418,12 +418,15 @@ class ProcessCapabilities:
             if params.cpu_limit is not None or params.memory_limit is not None:
                 limits = Limits(memory_bytes=params.memory_limit, cpu_fraction=params.cpu_limit)
             if params.background:
-                spec = SpawnSpec(command, cwd=cwd, env=env, stdin="pipe", limits=limits)
+                spec = SpawnSpec(
+                    command, cwd=cwd, env=env, stdin="pipe", limits=limits, workspace=settings.workspace_root
+                )
             else:
                 stdin_data = None if params.stdin is None else params.stdin.encode()
                 spec = SpawnSpec(
                     command,
                     cwd=cwd,
+                    workspace=settings.workspace_root,
                     env=env,
                     timeout=params.timeout,
                     stdin="null" if stdin_data is None else "pipe",

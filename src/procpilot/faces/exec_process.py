@@ -243,6 +243,7 @@ class ExecProcessFace:
         spec = SpawnSpec(
             command=params.command,
             cwd=cwd,
+            workspace=self.sup.settings.workspace_root,
             env=env,
             elevated=params.elevated,  # the agent's policy decides (spawn filter)
             timeout=timeout or None,

@@ -392,7 +392,15 @@ class ProcHandler:
         env = checked_environment(settings, req.env)
         timeout = req.timeout if req.timeout is not None else self.config.timeout
         isolation = Isolation(network=False) if self.config.network_disabled else None
-        spec = SpawnSpec(tuple(req.cmd), cwd=cwd, env=env, timeout=timeout, stdin=req.stdin_mode, isolation=isolation)
+        spec = SpawnSpec(
+            tuple(req.cmd),
+            cwd=cwd,
+            workspace=settings.workspace_root,
+            env=env,
+            timeout=timeout,
+            stdin=req.stdin_mode,
+            isolation=isolation,
+        )
         session = await self.sup.spawn(spec, scope=self.scope)
         # No await from here to the return: output is appended by the event loop's reader callbacks,
         # which cannot run before this step ends, so the snapshot + subscription miss and repeat nothing.
