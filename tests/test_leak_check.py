@@ -4,6 +4,7 @@ procpilot daemon already serves real agents, and never end that daemon's session
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import subprocess
@@ -14,10 +15,26 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from tests.conftest import PROGRAMS, PY, marked_processes
 
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+def _start_detached(*argv: str) -> None:
+    """Run a program that double-forks, so that its daemon is no descendant of pytest. An in-process
+    Supervisor of an earlier test made pytest a child subreaper, which would adopt the orphan: drop
+    that for the launch."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    flag = ctypes.c_int(0)
+    libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    try:
+        subprocess.run([PY, *argv], check=True)
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, flag.value, 0, 0, 0)
+
 
 def test_another_supervisors_sessions_are_not_ours(tmp_path: Path) -> None:
     report = tmp_path / "report"
-    subprocess.run([PY, str(PROGRAMS / "foreign_supervisor.py"), str(report), str(tmp_path / "state")], check=True)
+    _start_detached(str(PROGRAMS / "foreign_supervisor.py"), str(report), str(tmp_path / "state"))
     deadline = time.monotonic() + 20
     while not report.exists() or not report.read_text():
         assert time.monotonic() < deadline, "the foreign supervisor did not start"
