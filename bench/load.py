@@ -30,6 +30,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx2
 
@@ -84,14 +85,14 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def timed(stats: Stats, kind: str, client: httpx2.AsyncClient, tool: str, **arguments: object) -> dict:
+async def timed(stats: Stats, kind: str, client: httpx2.AsyncClient, tool: str, **arguments: object) -> dict[str, Any]:
     started = time.perf_counter()
     response = await client.post(f"/v1/tools/{tool}", json=arguments)
     stats.latencies[kind].append(time.perf_counter() - started)
     body = response.json()
     if response.status_code != 200:
         raise RuntimeError(f"{kind}: HTTP {response.status_code} {body.get('error')}: {body.get('message')}")
-    data: dict = body["data"]
+    data: dict[str, Any] = body["data"]
     return data
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -50,6 +51,14 @@ def test_run_streams_output_and_exits_with_the_code(served: Served) -> None:
     assert result.stderr == "two\n"  # the session's stderr is ours
     result = cli(served, "run", "printf", "%s\\n", "a b", "c")  # words are quoted, not re-split
     assert (result.returncode, result.stdout) == (0, "a b\nc\n")
+
+
+def test_run_refuses_a_mistyped_option_instead_of_running_it(served: Served) -> None:
+    typo = cli(served, "run", "--timout", "5", "echo", "ran")
+    assert typo.returncode == 2 and "ran" not in typo.stdout
+    assert "--timeout" in typo.stderr  # the suggestion
+    dashed = cli(served, "run", "echo", "-n", "--x")  # after the command, dashes are its own
+    assert (dashed.returncode, dashed.stdout) == (0, "--x")
 
 
 def test_run_streams_live(served: Served) -> None:
@@ -148,6 +157,35 @@ def test_logs_follow_and_wait_codes(served: Served) -> None:
         cli(served, "rm", session)
 
 
+def test_logs_follow_prints_a_complete_line_while_the_session_runs(served: Served) -> None:
+    sid = cli(served, "run", "-d", "echo 'Listening on :3000'; sleep 30").stdout.strip()
+    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    proc = subprocess.Popen([PROCPILOT, "logs", "-f", sid], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        # The line is out while the session sleeps (before the fix: only when the session ended).
+        assert select.select([proc.stdout], [], [], 20)[0], "logs -f held a complete line back"
+        assert proc.stdout.readline() == "Listening on :3000\n"
+    finally:
+        cli(served, "kill", sid, "--signal", "SIGKILL")
+        proc.wait(60)
+        proc.stdout.close()
+        cli(served, "rm", sid)
+
+
+def test_wait_longer_than_one_tool_call(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from procpilot.transports import cli as cli_module
+
+    monkeypatch.setattr(cli_module, "_WAIT_CALL_S", 0.3)  # the tool's 600 s cap, scaled down
+    sid = cli(served, "run", "-d", "sleep 1.5; exit 4").stdout.strip()
+    env = {"PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    assert CliRunner().invoke(cli_module.app, ["wait", sid, "--timeout", "30"], env=env).exit_code == 4
+    assert CliRunner().invoke(cli_module.app, ["wait", sid], env=env).exit_code == 4
+    cli(served, "rm", sid)
+
+
 def test_logs_pages_a_long_output(served: Served) -> None:
     sid = cli(served, "run", "-d", "seq 1 5000").stdout.strip()
     cli(served, "wait", sid)
@@ -162,6 +200,7 @@ def test_tools_and_errors(served: Served) -> None:
     missing = cli(served, "kill", "nosuchsession000")
     assert missing.returncode == 1
     assert "SessionNotFound" in missing.stderr and "Traceback" not in missing.stderr
+    assert "procpilot ps" in missing.stderr and "process list" not in missing.stderr  # a CLI verb, not a tool call
     wrong = cli(served, "ps", token="wrong")  # noqa: S106
     assert wrong.returncode == 1 and "Unauthorized" in wrong.stderr and "PROCPILOT_TOKEN" in wrong.stderr
 

@@ -406,6 +406,7 @@ class ExecProcessFace:
             "offset": lines.first,
             "lines": len(lines.lines),
             "totalLines": total,
+            "completeLines": view.lines,  # lines ended by a newline: a follower holds back only the rest
             "totalBytes": view.size,
             "totalChars": len(shown) + cut if lines.first == 0 and len(lines.lines) >= total else None,
             "droppedBytes": view.dropped,

@@ -241,10 +241,22 @@ def _how_to_connect(address: DaemonAddress, settings: Settings) -> list[str]:
     return lines
 
 
+# Hints written for agents name tool calls; at a terminal the same advice is a CLI verb.
+_CLI_HINTS = {
+    "list_processes": "`procpilot ps` lists your sessions and their ids.",
+    "list_sessions": "`procpilot ps` lists your sessions and their ids.",
+    "check_status": "`procpilot logs ID` shows its output; `procpilot wait ID` its exit code.",
+    "kill_first": "`procpilot kill ID` first, or `procpilot rm ID`, which kills and then removes it.",
+    "force_kill": "`procpilot kill ID --signal SIGKILL`.",
+    "start_again": "Stdin was closed; start a new session (`procpilot run`) to send more input.",
+    "fix_arguments": "`procpilot COMMAND --help` lists the options.",
+}
+
+
 def _fail(exc: ProcpilotError, code: int = 1) -> NoReturn:
     _err.print(f"[red]{exc.code}[/red]: {escape(exc.message)}")
-    for text in exc.hints.values():
-        _err.print(f"  - {escape(text)}")
+    for key, text in exc.hints.items():
+        _err.print(f"  - {escape(_CLI_HINTS.get(key, text))}")
     raise typer.Exit(code)
 
 
@@ -276,7 +288,10 @@ def _exit_code(data: dict[str, object]) -> int:
 
 
 _RUNNING = ("running", "queued")
-_PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+_WAIT_CALL_S = 600.0
+# Words after the command are its own (`run ls -la`); an unknown option before it is a typo of ours
+# (`--timout 5`), refused with a suggestion. A command that starts with "-" follows "--".
+_PASSTHROUGH = {"allow_interspersed_args": False}
 
 
 @app.command(context_settings=_PASSTHROUGH)
@@ -456,8 +471,10 @@ def logs(
             lines = str(reply.get("output") or "").split("\n") if count else []
             total = int(reply.get("totalLines") or 0)
             running = reply.get("status") in _RUNNING
-            # Following a running session, its last line may still be growing: print it once complete.
-            hold = follow and running and count > 0 and offset + count >= total
+            # Following a running session, an unterminated last line may still grow: print it once
+            # its newline arrives. A line that already has one is printed at once.
+            complete = int(reply.get("completeLines", total))
+            hold = follow and running and count > 0 and offset + count > complete
             if hold:
                 lines, count = lines[:-1], count - 1
             if lines:
@@ -506,13 +523,23 @@ def kill(
 def wait(
     session_id: Annotated[str, typer.Argument(help="The session.")],
     pattern: Annotated[str | None, typer.Option(help="Return when the output matches this regex.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait at most (up to 600).")] = 600.0,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds to wait at most (default: until it ends).", min=0)
+    ] = None,
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
     """Block until a session ends (or its output matches): exit code = the command's; 124 on timeout."""
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
     with _client(url, token) as client, _err.status(f"waiting for session {session_id}…", spinner="dots"):
-        reply = client.process("wait", session_id, pattern=pattern, timeout=int(timeout * 1000))
+        while True:
+            # One wait call holds at most _WAIT_CALL_S (the tool's own cap): longer waits are several.
+            left = _WAIT_CALL_S if deadline is None else max(0.0, deadline - time.monotonic())
+            reply = client.process("wait", session_id, pattern=pattern, timeout=int(min(left, _WAIT_CALL_S) * 1000))
+            if reply.get("reason") != "timeout" or (deadline is not None and time.monotonic() >= deadline):
+                break
     print(reply.text)
     reason = reply.get("reason")
     if reason == "timeout":
