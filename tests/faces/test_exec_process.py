@@ -442,6 +442,24 @@ async def test_log_of_an_empty_slice_reports_zero_lines_and_says_why(tools: Tool
     assert (await log(silent.data["sessionId"])).data["lines"] == 0
 
 
+async def test_log_of_the_newest_lines_keeps_their_end(tools: Tools) -> None:
+    # The newest text is what an agent asks for with `limit` alone: a 1 MB line must not push
+    # the last line out of the result.
+    done = await tools["exec"].call({"command": "head -c 1000000 /dev/zero | tr '\\0' x; echo; echo END"}, "a")
+    sid = done.data["sessionId"]
+
+    async def log(**args: Any) -> ToolResult:
+        return await tools["process"].call({"action": "log", "sessionId": sid, **args}, "a")
+
+    newest = await log(limit=2)
+    assert newest.data["output"].endswith("x\nEND") and newest.text.startswith("[")
+    assert "earlier characters cut" in newest.text
+    assert (await log()).data["output"].endswith("END")
+    oldest = await log(offset=0, limit=2)  # a window from an offset keeps its start
+    assert oldest.data["output"].startswith("xxx") and "END" not in oldest.data["output"]
+    assert "characters cut" in oldest.text
+
+
 BIG = 40_000_000  # bytes of output: the reads below must cost a small fraction of it
 
 

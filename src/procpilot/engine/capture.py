@@ -216,16 +216,19 @@ class SegmentedLog:
             pos += len(data)
         return self.size
 
-    def read_lines(self, first: int, count: int | None, max_bytes: int | None = None) -> LineSlice:
+    def read_lines(
+        self, first: int, count: int | None, max_bytes: int | None = None, *, keep_end: bool = False
+    ) -> LineSlice:
         """Lines ``[first, first + count)`` (``count`` None: to the end), reading at most
-        ``max_bytes`` of them (the last line may then be partial; ``unread_bytes`` counts the rest)."""
+        ``max_bytes`` of them: the first ones (the last line may then be partial), or with
+        ``keep_end`` the last ones (the first line may be partial). ``unread_bytes`` counts the rest."""
         total = self.total_lines
         first = min(max(0, first), total)
         last = total if count is None else min(total, first + max(0, count))
         start = self.offset_of_line(first)
         end = self.offset_of_line(last)
         unread = 0 if max_bytes is None else max(0, end - start - max(0, max_bytes))
-        result = self.read(start, end - start - unread)
+        result = self.read(start + unread, end - start - unread) if keep_end else self.read(start, end - start - unread)
         # b"".split() is [b""]: an empty range must be no lines, not one empty line.
         lines = result.data.split(b"\n") if result.data else []
         if lines and lines[-1] == b"" and result.data.endswith(b"\n"):

@@ -397,9 +397,13 @@ class ExecProcessFace:
         if first >= total > 0:
             note = f"offset {first} is past the end: there are {total} lines (offsets 0 to {max(0, total - 1)})"
         # Reading stops a little past what one result can show: the rest is counted, not loaded.
-        lines = view.read_lines(first, count, max_bytes=self.cfg.result_max_chars * _TAIL_WINDOW_FACTOR)
+        # Without an offset the agent asked for the newest lines: a range too long for one result
+        # keeps its end (the text before it is cut), with an offset it keeps its start.
+        keep_end = params.offset is None
+        window = self.cfg.result_max_chars * _TAIL_WINDOW_FACTOR
+        lines = view.read_lines(first, count, max_bytes=window, keep_end=keep_end)
         text = for_model(b"\n".join(lines.lines))
-        shown, cut = head_chars(text, self.cfg.result_max_chars)
+        shown, cut = (tail_chars if keep_end else head_chars)(text, self.cfg.result_max_chars)
         cut += lines.unread_bytes
         data = self._summary(session) | {
             "output": shown,
@@ -415,7 +419,11 @@ class ExecProcessFace:
         }
         parts = [shown] if shown else []
         if cut:
-            parts.append(f"[{cut} characters cut; read the file {self._where(session)} or ask for fewer lines]")
+            advice = f"read the file {self._where(session)} or ask for fewer lines"
+            if keep_end:
+                parts.insert(0, f"[{cut} earlier characters cut; {advice}]")
+            else:
+                parts.append(f"[{cut} characters cut; {advice}]")
         if lines.dropped_lines:
             parts.append(f"[{lines.dropped_lines} lines in this range were dropped by the output cap]")
         if note:
