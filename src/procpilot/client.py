@@ -456,6 +456,7 @@ class WebSocketTransport:
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._ids = 0
+        self.closed_error: Exception | None = None  # why the connection ended, once it has
 
     async def __aenter__(self) -> WebSocketTransport:
         await self.connect()
@@ -477,6 +478,9 @@ class WebSocketTransport:
             await self._ws.close()
 
     async def send(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request (an ``id`` is added if it has none) and return the response to it."""
+        if self.closed_error is not None:
+            raise self.closed_error
         if request.get("id") is None:
             self._ids += 1
             request = {**request, "id": f"t{self._ids}"}
@@ -499,6 +503,7 @@ class WebSocketTransport:
         return remove
 
     async def _reader(self) -> None:
+        """The connection's one reader: responses to their requests, pushed events to the callbacks."""
         error: Exception = ProcpilotError("the WebSocket to the daemon was closed")
         try:
             async for frame in self._ws:
@@ -509,8 +514,6 @@ class WebSocketTransport:
                     if not future.done():
                         future.set_result(message)
                     continue
-                if message.get("type") == "proc/read/event":
-                    message.pop("offset", None)  # ours, not spec 003's: its models refuse extra fields
                 for callback in list(self._callbacks):
                     try:
                         callback(message)
@@ -519,6 +522,7 @@ class WebSocketTransport:
         except Exception as exc:
             error = exc
         finally:
+            self.closed_error = error
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(error)
@@ -614,11 +618,8 @@ class ProcsClient:
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, *, max_queued: int = 1024) -> None:
-        self.url = resolve_url(url)
-        self._token = token
-        self._ws: Any = None
-        self._ids = 0
-        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._transport = WebSocketTransport(url, token)
+        self.url = self._transport.url
         self._procs: dict[str, Proc] = {}
         self._early: dict[str, list[dict[str, Any]]] = {}
         self._queue: deque[dict[str, Any]] = deque()
@@ -626,8 +627,7 @@ class ProcsClient:
         self._max_queued = max_queued
         self._lags: dict[tuple[str, str], dict[str, Any]] = {}
         self._wakeup = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._closed_error: Exception | None = None
+        self._dispatch: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> ProcsClient:
         await self.connect()
@@ -637,31 +637,20 @@ class ProcsClient:
         await self.aclose()
 
     async def connect(self) -> None:
-        self._ws = await _ws_connect(self.url, self._token)
-        self._tasks = [asyncio.ensure_future(self._reader()), asyncio.ensure_future(self._dispatcher())]
+        await self._transport.connect()
+        self._transport.on_event(self._enqueue)
+        self._dispatch = asyncio.ensure_future(self._dispatcher())
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        if self._dispatch is not None:
+            self._dispatch.cancel()
             with contextlib.suppress(BaseException):
-                await task
-        if self._ws is not None:
-            await self._ws.close()
+                await self._dispatch
+        await self._transport.aclose()
 
     async def request(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send one proc/* request and return its response; a refused request raises its error."""
-        if self._closed_error is not None:
-            raise self._closed_error
-        self._ids += 1
-        rid = f"r{self._ids}"
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = future
-        try:
-            await self._ws.send(json.dumps({**message, "id": rid}))
-            reply = await future
-        finally:
-            self._pending.pop(rid, None)
+        reply = await self._transport.send(message)
         error = reply.get("error")
         if isinstance(error, dict):
             raise _proc_error(error)
@@ -691,29 +680,11 @@ class ProcsClient:
             self._enqueue(event)
         return proc
 
-    # -- receiving --
-
-    async def _reader(self) -> None:
-        try:
-            async for frame in self._ws:
-                message = json.loads(frame)
-                rid = message.get("id")
-                kind = str(message.get("type", ""))
-                if rid is not None and rid in self._pending:
-                    if not self._pending[rid].done():
-                        self._pending[rid].set_result(message)
-                elif kind.endswith("/event"):
-                    self._enqueue(message)
-        except Exception as exc:
-            self._closed_error = exc
-        finally:
-            if self._closed_error is None:
-                self._closed_error = ProcpilotError("the WebSocket to the daemon was closed")
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(self._closed_error)
+    # -- receiving: the transport's reader hands every pushed event to _enqueue, in order --
 
     def _enqueue(self, message: dict[str, Any]) -> None:
+        if not str(message.get("type", "")).endswith("/event"):
+            return
         proc_id = str(message.get("proc_id"))
         if proc_id not in self._procs:  # before its spawn response was read: hold it for spawn()
             self._early.setdefault(proc_id, []).append(message)

@@ -115,7 +115,8 @@ class ProcsAPI:
     def _on_event(self, message: dict[str, Any]) -> None:
         if message.get("type") != "proc/read/event":
             return
-        event = ProcReadEvent.model_validate(message)
+        # A host may add fields of its own (the daemon's byte ``offset``): spec 003's model has none.
+        event = ProcReadEvent.model_validate({k: v for k, v in message.items() if k in ProcReadEvent.model_fields})
         callback = self._callbacks.get(event.proc_id)
         if callback is not None:
             self._deliver(callback, event)
