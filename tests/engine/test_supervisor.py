@@ -1,4 +1,4 @@
-"""The engine with real processes: lifecycle, capture, hand-over, kill, timeout, scopes, lanes, TTL."""
+"""The engine with real processes: lifecycle, capture, hand-over, kill, timeout, scopes, TTL."""
 
 from __future__ import annotations
 
@@ -271,18 +271,6 @@ async def test_exit_events_once_per_session(supervisor: Supervisor) -> None:
     sub.close()
 
 
-async def test_lanes_queue_beyond_their_cap(supervisor: Supervisor) -> None:
-    first = await supervisor.spawn(SpawnSpec("sleep 5", lane="main"), scope=A)
-    second = await supervisor.spawn(SpawnSpec("echo second", lane="main"), scope=A)
-    free = await supervisor.spawn(SpawnSpec("echo free"), scope=A)
-    assert first.is_running and second.state is SessionState.QUEUED
-    await supervisor.wait(A, free.id, timeout=5)
-    assert free.state is SessionState.EXITED_OK
-    await supervisor.kill(A, first.id, wait=None)
-    assert (await supervisor.wait(A, second.id, timeout=10)).reason == "exited"
-    assert second.output[Stream.STDOUT].read().data == b"second\n"
-
-
 async def test_wait_for_pattern_and_timeout(supervisor: Supervisor) -> None:
     s = await supervisor.spawn(SpawnSpec("echo boot; sleep 0.2; echo 'listening on 8080'; sleep 5"), scope=A)
     out = await supervisor.wait(A, s.id, timeout=10, pattern=re.compile(r"listening on (\d+)"))
@@ -372,19 +360,6 @@ async def test_the_store_keeps_each_sessions_latest_record(supervisor: Superviso
     assert records[s.id]["pid"] == s.pid
 
 
-async def test_killing_a_queued_session_ends_it_as_killed(supervisor: Supervisor) -> None:
-    first = await supervisor.spawn(SpawnSpec("sleep 5", lane="cron:nightly"), scope=A)
-    queued = await supervisor.spawn(SpawnSpec("echo never", lane="cron:nightly"), scope=A)
-    other_job = await supervisor.spawn(SpawnSpec("echo other", lane="cron:hourly"), scope=A)
-    assert queued.state is SessionState.QUEUED
-    assert other_job.state is not SessionState.QUEUED  # cron caps are per job
-    await supervisor.kill(A, queued.id)
-    assert queued.state is SessionState.KILLED
-    assert queued.pid is None
-    await supervisor.remove(A, first.id)
-    await supervisor.wait(A, other_job.id, timeout=5)
-
-
 async def test_a_spawn_failing_with_any_exception_leaves_no_files_and_frees_its_lane(supervisor: Supervisor) -> None:
     sessions = supervisor.settings.state_dir / "sessions"
     bad_env: Any = {"K": 1}  # not a str: a TypeError deep in the spawn path, not a ProcpilotError
@@ -420,22 +395,6 @@ async def test_wait_finds_a_pattern_across_a_scan_chunk_edge_inside_a_character(
     s = await supervisor.run(SpawnSpec((PY, "-c", script)), scope=A, yield_ms=None)
     outcome = await supervisor.wait(A, s.id, timeout=5, pattern=re.compile("aéMARK"))
     assert outcome.reason == "pattern" and outcome.match == "aéMARK"
-
-
-async def test_lanes_are_per_scope(supervisor: Supervisor) -> None:
-    mine = await supervisor.spawn(SpawnSpec("sleep 5", lane="main"), scope=A)
-    theirs = await supervisor.spawn(SpawnSpec("sleep 5", lane="main"), scope="agent-b")
-    queued = await supervisor.spawn(SpawnSpec("echo later", lane="main"), scope=A)
-    assert mine.is_running and theirs.is_running  # another agent's main lane is not ours
-    assert queued.state is SessionState.QUEUED  # our own cap still holds
-    await asyncio.sleep(0.05)  # the queued session's task starts waiting for its slot
-    assert supervisor.lane_usage(A) == {"main": (1, 1, 1)}
-    assert supervisor.lane_usage()["agent-b/main"] == (1, 0, 1)
-    await supervisor.remove("agent-b", theirs.id)
-    assert queued.state is SessionState.QUEUED
-    await supervisor.kill(A, mine.id, wait=None)
-    assert (await supervisor.wait(A, queued.id, timeout=10)).reason == "exited"
-    assert supervisor.lane_usage(A) == {}  # idle lanes are not kept
 
 
 async def test_remove_of_a_running_session_terminates_before_it_kills(supervisor: Supervisor) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import shlex
 import sys
 import time
@@ -16,10 +15,8 @@ import pytest
 from mcp import Client
 
 from procpilot.config import Settings
-from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import ScanTrees
-from procpilot.engine.usage import sample_tree, usage_tracker
 from procpilot.errors import ProcpilotError
 from procpilot.faces.capabilities import (
     AuditEvent,
@@ -606,37 +603,6 @@ async def test_io_write_bytes_count(tools: Tools, workspace: Path) -> None:
     data = await tools("process.run", command="sh", args=["-c", script])
     assert data["resource_usage"]["io_write_bytes"] >= 3_000_000
     assert (workspace / "big").stat().st_size == 3_000_000
-
-
-async def test_a_tree_never_sampled_still_reports_its_memory_and_io(supervisor: Supervisor) -> None:
-    import resource
-
-    ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    size = ours + (200 << 20)  # above our own peak: a vfork'd child's ru_maxrss starts from ours
-    touch = f"x = bytearray({size}); x[::4096] = bytes(len(x[::4096]))"
-    script = f"head -c 3000000 /dev/zero > /dev/null; {PY} -c '{touch}'"
-    session = await supervisor.run(SpawnSpec(script), scope="a", yield_ms=None)
-    usage = usage_tracker(supervisor).usage(session)  # first asked after the end: nothing sampled
-    assert usage.memory_peak_bytes >= size, usage
-    assert usage.io_read_bytes >= 3_000_000 and usage.io_write_bytes >= 3_000_000, usage
-    assert usage.cpu_ms > 0
-
-
-def test_sample_tree_of_this_process() -> None:
-    usage = sample_tree([os.getpid(), 999_999_999])
-    assert usage.cpu_ms > 0 and usage.memory_peak_bytes > 0 and usage.io_read_bytes > 0
-
-
-async def test_tracker_watch_task_ends_with_the_sessions(supervisor: Supervisor) -> None:
-    session = await supervisor.spawn(SpawnSpec("sleep 0.3"), scope="a")
-    tracker = usage_tracker(supervisor)
-    assert tracker is usage_tracker(supervisor)
-    tracker.watch(session)
-    task = tracker._task
-    assert task is not None and not task.done()
-    await session.wait_finished(10)
-    await asyncio.wait_for(asyncio.shield(task), 5)
-    assert tracker.usage(session).cpu_ms >= 0
 
 
 # -- audit -------------------------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""Resource usage of whole trees: sampled while they run, completed from the kernel's own
+accounting when they end (so even a tree never sampled reports its memory peak and I/O)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.usage import sample_tree, usage_tracker
+from tests.conftest import PY
+
+
+async def test_a_tree_never_sampled_still_reports_its_memory_and_io(supervisor: Supervisor) -> None:
+    import resource
+
+    ours = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    size = ours + (200 << 20)  # above our own peak: a vfork'd child's ru_maxrss starts from ours
+    touch = f"x = bytearray({size}); x[::4096] = bytes(len(x[::4096]))"
+    script = f"head -c 3000000 /dev/zero > /dev/null; {PY} -c '{touch}'"
+    session = await supervisor.run(SpawnSpec(script), scope="a", yield_ms=None)
+    usage = usage_tracker(supervisor).usage(session)  # first asked after the end: nothing sampled
+    assert usage.memory_peak_bytes >= size, usage
+    assert usage.io_read_bytes >= 3_000_000 and usage.io_write_bytes >= 3_000_000, usage
+    assert usage.cpu_ms > 0
+
+
+def test_sample_tree_of_this_process() -> None:
+    usage = sample_tree([os.getpid(), 999_999_999])
+    assert usage.cpu_ms > 0 and usage.memory_peak_bytes > 0 and usage.io_read_bytes > 0
+
+
+async def test_tracker_watch_task_ends_with_the_sessions(supervisor: Supervisor) -> None:
+    session = await supervisor.spawn(SpawnSpec("sleep 0.3"), scope="a")
+    tracker = usage_tracker(supervisor)
+    assert tracker is usage_tracker(supervisor)
+    tracker.watch(session)
+    task = tracker._task
+    assert task is not None and not task.done()
+    await session.wait_finished(10)
+    await asyncio.wait_for(asyncio.shield(task), 5)
+    assert tracker.usage(session).cpu_ms >= 0
