@@ -16,7 +16,7 @@ import pytest
 
 from procpilot.config import load_settings
 from procpilot.faces.all_tools import definitions_json
-from tests.transports.test_http import TOKEN_A, Served, start_daemon
+from tests.daemon import TOKEN_A, Served, start_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

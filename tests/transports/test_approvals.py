@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.transports.test_http import PROCPILOT, Served, start_daemon
+from tests.daemon import PROCPILOT, Served, start_daemon
 
 TOKENS = {"tok-appr-alpha-012345": "agent-a", "tok-appr-bravo-012345": "agent-b", "tok-appr-carol-012345": "agent-c"}
 TOKEN_A, TOKEN_B, TOKEN_C = list(TOKENS)

@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 
 from procpilot.transports.http import TokenAuth
-from tests.transports.test_http import TOKEN_A, TOKEN_B, TOKENS, Served, start_daemon
+from tests.daemon import TOKEN_A, TOKEN_B, TOKENS, Served, start_daemon
 
 ENDPOINTS = [
     ("GET", "/v1/tools", None),

@@ -18,7 +18,7 @@ import pytest
 
 from procpilot.client import AsyncClient, Client, DaemonNotRunning, ToolReply, Unauthorized, UnknownTool
 from procpilot.errors import InvalidArgument, ProcessAlreadyExited, ProcpilotError, SessionNotFound
-from tests.transports.test_http import PROCPILOT, TOKEN_A, TOKEN_B, Served, start_daemon
+from tests.daemon import PROCPILOT, TOKEN_A, TOKEN_B, Served, start_daemon
 
 
 @pytest.fixture(scope="module")

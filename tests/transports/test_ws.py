@@ -15,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from procpilot.client import ProcsClient, Unauthorized
 from procpilot.errors import SessionNotFound
-from tests.transports.test_http import TOKEN_A, TOKEN_B, Served, start_daemon
+from tests.daemon import TOKEN_A, TOKEN_B, Served, start_daemon
 
 PY = sys.executable
 

@@ -1,0 +1,125 @@
+"""A real `procpilot serve` for tests: started as a subprocess on a free loopback port (and a Unix
+socket) with two agents' tokens, and the small REST helpers the transport tests share."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+PROCPILOT = str(Path(sys.executable).parent / "procpilot")
+TOKENS = {"tok-alpha-0123456789": "agent-a", "tok-bravo-9876543210": "agent-b"}
+TOKEN_A, TOKEN_B = list(TOKENS)
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    url: str
+    unix_socket: str | None
+    log: Path
+    root: Path
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def headers(self, token: str | None = TOKEN_A) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def http(self, token: str | None = TOKEN_A) -> httpx2.Client:
+        return httpx2.Client(base_url=self.url, headers=self.headers(token), timeout=60)
+
+    def ahttp(self, token: str | None = TOKEN_A) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(base_url=self.url, headers=self.headers(token), timeout=60)
+
+    def mcp(self, token: str | None = TOKEN_A, mode: str = "auto", **kw: Any) -> Client:
+        http = httpx2.AsyncClient(headers=self.headers(token), timeout=httpx2.Timeout(30, read=300))
+        return Client(streamable_http_client(self.url + "/mcp", http_client=http), mode=mode, **kw)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def daemon_env(root: Path) -> dict[str, str]:
+    return {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+
+
+def write_config(
+    root: Path, tokens: dict[str, str] | None, *, host: str = "127.0.0.1", extra: str = "", server: str = ""
+) -> Path:
+    (root / "ws").mkdir(parents=True, exist_ok=True)
+    lines = [
+        'state_dir = "state"',
+        'workspace_root = "ws"',
+        "[tools.exec]",
+        "killGraceSec = 2",
+        "[server]",
+        f'host = "{host}"',
+        "port = 0",
+        'unix_socket = "daemon.sock"',
+        *server.splitlines(),
+    ]
+    if tokens:
+        lines.append("[server.tokens]")
+        lines += [f'"{t}" = "{a}"' for t, a in tokens.items()]
+    config = root / "procpilot.toml"
+    config.write_text("\n".join(lines) + "\n" + extra)
+    return config
+
+
+def start_daemon(
+    root: Path, tokens: dict[str, str] | None = TOKENS, *args: str, extra: str = "", server: str = ""
+) -> Served:
+    """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server]."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = write_config(root, tokens, extra=extra, server=server)
+    log = root / "daemon.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [PROCPILOT, "serve", "--config", str(config), *args],
+            env=daemon_env(root),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=root,
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        url = re.search(r"daemon on (http://127\.0\.0\.1:\d+)", text)
+        sock = re.search(r"unix socket (\S+)", text)
+        if url and "state:" in text:
+            return Served(proc, url.group(1), sock.group(1) if sock else None, log, root, dict(tokens or {}))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"daemon did not start:\n{log.read_text(errors='replace')}")
+
+
+def post(client: httpx2.Client, tool: str, **arguments: Any) -> httpx2.Response:
+    return client.post(f"/v1/tools/{tool}", json=arguments)
+
+
+def cleanup(client: httpx2.Client) -> None:
+    """Remove every session of the client's agent (the leak check wants no process left)."""
+    for row in post(client, "process", action="list").json()["data"]["sessions"]:
+        post(client, "process", action="remove", sessionId=row["sessionId"])
