@@ -150,6 +150,39 @@ def test_single_character_is_literal(char: str, expected: bytes) -> None:
     assert encode_keys([char]) == expected
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("KPEnter", b"\x1bOM"),
+        ("kp0", b"\x1bOp"),
+        ("KP9", b"\x1bOy"),
+        ("KP/", b"\x1bOo"),
+        ("kp*", b"\x1bOj"),
+        ("KP-", b"\x1bOm"),
+        ("KP+", b"\x1bOk"),
+        ("KP.", b"\x1bOn"),
+    ],
+)
+def test_keypad_keys_are_sent_as_the_application_keypad_does(name: str, expected: bytes) -> None:
+    assert encode_keys([name]) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "normal", "application"),
+    [
+        ("Up", b"\x1b[A", b"\x1bOA"),
+        ("Left", b"\x1b[D", b"\x1bOD"),
+        ("Home", b"\x1b[H", b"\x1bOH"),
+        ("End", b"\x1b[F", b"\x1bOF"),
+        ("C-Up", b"\x1b[1;5A", b"\x1b[1;5A"),
+        ("PageUp", b"\x1b[5~", b"\x1b[5~"),
+    ],
+)
+def test_cursor_keys_follow_the_cursor_key_mode(name: str, normal: bytes, application: bytes) -> None:
+    assert encode_keys([name]) == normal
+    assert encode_keys([name], app_cursor=True) == application  # modified keys and the rest stay as they are
+
+
 def test_sequence_concatenates() -> None:
     assert encode_keys(["y", "e", "s", "Enter", "C-c", "Up"]) == b"yes\r\x03\x1b[A"
 

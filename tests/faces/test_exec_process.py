@@ -159,6 +159,28 @@ async def test_pty_send_keys(connect: Connect) -> None:
         assert "got:ab" in log["output"]
 
 
+async def test_send_keys_types_text_before_pressing_keys(tools: Tools) -> None:
+    started = await tools["exec"].call({"command": 'read a; echo "got:$a"', "pty": True, "background": True}, "a")
+    sid = started.data["sessionId"]
+    sent = {"action": "send-keys", "sessionId": sid, "literal": "abc", "keys": ["Enter"]}
+    await tools["process"].call(sent, "a")
+    await tools["process"].call({"action": "wait", "sessionId": sid, "timeout": 10_000}, "a")
+    log = await tools["process"].call({"action": "log", "sessionId": sid}, "a")
+    assert "got:abc" in log.data["output"]  # Enter after the text, not before it
+
+
+async def test_cursor_keys_follow_the_programs_cursor_key_mode(tools: Tools) -> None:
+    # The program switches to application cursor mode (as vim and less do): Up must be ESC O A.
+    script = "printf '\\033[?1hready\\n'; read -r line; printf '%s' \"$line\" | od -An -tx1"
+    started = await tools["exec"].call({"command": script, "pty": True, "background": True}, "a")
+    sid = started.data["sessionId"]
+    await tools["process"].call({"action": "wait", "sessionId": sid, "pattern": "ready", "timeout": 10_000}, "a")
+    await tools["process"].call({"action": "send-keys", "sessionId": sid, "keys": ["Up", "Enter"]}, "a")
+    await tools["process"].call({"action": "wait", "sessionId": sid, "timeout": 10_000}, "a")
+    log = await tools["process"].call({"action": "log", "sessionId": sid}, "a")
+    assert "1b 4f 41" in log.data["output"]  # ESC O A, not ESC [ A
+
+
 async def test_kill_reports_killed(connect: Connect) -> None:
     async with connect() as client:
         _, data, _ = await call(client, "exec", command="sleep 30", background=True)

@@ -8,9 +8,11 @@ Five encoders, one per way an agent can describe input:
 * :func:`encode_submit` - text followed by Enter;
 * :func:`encode_paste` - text wrapped in bracketed-paste markers.
 
-Cursor and function keys use xterm's encodings. Cursor keys are always sent in normal cursor
-mode (``ESC [ A``): the encoder does not know the pane's mode, and a program that switched to
-application cursor mode and insists on ``ESC O A`` can be sent exactly that with ``hex``.
+Cursor and function keys use xterm's encodings. Cursor keys (and Home/End) follow the program's
+cursor-key mode: ``ESC [ A`` normally, ``ESC O A`` once it switched to application cursor mode
+(DECCKM, ``ESC [?1h``; the session tracks it from the program's output, as a terminal would).
+Keypad keys (``KPEnter``, ``KP0``-``KP9``, ``KP/ KP* KP- KP+ KP.``) are sent as the application
+keypad sends them (``ESC O M`` ...).
 """
 
 from __future__ import annotations
@@ -78,6 +80,17 @@ _CHAR_KEYS = {
 }
 
 _BACKTAB = "\x1b[Z"
+
+# The keypad in application mode: SS3 <letter> (xterm, and what tmux sends for its KP names).
+_KEYPAD_KEYS = {
+    "kpenter": "M",
+    "kp*": "j",
+    "kp+": "k",
+    "kp-": "m",
+    "kp.": "n",
+    "kp/": "o",
+    **{f"kp{digit}": chr(ord("p") + digit) for digit in range(10)},
+}
 
 _CONTROL_PUNCTUATION = {
     "@": "\x00",
@@ -175,7 +188,7 @@ def _encode_named_char_key(name: str, key: str, mods: int) -> str:
     return prefix + base
 
 
-def _encode_one(name: str) -> str:
+def _encode_one(name: str, app_cursor: bool = False) -> str:
     if name == "":
         raise InvalidArgument("empty key name in keys", hints=_USE_LITERAL_HINT)
     if len(name) == 1:
@@ -191,7 +204,11 @@ def _encode_one(name: str) -> str:
         return _encode_named_char_key(name, key, mods)
     if key in _CSI_LETTER_KEYS:
         letter = _CSI_LETTER_KEYS[key]
-        return f"\x1b[1;{_modifier_param(mods)}{letter}" if mods else f"\x1b[{letter}"
+        if mods:
+            return f"\x1b[1;{_modifier_param(mods)}{letter}"
+        return f"\x1bO{letter}" if app_cursor else f"\x1b[{letter}"
+    if key in _KEYPAD_KEYS and not mods:
+        return f"\x1bO{_KEYPAD_KEYS[key]}"
     if key in _SS3_KEYS:
         letter = _SS3_KEYS[key]
         return f"\x1b[1;{_modifier_param(mods)}{letter}" if mods else f"\x1bO{letter}"
@@ -201,7 +218,7 @@ def _encode_one(name: str) -> str:
     raise InvalidArgument(f"unknown key name {name!r}", hints=_USE_LITERAL_HINT, key=name)
 
 
-def encode_keys(keys: Sequence[str]) -> bytes:
+def encode_keys(keys: Sequence[str], *, app_cursor: bool = False) -> bytes:
     """Encode key names into the bytes a terminal would send.
 
     Each element is one key:
@@ -209,21 +226,23 @@ def encode_keys(keys: Sequence[str]) -> bytes:
     * a named key, case-insensitive: ``Enter``/``Return``, ``Tab``, ``BTab``, ``Escape``/``Esc``,
       ``Space``, ``BSpace``/``Backspace``, ``Up``/``Down``/``Left``/``Right``, ``Home``, ``End``,
       ``PageUp``/``PPage``/``PgUp``, ``PageDown``/``NPage``/``PgDn``, ``Insert``/``IC``,
-      ``Delete``/``DC``, ``F1``-``F12``;
+      ``Delete``/``DC``, ``F1``-``F12``, ``KPEnter``, ``KP0``-``KP9``, ``KP/``, ``KP*``, ``KP-``,
+      ``KP+``, ``KP.``;
     * optionally prefixed by ``C-`` (Ctrl), ``M-`` (Meta/Alt) and ``S-`` (Shift) in any
       combination and order: ``C-c`` -> ``\\x03``, ``M-a`` -> ``\\x1ba``, ``C-M-x`` -> ``\\x1b\\x18``,
       ``S-Tab`` -> ``\\x1b[Z``, ``C-Left`` -> ``\\x1b[1;5D``, ``S-F5`` -> ``\\x1b[15;2~``;
     * any other single character, sent literally as UTF-8 (so ``["y", "Enter"]`` answers a prompt).
 
     A bare string is taken as one key, not as a sequence of characters, so ``"Enter"`` presses
-    Enter rather than typing E-n-t-e-r.
+    Enter rather than typing E-n-t-e-r. ``app_cursor``: the program is in application cursor
+    mode, so unmodified cursor keys and Home/End are ``ESC O <letter>``.
 
     Raises :class:`InvalidArgument` for an unknown multi-character name (text belongs in
     ``literal``) and for a modifier the key cannot carry (``C-1``, ``C-Enter``).
     """
     if isinstance(keys, str):
         keys = [keys]
-    return _utf8("".join(_encode_one(name) for name in keys), "keys")
+    return _utf8("".join(_encode_one(name, app_cursor) for name in keys), "keys")
 
 
 def encode_hex(hex_values: Sequence[str]) -> bytes:

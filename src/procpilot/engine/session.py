@@ -107,6 +107,8 @@ class Session:
         # Under a pty: whether the program asked for bracketed paste (ESC[?2004h) and did not
         # take it back (ESC[?2004l) since; a paste is bracketed only then.
         self.bracketed_paste = False
+        # And whether it switched the cursor keys to application mode (DECCKM, ESC[?1h).
+        self.app_cursor_keys = False
         self.timed_out_waiting_for_input = False
         self._mode_carry = b""
         self._trees = trees
@@ -234,15 +236,19 @@ class Session:
         self._close_stream(fd)
 
     def _track_terminal_modes(self, data: bytes) -> None:
-        """Follow DEC private mode 2004 (bracketed paste) as the program sets and resets it.
+        """Follow DEC private modes 2004 (bracketed paste) and 1 (application cursor keys) as
+        the program sets and resets them.
 
         A few bytes of the previous chunk are scanned again with this one, so a sequence split
         across two reads is still seen; seeing one twice is harmless, only the last one counts.
         """
         text = self._mode_carry + data
         for found in _DEC_MODE.finditer(text):
-            if b"2004" in found.group(1).split(b";"):
-                self.bracketed_paste = found.group(2) == b"h"
+            modes, on = found.group(1).split(b";"), found.group(2) == b"h"
+            if b"2004" in modes:
+                self.bracketed_paste = on
+            if b"1" in modes:
+                self.app_cursor_keys = on
         self._mode_carry = text[-_DEC_MODE_MAX:]
 
     def _close_stream(self, fd: int) -> None:

@@ -463,13 +463,15 @@ class ExecProcessFace:
     async def _send_keys(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         if not (params.keys or params.hex or params.literal):
             raise InvalidArgument("send-keys needs keys, hex or literal", field="keys")
+        # Text first, then raw bytes, then keys: {"literal": "ls", "keys": ["Enter"]} types ls and
+        # presses Enter (OpenClaw's order, the one an agent expects).
         payload = b""
-        if params.keys:
-            payload += encode_keys(params.keys)
-        if params.hex:
-            payload += encode_hex(params.hex)
         if params.literal:
             payload += encode_literal(params.literal)
+        if params.hex:
+            payload += encode_hex(params.hex)
+        if params.keys:
+            payload += encode_keys(params.keys, app_cursor=session.app_cursor_keys)
         return await self._send(session, params, scope, payload)
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
