@@ -3,6 +3,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: run test lint bench clean install
 
@@ -12,27 +13,34 @@ apt_optional = command -v $(1) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && comma
 	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $(2) >/dev/null 2>&1; }; }; } || \
 	echo "note: $(2) is not installed: $(3)"
 
+# What `make run` needs: the package and its runtime dependencies. bubblewrap (optional, installed
+# where we may: root + apt) gives sessions a read-only root and boxes of their own.
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	@# Optional system packages, installed where we may (root + apt): bubblewrap gives sessions a
-	@# read-only root; qemu boots the guest in which the tests meet a real cgroup v2 hierarchy.
+	$(BIN)/python -m pip install -q -e .
 	@$(call apt_optional,bwrap,bubblewrap,read-only roots will be refused)
-	@$(call apt_optional,qemu-system-x86_64,qemu-system-x86,the cgroup v2 tests in a VM will be skipped)
 	touch $(STAMP)
 
-install: $(STAMP)
+# What `make test` adds: the `dev` extra (pytest, mypy, ruff) and qemu, which boots the guest in
+# which the tests meet a real cgroup v2 hierarchy.
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(call apt_optional,qemu-system-x86_64,qemu-system-x86,the cgroup v2 tests in a VM will be skipped)
+	touch $(DEV_STAMP)
+
+install: $(DEV_STAMP)
 
 # `make run`: the daemon with an embedded default configuration (written once to $(RUN_DIR), then
-# yours to edit) and its state (session logs) in $(RUN_DIR)/state. Loopback only, no tokens: every
-# caller is agent "default"; add [server.tokens] to give each agent its own scope.
+# yours to edit). Loopback only, no tokens: every caller is agent "default"; add [server.tokens] to
+# give each agent its own scope. The state directory is the default one (so the CLI of any shell
+# finds the daemon) unless PROCPILOT_STATE_DIR says otherwise; the workspace is WORKSPACE, else
+# PROCPILOT_WORKSPACE, else this checkout.
 RUN_DIR := $(VENV)/procpilot-run
 define DEFAULT_CONFIG
-# procpilot serve, as `make run` starts it. Paths are relative to this file.
-state_dir = "state"
-workspace_root = "../.."
+# procpilot serve, as `make run` starts it. Paths are relative to this file. state_dir and
+# workspace_root are not set here, so that PROCPILOT_STATE_DIR / PROCPILOT_WORKSPACE apply.
 
 [server]
 host = "127.0.0.1"
@@ -53,14 +61,15 @@ export DEFAULT_CONFIG
 run: $(STAMP)
 	@mkdir -p $(RUN_DIR)
 	@test -f $(RUN_DIR)/procpilot.toml || printf '%s\n' "$$DEFAULT_CONFIG" > $(RUN_DIR)/procpilot.toml
-	$(BIN)/procpilot serve --config $(RUN_DIR)/procpilot.toml --port $${PORT:-8765}
+	$(BIN)/procpilot serve --config $(RUN_DIR)/procpilot.toml --port $${PORT:-8765} \
+		--workspace "$${WORKSPACE:-$${PROCPILOT_WORKSPACE:-$(CURDIR)}}"
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python bench/run.py
 
 clean:

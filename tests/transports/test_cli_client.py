@@ -393,8 +393,10 @@ def test_serve_banner_says_how_to_connect(served: Served, tmp_path: Path) -> Non
     assert not any(token in banner for token in (TOKEN_A, TOKEN_B))
 
     # The default state dir needs no export: the CLI looks there anyway.
+    project = tmp_path / "project"
+    project.mkdir()
     proc = subprocess.Popen(
-        [PROCPILOT, "serve", "--port", "0"],
+        [PROCPILOT, "serve", "--port", "0", "--workspace", str(project)],
         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
         cwd=tmp_path,
         stderr=subprocess.PIPE,
@@ -414,6 +416,7 @@ def test_serve_banner_says_how_to_connect(served: Served, tmp_path: Path) -> Non
         assert f"claude mcp add --transport http procpilot {url.group(1)}/mcp" in text
         assert f"export PROCPILOT_URL={url.group(1)}" in text
         assert "PROCPILOT_STATE_DIR" not in text
+        assert f"workspace: {project}" in text
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

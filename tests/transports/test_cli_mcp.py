@@ -53,6 +53,16 @@ async def test_stdio_server_runs_tools(tmp_path: Path, mode: str) -> None:
     assert not marked_processes()
 
 
+async def test_workspace_option_beats_the_environment(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    args = ["mcp", "--agent", "a1", "--workspace", str(project)]
+    async with Client(StdioServerParameters(command=PROCPILOT, args=args, env=server_env(tmp_path))) as client:
+        assert (await call(client, "exec", command="pwd"))["output"] == f"{project}\n"
+        escaped = await client.call_tool("exec", {"command": "pwd", "workdir": str(tmp_path)})
+        assert escaped.is_error  # the workspace is also the bound: its parent is outside
+
+
 def start_http(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [PROCPILOT, "mcp", "--http", "--port", "0", "--agent", "h1"],

@@ -38,6 +38,15 @@ def _root() -> None:
 
 
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_WorkspaceOption = Annotated[
+    Path | None,
+    typer.Option(help="The agents' workspace: default working directory and the bound of every workdir."),
+]
+
+
+def _workspace(path: Path | None) -> dict[str, Any]:
+    """The settings override for ``--workspace`` (none when it was not given)."""
+    return {} if path is None else {"workspace_root": path.expanduser().absolute()}
 
 
 async def _serve_until_signal(
@@ -71,10 +80,11 @@ def mcp(
     http: Annotated[bool, typer.Option(help="Serve streamable HTTP instead of stdio.")] = False,
     host: Annotated[str, typer.Option(help="HTTP bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port (0 = any free port).")] = 0,
+    workspace: _WorkspaceOption = None,
 ) -> None:
     """Serve the tools to an MCP client over stdio (default) or streamable HTTP."""
     try:
-        settings = load_settings(config)
+        settings = load_settings(config, **_workspace(workspace))
     except ProcpilotError as exc:
         _err.print(f"[red]{exc.code}[/red]: {exc.message}")
         raise typer.Exit(2) from None
@@ -170,6 +180,7 @@ def serve(
     unix_socket: Annotated[Path | None, typer.Option(help="Also listen on this Unix socket (mode 0600).")] = None,
     tcp: Annotated[bool, typer.Option(help="Listen on TCP (--no-tcp: the Unix socket only).")] = True,
     state_dir: Annotated[Path | None, typer.Option(help="Where session logs and records go.")] = None,
+    workspace: _WorkspaceOption = None,
     agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
@@ -188,7 +199,7 @@ def serve(
     if state_dir is not None:
         overrides["state_dir"] = state_dir
     try:
-        settings = load_settings(config, None, **overrides)
+        settings = load_settings(config, None, **overrides, **_workspace(workspace))
     except ProcpilotError as exc:
         _fail(exc, 2)
 
