@@ -8,6 +8,15 @@ import sys
 import procpilot
 
 PUBLIC = {
+    "UnanalyzableCommand",
+    "ProcessNotFound",
+    "ProcLimit",
+    "PermissionDenied",
+    "LimitAboveAllocation",
+    "IsolationUnavailable",
+    "ElevationDenied",
+    "CommandDenied",
+    "ApprovalDenied",
     "AsyncClient",
     "Client",
     "CommandNotFound",

@@ -17,17 +17,25 @@ from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.supervisor import Supervisor, WaitOutcome
 from procpilot.errors import (
+    ApprovalDenied,
+    CommandDenied,
     CommandNotFound,
     ConfigError,
+    ElevationDenied,
     InternalError,
     InvalidArgument,
     InvalidFilter,
     InvalidPattern,
     InvalidStream,
+    IsolationUnavailable,
     KillFailed,
+    LimitAboveAllocation,
     NotSupported,
     PathOutOfScope,
+    PermissionDenied,
     ProcessAlreadyExited,
+    ProcessNotFound,
+    ProcLimit,
     ProcpilotError,
     ProtectedVariable,
     SessionNotFound,
@@ -36,6 +44,7 @@ from procpilot.errors import (
     SpawnError,
     SpawnFailed,
     StdinClosed,
+    UnanalyzableCommand,
 )
 from procpilot.sync import SyncSupervisor
 
@@ -60,10 +69,13 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 __all__ = [
+    "ApprovalDenied",
     "AsyncClient",
     "Client",
+    "CommandDenied",
     "CommandNotFound",
     "ConfigError",
+    "ElevationDenied",
     "ExitInfo",
     "FileStore",
     "InternalError",
@@ -71,12 +83,17 @@ __all__ = [
     "InvalidFilter",
     "InvalidPattern",
     "InvalidStream",
+    "IsolationUnavailable",
     "KillFailed",
+    "LimitAboveAllocation",
     "Limits",
     "NotSupported",
     "PathOutOfScope",
+    "PermissionDenied",
+    "ProcLimit",
     "ProcessAPI",
     "ProcessAlreadyExited",
+    "ProcessNotFound",
     "ProcpilotError",
     "ProcsClient",
     "ProtectedVariable",
@@ -94,6 +111,7 @@ __all__ = [
     "Stream",
     "Supervisor",
     "SyncSupervisor",
+    "UnanalyzableCommand",
     "WaitOutcome",
     "load_settings",
 ]

@@ -28,14 +28,22 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx2
 
-from procpilot.errors import ProcpilotError
+from procpilot.errors import (
+    DaemonConnectionLost,
+    DaemonNotRunning,
+    ProcpilotError,
+    Unauthorized,
+    UnknownTool,
+    error_class,
+    error_for_proc_code,
+)
 
 __all__ = [
     "AsyncClient",
@@ -62,66 +70,15 @@ _NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 _TIMEOUT = httpx2.Timeout(connect=5.0, read=660.0, write=30.0, pool=30.0)
 
 
-class DaemonNotRunning(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "start_daemon": "Start it with `procpilot serve` (or `make run` in a procpilot checkout).",
-        "other_address": "Point at another daemon with --url or PROCPILOT_URL (http://HOST:PORT or unix:///PATH).",
-    }
 
 
-class DaemonConnectionLost(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "check_daemon": "The daemon stopped answering mid-request: see if it still runs (`procpilot ps`).",
-        "sessions": "A restarted daemon does not re-adopt running sessions; they ended with the old one.",
-    }
 
 
-class Unauthorized(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "set_token": "Pass the bearer token your agent was given: --token or PROCPILOT_TOKEN.",
-    }
 
 
-class UnknownTool(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "list_tools": "`procpilot tools` (GET /v1/tools) lists the tools this daemon serves.",
-    }
 
 
 # -- errors ------------------------------------------------------------------------------------
-
-
-def _walk(cls: type[ProcpilotError]) -> Iterable[type[ProcpilotError]]:
-    yield cls
-    for sub in cls.__subclasses__():
-        yield from _walk(sub)
-
-
-# Where the error types beyond procpilot.errors live: imported only when a daemon names one we
-# have not loaded, so a caller can catch ``ProcessNotFound`` or ``CommandDenied`` as themselves.
-_ERROR_MODULES = (
-    "procpilot.faces.capabilities",
-    "procpilot.policy.commands",
-    "procpilot.policy.gate",
-    "procpilot.policy.spawn_filter",
-    "procpilot.engine.isolation",
-    "procpilot.transports.http",
-    "procpilot.transports.serve",
-)
-
-
-def error_class(code: str) -> type[ProcpilotError] | None:
-    """The ProcpilotError subclass named ``code`` (errors of every face, policy included)."""
-    for attempt in range(2):
-        for cls in _walk(ProcpilotError):
-            if cls.__name__ == code:
-                return cls
-        if attempt == 0:
-            import importlib
-
-            for module in _ERROR_MODULES:
-                importlib.import_module(module)
-    return None
 
 
 _unknown: dict[str, type[ProcpilotError]] = {}
@@ -777,8 +734,8 @@ class ProcsClient:
 
 def _proc_error(error: Mapping[str, Any]) -> ProcpilotError:
     code = str(error.get("code") or "proc_error")
-    names = {"unknown_proc": "SessionNotFound", "proc_dead": "ProcessAlreadyExited", "proc_limit": "ProcLimit"}
-    name = names.get(code) or "".join(part.capitalize() for part in code.split("_"))
+    cls = error_for_proc_code(code)
+    name = cls.__name__ if cls is not None else "".join(part.capitalize() for part in code.split("_"))
     exc = error_from({"error": name, "message": error.get("message", code), "hints": error.get("hints") or {}})
     exc.details.setdefault("proc_code", code)
     return exc

@@ -78,7 +78,8 @@ async def test_approvers_decide_held_calls_and_the_requester_hears_it(served: Se
         async with served.ahttp(TOKEN_A) as a_http:
             bad = await a_http.post(f"/v1/approvals/{held['id']}", json={"decision": "maybe"})
             assert bad.status_code == 422
-            assert (await a_http.post("/v1/approvals/nosuchrequest0", json={"decision": "deny"})).status_code == 404
+            unknown = await a_http.post("/v1/approvals/nosuchrequest0", json={"decision": "deny"})
+            assert unknown.status_code == 404 and unknown.json()["error"] == "ApprovalNotFound"
             ok = await a_http.post(f"/v1/approvals/{held['id']}", json={"decision": "approve"})
             assert ok.status_code == 200, ok.text
             assert ok.json()["approval"]["status"] == "approved" and ok.json()["approval"]["decided_by"] == "agent-a"

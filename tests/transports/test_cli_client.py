@@ -277,11 +277,11 @@ def test_errors_of_every_face_come_back_as_their_own_classes() -> None:
         "    print(type(exc).__module__, type(exc).__name__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert out[:4] == [
-        "procpilot.faces.capabilities ProcessNotFound",
-        "procpilot.policy.commands CommandDenied",
+    assert out[:4] == [  # one error tree: every class lives in procpilot.errors
+        "procpilot.errors ProcessNotFound",
+        "procpilot.errors CommandDenied",
         "procpilot.errors ResourceLimitExceeded",
-        "procpilot.policy.spawn_filter ProcLimit",
+        "procpilot.errors ProcLimit",
     ]
 
 

@@ -33,17 +33,11 @@ from functools import cache
 from pathlib import Path
 
 from procpilot.engine import sandbox_exec
-from procpilot.errors import NotSupported
+from procpilot.errors import IsolationUnavailable
 
 __all__ = ["Isolation", "IsolationUnavailable", "isolation_capabilities", "isolation_prefix"]
 
 
-class IsolationUnavailable(NotSupported):
-    default_hints = {  # noqa: RUF012 - inherited ClassVar
-        "install_bubblewrap": "Install bubblewrap (apt-get install bubblewrap) or run the server as root.",
-        "kernel": "Or run on a kernel with Landlock (5.13+, in CONFIG_LSM) and libseccomp installed.",
-        "drop_option": "Run without the isolation option if your policy allows it.",
-    }
 
 
 @dataclass(frozen=True, slots=True)

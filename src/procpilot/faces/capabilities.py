@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,6 +51,7 @@ from procpilot.errors import (
     KillFailed,
     PathOutOfScope,
     ProcessAlreadyExited,
+    ProcessNotFound,
     ProcpilotError,
     ProtectedVariable,
     ResourceLimitExceeded,
@@ -128,12 +129,6 @@ def _iso(timestamp: float) -> str:
 # -- errors ------------------------------------------------------------------------------------
 
 
-class ProcessNotFound(SessionNotFound):
-    """Spec 000's name for the engine's SessionNotFound."""
-
-    default_hints: ClassVar[dict[str, str]] = {
-        "list_processes": "Use process.list to see all tracked processes.",
-    }
 
 
 # The spec's recovery hints, by error name, replacing the engine's generic ones at this boundary.

@@ -36,7 +36,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import re
 import shutil
 import signal as signal_module
 from collections.abc import Callable
@@ -227,26 +226,12 @@ class ProcConfig(BaseModel):
 EventCallback = Callable[[dict[str, Any]], None]
 
 
-def _snake(code: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", code).lower()
-
-
 def _error(code: str, message: str, hints: dict[str, str] | None = None) -> ProcError:
     return ProcError(code=code, message=message, hints=hints or {})
 
 
 def _from_exception(exc: ProcpilotError) -> ProcError:
-    if isinstance(exc, SessionNotFound):
-        code = "unknown_proc"
-    elif isinstance(exc, ProcessAlreadyExited):
-        code = "proc_dead"
-    elif exc.code == "ProcLimit":  # the agent policy's cap (policy.spawn_filter)
-        code = "proc_limit"
-    elif exc.code == "InvalidArgument":
-        code = "invalid_request"
-    else:
-        code = _snake(exc.code)
-    return _error(code, exc.message, exc.hints)
+    return _error(exc.proc_code(), exc.message, exc.hints)
 
 
 @dataclass(slots=True)

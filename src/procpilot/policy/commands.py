@@ -34,43 +34,14 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
-from procpilot.errors import ProcpilotError
+from procpilot.errors import CommandDenied, UnanalyzableCommand
 
 __all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in", "sensitive_variable"]
 
 
-class CommandDenied(ProcpilotError):
-    """The command would run a program the agent's policy refuses (or one that does not exist).
-
-    Raised before anything is started, so a refused command has no side effect at all.
-    """
-
-    default_hints: ClassVar[dict[str, str]] = {
-        "allowed_programs": "Run only the programs this agent's policy allows (the refusal lists them).",
-        "resolved_match": (
-            "Allowlists are matched on the resolved program (its real path after PATH lookup and "
-            "symlinks), so another path to, a copy of, or a wrapper around a refused program "
-            "(env, sh -c, xargs, find -exec, timeout, nohup...) is refused too."
-        ),
-    }
 
 
-class UnanalyzableCommand(CommandDenied):
-    """The shell text uses something whose effect we cannot check statically under an allowlist.
-
-    A command substitution, ``eval``, ``source``, a variable as a command name, a function
-    definition...: what runs is only known when the line runs, so the only safe answer is no.
-    """
-
-    default_hints: ClassVar[dict[str, str]] = {
-        **CommandDenied.default_hints,
-        "write_it_plainly": (
-            "Name every program literally: no $(...), backticks, eval, source, aliases, functions, "
-            "or variables and globs as command names. Split the work into separate plain commands."
-        ),
-    }
 
 
 # ---------------------------------------------------------------------------------------------

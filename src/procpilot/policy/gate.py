@@ -19,27 +19,19 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from procpilot.config import Settings
 from procpilot.engine.events import EventBus
-from procpilot.errors import ProcpilotError, SessionNotFound
+from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
 from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, audit_arguments, redact_environment
 
 __all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
 
 
-class PermissionDenied(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "ask_operator": "This capability is blocked for your agent; ask the operator to change the policy.",
-    }
 
 
-class ApprovalDenied(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "rethink": "An approver declined (or did not answer in time); change the request or ask first.",
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +117,7 @@ class Gate:
         """An approver's decision. Only pending requests can be decided."""
         request = self._requests.get(request_id)
         if request is None or request.status != "awaiting_approval":
-            raise SessionNotFound(f"no pending approval request {request_id!r}", request_id=request_id)
+            raise ApprovalNotFound(f"no pending approval request {request_id!r}", request_id=request_id)
         request.status = "approved" if approve else "denied"
         request.decided_by, request.reason = approver, reason
         if request._decision is not None and not request._decision.done():

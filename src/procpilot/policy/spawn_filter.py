@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import ClassVar
 
 from procpilot.config import AgentPolicy, Settings
 from procpilot.engine.isolation import Isolation
 from procpilot.engine.limits import Limits
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
-from procpilot.errors import ProcpilotError, ProtectedVariable
+from procpilot.errors import ElevationDenied, LimitAboveAllocation, ProcLimit, ProtectedVariable
 from procpilot.policy.commands import CommandPolicy, UnanalyzableCommand
 
 __all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter", "make_write_filter"]
@@ -33,24 +32,10 @@ _SIGNAL_KEYS = frozenset("\x03\x1c\x1a\x04")
 _PASTE_MARKERS = (b"\x1b[200~", b"\x1b[201~")
 
 
-class ProcLimit(ProcpilotError):
-    """The agent already runs as many sessions as its policy allows."""
-
-    default_hints: ClassVar[dict[str, str]] = {
-        "wait_or_kill": "Wait for a running session to end, or kill one you no longer need.",
-    }
 
 
-class ElevationDenied(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "drop_elevated": "Run without elevated: this agent's policy does not allow leaving its sandbox.",
-    }
 
 
-class LimitAboveAllocation(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "lower_limit": "Ask for at most the agent's allocation, or omit the limit to get the allocation.",
-    }
 
 
 def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:

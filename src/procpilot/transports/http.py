@@ -16,11 +16,13 @@ configured (loopback only) every caller is the one ``open_agent``. On a loopback
 ``Host`` and ``Origin`` headers must name the loopback too, so a web page cannot reach the
 daemon through DNS rebinding or a cross-site form post.
 
-REST error statuses (the JSON body is the error's ``{"error", "message", "hints", ...}``):
+REST error statuses (the JSON body is the error's ``{"error", "message", "hints", ...}``), each
+the ``http_status`` of its class in ``procpilot.errors``:
 
     401 Unauthorized          no token, or a wrong one (a fixed body that reveals nothing more)
-    403 *Denied               PermissionDenied, ApprovalDenied, ElevationDenied, ...
-    404 SessionNotFound       (also another agent's session), UnknownTool
+    403 policy refusals       CommandDenied, UnanalyzableCommand, PermissionDenied, ApprovalDenied,
+                              ElevationDenied, ApprovalForbidden, SelfApprovalDenied
+    404 SessionNotFound       (also another agent's session), UnknownTool, ApprovalNotFound
     409 SessionStateError     ProcessAlreadyExited, SessionStillRunning, StdinClosed
     415 UnsupportedMediaType  a body that is not application/json
     422 InvalidArgument       and its family; CommandNotFound, PathOutOfScope, ProtectedVariable,
@@ -47,7 +49,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, ClassVar
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -56,21 +58,20 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from procpilot.client import error_class
 from procpilot.config import Settings
 from procpilot.engine.events import EventBus
 from procpilot.engine.session import ExitInfo
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import (
-    CommandNotFound,
+    ApprovalForbidden,
     InvalidArgument,
     NotSupported,
-    PathOutOfScope,
     ProcpilotError,
-    ProtectedVariable,
+    SelfApprovalDenied,
     SessionNotFound,
-    SessionStateError,
+    UnsupportedMediaType,
+    error_class,
 )
 from procpilot.faces.tooling import ToolSpec
 
@@ -81,7 +82,6 @@ __all__ = [
     "create_app",
     "current_agent",
     "daemon_of",
-    "error_class",
     "guarded_mcp_app",
     "request_agent",
     "status_for_error",
@@ -102,41 +102,14 @@ _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 # -- errors ------------------------------------------------------------------------------------
 
 
-_STATUS_BY_CODE = {
-    "ProcLimit": 429,
-    "LimitAboveAllocation": 422,
-    "ResourceLimitExceeded": 422,  # the process outgrew the limits it ran under: not a server fault
-    "IsolationUnavailable": 501,
-    "UnknownTool": 404,
-    "Unauthorized": 401,
-    "ApprovalForbidden": 403,
-    "UnsupportedMediaType": 415,
-    "ProcpilotError": 503,  # raised bare only when the supervisor is shutting down
-}
-_STATUS_BY_BASE: tuple[tuple[type[ProcpilotError], int], ...] = (
-    (SessionNotFound, 404),
-    (InvalidArgument, 422),
-    (SessionStateError, 409),
-    (CommandNotFound, 422),
-    (PathOutOfScope, 422),
-    (ProtectedVariable, 422),
-    (NotSupported, 501),
-)
 #: Every status a tool endpoint can answer (the OpenAPI document lists exactly these).
 ERROR_STATUSES = (401, 403, 404, 409, 415, 422, 429, 500, 501, 503)
 
 
 def status_for_error(code: str) -> int:
-    if code in _STATUS_BY_CODE:
-        return _STATUS_BY_CODE[code]
+    """The HTTP status of the error ``code`` names (its class says; an unknown name is a 500)."""
     cls = error_class(code)
-    if cls is not None:
-        for base, status in _STATUS_BY_BASE:
-            if issubclass(cls, base):
-                return status
-    if code.endswith("Denied"):
-        return 403
-    return 500
+    return 500 if cls is None else cls.http_status
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -148,16 +121,8 @@ def _error(code: str, message: str, status: int | None = None, **extra: Any) -> 
     return _json({"error": code, "message": message, "hints": {}, **extra}, status or status_for_error(code))
 
 
-class ApprovalForbidden(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "approvers": "Only the agents in [server] approvers may see and decide approval requests.",
-    }
 
 
-class SelfApprovalDenied(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "other_approver": "Another approver has to decide this request.",
-    }
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -175,8 +140,6 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
-class UnsupportedMediaType(ProcpilotError):
-    pass
 
 
 # -- auth --------------------------------------------------------------------------------------

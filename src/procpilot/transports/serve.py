@@ -20,12 +20,12 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from procpilot.config import ServerSettings, Settings
 from procpilot.engine.events import EventBus
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import ProcpilotError
+from procpilot.errors import ServeRefused
 from procpilot.faces.tooling import ToolSpec
 
 if TYPE_CHECKING:
@@ -50,10 +50,6 @@ __all__ = [
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-class ServeRefused(ProcpilotError):
-    default_hints: ClassVar[dict[str, str]] = {
-        "add_tokens": 'Add [server.tokens] ("token" = "agent-id") to the config, or bind 127.0.0.1.',
-    }
 
 
 @dataclass(frozen=True, slots=True)
