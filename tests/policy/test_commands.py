@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from procpilot.errors import ProcpilotError
+from procpilot.errors import InvalidArgument, ProcpilotError
 from procpilot.policy.commands import CommandDenied, CommandPolicy, UnanalyzableCommand, programs_in
 
 PATH = "/usr/bin:/bin"
@@ -493,3 +493,19 @@ def test_a_here_doc_ends_where_either_shell_ends_it(policy: CommandPolicy, cwd: 
     operator = "<<-" if body.startswith("\t") else "<<"
     with pytest.raises(CommandDenied, match="rm"):
         policy.check(f"cat {operator}EOF\n{body}", cwd)
+
+
+def test_deep_nesting_is_an_invalid_argument_not_a_crash() -> None:
+    policy = CommandPolicy(allow=("echo",))
+    deep = "echo " + "$(" * 2000 + "echo x" + ")" * 2000
+    with pytest.raises(InvalidArgument, match="nested"):
+        policy.check(deep)
+    with pytest.raises(InvalidArgument, match="nested"):
+        policy.check_input(deep + "\n")  # what is typed into a shell never passes through a SpawnSpec
+
+
+def test_a_refusal_names_each_program_once() -> None:
+    policy = CommandPolicy(allow=("echo",))
+    with pytest.raises(CommandDenied) as refused:
+        policy.check("echo a" + " | cat" * 20_000)
+    assert refused.value.message.count("cat") == 2  # "cat (/usr/bin/cat) is not allowed", once

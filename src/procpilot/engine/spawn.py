@@ -15,7 +15,6 @@ import errno
 import fcntl
 import os
 import shlex
-import shutil
 import struct
 import subprocess
 import termios
@@ -26,6 +25,7 @@ from typing import Literal
 
 from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
+from procpilot.engine.precheck import check_command, check_size
 from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
 __all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
@@ -35,65 +35,6 @@ _PIPE_SIZE = 1 << 20
 _TRANSIENT = {errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.EBADF, errno.ENOMEM, errno.EINTR}
 _RETRY_DELAYS = (0.01, 0.05, 0.2, 0.5)
 _SHELL = "/bin/sh"
-# Words a shell resolves itself: a first word among these is never "not found" up front.
-_SHELL_WORDS = frozenset(
-    [
-        "!",
-        "{",
-        "}",
-        "(",
-        "[",
-        "[[",
-        ".",
-        ":",
-        "alias",
-        "bg",
-        "break",
-        "case",
-        "cd",
-        "command",
-        "continue",
-        "declare",
-        "echo",
-        "eval",
-        "exec",
-        "exit",
-        "export",
-        "false",
-        "fc",
-        "fg",
-        "for",
-        "function",
-        "getopts",
-        "hash",
-        "if",
-        "jobs",
-        "kill",
-        "let",
-        "local",
-        "printf",
-        "pwd",
-        "read",
-        "readonly",
-        "return",
-        "set",
-        "shift",
-        "test",
-        "times",
-        "trap",
-        "true",
-        "type",
-        "typeset",
-        "ulimit",
-        "umask",
-        "unalias",
-        "unset",
-        "until",
-        "wait",
-        "while",
-        "time",
-    ]
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +57,11 @@ class SpawnSpec:
     # The working directory must lie inside this one: checked on the very directory the child
     # enters, so a path swapped for a symlink after any earlier check cannot lead it out.
     workspace: Path | None = None
+
+    def __post_init__(self) -> None:
+        # Here, where every face builds its spec: nothing downstream (the policy's shell analysis
+        # included) ever reads a command the kernel could not run anyway.
+        check_size(self.command)
 
     @property
     def display(self) -> str:
@@ -191,44 +137,6 @@ def check_os_string(name: str, value: str, *, field: str | None = None) -> None:
             hints={"fix_text": f"Send {name} as valid Unicode text (surrogates must come in pairs)."},
             field=field or name,
         ) from None
-
-
-def _first_word(command: str) -> str | None:
-    """The program a simple shell command runs, or None when the shell decides (assignments, syntax)."""
-    try:
-        words = shlex.split(command, comments=True, posix=True)
-    except ValueError:
-        return None
-    for word in words:
-        if "=" in word.split("/")[0] and not word.startswith("="):
-            continue  # VAR=value prefix
-        if any(c in word for c in "$`*?[]{}()<>|;&~") or word in _SHELL_WORDS:
-            return None
-        return word
-    return None
-
-
-def check_command(command: str | tuple[str, ...], env: Mapping[str, str], cwd: Path | None) -> None:
-    """Refuse a command whose program does not exist, before anything is started."""
-    program = command[0] if isinstance(command, tuple) else _first_word(command)
-    if not program:
-        if isinstance(command, tuple):
-            raise InvalidArgument("command: the argv list is empty", field="command")
-        return
-    if "/" in program:
-        path = Path(program) if os.path.isabs(program) else (cwd or Path.cwd()) / program
-        if not path.exists():
-            raise CommandNotFound(f"command not found: {program}", command=program)
-        if not path.is_file() or not os.access(path, os.X_OK):
-            what = "a directory" if path.is_dir() else "not executable"
-            raise SpawnFailed(
-                f"cannot run {program}: {what}",
-                errno=errno.EISDIR if path.is_dir() else errno.EACCES,
-                hints={"check_permissions": f"Make it executable (chmod +x {program}) or run it with its interpreter."},
-            )
-        return
-    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
-        raise CommandNotFound(f"command not found: {program}", command=program)
 
 
 def _argv(command: str | tuple[str, ...], prelude: list[str], prefix: list[str]) -> list[str]:

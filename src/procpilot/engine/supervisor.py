@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import regex
 
@@ -61,6 +61,8 @@ _SCAN_CHUNK = 1 << 20
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
 _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of output
+_INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
+_T = TypeVar("_T")
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -120,6 +122,7 @@ class Supervisor:
         # Called as filter(scope, session, data) before any byte reaches a session's stdin, whatever
         # face it came from: it may refuse (raise). Input to a shell is commands too.
         self._write_filter = write_filter
+        self._big_checks = asyncio.Semaphore(1)
         self._sessions: dict[str, Session] = {}
         lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
         self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
@@ -303,6 +306,15 @@ class Supervisor:
 
     # -- spawning ------------------------------------------------------------------------------
 
+    async def _off_loop_if_big(self, size: int, check: Callable[..., _T], *args: Any) -> _T:
+        """Run a filter (the policy's shell analysis, linear but pure Python) on the loop for the
+        usual small command, and in a worker thread, one at a time, for a big one: tens of ms of
+        parsing must not hold every other agent's call behind it."""
+        if size <= _INLINE_CHECK_BYTES:
+            return check(*args)
+        async with self._big_checks:
+            return await asyncio.to_thread(check, *args)
+
     async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
         """Start ``spec`` (or queue it behind its lane) and return its session at once."""
         if not self._started:
@@ -311,7 +323,7 @@ class Supervisor:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
         if self._spawn_filter is not None:
             running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
-            spec = self._spawn_filter(scope, spec, running)
+            spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
         elif spec.elevated:
             # Leaving a box is the policy's to allow; with no policy nothing could have allowed it.
             raise NotSupported(
@@ -467,7 +479,7 @@ class Supervisor:
         if session.finished:
             raise ProcessAlreadyExited(f"session {session_id} has already ended ({session.state.value})")
         if self._write_filter is not None and data:
-            self._write_filter(scope, session, data)
+            await self._off_loop_if_big(len(data), self._write_filter, scope, session, data)
         return await session.write(data, eof=eof, timeout=timeout)
 
     async def kill(

@@ -8,6 +8,7 @@ an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages 
 
 from __future__ import annotations
 
+import re
 import signal as signal_module
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -167,6 +168,8 @@ class ExecProcessFace:
         }
         if session.error:
             data["error"] = session.error
+        if session.exit_code == 127 and (missing := _shell_not_found(session)) is not None:
+            data["commandNotFound"] = missing
         if session.is_running:
             data["waitingForInput"] = session.waiting_for_input
         elif session.timed_out_waiting_for_input:
@@ -184,6 +187,9 @@ class ExecProcessFace:
         if session.state is SessionState.FAILED_TO_START:
             return f"failed to start: {session.error}"
         how = f"exit code {session.exit_code}" if session.exit_code is not None else f"{session.exit_signal}"
+        missing = _shell_not_found(session)
+        if missing is not None:
+            how += f": the shell found no command {missing!r} (check the name; `command -v {missing}`)"
         return f"{how} after {session.duration_ms} ms"
 
     def _read_tail(self, session: Session, stream: Stream, start: int, limit: int) -> tuple[str, int, int]:
@@ -561,6 +567,24 @@ PROCESS_DESCRIPTION = (
     "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
     "remove (kill, then clear)."
 )
+
+
+# dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found".
+_NOT_FOUND = re.compile(rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (.{1,200}?): (?:command )?not found$", re.M)
+
+
+def _shell_not_found(session: Session) -> str | None:
+    """The command the shell itself could not find, when that is why a shell command ended with
+    127. The pre-check refuses a missing program before the start where it can read the command;
+    where only the shell can (``VAR=$(...) prog``), its 127 is named here instead of being left
+    for the agent to take for the script's own failure. A script that exits 127 for its own
+    reasons is left alone: it has no such line at the end of its stderr."""
+    if session.exit_code != 127 or not isinstance(session.spec.command, str):
+        return None
+    view = session.output[Stream.COMBINED]
+    tail = view.read(max(0, view.size - 512)).data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    found = _NOT_FOUND.match(tail)
+    return None if found is None else found.group(1).decode(errors="replace")
 
 
 def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = None) -> list[ToolSpec]:

@@ -27,6 +27,7 @@ limit what programs can do; use the allowlist to keep an agent to the tools it w
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from procpilot.errors import CommandDenied, UnanalyzableCommand
+from procpilot.errors import CommandDenied, InvalidArgument, UnanalyzableCommand
 
 __all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in", "sensitive_variable"]
 
@@ -47,6 +48,7 @@ __all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in
 # ---------------------------------------------------------------------------------------------
 # Tokens
 
+_MAX_SUBSTITUTIONS = 100  # $( $( ... ) ): no real command comes near; each level costs stack
 _MAX_DEPTH = 12  # sh -c 'sh -c "..."' nesting; deeper is refused rather than followed forever
 
 
@@ -97,6 +99,19 @@ class _Scan:
     problems: list[str] = field(default_factory=list)
     cwd_changed: bool = False  # cd / pushd / env -C ...: relative paths no longer mean what they did
     depth: int = 0
+    substitutions: int = 0  # $( ) open around the lexer now
+
+    def enter_substitution(self) -> None:
+        """One more $( ) deep. Past _MAX_SUBSTITUTIONS the text is malformed input, not a command
+        to judge: a typed error long before Python's recursion limit."""
+        self.substitutions += 1
+        if self.substitutions > _MAX_SUBSTITUTIONS:
+            self.substitutions -= 1
+            raise InvalidArgument(
+                f"command: $( ) nested more than {_MAX_SUBSTITUTIONS} deep",
+                field="command",
+                hints={"simplify": "Write the inner steps as separate commands or a script file."},
+            )
 
     def problem(self, message: str) -> None:
         message = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
@@ -363,8 +378,12 @@ class _Lexer:
 
     def _substitution(self, start: int, what: str) -> None:
         """``pos`` is just after ``$(`` / ``<(`` / ``>(``: lex the code up to its closing paren."""
-        sub = _Lexer(self.text, self.scan, self.nested, self.pos, closing=True)
-        self.nested.append(sub.run())
+        self.scan.enter_substitution()
+        try:
+            sub = _Lexer(self.text, self.scan, self.nested, self.pos, closing=True)
+            self.nested.append(sub.run())
+        finally:
+            self.scan.substitutions -= 1
         self.pos = sub.pos
         self.scan.problem(f"{what} {_snippet(self.text[start : self.pos])} runs a command we cannot check")
 
@@ -1475,7 +1494,7 @@ class CommandPolicy:
             if not argv:
                 raise CommandDenied("the command is empty", hints=self._hints())
             _analyze_argv([_Word(a, a) for a in argv], scan, in_shell=False)
-        return self._decide(scan, base)
+        return self._decide(scan)
 
     def check_input(self, data: str, cwd: Path | None = None) -> None:
         """Check text written to an interactive shell's stdin: each line is a command line.
@@ -1493,11 +1512,13 @@ class CommandPolicy:
             for found in _interactive_problems(text):
                 scan.problem(found)
         _analyze_text(text, scan)
-        self._decide(scan, base)
+        self._decide(scan)
 
     # -- internals ------------------------------------------------------------------------------
 
     def _scan(self, base: str, *, interactive: bool) -> _Scan:
+        # One lookup per distinct word and check: a line of 20,000 `| cat` resolves cat once.
+        @functools.cache
         def realpath_of(word: str) -> str | None:
             return _lookup(word, self.path, base)
 
@@ -1525,36 +1546,40 @@ class CommandPolicy:
             hints["denied"] = "Denied here: " + ", ".join(self.deny) + "."
         return hints
 
-    def _decide(self, scan: _Scan, base: str) -> list[str]:
-        problems = list(scan.problems)
+    def _decide(self, scan: _Scan) -> list[str]:
+        # Each distinct reason once (dicts keep their order): a refusal names a program once,
+        # however often the line runs it.
+        problems = dict.fromkeys(scan.problems)
         cwd_unknown = scan.cwd_changed or scan.interactive
         relative_path = any(not os.path.isabs(entry) for entry in self.path.split(os.pathsep))
-        refused: list[str] = []
-        resolved: list[str] = []
+        refusals: dict[str, None] = {}
+        resolved: dict[str, None] = {}
         for prog in scan.programs:
             word = prog.word
             if prog.builtin:
                 if word in self._denied_names:
-                    refused.append(f"{word} (a shell builtin) is denied")
+                    refusals[f"{word} (a shell builtin) is denied"] = None
                 continue
             relative = ("/" in word and not word.startswith("/")) or ("/" not in word and relative_path)
             if cwd_unknown and relative:
                 why = "the shell may have changed directory" if scan.cwd_changed else "the shell's directory is unknown"
-                problems.append(f"{_snippet(word)}: a relative program path, and {why}")
-            real = _lookup(word, self.path, base)
+                problems[f"{_snippet(word)}: a relative program path, and {why}"] = None
+            real = scan.realpath_of(word)
             if real is None:
                 if self.allow is not None:
-                    refused.append(f"{_snippet(word)}: not found")
+                    refusals[f"{_snippet(word)}: not found"] = None
                 continue
             if self._is_denied(word, real):
-                refused.append(f"{_snippet(word)} ({real}) is denied")
+                refusals[f"{_snippet(word)} ({real}) is denied"] = None
                 continue
             exempt = prog.shell_c and real in self._shells
             if self.allow is not None and not exempt and not self._is_allowed(word, real):
-                refused.append(f"{_snippet(word)} ({real}) is not allowed")
+                refusals[f"{_snippet(word)} ({real}) is not allowed"] = None
                 continue
-            if real not in resolved:
-                resolved.append(real)
+            resolved[real] = None
+        return self._verdict(list(problems), list(refusals), list(resolved))
+
+    def _verdict(self, problems: list[str], refused: list[str], resolved: list[str]) -> list[str]:
         if self.allow is not None and problems:
             message = "cannot check this command before it runs: " + "; ".join(problems)
             if refused:
