@@ -99,6 +99,11 @@ class ServerSettings(BaseModel):
     tokens: Mapping[str, str] = Field(default_factory=dict, repr=False)
     # Agent ids that may decide approval requests (never their own); empty: nobody over the daemon.
     approvers: tuple[str, ...] = ()
+    # What one agent may hold open: MCP sessions (each costs ~40 KiB) and proc/* WebSockets; an
+    # MCP session with no request for this long is closed (the client opens a new one).
+    mcp_sessions_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 64
+    mcp_session_idle_sec: Annotated[float, Field(strict=True, gt=0, le=86_400)] = 1800.0
+    websockets_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 32
 
     @property
     def loopback_only(self) -> bool:

@@ -38,6 +38,8 @@
     ├── ApprovalForbidden                    403                    only approvers may see and decide approvals
     ├── SelfApprovalDenied                   403                    an agent may not decide its own request
     ├── UnknownTool                          404                    no tool by that name
+    ├── RequestTooLarge                      413                    a body over the daemon's limit
+    ├── TooManyConnections                   429                    the agent holds as many sessions as it may
     ├── UnsupportedMediaType                 415                    a body that is not JSON
     ├── ServeRefused                         500                    the daemon will not start (address, tokens)
     ├── DaemonNotRunning                     503                    the client found no daemon to talk to
@@ -79,6 +81,7 @@ __all__ = [
     "ProcessNotFound",
     "ProcpilotError",
     "ProtectedVariable",
+    "RequestTooLarge",
     "ResourceLimitExceeded",
     "SelfApprovalDenied",
     "ServeRefused",
@@ -88,6 +91,7 @@ __all__ = [
     "SpawnError",
     "SpawnFailed",
     "StdinClosed",
+    "TooManyConnections",
     "UnanalyzableCommand",
     "Unauthorized",
     "UnknownTool",
@@ -392,6 +396,22 @@ class UnknownTool(ProcpilotError):
 
 class UnsupportedMediaType(ProcpilotError):
     http_status: ClassVar[int] = 415
+
+
+class TooManyConnections(ProcpilotError):
+    """The agent already holds as many MCP sessions (or proc/* WebSockets) as the daemon allows it."""
+
+    http_status: ClassVar[int] = 429
+    default_hints: ClassVar[dict[str, str]] = {
+        "reuse": "Reuse an open session or connection, or close one you no longer need (MCP: DELETE /mcp).",
+    }
+
+
+class RequestTooLarge(ProcpilotError):
+    http_status: ClassVar[int] = 413
+    default_hints: ClassVar[dict[str, str]] = {
+        "smaller": "Send less at once: write big inputs to a file in the workspace, or in several writes.",
+    }
 
 
 class ServeRefused(ProcpilotError):

@@ -3,12 +3,20 @@ adversarial review, reproduced against a real `procpilot serve`."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
+import os
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
 
+import httpx2
 import pytest
 
+from procpilot.errors import InvalidArgument
 from tests.daemon import TOKEN_A, TOKEN_B, Served, cleanup, post, start_daemon
 
 # agent-b runs under an allowlist, so its commands go through the policy's shell analysis.
@@ -86,3 +94,157 @@ def test_assignments_from_substitutions_run(served: Served) -> None:
         missing = post(c, "exec", command="VAR=$(echo a) nosuchprog-xyz").json()["data"]
         assert missing["exitCode"] == 127 and missing["commandNotFound"] == "nosuchprog-xyz"
         cleanup(c)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def never_reading_websocket(served: Served, token: str) -> socket.socket:
+    """A WebSocket client as a hostile one writes it: it upgrades, then only ever sends. (A client
+    library keeps reading into its own buffers; this one leaves every byte in the kernel.)"""
+    host, port = served.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET /v1/proc HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert b" 101 " in head.split(b"\r\n")[0], head
+    return sock
+
+
+def masked_text_frame(data: bytes) -> bytes:
+    mask = os.urandom(4)
+    size = bytes([0x80 | len(data)]) if len(data) < 126 else bytes([0x80 | 126]) + struct.pack("!H", len(data))
+    return b"\x81" + size + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(data))
+
+
+def test_a_websocket_that_never_reads_cannot_grow_the_daemon(served: Served) -> None:
+    with served.http(TOKEN_A) as c:
+        big = post(c, "exec", command="head -c 2097152 /dev/zero | tr '\\0' x").json()["data"]
+    before = rss_mib(served.proc.pid)
+    for _ in range(3):  # memory must come back after each round, not pile up
+        sock = never_reading_websocket(served, TOKEN_A)
+        sock.settimeout(2)
+        with contextlib.suppress(TimeoutError):  # back-pressure: the daemon stopped reading us
+            for n in range(500):
+                page = {"type": "proc/log/req", "id": n, "proc_id": big["sessionId"], "stream_type": "stdout"}
+                sock.sendall(masked_text_frame(json.dumps({**page, "offset": 0, "limit": 1 << 20}).encode()))
+        time.sleep(2)
+        assert rss_mib(served.proc.pid) - before < 150  # was +500 MB a round (every answer queued)
+        sock.close()
+        time.sleep(1)
+    assert rss_mib(served.proc.pid) - before < 100  # was 1.5 GB after three rounds, never given back
+    with served.http(TOKEN_A) as c:  # and it still serves
+        assert post(c, "exec", command="echo alive").json()["data"]["output"] == "alive\n"
+        cleanup(c)
+
+
+# -- bounds on what enters ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    server = "mcp_sessions_per_agent = 3\nmcp_session_idle_sec = 2\nwebsockets_per_agent = 2"
+    daemon = start_daemon(tmp_path_factory.mktemp("bounded"), server=server)
+    yield daemon
+    assert daemon.stop() == 0, daemon.log_text()
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(bounded: Served) -> None:
+    with bounded.http(TOKEN_A) as c:
+        big = c.post("/v1/tools/exec", json={"command": "true", "env": {"X": "y" * 2_000_000}})
+        assert big.status_code == 413 and big.json()["error"] == "RequestTooLarge"
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the daemon must count for itself
+            yield b'{"command": "true", "env": {"X": "'
+            for _ in range(40):
+                yield b"y" * 65536
+            yield b'"}}'
+
+        chunked = c.post("/v1/tools/exec", content=chunks(), headers={"Content-Type": "application/json"})
+        assert chunked.status_code == 413 and chunked.json()["error"] == "RequestTooLarge"
+
+
+def test_a_deeply_nested_body_is_a_json_422(bounded: Served) -> None:
+    with bounded.http(TOKEN_A) as c:
+        deep = c.post(
+            "/v1/tools/exec", content=b"[" * 200_000 + b"]" * 200_000, headers={"Content-Type": "application/json"}
+        )
+        assert deep.status_code == 422 and deep.json()["error"] == "InvalidArgument"
+
+
+@pytest.mark.parametrize("host", ["localhost:evil.example", "localhost.evil.example", "127.0.0.1.evil", "evil"])
+def test_the_host_check_is_exact(bounded: Served, host: str) -> None:
+    with bounded.http(TOKEN_A) as c:
+        assert c.get("/v1/tools", headers={"Host": host}).status_code == 403
+        assert c.get("/v1/tools", headers={"Host": "localhost:8765"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("exec", {"command": "true", "timeout": int("9" * 400)}),
+        ("exec", {"command": "true", "timeout": 1e308}),
+        ("exec", {"command": "true", "workdir": "a\0b"}),
+        ("process.run", {"command": "true", "cpu_limit": 1e308}),
+        ("process.run", {"command": "true", "working_directory": "a\0b"}),
+        ("process", {"action": "log", "sessionId": "x", "offset": int("9" * 400)}),
+    ],
+)
+def test_absurd_numbers_and_nul_bytes_are_invalid_arguments(
+    bounded: Served, tool: str, arguments: dict[str, object]
+) -> None:
+    with bounded.http(TOKEN_A) as c:
+        refused = post(c, tool, **arguments)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"] == "InvalidArgument"
+
+
+async def test_a_nul_in_a_websocket_cwd_is_an_invalid_request(bounded: Served) -> None:
+    from procpilot.client import ProcsClient
+
+    async with ProcsClient(bounded.url, TOKEN_A) as procs:
+        with pytest.raises(InvalidArgument):
+            await procs.spawn(["true"], cwd="a\0b")
+
+
+def mcp_initialize(served: Served, token: str) -> httpx2.Response:
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    headers = {**served.headers(token), "Accept": "application/json, text/event-stream"}
+    return httpx2.post(served.url + "/mcp", json=message, headers=headers, timeout=30)
+
+
+def test_mcp_sessions_are_capped_per_agent_and_expire_when_idle(bounded: Served) -> None:
+    opened = [mcp_initialize(bounded, TOKEN_A) for _ in range(3)]
+    assert all(r.status_code == 200 and r.headers.get("mcp-session-id") for r in opened)
+    refused = mcp_initialize(bounded, TOKEN_A)
+    assert refused.status_code == 429 and refused.json()["error"] == "TooManyConnections"
+    assert mcp_initialize(bounded, TOKEN_B).status_code == 200  # another agent is not held up
+    time.sleep(4)  # idle past mcp_session_idle_sec: the SDK closes them, the cap forgets them
+    assert mcp_initialize(bounded, TOKEN_A).status_code == 200
+
+
+async def test_proc_websockets_are_capped_per_agent(bounded: Served) -> None:
+    import websockets
+
+    url = bounded.url.replace("http://", "ws://") + "/v1/proc"
+    headers = {"Authorization": f"Bearer {TOKEN_A}"}
+    async with websockets.connect(url, additional_headers=headers), websockets.connect(url, additional_headers=headers):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(url, additional_headers=headers)
+        assert refused.value.response.status_code == 429
+        b_headers = {"Authorization": f"Bearer {TOKEN_B}"}
+        async with websockets.connect(url, additional_headers=b_headers):
+            pass

@@ -27,8 +27,10 @@ __all__ = [
     "MAX_ARGV_WORDS",
     "MAX_COMMAND_BYTES",
     "MAX_SUBSTITUTION_DEPTH",
+    "MAX_TIMEOUT_S",
     "check_command",
     "check_size",
+    "check_timeout",
     "first_program",
 ]
 
@@ -37,6 +39,7 @@ MAX_COMMAND_BYTES = MAX_ARG_STRLEN - 8 * 1024  # what is left beside our prelude
 MAX_ARGV_WORDS = 16_384
 MAX_ARGV_BYTES = 1024 * 1024  # of ARG_MAX's 2 MiB, the rest is the environment's
 MAX_SUBSTITUTION_DEPTH = 100
+MAX_TIMEOUT_S = 365 * 24 * 3600.0  # a year: past it a timeout is an overflow waiting to happen
 
 _TOO_BIG_HINT = {
     "use_a_file": "Write the script to a file in the workspace and run that file (sh script.sh, python3 x.py).",
@@ -152,6 +155,12 @@ def check_size(command: str | tuple[str, ...]) -> None:
 
 _PLAIN_RUN = re.compile(r"[^ \t\n;&|()<>'\"\\$`*?\[\]{}~]+")
 _DQ_RUN = re.compile(r'[^"\\$`]+')
+
+
+def check_timeout(timeout: float | None) -> None:
+    """A timeout the event loop can schedule: finite, not negative, at most a year."""
+    if timeout is not None and not 0 <= timeout <= MAX_TIMEOUT_S:  # NaN fails both comparisons
+        raise InvalidArgument(f"timeout: {timeout!r} is not between 0 and {MAX_TIMEOUT_S:.0f} seconds", field="timeout")
 
 
 def _substitution_depth(command: str) -> int:

@@ -25,7 +25,7 @@ from typing import Literal
 
 from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
-from procpilot.engine.precheck import check_command, check_size
+from procpilot.engine.precheck import check_command, check_size, check_timeout
 from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
 __all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
@@ -62,6 +62,9 @@ class SpawnSpec:
         # Here, where every face builds its spec: nothing downstream (the policy's shell analysis
         # included) ever reads a command the kernel could not run anyway.
         check_size(self.command)
+        check_timeout(self.timeout)
+        if self.cwd is not None:
+            check_os_string("cwd", str(self.cwd))
 
     @property
     def display(self) -> str:
@@ -110,9 +113,7 @@ def build_env(
         if not key or "=" in key or "\0" in key:
             raise InvalidArgument(f"env: invalid variable name {key!r}", field="env")
         if key in markers:
-            raise ProtectedVariable(
-                f"cannot override protected environment variable(s): {key}", variables=[key]
-            )
+            raise ProtectedVariable(f"cannot override protected environment variable(s): {key}", variables=[key])
         check_os_string(f"env.{key}", value, field="env")
         env[key] = value
     env.update(markers)

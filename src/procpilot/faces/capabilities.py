@@ -40,7 +40,7 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.events import EventBus
 from procpilot.engine.limits import Limits
 from procpilot.engine.session import Session
-from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.usage import usage_tracker
@@ -94,6 +94,8 @@ STATE_FILTERS = ("running", "completed", "killed", "timed_out", "all")
 STREAMS = ("stdout", "stderr", "both")
 SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 MAX_TIMEOUT_SEC = 3600
+_MAX_CORES = 4096.0  # bounds past which a number is an overflow waiting to happen, not a limit
+_MAX_BYTES = 2**62
 
 _STATES: dict[SessionState, State] = {
     SessionState.QUEUED: "running",
@@ -127,8 +129,6 @@ def _iso(timestamp: float) -> str:
 
 
 # -- errors ------------------------------------------------------------------------------------
-
-
 
 
 # The spec's recovery hints, by error name, replacing the engine's generic ones at this boundary.
@@ -181,6 +181,7 @@ def resolve_working_directory(settings: Settings, value: str | None) -> Path:
     root = settings.workspace_root.resolve()
     if not value:
         return root
+    check_os_string("working_directory", value)
     given = Path(value).expanduser()
     try:
         resolved = (given if given.is_absolute() else root / given).resolve()
@@ -250,8 +251,10 @@ class RunInput(BaseModel):
         "Use process.monitor / process.logs / process.kill to manage it.",
     )
     stdin: str | None = Field(None, description="Input fed to the process's stdin, then closed. Ignored if background.")
-    cpu_limit: float | None = Field(None, gt=0, description="CPU limit as a fraction of one core (e.g. 0.5).")
-    memory_limit: int | None = Field(None, ge=1, description="Memory limit in bytes.")
+    cpu_limit: float | None = Field(
+        None, gt=0, le=_MAX_CORES, description="CPU limit as a fraction of one core (e.g. 0.5)."
+    )
+    memory_limit: int | None = Field(None, ge=1, le=_MAX_BYTES, description="Memory limit in bytes.")
     stdout_lines: int = Field(
         100, ge=0, description="Number of trailing lines of stdout (and of stderr) in the summaries."
     )
@@ -301,9 +304,11 @@ class LogsInput(BaseModel):
         json_schema_extra={"enum": list(STREAMS)},
     )
     offset: int | None = Field(
-        None, ge=0, description="Byte offset to start reading from (in each stream read). Default 0."
+        None, ge=0, le=_MAX_BYTES, description="Byte offset to start reading from (in each stream read). Default 0."
     )
-    limit: int | None = Field(None, ge=0, description="Maximum bytes to return per stream. Default: all available.")
+    limit: int | None = Field(
+        None, ge=0, le=_MAX_BYTES, description="Maximum bytes to return per stream. Default: all available."
+    )
 
 
 # -- outputs -----------------------------------------------------------------------------------

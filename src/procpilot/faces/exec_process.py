@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.engine.capture import Stream
 from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
+from procpilot.engine.precheck import MAX_TIMEOUT_S
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
@@ -44,6 +45,8 @@ ACTIONS = (
 )
 _POLL_MAX_WAIT_MS = 30_000
 _WAIT_MAX_MS = 600_000
+# Bounds on numbers an agent sends: past them a value means nothing but an overflow later.
+_MAX_COUNT = 2**53  # JSON's exact integers
 _WAIT_DEFAULT_MS = 30_000
 _WRITE_DEFAULT_MS = 5_000
 _LOG_DEFAULT_LINES = 200
@@ -78,11 +81,16 @@ class ExecParams(BaseModel):
     workdir: str | None = Field(None, description="Working directory (default: the workspace root).")
     env: dict[str, str] | None = Field(None, description="Extra environment variables, merged onto a clean base.")
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
-        None, description="Wait this long (ms, 10-120000; default 10000) before moving the run to the background."
+        None,
+        le=_MAX_COUNT,
+        description="Wait this long (ms, 10-120000; default 10000) before moving the run to the background.",
     )
     background: bool = Field(False, description="Start in the background and return at once.")
-    timeout: int | None = Field(
-        None, ge=0, description="Kill the whole process tree after this many seconds (default 1800, 0 = none)."
+    timeout: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_TIMEOUT_S,
+        description="Kill the whole process tree after this many seconds, fractions allowed (default 1800, 0 = none).",
     )
     pty: bool = Field(False, description="Run under a pseudo-terminal (for programs that need a TTY).")
     elevated: bool = Field(
@@ -111,12 +119,18 @@ class ProcessParams(BaseModel):
     )
     offset: int | None = Field(
         None,
+        ge=0,
+        le=_MAX_COUNT,
         description="log: first line (0-based). wait: byte offset to scan from; by default a pattern "
         "wait only matches output after the previous wait's match (offset=0 rescans everything).",
     )
-    limit: int | None = Field(None, description="log: number of lines; poll: most characters to show.")
+    limit: int | None = Field(
+        None, ge=0, le=_MAX_COUNT, description="log: number of lines; poll: most characters to show."
+    )
     timeout: int | None = Field(
         None,
+        ge=0,
+        le=_MAX_COUNT,
         description="poll / wait: block up to this many ms for output or exit; write / send-keys / submit / "
         "paste: wait up to this many ms (default 5000) for the process to take the input.",
     )

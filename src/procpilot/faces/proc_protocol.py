@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.engine.capture import Stream, Utf8ChunkDecoder
 from procpilot.engine.isolation import Isolation
+from procpilot.engine.precheck import MAX_TIMEOUT_S
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -137,7 +138,9 @@ class ProcSpawnRequest(_Message):
     cwd: str | None = Field(None, description="Working directory inside the workspace (default: its root).")
     env: dict[str, str] = Field(default_factory=dict, description="Variables merged onto the base environment.")
     stdin_mode: Literal["pipe", "null"] = Field("pipe", description="pipe: proc/write feeds stdin; null: EOF.")
-    timeout: float | None = Field(None, gt=0, description="Seconds before the tree is ended (default: config).")
+    timeout: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="Seconds before the tree is ended (default: config)."
+    )
 
 
 class ProcSpawnResponse(_Response):

@@ -55,7 +55,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from procpilot.config import Settings
@@ -68,14 +68,17 @@ from procpilot.errors import (
     InvalidArgument,
     NotSupported,
     ProcpilotError,
+    RequestTooLarge,
     SelfApprovalDenied,
     SessionNotFound,
+    TooManyConnections,
     UnsupportedMediaType,
     error_class,
 )
 from procpilot.faces.tooling import ToolSpec
 
 __all__ = [
+    "WS_MAX_MESSAGE",
     "Daemon",
     "TokenAuth",
     "build_openapi",
@@ -97,13 +100,17 @@ _PROGRESS_EVERY = 1.0  # seconds between MCP progress notifications of a long ca
 _HEARTBEAT_EVERY = 15.0  # seconds between SSE keep-alive comments
 _EVENT_QUEUE = 1000  # events one SSE client may lag behind before the oldest are dropped
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+# A request body (REST arguments, an MCP message) at most this big: parsing JSON holds the event
+# loop (and the GIL) for about 10 ms a MiB, and no call needs more (a command is 120 KiB at most).
+_MAX_BODY = 1024 * 1024
+WS_MAX_MESSAGE = _MAX_BODY  # one proc/* frame: a proc/write carries as much as a REST write
 
 
 # -- errors ------------------------------------------------------------------------------------
 
 
 #: Every status a tool endpoint can answer (the OpenAPI document lists exactly these).
-ERROR_STATUSES = (401, 403, 404, 409, 415, 422, 429, 500, 501, 503)
+ERROR_STATUSES = (401, 403, 404, 409, 413, 415, 422, 429, 500, 501, 503)
 
 
 def status_for_error(code: str) -> int:
@@ -121,25 +128,23 @@ def _error(code: str, message: str, status: int | None = None, **extra: Any) -> 
     return _json({"error": code, "message": message, "hints": {}, **extra}, status or status_for_error(code))
 
 
-
-
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
+async def _json_body(request: Request, what: str = "a JSON object") -> dict[str, Any]:
+    """The request's body as a JSON object (empty: ``{}``); bad JSON, a body nested too deeply
+    to parse, or anything but an object is an InvalidArgument; another content type a 415."""
     body = await request.body()
     if not body.strip():
         return {}
     if not request.headers.get("content-type", "").lower().startswith("application/json"):
-        raise UnsupportedMediaType("send a JSON object with Content-Type: application/json")
+        raise UnsupportedMediaType(f"send {what} with Content-Type: application/json")
     try:
         data = json.loads(body)
     except ValueError as exc:
         raise InvalidArgument(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # the parser's own bound, hit in microseconds: no request needs it
+        raise InvalidArgument("the body is nested too deeply to parse") from None
     if not isinstance(data, dict):
-        raise InvalidArgument("the body must be a JSON object")
+        raise InvalidArgument(f"the body must be {what}")
     return data
-
-
 
 
 # -- auth --------------------------------------------------------------------------------------
@@ -184,9 +189,14 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def _loopback_host(host: str | None) -> bool:
+    """``host`` is a loopback name, with or without a port: ``localhost:8765`` is,
+    ``localhost:evil.example`` and ``localhost.evil.example`` are not."""
     if not host:
         return False
-    return any(host == allowed or host.startswith(allowed + ":") for allowed in _LOOPBACK_HOSTS)
+    name, colon, port = host.rpartition(":") if not host.endswith("]") else ("", "", "")
+    if not colon or not port.isdigit():
+        name = host
+    return name in _LOOPBACK_HOSTS
 
 
 def _loopback_origin(origin: str | None) -> bool:
@@ -205,12 +215,14 @@ _FORBIDDEN = b'{"error":"Forbidden","message":"Forbidden."}'
 
 
 class AuthMiddleware:
-    """Pure ASGI: resolves the bearer token to an agent, refuses everything else with a bare 401."""
+    """Pure ASGI: resolves the bearer token to an agent, refuses everything else with a bare 401,
+    and refuses a body over ``max_body`` bytes (413) before anything reads it."""
 
-    def __init__(self, app: ASGIApp, auth: TokenAuth, *, loopback_only: bool) -> None:
+    def __init__(self, app: ASGIApp, auth: TokenAuth, *, loopback_only: bool, max_body: int = _MAX_BODY) -> None:
         self.app = app
         self.auth = auth
         self.loopback_only = loopback_only
+        self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -231,11 +243,55 @@ class AuthMiddleware:
         # The MCP SDK binds each MCP session to the principal that opened it: another agent's
         # token presenting that Mcp-Session-Id is answered as if the session did not exist.
         scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=agent, scopes=[]))
+        if scope["type"] == "http":
+            bounded = await self._bounded_body(scope, receive, send)
+            if bounded is None:
+                return
+            receive = bounded
         token = current_agent.set(agent)
         try:
             await self.app(scope, receive, send)
         finally:
             current_agent.reset(token)
+
+    async def _bounded_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """``receive`` for a body within the cap (a declared length is trusted: the server never
+        delivers more), or None once a 413 has been sent. A chunked body is read here, at most
+        the cap, and handed on from memory."""
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if declared.isdigit() and int(declared) <= self.max_body:
+                return receive
+            await self._too_large(send)
+            return None
+        if _header(scope, b"transfer-encoding") is None:
+            return receive  # no body at all
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return receive  # the client left; the app sees it as it would have
+            size += len(message.get("body", b""))
+            if size > self.max_body:
+                await self._too_large(send)
+                return None
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replayed() -> Message:
+            return replay.pop() if replay else await receive()
+
+        return replayed
+
+    async def _too_large(self, send: Send) -> None:
+        error = RequestTooLarge(f"the request body is larger than {self.max_body} bytes", limit=self.max_body).to_dict()
+        body = json.dumps(error).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, body: bytes) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -397,9 +453,10 @@ _STATUS_TEXT = {
     403: "Refused by the agent's policy (PermissionDenied, ApprovalDenied, *Denied), or a non-loopback Host/Origin.",
     404: "SessionNotFound (including another agent's session) or UnknownTool.",
     409: "The session is in the wrong state (ProcessAlreadyExited, SessionStillRunning, StdinClosed).",
+    413: "RequestTooLarge: the body is over the daemon's limit (1 MiB by default).",
     415: "The body is not application/json.",
     422: "InvalidArgument and its family; CommandNotFound, PathOutOfScope, ProtectedVariable, LimitAboveAllocation.",
-    429: "ProcLimit: the agent already runs as many sessions as its policy allows.",
+    429: "ProcLimit (the agent runs as many sessions as its policy allows), TooManyConnections.",
     500: "SpawnFailed, KillFailed, or an unexpected failure.",
     501: "NotSupported, IsolationUnavailable.",
     503: "The daemon is shutting down.",
@@ -736,21 +793,10 @@ class Daemon:
                 f"no tool named {name!r}",
                 hints={"list_tools": "GET /v1/tools lists the tools; the names are those of MCP."},
             )
-        body = await request.body()
-        arguments: Any = {}
-        if body.strip():
-            content_type = request.headers.get("content-type", "")
-            if not content_type.lower().startswith("application/json"):
-                return _error(
-                    "UnsupportedMediaType",
-                    "send the arguments as a JSON object with Content-Type: application/json",
-                )
-            try:
-                arguments = json.loads(body)
-            except ValueError as exc:
-                return _json(InvalidArgument(f"the body is not valid JSON: {exc}").to_dict(), 422)
-        if not isinstance(arguments, dict):
-            return _json(InvalidArgument("the body must be a JSON object of the tool's arguments").to_dict(), 422)
+        try:
+            arguments = await _json_body(request, "the tool's arguments as a JSON object")
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
         result = await spec.call(arguments, agent)
         if result.is_error:
             code = str(result.data.get("error", "ProcpilotError"))
@@ -843,7 +889,14 @@ class Daemon:
         except ProcpilotError as exc:
             await ws.close(1011, f"{exc.code}: {exc.message}"[:120])
             return
+        open_here = sum(1 for other in self._sockets if other.scope.get("procpilot.agent") == agent)
+        if open_here >= self.settings.server.websockets_per_agent:
+            handler.close()
+            error = TooManyConnections(f"agent {agent!r} already has {open_here} proc/* WebSockets open, its limit")
+            await ws.send_denial_response(_json(error.to_dict(), error.http_status))
+            return
         await ws.accept()
+        ws.scope["procpilot.agent"] = agent
         self._sockets.add(ws)
         try:
             await ProcConnection(ws, self, agent, handler).run(self.closing)
@@ -857,7 +910,9 @@ class Daemon:
 # -- WebSocket: the proc/* protocol ------------------------------------------------------------
 
 _WS_QUEUE = 256  # pushed output events one client may lag behind before it is told what it missed
-_WS_IN_FLIGHT = 64  # requests one connection may have running at once (more wait: TCP backpressure)
+# Requests one connection may have running or answered-but-unsent at once; past it the connection
+# is not read from (TCP back-pressure), so at most this many answers (a log page: 1 MiB) wait for it.
+_WS_IN_FLIGHT = 16
 _LOG_PAGE = 1024 * 1024
 
 
@@ -865,7 +920,8 @@ class ProcConnection:
     """One WebSocket client of the proc/* protocol (spec 003), for one agent.
 
     Requests are handled concurrently (a slow ``proc/kill`` does not hold up a ``proc/write``), at
-    most ``_WS_IN_FLIGHT`` at once; responses and pushes leave through one writer, in order.
+    most ``_WS_IN_FLIGHT`` at once, counting answers not yet sent: a client that never reads is
+    not read from either. Responses and pushes leave through one writer, in order.
     Memory is bounded: past ``_WS_QUEUE`` queued output events, further ``proc/read/event`` of a
     process's stream are dropped and folded into one ``proc/lagged/event`` naming the seq and byte
     range missed (sent before anything newer of that stream); ``proc/log/req`` pages any byte range
@@ -883,7 +939,9 @@ class ProcConnection:
         self.daemon = daemon
         self.agent = agent
         self.handler = handler
-        self.outbox: deque[dict[str, Any]] = deque()
+        # (message, whether it answers a request): an answer holds its request's slot until it
+        # is on the wire, so a client that sends and never reads stops being read from.
+        self.outbox: deque[tuple[dict[str, Any], bool]] = deque()
         self.queued_events = 0
         self.lagged: dict[tuple[str, str], dict[str, Any]] = {}
         self.offsets: dict[tuple[str, str], int] = {}  # bytes of each stream pushed or dropped so far
@@ -894,8 +952,8 @@ class ProcConnection:
 
     # -- out --
 
-    def _queue(self, message: dict[str, Any], *, droppable: bool = False) -> None:
-        self.outbox.append(message)
+    def _queue(self, message: dict[str, Any], *, droppable: bool = False, answer: bool = False) -> None:
+        self.outbox.append((message, answer))
         if droppable:
             self.queued_events += 1
         self.wakeup.set()
@@ -958,13 +1016,23 @@ class ProcConnection:
     async def writer(self) -> None:
         while True:
             while self.outbox or self.lagged:
+                answer = False
                 if self.outbox:
-                    message = self.outbox.popleft()
+                    message, answer = self.outbox.popleft()
                     if message.get("type") == "proc/read/event":
                         self.queued_events -= 1
                 else:
                     message = self.lagged.pop(next(iter(self.lagged)))
-                await self.ws.send_text(json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str))
+                text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str)
+                del message  # a 1 MiB log page is held once, as text, while the socket drains
+                try:
+                    await self.ws.send_text(text)
+                finally:
+                    # A failed send's traceback keeps this frame alive until the cycle collector
+                    # runs, which an idle daemon may not do for a long time: keep nothing big in it.
+                    del text
+                if answer:
+                    self.slots.release()
             self.wakeup.clear()
             await self.wakeup.wait()
 
@@ -982,8 +1050,7 @@ class ProcConnection:
             except ValueError:
                 request = None
             if not isinstance(request, dict):
-                self.slots.release()
-                self._queue(_proc_error(None, "invalid_request", "each frame must be one JSON object"))
+                self._queue(_proc_error(None, "invalid_request", "each frame must be one JSON object"), answer=True)
                 continue
             task = asyncio.ensure_future(self._handle(request))
             self.tasks.add(task)
@@ -1003,9 +1070,10 @@ class ProcConnection:
         except Exception as exc:  # a bug must answer the request, not end the connection
             _log.exception("proc request failed")
             response = _proc_error(request.get("id"), "internal_error", f"{type(exc).__name__}: {exc}")
-        finally:
-            self.slots.release()
-        self._queue(response)
+        except BaseException:
+            self.slots.release()  # cancelled (the connection is closing): no answer will hold it
+            raise
+        self._queue(response, answer=True)
 
     def _log(self, request: Mapping[str, Any]) -> dict[str, Any]:
         from procpilot.engine.capture import Stream
@@ -1056,6 +1124,8 @@ class ProcConnection:
                 with contextlib.suppress(BaseException):
                     await task
             self.handler.close()  # stops pushing; the processes run on (the supervisor owns them)
+            self.outbox.clear()  # what a client that left never read goes now, not at the next GC
+            self.lagged.clear()
 
 
 def _proc_error(rid: Any, code: str, message: str, kind: str = "proc/error") -> dict[str, Any]:
@@ -1133,6 +1203,7 @@ class _McpFace:
         self.app = self.server.streamable_http_app(
             host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104 - only the security default is chosen here
             transport_security=_transport_security(loopback),
+            session_idle_timeout=daemon.settings.server.mcp_session_idle_sec,
         )
 
     # -- requests --
@@ -1337,4 +1408,50 @@ def daemon_of(app: Starlette) -> Daemon:
 def _mcp_endpoint(daemon: Daemon) -> ASGIApp:
     from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 
-    return StreamableHTTPASGIApp(daemon.mcp.server.session_manager)
+    manager = daemon.mcp.server.session_manager
+    return McpSessionCap(StreamableHTTPASGIApp(manager), manager, daemon.settings.server.mcp_sessions_per_agent)
+
+
+class McpSessionCap:
+    """At most ``per_agent`` open MCP sessions per agent: past it, opening one more is a 429.
+
+    The SDK caps sessions only in total, so one agent could fill the daemon for everyone. The
+    sessions each agent opened are recorded from the ``mcp-session-id`` of the response that
+    opened them, and forgotten once the SDK no longer holds them (closed, or idle past
+    ``[server] mcp_session_idle_sec``). The SDK's table of open sessions is private: this class
+    is the one place that reads it (tests/transports/test_hardening.py fails if it goes).
+    """
+
+    def __init__(self, app: ASGIApp, manager: Any, per_agent: int) -> None:
+        self.app = app
+        self.manager = manager
+        self.per_agent = per_agent
+        self.opened: dict[str, set[str]] = {}
+
+    def open_sessions(self, agent: str) -> set[str]:
+        live = self.manager._server_instances
+        mine = self.opened.get(agent, set())
+        mine.intersection_update(live)
+        return mine
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _header(scope, b"mcp-session-id") is not None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        agent = _agent()
+        mine = self.open_sessions(agent)
+        if len(mine) >= self.per_agent:
+            error = TooManyConnections(
+                f"agent {agent!r} already has {len(mine)} MCP sessions open, its limit", limit=self.per_agent
+            )
+            await _json(error.to_dict(), error.http_status)(scope, receive, send)
+            return
+
+        async def recorded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                session = dict(message.get("headers", [])).get(b"mcp-session-id")
+                if session:
+                    self.opened.setdefault(agent, set()).add(session.decode("latin-1"))
+            await send(message)
+
+        await self.app(scope, receive, recorded)

@@ -249,7 +249,7 @@ async def serve(
     """Serve until a shutdown signal; returns the signal number that stopped it (0 if none)."""
     import uvicorn
 
-    from procpilot.transports.http import create_app, daemon_of
+    from procpilot.transports.http import WS_MAX_MESSAGE, create_app, daemon_of
 
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -280,6 +280,7 @@ async def serve(
                 ws="websockets-sansio",
                 timeout_graceful_shutdown=int(grace) + 5,
                 ws_ping_interval=20.0,
+                ws_max_size=WS_MAX_MESSAGE,
             )
             server = _uvicorn_server(config)
             loop = asyncio.get_running_loop()
