@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -248,3 +249,22 @@ async def test_proc_websockets_are_capped_per_agent(bounded: Served) -> None:
         b_headers = {"Authorization": f"Bearer {TOKEN_B}"}
         async with websockets.connect(url, additional_headers=b_headers):
             pass
+
+
+def test_a_full_state_disk_is_said_and_the_daemon_serves_on(tmp_path: Path) -> None:
+    from tests.engine.test_diskfull import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "daemon" / "state") as state:
+        daemon = start_daemon(tmp_path / "daemon")
+        try:
+            filler = fill(state)
+            with daemon.http(TOKEN_A) as c:
+                small = post(c, "exec", command="echo small").json()
+                assert small["data"]["outputDropped"] == 6 and "lost" in small["text"]
+                space = c.get("/v1/capabilities").json()["state_dir"]
+                assert space["free_bytes"] is not None and space["warning"]
+                filler.unlink()
+                assert post(c, "exec", command="echo again").json()["data"]["output"] == "again\n"
+                cleanup(c)
+        finally:
+            assert daemon.stop() == 0, daemon.log_text()

@@ -17,6 +17,8 @@ import asyncio
 import bisect
 import codecs
 import enum
+import errno
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ _HEAD_SEGMENTS = 4
 _TAIL_SEGMENTS = 4
 _MIN_SEGMENT = 16 * 1024
 _SCAN_CHUNK = 1 << 20
+_MAX_LOST_RANGES = 64
+_log = logging.getLogger(__name__)
 
 
 class Stream(enum.Enum):
@@ -74,6 +78,11 @@ class SegmentedLog:
         self._fd: int | None = None
         self._fd_index = -1
         self._last_byte_newline = True
+        # Bytes the disk refused (ENOSPC, EIO...): [start, end) ranges of the view, merged, at most
+        # _MAX_LOST_RANGES of them (past it the last range grows over what lies between).
+        self._lost: list[list[int]] = []
+        self.lost = 0
+        self.lost_reason: str | None = None  # the errno name of the last refusal, e.g. "ENOSPC"
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -91,27 +100,71 @@ class SegmentedLog:
 
     def write(self, data: bytes, newlines: int | None = None) -> None:
         """Append ``data``; ``newlines`` is its count of b"\\n" if the caller has it already
-        (counting is most of the CPU a big burst costs, and two views hold the same bytes)."""
+        (counting is most of the CPU a big burst costs, and two views hold the same bytes).
+
+        Never raises for the disk's sake: bytes the disk refuses are counted as lost (``lost``,
+        ``lost_reason``) and their range becomes a gap that reads skip and report, exactly like
+        the cap's; the offsets of everything after stay the ones it was printed at, and once
+        the disk takes bytes again they are stored again."""
         if not data:
             return
         pos = 0
         while pos < len(data):
             index, within = divmod(self.size, self.segment_size)
-            if index != self._fd_index or self._fd is None:
-                self._fd = self._open_segment(index)
             room = self.segment_size - within
             part = data if pos == 0 and len(data) <= room else data[pos : pos + room]
-            written = os.write(self._fd, part)
-            whole = part is data and written == len(data)
-            self.lines += newlines if whole and newlines is not None else part.count(b"\n", 0, written)
+            try:
+                if index != self._fd_index or self._fd is None:
+                    self._fd = self._open_segment(index)
+                # At its own offset, not appended: after a refused range the file has a hole
+                # there (the lost range), and later bytes still land where their offset says.
+                written = os.pwrite(self._fd, part, within)
+            except OSError as exc:
+                self._lose(len(part), exc)
+                written = len(part)
+            else:
+                whole = part is data and written == len(data)
+                self.lines += newlines if whole and newlines is not None else part.count(b"\n", 0, written)
+                if not written:  # a disk that takes nothing without saying why: lose it, go on
+                    self._lose(len(part), OSError(errno.EIO, "write returned 0"))
+                    written = len(part)
             self.size += written
             pos += written
         self._last_byte_newline = data[-1] == 10
 
+    @property
+    def gap_cause(self) -> str:
+        """What made the gaps a read skips, for the marker a reader sees in their place."""
+        causes = ["the output cap"] if self.dropped else []
+        if self.lost:
+            causes.append(f"a disk error ({self.lost_reason})")
+        return " and ".join(causes) or "the output cap"
+
+    def _lose(self, size: int, exc: OSError) -> None:
+        """Bytes [size, size + n) could not be stored; their newlines are not counted (reads skip
+        them, so line numbers stay those of the bytes a reader gets)."""
+        start, end = self.size, self.size + size
+        if self._lost and self._lost[-1][1] == start:
+            self._lost[-1][1] = end
+        elif len(self._lost) < _MAX_LOST_RANGES:
+            self._lost.append([start, end])
+        else:
+            self._lost[-1][1] = end  # bounded memory: the last range swallows what lies between
+        if not self.lost:  # once per view, not per chunk: a full disk stays full for a while
+            _log.warning("%s: could not store output (%s); counting what is lost", self._path(0).parent, exc)
+        self.lost += size
+        self.lost_reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        if self._fd is not None and exc.errno in (errno.EBADF, errno.EIO):
+            self.close()  # reopen the segment on the next write
+
     def _open_segment(self, index: int) -> int:
         if self._fd is not None:
             os.close(self._fd)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+            self._fd = None
+        # One entry per segment index, even for a segment the disk never let us open.
+        while len(self._lines_before) <= index:
+            self._lines_before.append(self.lines)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC  # no O_APPEND: Linux's pwrite would ignore the offset
         try:
             fd = os.open(self._path(index), flags, 0o600)
         except FileNotFoundError:
@@ -120,7 +173,6 @@ class SegmentedLog:
             self._dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self._path(index), flags, 0o600)
         self._fd_index = index
-        self._lines_before.append(self.lines)
         oldest_kept_tail = index - _TAIL_SEGMENTS + 1
         if oldest_kept_tail > _HEAD_SEGMENTS:
             victim = oldest_kept_tail - 1
@@ -153,23 +205,38 @@ class SegmentedLog:
         total = self.size
         start = min(max(0, offset), total)
         end = total if limit is None else min(total, start + max(0, limit))
-        gap_lo, gap_hi = self.head_end, self._tail_start
+        gaps = self._gaps(start, end)
         pieces: list[bytes] = []
         dropped = 0
         pos = start
-        while pos < end:
-            if gap_lo <= pos < gap_hi:
+        for gap_lo, gap_hi in [*gaps, (end, end)]:
+            while pos < min(gap_lo, end):
+                index, within = divmod(pos, self.segment_size)
+                want = min(gap_lo, end) - pos
+                want = min(want, self.segment_size - within)
+                pieces.append(self._pread(index, within, want))
+                pos += want
+            if gap_hi > pos:
                 skip_to = min(gap_hi, end)
                 dropped += skip_to - pos
                 pos = skip_to
-                continue
-            index, within = divmod(pos, self.segment_size)
-            want = min(end - pos, self.segment_size - within)
-            if pos < gap_lo:
-                want = min(want, gap_lo - pos)
-            pieces.append(self._pread(index, within, want))
-            pos += want
         return ReadResult(b"".join(pieces), start, end, dropped, total)
+
+    def _gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The ranges in [start, end) with no bytes to read: the cap's gap and what the disk
+        refused, sorted and merged."""
+        found = sorted(
+            (max(lo, start), min(hi, end))
+            for lo, hi in [(self.head_end, self._tail_start), *self._lost]
+            if lo < end and hi > start and lo < hi
+        )
+        merged: list[tuple[int, int]] = []
+        for lo, hi in found:
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+            else:
+                merged.append((lo, hi))
+        return merged
 
     def _pread(self, index: int, within: int, length: int) -> bytes:
         try:
@@ -257,6 +324,14 @@ class SessionOutput:
 
     def __getitem__(self, stream: Stream) -> SegmentedLog:
         return self.views[stream]
+
+    def lost_note(self) -> str | None:
+        """What a result showing this output must say when the disk refused some of it."""
+        view = self.views[Stream.COMBINED]
+        if not view.lost:
+            return None
+        why = "the state directory's disk is full" if view.lost_reason == "ENOSPC" else "the disk refused them"
+        return f"{view.lost} bytes of output were lost: {why} ({view.lost_reason})"
 
     def append(self, stream: Stream, data: bytes) -> None:
         newlines = data.count(b"\n")

@@ -14,8 +14,10 @@ cost an open, append and close twice per session (~90 µs on ext4).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 
 __all__ = ["FileStore", "SessionStore"]
 
+_log = logging.getLogger(__name__)
 _JOURNAL = "sessions.jsonl"
 _MIN_GARBAGE = 1000
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
@@ -103,6 +106,7 @@ class FileStore:
         self._live: set[str] = set()
         self._lines = 0
         self._compact_at = 0
+        self.write_error: str | None = None  # errno name of the last refused journal write
 
     def session_dir(self, session_id: str) -> Path:
         return self.root / session_id
@@ -128,16 +132,23 @@ class FileStore:
             self._live.discard(session_id)
 
     def _append(self, line: bytes) -> None:
-        fd = self._fd if self._fd is not None else self._open()
         try:
-            os.write(fd, line)
-            self._lines += 1
-            if self._lines >= self._compact_at:
-                self._maybe_compact()
-        finally:
-            if self._closed and self._fd is not None:
-                # A session that ended after close() still gets its record, without keeping an fd.
-                self._release()
+            fd = self._fd if self._fd is not None else self._open()
+            try:
+                os.write(fd, line)
+                self._lines += 1
+                if self._lines >= self._compact_at:
+                    self._maybe_compact()
+            finally:
+                if self._closed and self._fd is not None:
+                    # A session that ended after close() still gets its record, without keeping an fd.
+                    self._release()
+        except OSError as exc:
+            # A full or failing disk: the supervisor keeps every session in memory and serves on;
+            # only what a restart could read back is missing. Said once, not per record.
+            if not self.write_error:
+                _log.warning("cannot write the session journal %s: %s; sessions live on in memory", self.journal, exc)
+            self.write_error = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
     def _open(self) -> int:
         fd = self._open_locked()

@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import regex
@@ -53,7 +54,7 @@ from procpilot.errors import (
 )
 from procpilot.render import complete_utf8_prefix, for_model, tail_chars
 
-__all__ = ["Supervisor", "WaitOutcome"]
+__all__ = ["Supervisor", "WaitOutcome", "disk_space"]
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 400
@@ -61,6 +62,7 @@ _SCAN_CHUNK = 1 << 20
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
 _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of output
+_LOW_SPACE_BYTES = 100 << 20  # under this (or 1% of the disk) doctor and capabilities warn
 _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
 _T = TypeVar("_T")
 
@@ -99,6 +101,19 @@ class WaitOutcome:
     reason: Literal["exited", "pattern", "timeout"]
     match: str | None = None
     match_offset: int | None = None
+
+
+def disk_space(path: Path) -> dict[str, Any]:
+    """Free and total bytes of the filesystem holding ``path``, and a warning when it runs low."""
+    try:
+        fs = os.statvfs(path)
+    except OSError as exc:
+        return {"path": str(path), "free_bytes": None, "total_bytes": None, "warning": f"cannot stat: {exc}"}
+    free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+    warning = None
+    if free < _LOW_SPACE_BYTES or free < total // 100:
+        warning = f"only {free / (1 << 20):.1f} MiB free: sessions' output will be lost when it runs out"
+    return {"path": str(path), "free_bytes": free, "total_bytes": total, "warning": warning}
 
 
 class Supervisor:
@@ -179,7 +194,17 @@ class Supervisor:
             },
             "isolation": isolation_capabilities(),
             "pidfd": hasattr(os, "pidfd_open"),
+            "state_dir": self.state_dir_space(),
         }
+
+    def state_dir_space(self) -> dict[str, Any]:
+        """Room left where output is stored: a full disk loses output (counted, never silently)."""
+        space = disk_space(self.settings.state_dir)
+        journal = self._store.write_error if isinstance(self._store, FileStore) else None
+        if journal:
+            written = f"the session journal could not be written ({journal})"
+            space["warning"] = written + (f"; {space['warning']}" if space["warning"] else "")
+        return space
 
     @property
     def limit_mechanism(self) -> str:

@@ -329,6 +329,9 @@ class RunOutput(BaseModel):
     process_id: str
     state: State
     resource_usage: ResourceUsage
+    # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model.
+    output_dropped: int = 0
+    output_note: str | None = None
 
 
 class MonitorOutput(BaseModel):
@@ -339,6 +342,9 @@ class MonitorOutput(BaseModel):
     duration_ms: int
     resource_usage: ResourceUsage
     started_at: str
+    # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model.
+    output_dropped: int = 0
+    output_note: str | None = None
 
 
 class KillOutput(BaseModel):
@@ -375,6 +381,8 @@ class LogsOutput(BaseModel):
     # nothing was cut, and a cut never splits a UTF-8 character); None for a stream not read.
     stdout_next_offset: int | None = None
     stderr_next_offset: int | None = None
+    output_dropped: int = 0
+    output_note: str | None = None
 
 
 # -- the capabilities --------------------------------------------------------------------------
@@ -403,7 +411,7 @@ class ProcessCapabilities:
         result = view.read(start)
         text, _ = tail_chars(for_model(result.data), limit)
         if result.dropped:
-            text = f"[... {result.dropped} bytes dropped by the output cap ...]\n" + text
+            text = f"[... {result.dropped} bytes dropped by {view.gap_cause} ...]\n" + text
         return text
 
     async def run(self, params: RunInput, scope: str) -> RunOutput:
@@ -456,6 +464,7 @@ class ProcessCapabilities:
                 process_id=session.id,
                 state=spec_state(session),
                 resource_usage=self._resource_usage(session),
+                **_loss(session),
             )
 
     def _started_at(self, session: Session) -> str:
@@ -473,6 +482,7 @@ class ProcessCapabilities:
                 duration_ms=session.duration_ms,
                 resource_usage=self._resource_usage(session),
                 started_at=self._started_at(session),
+                **_loss(session),
             )
 
     async def kill(self, params: KillInput, scope: str) -> KillOutput:
@@ -568,6 +578,7 @@ class ProcessCapabilities:
                     next_offsets[name] = notes[f"{name}_next_offset"] = result.end - (len(result.data) - len(data))
                 if result.dropped:
                     notes[f"{name}_dropped_bytes"] = result.dropped
+                    notes[f"{name}_gap_cause"] = session.output[Stream(name)].gap_cause
                 texts[name] = data.decode("utf-8", errors="replace")
             output = LogsOutput(
                 stdout=texts["stdout"],
@@ -579,8 +590,19 @@ class ProcessCapabilities:
                 state=spec_state(session),
                 stdout_next_offset=next_offsets["stdout"],
                 stderr_next_offset=next_offsets["stderr"],
+                **_loss(session),
             )
             return output, notes
+
+
+def _loss(session: Session) -> dict[str, Any]:
+    """The output_dropped / output_note fields: what of the session's output the disk refused."""
+    return {"output_dropped": session.output[Stream.COMBINED].lost, "output_note": session.output.lost_note()}
+
+
+def _dump(out: RunOutput | MonitorOutput | LogsOutput) -> dict[str, Any]:
+    """The result as spec 000 draws it, plus the loss fields only when something was lost."""
+    return out.model_dump(exclude={"output_dropped", "output_note"} if not out.output_dropped else set())
 
 
 class ProcessAPI:
@@ -787,10 +809,13 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
                 f"[running in the background: process.monitor / process.logs / process.kill "
                 f"with process_id={out.process_id}]"
             )
-        return rendered(out.model_dump(), notes)
+        if out.output_note:
+            notes.append(f"[{out.output_note}]")
+        return rendered(_dump(out), notes)
 
     async def monitor(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        return rendered((await caps.monitor(parse_arguments(MonitorInput, arguments), scope)).model_dump())
+        out = await caps.monitor(parse_arguments(MonitorInput, arguments), scope)
+        return rendered(_dump(out), [f"[{out.output_note}]"] if out.output_note else [])
 
     async def kill(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         return rendered((await caps.kill(parse_arguments(KillInput, arguments), scope)).model_dump())
@@ -809,9 +834,12 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
                 )
             if f"{name}_dropped_bytes" in notes:
                 lines.append(
-                    f"[{notes[f'{name}_dropped_bytes']} bytes of {name} in this range were dropped by the output cap]"
+                    f"[{notes[f'{name}_dropped_bytes']} bytes of {name} in this range were dropped by "
+                    f"{notes[f'{name}_gap_cause']}]"
                 )
-        return rendered(out.model_dump(), lines)
+        if out.output_note:
+            lines.append(f"[{out.output_note}]")
+        return rendered(_dump(out), lines)
 
     notify, autonomous = PermissionTier.NOTIFY, PermissionTier.AUTONOMOUS
     tools = [

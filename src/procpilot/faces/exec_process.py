@@ -182,6 +182,8 @@ class ExecProcessFace:
         }
         if session.error:
             data["error"] = session.error
+        if lost := session.output[Stream.COMBINED].lost:
+            data["outputDropped"] = lost
         if session.exit_code == 127 and (missing := _shell_not_found(session)) is not None:
             data["commandNotFound"] = missing
         if session.is_running:
@@ -226,7 +228,8 @@ class ExecProcessFace:
 
         ``mid_char``: ``start`` may fall inside a character, whose leftover bytes are skipped.
         """
-        result = session.output[stream].read(start, end - start)
+        view = session.output[stream]
+        result = view.read(start, end - start)
         data = result.data
         if mid_char:
             lead = 0
@@ -241,7 +244,7 @@ class ExecProcessFace:
             data = data[:keep]
         text = for_model(data)
         if result.dropped:
-            text = f"[... {result.dropped} bytes dropped by the output cap ...]\n" + text
+            text = f"[... {result.dropped} bytes dropped by {view.gap_cause} ...]\n" + text
         return text, used_end, result.dropped
 
     def _where(self, session: Session) -> str:
@@ -298,7 +301,7 @@ class ExecProcessFace:
                 header += f"\n[{view.size} bytes of output, also in the file {self._where(session)}]"
             if cut or view.size > _OFFLOAD_BYTES:
                 data["logPath"] = self._where(session)
-            return ToolResult(f"{shown}\n{header}" if shown else header, data)
+            return _noting_loss(session, ToolResult(f"{shown}\n{header}" if shown else header, data))
         tail = self.sup.tail_text(session, _TAIL_CHARS)
         data |= {"tail": tail, "logPath": self._where(session)}
         verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
@@ -313,7 +316,7 @@ class ExecProcessFace:
         )
         if tail:
             text += f"\nTail so far:\n{tail}"
-        return ToolResult(text, data)
+        return _noting_loss(session, ToolResult(text, data))
 
     # -- process -------------------------------------------------------------------------------
 
@@ -333,15 +336,11 @@ class ExecProcessFace:
                 hints={"list_sessions": "Call process with action='list' to see your session ids."},
                 field="sessionId",
             )
-        for name in ("offset", "limit", "timeout"):
-            value = getattr(params, name)
-            if value is not None and value < 0:
-                raise InvalidArgument(f"{name} must be 0 or more, not {value}", field=name)
         session = self.sup.get(scope, params.sessionId)
         handler = getattr(self, "_" + params.action.replace("-", "_"))
         result: ToolResult = await handler(session, params, scope)
         self._prune()
-        return result
+        return _noting_loss(session, result)
 
     def _prune(self) -> None:
         """Forget per-session state of sessions that are gone (removed, cleared, expired)."""
@@ -445,7 +444,7 @@ class ExecProcessFace:
             else:
                 parts.append(f"[{cut} characters cut; {advice}]")
         if lines.dropped_lines:
-            parts.append(f"[{lines.dropped_lines} lines in this range were dropped by the output cap]")
+            parts.append(f"[{lines.dropped_lines} lines in this range were dropped by {view.gap_cause}]")
         if note:
             parts.append(f"[{note}]")
         return ToolResult("\n".join(parts) if parts else "[no output]", data)
@@ -585,6 +584,14 @@ PROCESS_DESCRIPTION = (
 
 # dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found".
 _NOT_FOUND = re.compile(rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (.{1,200}?): (?:command )?not found$", re.M)
+
+
+def _noting_loss(session: Session, result: ToolResult) -> ToolResult:
+    """``result``, saying so in its text when the disk refused some of the session's output."""
+    note = session.output.lost_note()
+    if note is None or result.is_error:
+        return result
+    return ToolResult(f"{result.text}\n[{note}]", result.data)
 
 
 def _shell_not_found(session: Session) -> str | None:

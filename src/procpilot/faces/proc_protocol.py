@@ -202,6 +202,7 @@ class ProcStatusResponse(_Response):
     exit_signal: str | None = None
     duration_ms: int | None = None
     reason: str | None = Field(None, description="Why it could not start, if it could not.")
+    output_dropped: int = Field(0, description="Bytes of its output the disk refused (ENOSPC...): lost.")
 
 
 _REQUESTS: dict[str, tuple[type[_Message], type[_Response]]] = {
@@ -519,4 +520,5 @@ class ProcHandler:
             exit_signal=session.exit_signal,
             duration_ms=session.duration_ms,
             reason=session.error,
+            output_dropped=session.output[Stream.COMBINED].lost,
         )

@@ -694,7 +694,7 @@ async def _probe_capabilities() -> dict[str, Any]:
     """A supervisor started on a throw-away state dir and closed: what it found is what serve would."""
     import tempfile
 
-    from procpilot.engine.supervisor import Supervisor
+    from procpilot.engine.supervisor import Supervisor, disk_space
 
     with tempfile.TemporaryDirectory(prefix="procpilot-doctor-") as tmp:
         try:
@@ -702,7 +702,11 @@ async def _probe_capabilities() -> dict[str, Any]:
         except ProcpilotError:  # a bad environment variable is not what doctor is asked about
             settings = load_settings(None, {}, state_dir=tmp, workspace_root=tmp)
         async with Supervisor(settings) as sup:
-            return sup.capabilities()
+            found = sup.capabilities()
+    # The state directory a daemon started here would use, not the throw-away one probed.
+    with contextlib.suppress(ProcpilotError):
+        found["state_dir"] = disk_space(load_settings(None).state_dir)
+    return found
 
 
 def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
@@ -723,6 +727,10 @@ def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
                 label = f"{key.replace('_', ' ')}: {sub.replace('_', ' ')}"
                 # Reasons hold commas of their own: one per line.
                 shown = "\n".join(map(escape, item)) if sub == "passed_over" and item else show(item)
+                if sub.endswith("_bytes") and isinstance(item, int):
+                    shown = f"{item / (1 << 30):.1f} GiB" if item >= 1 << 30 else f"{item / (1 << 20):.1f} MiB"
+                elif sub == "warning":
+                    shown = f"[red]{escape(item)}[/red]" if item else "[green]none[/green]"
                 if key == "limits" and sub == "not_enforced" and item:
                     shown = f"[red]{shown}[/red]"
                 table.add_row(label, shown)
