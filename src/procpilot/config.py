@@ -134,10 +134,14 @@ class AgentPolicy(BaseModel):
     deny: tuple[str, ...] = ()
     check_stdin: bool = False  # check text written to interactive shells like commands
     tiers: Mapping[str, Tier] = Field(default_factory=dict)  # tool name -> tier (overrides the tool's own)
-    network: bool = True  # False: sessions get only a private loopback
+    # False: sessions get only a private loopback. Unset: on, except in an isolated box, whose
+    # network is its own unless this says true (the host's network holds the daemon's port).
+    network: bool | None = None
     readonly_root: bool = False  # True: only the workspace (and `writable`) can be written
-    # True: a private pid namespace, no capabilities, the state directory and cgroup tree hidden:
-    # its sessions cannot see, signal or read the logs of any other agent's (needs bubblewrap).
+    # True: a box of its own (needs bubblewrap): read-only root but the workspace, `writable` and
+    # a private /tmp; a private pid namespace, no capabilities; the daemon's state directory,
+    # config file and Unix socket and the cgroup tree hidden; no network unless `network = true`.
+    # Its sessions cannot see, signal or read the logs of any other agent's, nor reach the daemon.
     isolate: bool = False
     writable: tuple[str, ...] = ()
     elevated_allowed: bool = False  # may ask to run outside the box above
@@ -147,6 +151,10 @@ class AgentPolicy(BaseModel):
     pids_max: int | None = Field(None, ge=1)
     # RLIMIT_AS per process, only when asked for: it breaks runtimes that reserve address space.
     address_space_limit: int | None = Field(None, ge=1 << 20)
+
+    @property
+    def network_allowed(self) -> bool:
+        return self.network if self.network is not None else not self.isolate
 
 
 class PolicySettings(BaseModel):
@@ -185,6 +193,9 @@ class Settings(BaseModel):
     workspace_root: Annotated[Path, AfterValidator(lambda p: p.expanduser().resolve())] = Field(
         default_factory=Path.cwd, validate_default=True
     )
+    # The file these settings were read from (None: defaults and environment only); an isolated
+    # box must not see it, since it holds every agent's token.
+    config_file: Path | None = None
     exec: ExecSettings = ExecSettings()
     process: ProcessToolSettings = ProcessToolSettings()
     lanes: LaneSettings = LaneSettings()
@@ -566,6 +577,8 @@ def load_settings(config_file: Path | None = None, env: Mapping[str, str] | None
 
     sources.append(_Source("env", env_layer, env_key, " (environment variable)", {}))
     merged = _merge(_merge(_merge(defaults, env_layer), file_layer), override_layer)
+    if config_file is not None:
+        merged["config_file"] = Path(config_file).absolute()
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:

@@ -227,3 +227,16 @@ async def test_elevated_is_the_policys_to_allow(tmp_path: Path, workspace: Path)
     async with Supervisor(settings) as bare:  # no policy at all: nothing could allow leaving a box
         refused = await exec_process_tools(bare)[0].call({"command": "true", "elevated": True}, "trusted")
         assert refused.is_error and refused.data["error"] == "NotSupported"
+
+
+@pytest.mark.parametrize(
+    ("toml", "network"),
+    [("isolate = true", False), ("isolate = true\nnetwork = true", True), ("readonly_root = true", True)],
+)
+def test_a_box_is_read_only_and_hides_the_daemon(tmp_path: Path, workspace: Path, toml: str, network: bool) -> None:
+    config = tmp_path / "procpilot.toml"
+    config.write_text(f'[server]\nunix_socket = "d.sock"\n[policy.agents.b]\n{toml}\n')
+    settings = load_settings(config, env={}, state_dir=tmp_path / "state", workspace_root=workspace)
+    box = make_spawn_filter(settings)("b", SpawnSpec("true"), 0).isolation
+    assert box is not None and box.readonly_root and box.network is network
+    assert {settings.state_dir, config.absolute(), tmp_path / "d.sock"} <= set(box.hidden)

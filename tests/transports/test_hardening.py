@@ -7,12 +7,16 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import socket
 import struct
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -20,6 +24,7 @@ import pytest
 from procpilot.errors import InvalidArgument
 from tests.daemon import TOKEN_A, TOKEN_B, Served, cleanup, post, start_daemon
 
+PY = sys.executable
 # agent-b runs under an allowlist, so its commands go through the policy's shell analysis.
 POLICY = """
 [policy.agents.agent-b]
@@ -268,3 +273,68 @@ def test_a_full_state_disk_is_said_and_the_daemon_serves_on(tmp_path: Path) -> N
                 cleanup(c)
         finally:
             assert daemon.stop() == 0, daemon.log_text()
+
+
+# -- an isolated box is a box ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """agent-b in a box. The daemon's files live outside /tmp (whose box is private anyway), so
+    that what hides them is the box's own doing."""
+    from procpilot.engine.isolation import isolation_capabilities
+
+    if isolation_capabilities()["private_box"] is None:
+        pytest.skip("a private box needs bubblewrap")
+    root = Path(tempfile.mkdtemp(prefix="procpilot-box-", dir="/var/tmp"))
+    try:
+        daemon = start_daemon(root, extra="[policy.agents.agent-b]\nisolate = true\n")
+        yield daemon
+        assert daemon.stop() == 0, daemon.log_text()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def boxed_run(served: Served, command: str) -> dict[str, Any]:
+    with served.http(TOKEN_B) as c:
+        data: dict[str, Any] = post(c, "exec", command=command).json()["data"]
+        post(c, "process", action="remove", sessionId=data["sessionId"])
+        return data
+
+
+def test_a_box_cannot_read_the_daemons_files(boxed: Served) -> None:
+    config = boxed_run(boxed, f"cat {boxed.root}/procpilot.toml")
+    assert config["exitCode"] != 0 and TOKEN_A not in config["output"]  # every agent's token is in it
+    state = boxed_run(boxed, f"ls -A {boxed.root}/state")
+    assert state["exitCode"] == 0 and state["output"] == ""  # no logs, journal, audit or daemon.json
+    assert boxed.unix_socket is not None
+    unix = boxed_run(boxed, f"{PY} -c \"import socket; socket.socket(socket.AF_UNIX).connect('{boxed.unix_socket}')\"")
+    assert unix["exitCode"] != 0
+
+
+def test_a_box_has_no_route_to_the_daemon(boxed: Served) -> None:
+    port = boxed.url.rsplit(":", 1)[1]
+    tcp = boxed_run(boxed, f'{PY} -c "import socket; socket.create_connection((\'127.0.0.1\', {port}), 2)"')
+    assert tcp["exitCode"] != 0 and "Error" in tcp["output"]
+
+
+def test_a_box_writes_only_its_workspace_and_tmp(boxed: Served) -> None:
+    outside = boxed.root / "written-from-the-box"
+    refused = boxed_run(boxed, f"touch {outside}")
+    assert refused["exitCode"] != 0 and not outside.exists()
+    assert boxed_run(boxed, "touch in-the-workspace && touch /tmp/mine")["exitCode"] == 0
+    assert (boxed.root / "ws" / "in-the-workspace").exists()
+
+
+def test_a_box_cannot_see_or_signal_another_agents_sessions(boxed: Served) -> None:
+    with boxed.http(TOKEN_A) as a:
+        sleeper = post(a, "exec", command="sleep 60", background=True).json()["data"]
+        try:
+            killed = boxed_run(boxed, f"kill -9 {sleeper['pid']}")
+            assert killed["exitCode"] != 0
+            seen = boxed_run(boxed, "ps -eo args")
+            assert "sleep 60" not in seen["output"]
+            still = post(a, "process", action="poll", sessionId=sleeper["sessionId"]).json()["data"]
+            assert still["status"] == "running"
+        finally:
+            cleanup(a)

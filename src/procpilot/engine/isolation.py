@@ -48,7 +48,9 @@ class Isolation:
     # A box of its own even with a writable root: a private pid namespace, no capabilities, the
     # cgroup tree and ``hidden`` paths out of sight. What keeps one agent from another's processes.
     private: bool = False
-    hidden: tuple[Path, ...] = ()  # covered by an empty tmpfs inside the box (the state directory)
+    # Out of sight inside the box: a directory under an empty tmpfs, a file (a config, a socket)
+    # under an empty read-only one (/dev/null). The daemon's state, config and socket.
+    hidden: tuple[Path, ...] = ()
     # A session of its own inside the sandbox (bubblewrap --new-session). False for a pty session:
     # its terminal is its own, and without it as controlling terminal ^C and job control are gone.
     new_session: bool = True
@@ -237,6 +239,8 @@ def isolation_prefix(isolation: Isolation) -> list[str]:
         for path in (*isolation.hidden, _CGROUP_FS):
             if path.is_dir():
                 argv += ["--tmpfs", str(path)]
+            elif path.exists():
+                argv += ["--ro-bind", "/dev/null", str(path)]
         if not isolation.network:
             argv.append("--unshare-net")
         return [*argv, "--die-with-parent", "--"]

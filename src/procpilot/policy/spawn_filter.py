@@ -60,6 +60,13 @@ def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
     return None if limits.empty and limits.address_space_bytes is None else limits
 
 
+def _daemon_paths(settings: Settings) -> tuple[Path, ...]:
+    """What a boxed session must not see of the daemon: its state (session logs, the journal, the
+    audit log, daemon.json), its config file (every agent's token) and its Unix socket."""
+    paths = [settings.state_dir, settings.config_file, settings.server.unix_socket]
+    return tuple(Path(p) for p in paths if p is not None)
+
+
 def make_spawn_filter(settings: Settings) -> SpawnFilter:
     """The filter for ``Supervisor(spawn_filter=...)``, built from ``settings.policy``."""
     command_policies: dict[str, CommandPolicy] = {}
@@ -95,15 +102,17 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
             path = dict(spec.env).get("PATH") or _base_path(settings)
             commands_for(scope, path).check(spec.command, spec.cwd)
         isolation = spec.isolation
-        if not spec.elevated and (not policy.network or policy.readonly_root or policy.isolate):
+        network = policy.network_allowed
+        if not spec.elevated and (not network or policy.readonly_root or policy.isolate):
             writable = (settings.workspace_root, *(Path(p) for p in policy.writable))
             isolation = Isolation(
-                network=policy.network and (isolation is None or isolation.network),
-                readonly_root=policy.readonly_root,
+                network=network and (isolation is None or isolation.network),
+                # A box is only a box with the host's files out of its reach: the root read-only.
+                readonly_root=policy.readonly_root or policy.isolate,
                 writable=writable,
                 new_session=not spec.pty,
                 private=policy.isolate,
-                hidden=(settings.state_dir,),
+                hidden=_daemon_paths(settings),
             )
         return dataclasses.replace(spec, limits=_limits(policy, spec.limits), isolation=isolation)
 
