@@ -104,6 +104,8 @@ class ServerSettings(BaseModel):
     mcp_sessions_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 64
     mcp_session_idle_sec: Annotated[float, Field(strict=True, gt=0, le=86_400)] = 1800.0
     websockets_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 32
+    # Calls (REST, MCP) one agent may have running at once; more wait for one of them to end.
+    requests_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 16
 
     @property
     def loopback_only(self) -> bool:

@@ -157,7 +157,7 @@ def test_a_websocket_that_never_reads_cannot_grow_the_daemon(served: Served) -> 
 
 @pytest.fixture(scope="module")
 def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    server = "mcp_sessions_per_agent = 3\nmcp_session_idle_sec = 2\nwebsockets_per_agent = 2"
+    server = "mcp_sessions_per_agent = 3\nmcp_session_idle_sec = 2\nwebsockets_per_agent = 2\nrequests_per_agent = 2"
     daemon = start_daemon(tmp_path_factory.mktemp("bounded"), server=server)
     yield daemon
     assert daemon.stop() == 0, daemon.log_text()
@@ -314,7 +314,7 @@ def test_a_box_cannot_read_the_daemons_files(boxed: Served) -> None:
 
 def test_a_box_has_no_route_to_the_daemon(boxed: Served) -> None:
     port = boxed.url.rsplit(":", 1)[1]
-    tcp = boxed_run(boxed, f'{PY} -c "import socket; socket.create_connection((\'127.0.0.1\', {port}), 2)"')
+    tcp = boxed_run(boxed, f"{PY} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\"")
     assert tcp["exitCode"] != 0 and "Error" in tcp["output"]
 
 
@@ -338,3 +338,29 @@ def test_a_box_cannot_see_or_signal_another_agents_sessions(boxed: Served) -> No
             assert still["status"] == "running"
         finally:
             cleanup(a)
+
+
+def test_one_agents_calls_queue_behind_its_own_not_before_others(bounded: Served) -> None:
+    # requests_per_agent = 2: two blocking calls of agent-a fill its share; its third waits for
+    # one of them, while agent-b is answered at once.
+    with bounded.http(TOKEN_A) as a:
+        sleeper = post(a, "exec", command="sleep 3", background=True).json()["data"]
+
+        def wait_for_it() -> None:
+            with bounded.http(TOKEN_A) as c:
+                post(c, "process", action="wait", sessionId=sleeper["sessionId"], timeout=10_000)
+
+        waits = [threading.Thread(target=wait_for_it) for _ in range(2)]
+        for thread in waits:
+            thread.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        with bounded.http(TOKEN_B) as b:
+            assert post(b, "process", action="list").status_code == 200
+        assert time.monotonic() - started < 1  # agent-b is not behind agent-a's calls
+        started = time.monotonic()
+        assert post(a, "process", action="list").status_code == 200
+        assert time.monotonic() - started > 1  # agent-a's third call waited for one of its own
+        for thread in waits:
+            thread.join(30)
+        cleanup(a)

@@ -218,11 +218,23 @@ class AuthMiddleware:
     """Pure ASGI: resolves the bearer token to an agent, refuses everything else with a bare 401,
     and refuses a body over ``max_body`` bytes (413) before anything reads it."""
 
-    def __init__(self, app: ASGIApp, auth: TokenAuth, *, loopback_only: bool, max_body: int = _MAX_BODY) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        auth: TokenAuth,
+        *,
+        loopback_only: bool,
+        max_body: int = _MAX_BODY,
+        requests_per_agent: int = 16,
+    ) -> None:
         self.app = app
         self.auth = auth
         self.loopback_only = loopback_only
         self.max_body = max_body
+        # Calls one agent may have running at once (REST and MCP POSTs); past it its own calls
+        # wait their turn, so a flood from one agent queues behind itself, not before the others.
+        self.requests_per_agent = requests_per_agent
+        self.in_flight: dict[str, asyncio.Semaphore] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -250,7 +262,12 @@ class AuthMiddleware:
             receive = bounded
         token = current_agent.set(agent)
         try:
-            await self.app(scope, receive, send)
+            if scope["type"] == "http" and scope["method"] == "POST":
+                slots = self.in_flight.setdefault(agent, asyncio.Semaphore(self.requests_per_agent))
+                async with slots:
+                    await self.app(scope, receive, send)
+            else:  # event streams and WebSockets are long-lived: bounded per agent elsewhere
+                await self.app(scope, receive, send)
         finally:
             current_agent.reset(token)
 
@@ -913,7 +930,8 @@ _WS_QUEUE = 256  # pushed output events one client may lag behind before it is t
 # Requests one connection may have running or answered-but-unsent at once; past it the connection
 # is not read from (TCP back-pressure), so at most this many answers (a log page: 1 MiB) wait for it.
 _WS_IN_FLIGHT = 16
-_LOG_PAGE = 1024 * 1024
+# One proc/log/resp at most: a page is read, decoded and serialised on the event loop.
+_LOG_PAGE = 256 * 1024
 
 
 class ProcConnection:
@@ -1396,7 +1414,12 @@ def create_app(
     app = Starlette(routes=routes, lifespan=daemon.lifespan)
     app.state.daemon = daemon
     auth = TokenAuth(settings.server.tokens, open_agent)
-    app.add_middleware(AuthMiddleware, auth=auth, loopback_only=settings.server.loopback_only)
+    app.add_middleware(
+        AuthMiddleware,
+        auth=auth,
+        loopback_only=settings.server.loopback_only,
+        requests_per_agent=settings.server.requests_per_agent,
+    )
     return app
 
 
