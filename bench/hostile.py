@@ -10,7 +10,7 @@ the noise has stopped:
 
 - ``1 MB commands``: four loops sending ``exec`` with a 1 MB command (one word of ``A``);
 - ``never-read WS``: a WebSocket that sends 500 ``proc/log/req`` of 1 MiB each and never reads;
-- ``1,000 idle conns``: 1,000 TCP connections that send half a request line and wait;
+- ``1000 idle conns``: 1,000 TCP connections that send half a request line and wait;
 - ``exec flood``: eight loops of ``exec true`` back to back (a noisy agent at full rate).
 
 For each phase it prints the quiet agent's p50 and p99 latency, their ratio to the idle phase,
@@ -128,7 +128,7 @@ NOISES: dict[str, list[Callable[[str, Noise], Awaitable[None]]]] = {
     "idle": [],
     "1 MB commands": [big_commands] * 4,
     "never-read WS": [never_read_ws],
-    "1,000 idle conns": [idle_connections],
+    "1000 idle conns": [idle_connections],
     "exec flood": [exec_flood] * 8,
     "all at once": [*[big_commands] * 4, never_read_ws, idle_connections, *[exec_flood] * 8],
     "after": [],

@@ -202,6 +202,7 @@ def test_the_host_check_is_exact(bounded: Served, host: str) -> None:
         ("process.run", {"command": "true", "cpu_limit": 1e308}),
         ("process.run", {"command": "true", "working_directory": "a\0b"}),
         ("process", {"action": "log", "sessionId": "x", "offset": int("9" * 400)}),
+        ("process", {"action": "wait", "sessionId": "x", "pattern": "a" * 100_000}),
     ],
 )
 def test_absurd_numbers_and_nul_bytes_are_invalid_arguments(

@@ -47,6 +47,7 @@ _POLL_MAX_WAIT_MS = 30_000
 _WAIT_MAX_MS = 600_000
 # Bounds on numbers an agent sends: past them a value means nothing but an overflow later.
 _MAX_COUNT = 2**53  # JSON's exact integers
+_MAX_PATTERN = 4096  # characters of a wait regex: it is compiled, and matched, on the event loop
 _WAIT_DEFAULT_MS = 30_000
 _WRITE_DEFAULT_MS = 5_000
 _LOG_DEFAULT_LINES = 200
@@ -113,7 +114,9 @@ class ProcessParams(BaseModel):
     hex: list[str] | None = Field(None, description="send-keys: raw bytes as hex, e.g. ['1b', '5b', '41'].")
     literal: str | None = Field(None, description="send-keys: text sent as is.")
     text: str | None = Field(None, description="submit / paste: the text.")
-    pattern: str | None = Field(None, description="wait: return when the output matches this regex.")
+    pattern: str | None = Field(
+        None, max_length=_MAX_PATTERN, description="wait: return when the output matches this regex."
+    )
     stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
         None, description="poll / log / wait: which output (default: stdout and stderr in arrival order)."
     )
