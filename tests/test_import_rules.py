@@ -18,7 +18,9 @@ FORBIDDEN = {
     "config.py": ("procpilot.engine", "procpilot.faces", "procpilot.transports", "procpilot.client"),
     "render.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
     "engine": _ABOVE_THE_ENGINE,
-    "policy": ("procpilot.transports", "procpilot.client"),
+    # the policy reads the contract (tool specs, tiers), never a face
+    "policy": ("procpilot.faces", "procpilot.transports", "procpilot.client"),
+    "contract.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
     "faces": ("procpilot.transports", "procpilot.client"),
     # the client talks to a daemon over the wire; it never runs the engine itself
     "client.py": ("procpilot.engine", "procpilot.policy", "procpilot.transports"),

@@ -15,6 +15,7 @@ import pytest
 from mcp import Client
 
 from procpilot.config import Settings
+from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import ScanTrees
 from procpilot.errors import ProcpilotError
@@ -24,7 +25,6 @@ from procpilot.faces.capabilities import (
     audit_bus,
     capability_tools,
 )
-from procpilot.faces.tooling import ToolSpec
 from procpilot.transports.mcp import build_mcp_server
 
 PROGRAMS = Path(__file__).parent.parent / "programs"

@@ -11,10 +11,10 @@ from mcp import Client
 from pydantic import BaseModel, Field
 
 from procpilot.config import Settings
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.all_tools import all_tools, definitions_json
 from procpilot.faces.definitions import find_tool, native_arguments, strict_schema, tool_definitions, wire_name
-from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.transports.mcp import build_mcp_server
 
 ANTHROPIC_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

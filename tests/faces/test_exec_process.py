@@ -13,10 +13,10 @@ import pytest
 from mcp import Client
 
 from procpilot.config import Settings
+from procpilot.contract import ToolResult, ToolSpec
 from procpilot.engine.capture import Stream
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import ExecParams, exec_process_tools
-from procpilot.faces.tooling import ToolResult, ToolSpec
 from procpilot.transports.mcp import build_mcp_server
 
 Connect = Callable[[], Client]

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from procpilot.config import load_settings
+from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import exec_process_tools
 from procpilot.faces.proc_protocol import ProcHandler
-from procpilot.faces.tooling import ToolSpec
 from procpilot.policy.gate import AuditEvent, Gate
 from procpilot.transports.serve import make_supervisor
 

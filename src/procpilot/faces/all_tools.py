@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from procpilot.config import Settings, load_settings
+from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.capabilities import capability_tools
 from procpilot.faces.definitions import Format, tool_definitions
 from procpilot.faces.exec_process import exec_process_tools
-from procpilot.faces.tooling import ToolSpec
 
 __all__ = ["all_tools", "definitions_json"]
 

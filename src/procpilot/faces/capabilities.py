@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.config import Settings
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, audit_arguments, dumps, parse_arguments
 from procpilot.engine.capture import Stream
 from procpilot.engine.events import EventBus
 from procpilot.engine.limits import Limits
@@ -58,7 +59,6 @@ from procpilot.errors import (
     SessionNotFound,
     SpawnFailed,
 )
-from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, audit_arguments, dumps, parse_arguments
 from procpilot.render import complete_utf8_prefix, for_model, tail_chars
 
 __all__ = [

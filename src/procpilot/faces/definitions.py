@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from procpilot.faces.tooling import PermissionTier, ToolSpec
+from procpilot.contract import PermissionTier, ToolSpec
 
 __all__ = ["Format", "find_tool", "native_arguments", "strict_schema", "tool_definitions", "wire_name"]
 

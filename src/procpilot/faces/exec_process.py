@@ -16,6 +16,7 @@ from typing import Any, Literal
 import regex
 from pydantic import BaseModel, ConfigDict, Field
 
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.engine.capture import Stream
 from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
@@ -25,7 +26,6 @@ from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
 from procpilot.faces.capabilities import checked_environment, resolve_working_directory
-from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
 
 __all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]

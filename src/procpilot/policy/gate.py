@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from procpilot.config import Settings
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, audit_arguments, redact_environment
 from procpilot.engine.events import EventBus
 from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
-from procpilot.faces.tooling import PermissionTier, ToolResult, ToolSpec, audit_arguments, redact_environment
 
 __all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
@@ -47,7 +47,7 @@ class AuditEvent:
     request_id: str | None = None
     decided_by: str | None = None
     process_id: str | None = None  # the session the call touched, or started
-    arguments: dict[str, Any] | None = None  # as an audit trail keeps them (tooling.audit_arguments)
+    arguments: dict[str, Any] | None = None  # as an audit trail keeps them (contract.audit_arguments)
     duration_ms: int | None = None
 
 

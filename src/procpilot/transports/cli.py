@@ -23,8 +23,8 @@ from procpilot.errors import ProcpilotError
 if TYPE_CHECKING:
     from procpilot.client import Client, ToolReply
     from procpilot.config import Settings
+    from procpilot.contract import ToolSpec
     from procpilot.engine.supervisor import Supervisor
-    from procpilot.faces.tooling import ToolSpec
     from procpilot.transports.serve import DaemonAddress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process supervisor for AI agents.")

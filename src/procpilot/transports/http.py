@@ -59,6 +59,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from procpilot.config import Settings
+from procpilot.contract import ToolSpec
 from procpilot.engine.events import EventBus
 from procpilot.engine.session import ExitInfo
 from procpilot.engine.states import SessionState
@@ -75,7 +76,6 @@ from procpilot.errors import (
     UnsupportedMediaType,
     error_class,
 )
-from procpilot.faces.tooling import ToolSpec
 
 __all__ = [
     "WS_MAX_MESSAGE",

@@ -16,7 +16,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
-from procpilot.faces.tooling import ToolResult, ToolSpec
+from procpilot.contract import ToolResult, ToolSpec
 
 __all__ = ["build_mcp_server", "to_call_result"]
 

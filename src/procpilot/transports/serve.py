@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from procpilot.config import ServerSettings, Settings
+from procpilot.contract import ToolSpec
 from procpilot.engine.events import EventBus
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ServeRefused
-from procpilot.faces.tooling import ToolSpec
 
 if TYPE_CHECKING:
     from procpilot.policy.gate import Gate

@@ -1,7 +1,8 @@
-"""What every face hands to every transport: tool specs and tool results.
+"""The contract between the layers above the engine: tool specs, tool results, permission tiers.
 
-A transport (MCP, REST, CLI) needs only this: a list of :class:`ToolSpec` to advertise and call,
-and :class:`ToolResult` to render. Faces never see a wire format.
+A face builds :class:`ToolSpec` objects; the policy gates them by :class:`PermissionTier`; a
+transport (MCP, REST, CLI) advertises and calls them and renders :class:`ToolResult`. None of
+them needs another's module for it, and faces never see a wire format.
 """
 
 from __future__ import annotations
