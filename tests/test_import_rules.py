@@ -47,7 +47,7 @@ def imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_a_layer_imports_nothing_above_it(layer: str) -> None:
-    files = sorted((SRC / layer).glob("*.py")) if (SRC / layer).is_dir() else [SRC / layer]
+    files = sorted((SRC / layer).rglob("*.py")) if (SRC / layer).is_dir() else [SRC / layer]
     assert files
     for path in files:
         for module in imported_modules(path):

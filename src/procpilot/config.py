@@ -226,7 +226,7 @@ class Settings(BaseModel):
         # The shell's code hooks (BASH_ENV, ENV, BASH_FUNC_*, PS4 + SHELLOPTS...) run code before any
         # command is checked, so they are never overridable either. PATH alone stays configurable:
         # the command policy resolves programs on the session's own PATH.
-        from procpilot.policy.commands import sensitive_variable
+        from procpilot.policy.shell import sensitive_variable
 
         return (
             name in self.protected_env
