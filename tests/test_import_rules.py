@@ -25,7 +25,7 @@ FORBIDDEN = {
     # the client talks to a daemon over the wire; it never runs the engine itself
     "client.py": ("procpilot.engine", "procpilot.policy", "procpilot.transports"),
     # the server side of the transports answers with the error tree, never the client's lookups
-    "transports/http.py": ("procpilot.client",),
+    "transports/http": ("procpilot.client",),
     "transports/serve.py": ("procpilot.client",),
     "transports/mcp.py": ("procpilot.client",),
 }

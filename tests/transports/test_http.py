@@ -482,7 +482,7 @@ def test_error_statuses() -> None:
 
 
 async def test_event_queue_is_bounded_and_counts_what_it_dropped() -> None:
-    from procpilot.transports.http import _EventQueue
+    from procpilot.transports.http.events import _EventQueue
 
     queue = _EventQueue(maxsize=3)
     for n in range(10):

@@ -1,0 +1,81 @@
+"""Server-sent events: exits and audit events of the caller's scope, each client's queue bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from procpilot.engine.session import ExitInfo
+from procpilot.engine.states import SessionState
+from procpilot.transports.http.common import _EVENT_QUEUE
+
+# -- events ------------------------------------------------------------------------------------
+
+_STATUS = {
+    SessionState.QUEUED: "queued",
+    SessionState.RUNNING: "running",
+    SessionState.EXITED_OK: "done",
+    SessionState.KILLED: "killed",
+}
+
+
+def exit_event(info: ExitInfo) -> dict[str, Any]:
+    return {
+        "type": "exit",
+        "sessionId": info.session_id,
+        "status": _STATUS.get(info.state, "error"),
+        "state": info.state.value,
+        "exitCode": info.exit_code,
+        "exitSignal": info.exit_signal,
+        "durationMs": info.duration_ms,
+        "backgrounded": info.backgrounded,
+        "command": info.command,
+        "tail": info.tail,
+        "uri": f"proc://{info.session_id}",
+    }
+
+
+def audit_scope(event: Any) -> str | None:
+    """The agent an audit event is about (the gate says ``scope``, the process.* face ``who``)."""
+    scope = getattr(event, "scope", None) or getattr(event, "who", None)
+    return scope if isinstance(scope, str) else None
+
+
+def audit_event(event: Any) -> dict[str, Any]:
+    """An audit event as JSON, whichever face's dataclass it is (the agent itself is left out)."""
+    data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
+    data.pop("scope", None)
+    data.pop("who", None)
+    return {"type": "audit", **{_camel(k): v for k, v in data.items() if not k.startswith("_")}}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+class _EventQueue:
+    """One SSE client's events: bounded, oldest dropped first, with a count of what was dropped."""
+
+    def __init__(self, maxsize: int = _EVENT_QUEUE) -> None:
+        self.items: deque[tuple[str, dict[str, Any]]] = deque()
+        self.maxsize = maxsize
+        self.dropped = 0
+        self.wakeup = asyncio.Event()
+
+    def put(self, kind: str, data: dict[str, Any]) -> None:
+        if len(self.items) >= self.maxsize:
+            self.items.popleft()
+            self.dropped += 1
+        self.items.append((kind, data))
+        self.wakeup.set()
+
+
+def _sse(kind: str, data: Mapping[str, Any], event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return f"{head}event: {kind}\ndata: {body}\n\n".encode()
