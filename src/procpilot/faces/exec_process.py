@@ -20,7 +20,7 @@ from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_argum
 from procpilot.engine.capture import Stream
 from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
-from procpilot.engine.session import Session
+from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -73,6 +73,38 @@ _STATUS = {
 
 def status_of(session: Session) -> str:
     return _STATUS[session.state]
+
+
+def exit_event(info: ExitInfo) -> dict[str, Any]:
+    """A session's end as the exec/process vocabulary tells it (the daemon's SSE ``exit`` event)."""
+    return {
+        "type": "exit",
+        "sessionId": info.session_id,
+        "status": _STATUS[info.state],
+        "state": info.state.value,
+        "exitCode": info.exit_code,
+        "exitSignal": info.exit_signal,
+        "durationMs": info.duration_ms,
+        "backgrounded": info.backgrounded,
+        "command": info.command,
+        "tail": info.tail,
+        "uri": f"proc://{info.session_id}",
+    }
+
+
+def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]:
+    """What ``proc://{sessionId}`` holds: the session's status, exit code and the tail of its output."""
+    return {
+        "sessionId": session.id,
+        "status": status_of(session),
+        "state": session.state.value,
+        "exitCode": session.exit_code,
+        "exitSignal": session.exit_signal,
+        "durationMs": session.duration_ms,
+        "command": session.command,
+        "pid": session.pid,
+        "tail": supervisor.tail_text(session),
+    }
 
 
 class ExecParams(BaseModel):

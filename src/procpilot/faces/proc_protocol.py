@@ -38,7 +38,7 @@ import logging
 import os
 import shutil
 import signal as signal_module
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +60,7 @@ from procpilot.errors import (
     StdinClosed,
 )
 from procpilot.faces.capabilities import checked_environment, resolve_working_directory
+from procpilot.render import complete_utf8_prefix
 
 __all__ = [
     "PROC_STATE_OF",
@@ -227,6 +228,13 @@ class ProcConfig(BaseModel):
 
 # -- the handler -------------------------------------------------------------------------------
 
+# One proc/log/resp at most: a page is read, decoded and serialised on the event loop.
+LOG_PAGE = 256 * 1024
+
+
+def _log_error(rid: Any, code: str, message: str) -> dict[str, Any]:
+    return {"type": "proc/log/resp", "id": rid, "error": {"code": code, "message": message, "hints": {}}}
+
 EventCallback = Callable[[dict[str, Any]], None]
 
 
@@ -284,6 +292,55 @@ class ProcHandler:
             except Exception:
                 # A subscriber's bug must not stop the others, nor the engine that is reading output.
                 _log.exception("proc/read/event subscriber failed")
+
+    # -- the daemon's additions to spec 003 (plain dicts: the spec has no models for them) --------
+
+    def log_page(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """``proc/log/req {proc_id, stream_type, offset, limit}``: a byte range of a process's
+        output from its log (at most ``LOG_PAGE`` bytes, never ending inside a character)."""
+        rid = request.get("id")
+        proc_id = str(request.get("proc_id", ""))
+        name = request.get("stream_type", "stdout")
+        offset, limit = request.get("offset", 0), request.get("limit", LOG_PAGE)
+        if name not in ("stdout", "stderr") or not isinstance(offset, int) or not isinstance(limit, int):
+            problem = "proc/log/req wants stream_type stdout|stderr and int offset, limit"
+            return _log_error(rid, "invalid_request", problem)
+        try:
+            session = self.sup.get(self.scope, proc_id)
+        except SessionNotFound:
+            return _log_error(rid, "unknown_proc", f"no process {proc_id!r}")
+        result = session.output[Stream(name)].read(max(0, offset), max(0, min(limit, LOG_PAGE)))
+        data = result.data
+        if result.end < result.total:
+            data = data[: complete_utf8_prefix(data)]
+        return {
+            "type": "proc/log/resp",
+            "id": rid,
+            "proc_id": proc_id,
+            "stream_type": name,
+            "data": data.decode("utf-8", errors="replace"),
+            "offset": result.end - len(result.data),
+            "next_offset": result.end - (len(result.data) - len(data)),
+            "size": result.total,
+            "dropped_bytes": result.dropped,
+            "finished": session.finished,
+        }
+
+    def exit_event(self, info: ExitInfo) -> dict[str, Any]:
+        """``proc/exit/event``: how a process ended, after its last output event."""
+        return {
+            "type": "proc/exit/event",
+            "proc_id": info.session_id,
+            "state": PROC_STATE_OF[info.state].value,
+            "exit_code": info.exit_code,
+            "exit_signal": info.exit_signal,
+            "duration_ms": info.duration_ms,
+        }
+
+    def exited_already(self, proc_id: str) -> ExitInfo | None:
+        """The exit of a process that ended before anyone listened (an instant failure), if so."""
+        session = self.sup.get(self.scope, proc_id)
+        return session.exit_info("") if session.finished else None
 
     def close(self) -> None:
         """Stop pushing events (the processes keep running: the supervisor owns them)."""

@@ -9,35 +9,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from procpilot.engine.session import ExitInfo
-from procpilot.engine.states import SessionState
 from procpilot.transports.http.common import _EVENT_QUEUE
 
 # -- events ------------------------------------------------------------------------------------
-
-_STATUS = {
-    SessionState.QUEUED: "queued",
-    SessionState.RUNNING: "running",
-    SessionState.EXITED_OK: "done",
-    SessionState.KILLED: "killed",
-}
-
-
-def exit_event(info: ExitInfo) -> dict[str, Any]:
-    return {
-        "type": "exit",
-        "sessionId": info.session_id,
-        "status": _STATUS.get(info.state, "error"),
-        "state": info.state.value,
-        "exitCode": info.exit_code,
-        "exitSignal": info.exit_signal,
-        "durationMs": info.duration_ms,
-        "backgrounded": info.backgrounded,
-        "command": info.command,
-        "tail": info.tail,
-        "uri": f"proc://{info.session_id}",
-    }
-
 
 def audit_scope(event: Any) -> str | None:
     """The agent an audit event is about (the gate says ``scope``, the process.* face ``who``)."""

@@ -17,6 +17,7 @@ from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.session import ExitInfo
 from procpilot.errors import SessionNotFound, TooManyConnections
+from procpilot.faces.exec_process import session_resource
 from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
 from procpilot.transports.http.common import (
     _LOOPBACK_HOSTS,
@@ -27,7 +28,6 @@ from procpilot.transports.http.common import (
     _log,
     current_agent,
 )
-from procpilot.transports.http.events import _STATUS
 
 if TYPE_CHECKING:
     from procpilot.transports.http.rest import Daemon
@@ -234,17 +234,7 @@ class _McpFace:
                 session = sup.get(_agent(), sessionId)
             except SessionNotFound:
                 raise ResourceNotFoundError(f"no session {sessionId!r}") from None
-            data = {
-                "sessionId": session.id,
-                "status": _STATUS.get(session.state, "error"),
-                "state": session.state.value,
-                "exitCode": session.exit_code,
-                "exitSignal": session.exit_signal,
-                "durationMs": session.duration_ms,
-                "command": session.command,
-                "pid": session.pid,
-                "tail": sup.tail_text(session),
-            }
+            data = session_resource(sup, session)
             return json.dumps(data, ensure_ascii=False)
 
 

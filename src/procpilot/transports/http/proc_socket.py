@@ -6,15 +6,11 @@ import asyncio
 import contextlib
 import json
 from collections import deque
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from procpilot.engine.session import ExitInfo
-from procpilot.errors import (
-    SessionNotFound,
-)
 from procpilot.transports.http.common import _log
 
 if TYPE_CHECKING:
@@ -27,8 +23,6 @@ _WS_QUEUE = 256  # pushed output events one client may lag behind before it is t
 # Requests one connection may have running or answered-but-unsent at once; past it the connection
 # is not read from (TCP back-pressure), so at most this many answers (a log page: 1 MiB) wait for it.
 _WS_IN_FLIGHT = 16
-# One proc/log/resp at most: a page is read, decoded and serialised on the event loop.
-_LOG_PAGE = 256 * 1024
 
 
 class ProcConnection:
@@ -115,18 +109,7 @@ class ProcConnection:
         self.mine.discard(info.session_id)
         for key in [k for k in self.lagged if k[0] == info.session_id]:
             self._flush_lag(key)
-        from procpilot.faces.proc_protocol import PROC_STATE_OF
-
-        self._queue(
-            {
-                "type": "proc/exit/event",
-                "proc_id": info.session_id,
-                "state": PROC_STATE_OF[info.state].value,
-                "exit_code": info.exit_code,
-                "exit_signal": info.exit_signal,
-                "duration_ms": info.duration_ms,
-            }
-        )
+        self._queue(self.handler.exit_event(info))
 
     async def writer(self) -> None:
         while True:
@@ -174,14 +157,14 @@ class ProcConnection:
     async def _handle(self, request: dict[str, Any]) -> None:
         try:
             if request.get("type") == "proc/log/req":
-                response = self._log(request)
+                response = self.handler.log_page(request)
             else:
                 response = await self.handler.handle(request)
                 if response.get("type") == "proc/spawn/resp" and response.get("proc_id") and not response.get("error"):
                     self.mine.add(str(response["proc_id"]))
-                    session = self.daemon.sup.get(self.agent, str(response["proc_id"]))
-                    if session.finished:  # ended before we listened (an instant failure)
-                        self.on_exit(session.exit_info(""))
+                    ended = self.handler.exited_already(str(response["proc_id"]))
+                    if ended is not None:
+                        self.on_exit(ended)
         except Exception as exc:  # a bug must answer the request, not end the connection
             _log.exception("proc request failed")
             response = _proc_error(request.get("id"), "internal_error", f"{type(exc).__name__}: {exc}")
@@ -189,38 +172,6 @@ class ProcConnection:
             self.slots.release()  # cancelled (the connection is closing): no answer will hold it
             raise
         self._queue(response, answer=True)
-
-    def _log(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        from procpilot.engine.capture import Stream
-        from procpilot.render import complete_utf8_prefix
-
-        rid = request.get("id")
-        proc_id = str(request.get("proc_id", ""))
-        name = request.get("stream_type", "stdout")
-        offset, limit = request.get("offset", 0), request.get("limit", _LOG_PAGE)
-        if name not in ("stdout", "stderr") or not isinstance(offset, int) or not isinstance(limit, int):
-            problem = "proc/log/req wants stream_type stdout|stderr and int offset, limit"
-            return _proc_error(rid, "invalid_request", problem, kind="proc/log/resp")
-        try:
-            session = self.daemon.sup.get(self.agent, proc_id)
-        except SessionNotFound:
-            return _proc_error(rid, "unknown_proc", f"no process {proc_id!r}", kind="proc/log/resp")
-        result = session.output[Stream(name)].read(max(0, offset), max(0, min(limit, _LOG_PAGE)))
-        data = result.data
-        if result.end < result.total:
-            data = data[: complete_utf8_prefix(data)]
-        return {
-            "type": "proc/log/resp",
-            "id": rid,
-            "proc_id": proc_id,
-            "stream_type": name,
-            "data": data.decode("utf-8", errors="replace"),
-            "offset": result.end - len(result.data),
-            "next_offset": result.end - (len(result.data) - len(data)),
-            "size": result.total,
-            "dropped_bytes": result.dropped,
-            "finished": session.finished,
-        }
 
     async def run(self, closing: asyncio.Event) -> None:
         unsubscribe = self.handler.subscribe(self.push)

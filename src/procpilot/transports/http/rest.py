@@ -25,8 +25,9 @@ from procpilot.errors import (
     SelfApprovalDenied,
     TooManyConnections,
 )
+from procpilot.faces.exec_process import exit_event
 from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _error, _json, _json_body, status_for_error
-from procpilot.transports.http.events import _EventQueue, _sse, audit_event, audit_scope, exit_event
+from procpilot.transports.http.events import _EventQueue, _sse, audit_event, audit_scope
 from procpilot.transports.http.mcp_http import _McpFace
 from procpilot.transports.http.openapi import build_openapi
 from procpilot.transports.http.proc_socket import ProcConnection
