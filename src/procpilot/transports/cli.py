@@ -7,7 +7,6 @@ import contextlib
 import functools
 import json
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
@@ -119,44 +118,33 @@ def mcp(
         import uvicorn
 
         from procpilot.transports.http import guarded_mcp_app, request_agent
+        from procpilot.transports.serve import bind_listeners, uvicorn_server
 
         server = build_mcp_server(tools, scope=request_agent)
 
-        # Listening before the URL is printed: a client that reads it can connect at once.
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets NODELAY
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-        listener.listen(2048)
-        bound = listener.getsockname()[1]
+        # The daemon's own binding (listening before the URL is printed, so a client that reads it
+        # can connect at once) and its uvicorn, which leaves signals to us.
+        listen = settings.server.model_copy(update={"port": port, "unix_socket": None})
+        try:
+            sockets, address = bind_listeners(listen, tcp=True)
+        except ProcpilotError as exc:
+            _fail(exc, 2)
         guarded = guarded_mcp_app(server, settings, open_agent=agent)
         config_ = uvicorn.Config(guarded, log_level="warning")
-        url = f"http://{host}:{bound}/mcp"
+        url = f"{address.url}/mcp"
         scope_note = "agent scope: by bearer token" if settings.server.tokens else f"agent scope: {agent}"
         _err.print(f"procpilot MCP server on [bold]{url}[/bold] ({scope_note})")
         _err.print(f"Connect a client, e.g.: claude mcp add --transport http procpilot {url}")
         _err.print(f"state: {settings.state_dir}   workspace: {settings.workspace_root}")
-        server_ = _quiet_uvicorn()(config_)
-        serving = functools.partial(server_.serve, sockets=[listener])
+        server_ = uvicorn_server(config_)
+        serving = functools.partial(server_.serve, sockets=sockets)
         try:
             await _serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True))
         finally:
-            listener.close()
+            for listener in sockets:
+                listener.close()
 
     asyncio.run(main())
-
-
-def _quiet_uvicorn() -> type:
-    import uvicorn
-
-    class QuietUvicorn(uvicorn.Server):
-        """Leaves signals to us: uvicorn would re-raise them after serving, before sessions end."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return QuietUvicorn
 
 
 # -- the daemon and its client commands (procpilot serve, run, ps, logs, write, kill, wait, rm) --

@@ -167,7 +167,8 @@ def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervis
     return handler
 
 
-def _bind(server: ServerSettings, tcp: bool) -> tuple[list[socket.socket], DaemonAddress]:
+def bind_listeners(server: ServerSettings, *, tcp: bool) -> tuple[list[socket.socket], DaemonAddress]:
+    """Listen on TCP (unless ``tcp`` is False) and the Unix socket the settings name."""
     sockets: list[socket.socket] = []
     url = None
     path = None
@@ -226,7 +227,7 @@ def _remove_stale_socket(path: str) -> None:
     raise OSError(98, "another daemon is listening on it")
 
 
-def _uvicorn_server(config: Any) -> Any:
+def uvicorn_server(config: Any) -> Any:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -253,7 +254,7 @@ async def serve(
 
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    sockets, address = _bind(settings.server, tcp)
+    sockets, address = bind_listeners(settings.server, tcp=tcp)
     marker = daemon_file(settings)
     received: list[int] = []
     try:
@@ -282,7 +283,7 @@ async def serve(
                 ws_ping_interval=20.0,
                 ws_max_size=WS_MAX_MESSAGE,
             )
-            server = _uvicorn_server(config)
+            server = uvicorn_server(config)
             loop = asyncio.get_running_loop()
             stopping: list[asyncio.Future[None]] = []
 
