@@ -52,7 +52,7 @@ unix_socket = "procpilot.sock"
 # "a-long-random-secret" = "my-agent"
 
 # Agents that do not trust each other: each in a box of its own (needs bubblewrap), so no command
-# of one can see, signal or read the logs of another's sessions. See README "Limits, isolation".
+# of one can see, signal or read the logs of another's sessions. See docs/security.md.
 # [policy.default]
 # isolate = true
 endef

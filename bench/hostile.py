@@ -16,7 +16,7 @@ the noise has stopped:
 For each phase it prints the quiet agent's p50 and p99 latency, their ratio to the idle phase,
 the noisy agent's completed and refused requests, and the daemon's RSS (peak during the phase,
 and after it). Traffic goes to 127.0.0.1 only; every loop is bounded in time and it stops by
-itself. Nothing is asserted: the figures are for people (see the README's "Performance").
+itself. Nothing is asserted: the figures are for people (see docs/performance.md).
 """
 
 from __future__ import annotations

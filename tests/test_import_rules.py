@@ -1,4 +1,4 @@
-"""The layering the README draws, checked: the engine knows nothing of the policy, the faces or the
+"""The layering docs/architecture.md draws, checked: the engine knows nothing of the policy, the faces or the
 transports, and no face or policy module reaches up into a transport."""
 
 from __future__ import annotations
