@@ -18,6 +18,7 @@ from procpilot.contract import ToolSpec
 from procpilot.engine.session import ExitInfo
 from procpilot.errors import SessionNotFound, TooManyConnections
 from procpilot.faces.exec_process import session_resource
+from procpilot.transports.http import mcp_sdk
 from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
 from procpilot.transports.http.common import (
     _LOOPBACK_HOSTS,
@@ -92,9 +93,9 @@ class _McpFace:
         self._legacy: dict[str, list[tuple[str, Any]]] = {}
         wrapped = [self._wrap(spec) for spec in tools]
         self.server = build_mcp_server(wrapped, scope=_agent)
-        low = self.server._lowlevel_server
+        low = mcp_sdk.lowlevel_server(self.server)
         # The SDK's own bus fans out by URI only; ours also checks the listener's agent.
-        self.server._subscriptions = self.bus
+        mcp_sdk.use_subscription_bus(self.server, self.bus)
         low.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, ListenHandler(self.bus))
         low.add_request_handler("resources/subscribe", SubscribeRequestParams, self._subscribe)
         low.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe)
@@ -211,7 +212,7 @@ class _McpFace:
     async def close_sessions(self) -> None:
         """End open MCP sessions (their GET streams would keep the server from stopping)."""
         manager = self.server.session_manager
-        for transport in list(getattr(manager, "_server_instances", {}).values()):
+        for transport in list(mcp_sdk.open_sessions(manager).values()):
             with contextlib.suppress(Exception):
                 await transport.terminate()
 
@@ -285,8 +286,8 @@ class McpSessionCap:
     The SDK caps sessions only in total, so one agent could fill the daemon for everyone. The
     sessions each agent opened are recorded from the ``mcp-session-id`` of the response that
     opened them, and forgotten once the SDK no longer holds them (closed, or idle past
-    ``[server] mcp_session_idle_sec``). The SDK's table of open sessions is private: this class
-    is the one place that reads it (tests/transports/test_hardening.py fails if it goes).
+    ``[server] mcp_session_idle_sec``). The SDK's table of open sessions is private: read
+    through ``mcp_sdk``.
     """
 
     def __init__(self, app: ASGIApp, manager: Any, per_agent: int) -> None:
@@ -296,7 +297,7 @@ class McpSessionCap:
         self.opened: dict[str, set[str]] = {}
 
     def open_sessions(self, agent: str) -> set[str]:
-        live = self.manager._server_instances
+        live = mcp_sdk.open_sessions(self.manager)
         mine = self.opened.get(agent, set())
         mine.intersection_update(live)
         return mine

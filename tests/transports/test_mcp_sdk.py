@@ -1,0 +1,33 @@
+"""The MCP SDK internals the daemon relies on are still where transports/http/mcp_sdk.py reads
+them: this fails as soon as an SDK release moves one, before a daemon misbehaves."""
+
+from __future__ import annotations
+
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from procpilot.transports.http import mcp_sdk
+from procpilot.transports.mcp import build_mcp_server
+
+
+def test_the_low_level_server_takes_request_handlers() -> None:
+    server = build_mcp_server([], scope=lambda: "a")
+    low = mcp_sdk.lowlevel_server(server)
+    assert isinstance(low, Server)
+    assert callable(low.add_request_handler)
+
+
+def test_the_subscription_bus_can_be_replaced() -> None:
+    server = build_mcp_server([], scope=lambda: "a")
+    before = server._subscriptions  # the attribute exists before we replace it
+    bus = object()
+    mcp_sdk.use_subscription_bus(server, bus)
+    assert before is not bus and server._subscriptions is bus
+
+
+def test_open_sessions_is_the_managers_table() -> None:
+    server = build_mcp_server([], scope=lambda: "a")
+    server.streamable_http_app()
+    manager = server.session_manager
+    assert isinstance(manager, StreamableHTTPSessionManager)
+    assert mcp_sdk.open_sessions(manager) == {}
