@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +20,12 @@ import pydantic
 from procpilot.errors import InternalError, InvalidArgument, ProcpilotError
 
 __all__ = [
+    "AuditEvent",
     "PermissionTier",
     "ToolResult",
     "ToolSpec",
     "audit_arguments",
+    "call_summary",
     "error_result",
     "parse_arguments",
     "redact_environment",
@@ -132,3 +135,43 @@ def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
             continue
         out[key] = f"<{len(value) if isinstance(value, str | list) else 1} items/chars>" if key in _SIZED else value
     return out
+
+
+# -- audit -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """Who did what, when, and what came of it: a notify-tier call or an approval decision, from
+    whichever layer saw it (the policy gate in the daemon; the process.* face on its own)."""
+
+    scope: str  # the agent
+    tool: str
+    tier: str
+    outcome: str  # ok | error:<Code> | blocked | awaiting_approval | approved | denied | expired
+    summary: str
+    at: float = field(default_factory=time.time)
+    request_id: str | None = None
+    decided_by: str | None = None
+    process_id: str | None = None  # the session the call touched, or started
+    arguments: dict[str, Any] | None = None  # as an audit trail keeps them (audit_arguments)
+    duration_ms: int | None = None
+    state: str | None = None  # the session's state after the call, where the result says
+
+ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches
+
+
+def call_summary(tool: str, arguments: Mapping[str, Any]) -> str:
+    """One line for people: the tool and what it was asked to run or touch."""
+    words = []
+    for key in ("command", "cmd", "action"):
+        if key in arguments and arguments[key] is not None:
+            value = arguments[key]
+            text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+            extra = arguments.get("args")
+            if key == "command" and isinstance(extra, list):
+                text += " " + " ".join(map(str, extra))
+            words.append(text[:200])
+            break
+    words += [str(arguments[k]) for k in (*ID_KEYS, "signal") if arguments.get(k) is not None]
+    return f"{tool}: {' '.join(words)}" if words else tool

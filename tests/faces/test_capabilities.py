@@ -620,16 +620,16 @@ async def test_notify_calls_are_audited(supervisor: Supervisor, tools: Tools) ->
     await tools.error("process.kill", process_id="nope")
     await tools.error("process.run", command="no-such-binary-qq")
     remove()
-    assert [e.what for e in events] == ["process.run", "process.kill", "process.kill", "process.run"]
+    assert [e.tool for e in events] == ["process.run", "process.kill", "process.kill", "process.run"]
     ok_run, ok_kill, bad_kill, bad_run = events
-    assert ok_run.who == "agent-a" and ok_run.outcome == "ok" and ok_run.tier == "notify"
+    assert ok_run.scope == "agent-a" and ok_run.outcome == "ok" and ok_run.tier == "notify"
     assert ok_run.process_id == run["process_id"] and ok_run.state == "running"
     assert ok_run.arguments["command"] == "sleep 30"
     assert ok_run.arguments["environment"] == {"TOKEN": "<redacted>"} and "pw" not in str(ok_run.arguments)
-    assert parse_iso(ok_run.when) >= before.replace(microsecond=0) - dt.timedelta(seconds=1)
+    assert ok_run.at >= before.timestamp() - 1
     assert ok_kill.outcome == "ok" and ok_kill.state == "killed" and ok_kill.process_id == run["process_id"]
-    assert bad_kill.outcome == "error" and bad_kill.error == "ProcessNotFound" and bad_kill.process_id == "nope"
-    assert bad_run.outcome == "error" and bad_run.error == "CommandNotFound"
+    assert bad_kill.outcome == "error:ProcessNotFound" and bad_kill.process_id == "nope"
+    assert bad_run.outcome == "error:CommandNotFound"
 
 
 async def test_audit_can_be_left_to_another_layer(supervisor: Supervisor) -> None:

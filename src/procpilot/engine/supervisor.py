@@ -43,6 +43,7 @@ from procpilot.engine.trees import (
     probe_trees,
     reap_orphans,
 )
+from procpilot.engine.usage import UsageTracker
 from procpilot.errors import (
     InvalidPattern,
     NotSupported,
@@ -142,6 +143,10 @@ class Supervisor:
         lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
         self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
         self.exits: EventBus[ExitInfo] = EventBus()
+        # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
+        # rather than in a registry keyed by supervisor.
+        self.audit: EventBus[Any] = EventBus()
+        self._usage: UsageTracker | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
@@ -196,6 +201,13 @@ class Supervisor:
             "pidfd": hasattr(os, "pidfd_open"),
             "state_dir": self.state_dir_space(),
         }
+
+    @property
+    def usage(self) -> UsageTracker:
+        """Resource usage of the sessions' trees (made on first use: sampling costs nothing before)."""
+        if self._usage is None:
+            self._usage = UsageTracker(self)
+        return self._usage
 
     def state_dir_space(self) -> dict[str, Any]:
         """Room left where output is stored: a full disk loses output (counted, never silently)."""

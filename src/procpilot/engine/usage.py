@@ -168,7 +168,7 @@ class _Track:
 
 
 class UsageTracker:
-    """Per-session resource usage over whole trees; one per supervisor (see :func:`usage_tracker`)."""
+    """Per-session resource usage over whole trees; one per supervisor (``Supervisor.usage``)."""
 
     def __init__(self, supervisor: Supervisor) -> None:
         self._sup = weakref.ref(supervisor)
@@ -281,12 +281,6 @@ class UsageTracker:
                 self._sample(session)
 
 
-_TRACKERS: weakref.WeakKeyDictionary[Supervisor, UsageTracker] = weakref.WeakKeyDictionary()
-
-
 def usage_tracker(supervisor: Supervisor) -> UsageTracker:
-    """The supervisor's one tracker, created on first use."""
-    tracker = _TRACKERS.get(supervisor)
-    if tracker is None:
-        tracker = _TRACKERS[supervisor] = UsageTracker(supervisor)
-    return tracker
+    """The supervisor's one tracker (``supervisor.usage``)."""
+    return supervisor.usage

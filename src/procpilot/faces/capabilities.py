@@ -28,7 +28,6 @@ import dataclasses
 import datetime as dt
 import signal as signal_module
 import time
-import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +35,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.config import Settings
-from procpilot.contract import PermissionTier, ToolResult, ToolSpec, audit_arguments, dumps, parse_arguments
+from procpilot.contract import (
+    AuditEvent,
+    PermissionTier,
+    ToolResult,
+    ToolSpec,
+    audit_arguments,
+    call_summary,
+    dumps,
+    parse_arguments,
+)
 from procpilot.engine.capture import Stream
 from procpilot.engine.events import EventBus
 from procpilot.engine.limits import Limits
@@ -44,7 +52,6 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.engine.usage import usage_tracker
 from procpilot.errors import (
     InvalidArgument,
     InvalidFilter,
@@ -393,7 +400,7 @@ class ProcessCapabilities:
 
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
-        self.usage = usage_tracker(supervisor)
+        self.usage = supervisor.usage
 
     def _get(self, scope: str, process_id: str) -> Session:
         return self.sup.get(scope, process_id)
@@ -641,30 +648,11 @@ class ProcessAPI:
 # -- audit -------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class AuditEvent:
-    """One Notify-tier call: who (the scope), what (the tool and its arguments), when, and the outcome."""
-
-    who: str
-    what: str
-    when: str  # ISO 8601, UTC, when the call started
-    outcome: Literal["ok", "error"]
-    arguments: dict[str, Any]
-    tier: str = PermissionTier.NOTIFY.value
-    process_id: str | None = None
-    state: str | None = None
-    error: str | None = None  # the error's name when outcome == "error"
-    duration_ms: int = 0
-
-
-_AUDIT_BUSES: weakref.WeakKeyDictionary[Supervisor, EventBus[AuditEvent]] = weakref.WeakKeyDictionary()
 
 
 def audit_bus(supervisor: Supervisor) -> EventBus[AuditEvent]:
-    """The supervisor's audit event stream (one per supervisor, created on first use)."""
-    bus = _AUDIT_BUSES.get(supervisor)
-    if bus is None:
-        bus = _AUDIT_BUSES[supervisor] = EventBus()
+    """The supervisor's audit event stream (``supervisor.audit``)."""
+    bus: EventBus[AuditEvent] = supervisor.audit
     return bus
 
 
@@ -677,34 +665,32 @@ def audited(spec: ToolSpec, supervisor: Supervisor) -> ToolSpec:
         started = time.time()
         t0 = time.monotonic()
 
-        def publish(outcome: Literal["ok", "error"], data: Mapping[str, Any], error: str | None) -> None:
+        def publish(data: Mapping[str, Any], error: str | None) -> None:
             process_id = data.get("process_id") or data.get("sessionId") or arguments.get("process_id")
             bus.publish(
                 AuditEvent(
-                    who=scope,
-                    what=spec.name,
-                    when=_iso(started),
-                    outcome=outcome,
-                    arguments=audit_arguments(arguments),
+                    scope=scope,
+                    tool=spec.name,
                     tier=spec.tier.value,
+                    outcome="ok" if error is None else f"error:{error}",
+                    summary=call_summary(spec.name, arguments),
+                    at=started,
                     process_id=process_id if isinstance(process_id, str) else None,
-                    state=data.get("state") if isinstance(data.get("state"), str) else None,
-                    error=error,
+                    arguments=audit_arguments(arguments),
                     duration_ms=int((time.monotonic() - t0) * 1000),
+                    state=data.get("state") if isinstance(data.get("state"), str) else None,
                 )
             )
 
         try:
             result = await inner(arguments, scope)
         except ProcpilotError as exc:
-            publish("error", {}, exc.code)
+            publish({}, exc.code)
             raise
         except asyncio.CancelledError:
-            publish("error", {}, "Cancelled")
+            publish({}, "Cancelled")
             raise
-        publish(
-            "error" if result.is_error else "ok", result.data, result.data.get("error") if result.is_error else None
-        )
+        publish(result.data, str(result.data.get("error", "ProcpilotError")) if result.is_error else None)
         return result
 
     return dataclasses.replace(spec, handler=handler)

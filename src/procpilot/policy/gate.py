@@ -18,11 +18,20 @@ import dataclasses
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from procpilot.config import Settings
-from procpilot.contract import PermissionTier, ToolResult, ToolSpec, audit_arguments, redact_environment
+from procpilot.contract import (
+    ID_KEYS,
+    AuditEvent,
+    PermissionTier,
+    ToolResult,
+    ToolSpec,
+    audit_arguments,
+    call_summary,
+    redact_environment,
+)
 from procpilot.engine.events import EventBus
 from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
 
@@ -34,21 +43,6 @@ __all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "Permissio
 
 
 
-@dataclass(frozen=True, slots=True)
-class AuditEvent:
-    """Who did what, when, and what came of it."""
-
-    scope: str
-    tool: str
-    tier: str
-    outcome: str  # ok | error:<Code> | blocked | awaiting_approval | approved | denied | expired
-    summary: str
-    at: float = field(default_factory=time.time)
-    request_id: str | None = None
-    decided_by: str | None = None
-    process_id: str | None = None  # the session the call touched, or started
-    arguments: dict[str, Any] | None = None  # as an audit trail keeps them (contract.audit_arguments)
-    duration_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -72,27 +66,11 @@ class ApprovalRequest:
         return data
 
 
-_ID_KEYS = ("sessionId", "process_id", "proc_id")
-
-
-def _summary(tool: str, arguments: Mapping[str, Any]) -> str:
-    words = []
-    for key in ("command", "cmd", "action"):
-        if key in arguments and arguments[key] is not None:
-            value = arguments[key]
-            text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
-            extra = arguments.get("args")
-            if key == "command" and isinstance(extra, list):
-                text += " " + " ".join(map(str, extra))
-            words.append(text[:200])
-            break
-    words += [str(arguments[k]) for k in (*_ID_KEYS, "signal") if arguments.get(k) is not None]
-    return f"{tool}: {' '.join(words)}" if words else tool
 
 
 def _process_id(arguments: Mapping[str, Any], result: ToolResult | None = None) -> str | None:
     for source in (arguments, result.data if result is not None else {}):
-        for key in _ID_KEYS:
+        for key in ID_KEYS:
             if isinstance(source.get(key), str):
                 return str(source[key])
     return None
@@ -130,7 +108,7 @@ class Gate:
             id=secrets.token_hex(8),
             scope=scope,
             tool=spec.name,
-            summary=_summary(spec.name, arguments),
+            summary=call_summary(spec.name, arguments),
             arguments=dict(arguments),
             created_at=time.time(),
             _decision=asyncio.get_running_loop().create_future(),
@@ -170,7 +148,7 @@ class Gate:
     def _gated(self, spec: ToolSpec) -> Any:
         async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
             tier = self.tier_for(scope, spec)
-            summary = _summary(spec.name, arguments)
+            summary = call_summary(spec.name, arguments)
             if tier is PermissionTier.BLOCKED:
                 self.audit.publish(AuditEvent(scope, spec.name, tier.value, "blocked", summary))
                 raise PermissionDenied(f"{spec.name} is blocked for agent {scope!r}", tool=spec.name)

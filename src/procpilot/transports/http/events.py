@@ -9,22 +9,21 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from procpilot.contract import AuditEvent
 from procpilot.transports.http.common import _EVENT_QUEUE
 
 # -- events ------------------------------------------------------------------------------------
 
-def audit_scope(event: Any) -> str | None:
-    """The agent an audit event is about (the gate says ``scope``, the process.* face ``who``)."""
-    scope = getattr(event, "scope", None) or getattr(event, "who", None)
-    return scope if isinstance(scope, str) else None
+def audit_scope(event: AuditEvent) -> str:
+    """The agent an audit event is about."""
+    return event.scope
 
 
-def audit_event(event: Any) -> dict[str, Any]:
-    """An audit event as JSON, whichever face's dataclass it is (the agent itself is left out)."""
-    data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
-    data.pop("scope", None)
-    data.pop("who", None)
-    return {"type": "audit", **{_camel(k): v for k, v in data.items() if not k.startswith("_")}}
+def audit_event(event: AuditEvent) -> dict[str, Any]:
+    """An audit event as JSON for its agent's stream (the agent itself is left out)."""
+    data = dataclasses.asdict(event)
+    data.pop("scope")
+    return {"type": "audit", **{_camel(k): v for k, v in data.items()}}
 
 
 def _camel(name: str) -> str:
