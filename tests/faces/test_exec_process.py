@@ -589,3 +589,11 @@ async def test_exec_resolves_a_relative_workdir_against_the_workspace(tools: Too
     (root / "sub").mkdir()
     result = await tools["exec"].call({"command": "pwd", "workdir": "sub"}, "a")
     assert result.data["output"] == f"{root / 'sub'}\n"
+
+
+async def test_the_default_timeout_is_for_the_foreground(tools: Tools, supervisor: Supervisor) -> None:
+    background = await tools["exec"].call({"command": "sleep 30", "background": True}, "a")
+    foreground = await tools["exec"].call({"command": "sleep 0.1", "yieldMs": 10, "timeout": 0.05}, "a")
+    assert supervisor.get("a", background.data["sessionId"]).spec.timeout is None  # a dev server runs on
+    assert supervisor.get("a", foreground.data["sessionId"]).spec.timeout == 0.05  # fractions are seconds
+    await tools["process"].call({"action": "kill", "sessionId": background.data["sessionId"]}, "a")

@@ -297,7 +297,10 @@ class ExecProcessFace:
         # symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
         cwd = resolve_working_directory(self.sup.settings, params.workdir)
         env = checked_environment(self.sup.settings, params.env)
-        timeout = self.cfg.timeout_sec if params.timeout is None else params.timeout
+        # The configured default bounds foreground work; a run started in the background on
+        # purpose (a dev server, a watcher) runs until it ends or is killed, unless it says.
+        default = None if params.background else self.cfg.timeout_sec
+        timeout = default if params.timeout is None else params.timeout
         spec = SpawnSpec(
             command=params.command,
             cwd=cwd,
