@@ -198,6 +198,10 @@ class Settings(BaseModel):
     # The file these settings were read from (None: defaults and environment only); an isolated
     # box must not see it, since it holds every agent's token.
     config_file: Path | None = None
+    # [tools] names: "underscore" serves process.run as process_run (OpenAI's function names allow
+    # no dots); serve: which tools (names, or a face: "exec", "process", "process.*"); None: all.
+    tool_names: Literal["dotted", "underscore"] = "dotted"
+    served_tools: tuple[str, ...] | None = None
     exec: ExecSettings = ExecSettings()
     process: ProcessToolSettings = ProcessToolSettings()
     lanes: LaneSettings = LaneSettings()
@@ -243,6 +247,8 @@ class Settings(BaseModel):
             "tools": {
                 "exec": {toml: exec_[field] for toml, field in _EXEC_FIELDS.items()},
                 "process": {"enabled": self.process.enabled},
+                "names": self.tool_names,
+                "serve": list(self.served_tools) if self.served_tools is not None else None,
             },
             "lanes": self.lanes.model_dump(),
             "base_env": {"passthrough": list(self.base_env_passthrough), "set": dict(self.base_env_set)},
@@ -306,6 +312,8 @@ def _toml_key(loc: Loc) -> str:
         return _dotted(("tools", "exec", _EXEC_TOML[str(rest[0])], *rest[1:]))
     renamed: dict[int | str, tuple[str, ...]] = {
         "process": ("tools", "process"),
+        "tool_names": ("tools", "names"),
+        "served_tools": ("tools", "serve"),
         "base_env_passthrough": ("base_env", "passthrough"),
         "base_env_set": ("base_env", "set"),
         "protected_env": ("env", "protected"),
@@ -416,8 +424,12 @@ def _from_toml(path: Path) -> dict[str, Any]:
                         if name not in ProcessToolSettings.model_fields:
                             raise unknown(f"tools.process.{name}", name, ProcessToolSettings.model_fields)
                     out["process"] = process
+                elif section == "names":
+                    out["tool_names"] = body
+                elif section == "serve":
+                    out["served_tools"] = body
                 else:
-                    raise unknown(f"tools.{section}", section, ("exec", "process"))
+                    raise unknown(f"tools.{section}", section, ("exec", "process", "names", "serve"))
         elif key == "lanes":
             out["lanes"] = table(value, "lanes")  # any lane name is allowed; the model checks the caps
         elif key == "base_env":

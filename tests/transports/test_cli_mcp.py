@@ -195,3 +195,25 @@ async def test_stdio_server_keeps_the_audit_trail(tmp_path: Path) -> None:
     events = [json.loads(line) for line in lines]
     assert any(e["scope"] == "auditor" and e["tool"] == "exec" and e["outcome"] == "ok" for e in events), events
     assert ((tmp_path / "state" / "audit.jsonl").stat().st_mode & 0o777) == 0o600
+
+
+async def test_tool_names_and_sets_for_every_model_api(tmp_path: Path) -> None:
+    # OpenAI's function names allow no dots; and two overlapping tool sets cost schema per request.
+    args = ["mcp", "--agent", "a1", "--tool-names", "underscore", "--tools", "exec,process.*"]
+    async with Client(StdioServerParameters(command=PROCPILOT, args=args, env=server_env(tmp_path))) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names == {"exec", "process_run", "process_monitor", "process_kill", "process_list", "process_logs"}
+        run = await call(client, "process_run", command="echo", args=["renamed"])
+        assert run["stdout_summary"] == "renamed\n"
+
+
+def test_an_unknown_tool_set_is_a_clean_config_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [PROCPILOT, "mcp", "--tools", "exec,nosuch"],
+        env=server_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0 and "nosuch" in done.stderr and "Traceback" not in done.stderr

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Sequence
 
 from procpilot.config import Settings, load_settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import ConfigError
 from procpilot.faces.capabilities import capability_tools
-from procpilot.faces.definitions import Format, tool_definitions
+from procpilot.faces.definitions import Format, tool_definitions, wire_name
 from procpilot.faces.exec_process import exec_process_tools
 
-__all__ = ["all_tools", "definitions_json"]
+__all__ = ["all_tools", "definitions_json", "served"]
 
 
 def all_tools(supervisor: Supervisor, *, audit: bool = True, notifies_exit: bool | None = None) -> list[ToolSpec]:
@@ -34,3 +37,25 @@ def definitions_json(fmt: Format, settings: Settings | None = None) -> str:
     """
     supervisor = Supervisor(settings or load_settings())
     return json.dumps(tool_definitions(all_tools(supervisor), fmt), indent=2, ensure_ascii=False)
+
+
+def served(tools: Sequence[ToolSpec], settings: Settings) -> list[ToolSpec]:
+    """The tools ``[tools] serve`` picks (a name, or a face's tools with ``process.*``), named as
+    ``[tools] names`` says (``underscore``: ``process.run`` -> ``process_run``, for OpenAI)."""
+    picked = list(tools)
+    if settings.served_tools is not None:
+        wanted = set(settings.served_tools)
+        known = {spec.name for spec in tools} | {"process.*"}
+        unknown = sorted(wanted - known - {name.replace(".", "_") for name in known})
+        if unknown:
+            raise ConfigError(
+                f"tools.serve: no tool named {', '.join(unknown)}; the tools are {', '.join(sorted(known))}",
+                key="tools.serve",
+            )
+        names = {name.replace("_", ".", 1) if name.startswith("process_") else name for name in wanted}
+        picked = [
+            spec for spec in picked if spec.name in names or ("process.*" in names and spec.name.startswith("process."))
+        ]
+    if settings.tool_names == "underscore":
+        picked = [dataclasses.replace(spec, name=wire_name(spec.name, "openai")) for spec in picked]
+    return picked

@@ -48,6 +48,22 @@ def _workspace(path: Path | None) -> dict[str, Any]:
     return {} if path is None else {"workspace_root": path.expanduser().absolute()}
 
 
+_ToolNamesOption = Annotated[
+    str | None, typer.Option("--tool-names", help="dotted (process.run) or underscore (process_run, for OpenAI).")
+]
+_ToolsOption = Annotated[
+    str | None, typer.Option("--tools", help="Serve only these, comma-separated: exec,process,process.* or names.")
+]
+
+
+def _tool_choice(names: str | None, tools: str | None) -> dict[str, Any]:
+    """The settings overrides for ``--tool-names`` and ``--tools``."""
+    chosen: dict[str, Any] = {} if names is None else {"tool_names": names}
+    if tools is not None:
+        chosen["served_tools"] = tuple(name.strip() for name in tools.split(",") if name.strip())
+    return chosen
+
+
 async def _serve_until_signal(
     sup: Supervisor, serve: Callable[[], Awaitable[None]], stop: Callable[[], None] | None = None
 ) -> None:
@@ -80,10 +96,12 @@ def mcp(
     host: Annotated[str, typer.Option(help="HTTP bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port (0 = any free port).")] = 0,
     workspace: _WorkspaceOption = None,
+    tool_names: _ToolNamesOption = None,
+    tools: _ToolsOption = None,
 ) -> None:
     """Serve the tools to an MCP client over stdio (default) or streamable HTTP."""
     try:
-        settings = load_settings(config, **_workspace(workspace))
+        settings = load_settings(config, **_workspace(workspace), **_tool_choice(tool_names, tools))
     except ProcpilotError as exc:
         _err.print(f"[red]{exc.code}[/red]: {exc.message}")
         raise typer.Exit(2) from None
@@ -144,7 +162,10 @@ def mcp(
             for listener in sockets:
                 listener.close()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except ProcpilotError as exc:  # a refused binding, a tool set that names no tool...
+        _fail(exc, 2)
 
 
 # -- the daemon and its client commands (procpilot serve, run, ps, logs, write, kill, wait, rm) --
@@ -169,6 +190,8 @@ def serve(
     tcp: Annotated[bool, typer.Option(help="Listen on TCP (--no-tcp: the Unix socket only).")] = True,
     state_dir: Annotated[Path | None, typer.Option(help="Where session logs and records go.")] = None,
     workspace: _WorkspaceOption = None,
+    tool_names: _ToolNamesOption = None,
+    tools: _ToolsOption = None,
     agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
@@ -187,7 +210,7 @@ def serve(
     if state_dir is not None:
         overrides["state_dir"] = state_dir
     try:
-        settings = load_settings(config, None, **overrides, **_workspace(workspace))
+        settings = load_settings(config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools))
     except ProcpilotError as exc:
         _fail(exc, 2)
 

@@ -99,12 +99,14 @@ class Toolset:
 
 def build_toolset(supervisor: Supervisor, settings: Settings) -> Toolset:
     """Every face's tools, behind the permission gate."""
-    from procpilot.faces.all_tools import all_tools
+    from procpilot.faces.all_tools import all_tools, served
     from procpilot.policy.gate import Gate
 
     gate = Gate(settings)
     # The gate audits every notify-tier call itself: the faces must not publish them twice.
-    return Toolset(list(gate.wrap(all_tools(supervisor, audit=False))), gate.audit, gate)
+    # Renamed after the gate: policy tiers and audit events keep the tools' own names.
+    tools = served(list(gate.wrap(all_tools(supervisor, audit=False))), settings)
+    return Toolset(tools, gate.audit, gate)
 
 
 def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSpec], EventBus[Any]]:
