@@ -102,7 +102,6 @@ class Session:
         self.spawner_maxrss_kb = 0
         # (rchar, wchar) of the leader read as a zombie: its I/O plus every descendant it reaped.
         self.exit_io: tuple[int, int] | None = None
-        self.poll_cursors: dict[Stream, int] = {}
         self.stdin_open = False
         # Under a pty: whether the program asked for bracketed paste (ESC[?2004h) and did not
         # take it back (ESC[?2004l) since; a paste is bracketed only then.

@@ -189,6 +189,8 @@ class ExecProcessFace:
         self._empty_polls: dict[str, int] = {}
         # Per session and stream: the byte offset after the last reported pattern match.
         self._wait_cursors: dict[str, dict[Stream, int]] = {}
+        # Per session and view: where the last poll stopped (face state, not the engine's).
+        self._poll_cursors: dict[str, dict[Stream, int]] = {}
 
     def _exit_is_announced(self, session: Session) -> bool:
         """Whether anything will tell the caller this session ended: the transport says so, or,
@@ -327,7 +329,7 @@ class ExecProcessFace:
         if session.finished:
             view = session.output[Stream.COMBINED]
             shown, cut, end = self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
-            session.poll_cursors[Stream.COMBINED] = end
+            self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = end
             data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
             header = f"[{status_of(session)}: {self._ending(session)}]"
             if cut:
@@ -382,10 +384,11 @@ class ExecProcessFace:
 
     def _prune(self) -> None:
         """Forget per-session state of sessions that are gone (removed, cleared, expired)."""
-        if len(self._empty_polls) + len(self._wait_cursors) == 0:
+        tables: tuple[dict[str, Any], ...] = (self._empty_polls, self._wait_cursors, self._poll_cursors)
+        if not any(tables):
             return
         live = {s.id for s in self.sup.all_sessions()}
-        for table in (self._empty_polls, self._wait_cursors):
+        for table in tables:
             for session_id in [k for k in table if k not in live]:
                 del table[session_id]
 
@@ -403,7 +406,7 @@ class ExecProcessFace:
     async def _poll(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
         view = session.output[stream]
-        cursor = session.poll_cursors.get(stream, 0)
+        cursor = self._poll_cursors.get(session.id, {}).get(stream, 0)
         if params.timeout and view.size <= cursor and not session.finished:
             await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
         # A finished session has nothing more to come: hand over all that is unread (up to the
@@ -411,7 +414,7 @@ class ExecProcessFace:
         default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
         limit = min(default if params.limit is None else params.limit, self.cfg.pending_max_chars)
         shown, cut, end = self._read_tail(session, stream, cursor, limit)
-        session.poll_cursors[stream] = end
+        self._poll_cursors.setdefault(session.id, {})[stream] = end
         data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
         if shown or cut or session.finished:
             self._empty_polls.pop(session.id, None)
