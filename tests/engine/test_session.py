@@ -1,0 +1,52 @@
+"""One session: its end is reported once and only after its last byte, a terminate escalates to
+SIGKILL after the grace period, stdin writes are bounded by their timeout, and what the store
+keeps of it is enough to list it after a restart."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import pytest
+
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import ProcessAlreadyExited
+
+A = "agent-a"
+
+
+async def test_finished_means_reaped_and_every_byte_stored(supervisor: Supervisor) -> None:
+    session = await supervisor.spawn(SpawnSpec("head -c 3000000 /dev/zero; echo END"), scope=A)
+    assert await session.wait_finished(30)
+    assert session.state is SessionState.EXITED_OK and session.exit_code == 0
+    assert session.output[Stream.STDOUT].size == 3_000_004  # nothing still in flight at the end
+    assert await asyncio.wait_for(asyncio.shield(session.wait_finished(0)), 1) is not False
+
+
+async def test_terminate_escalates_after_the_grace_period(supervisor: Supervisor) -> None:
+    session = await supervisor.spawn(SpawnSpec("trap '' TERM; echo ready; sleep 30"), scope=A)
+    await supervisor.wait(A, session.id, timeout=10, pattern=re.compile("ready"))
+    session.terminate(SessionState.KILLED, signal.SIGTERM, 0.3)
+    assert await session.wait_finished(10)
+    assert session.state is SessionState.KILLED and session.exit_signal == "SIGKILL"
+    with pytest.raises(ProcessAlreadyExited):
+        session.terminate(SessionState.KILLED, signal.SIGTERM, None)
+
+
+async def test_a_write_to_a_child_that_never_reads_returns_what_went_in(supervisor: Supervisor) -> None:
+    session = await supervisor.spawn(SpawnSpec("sleep 30"), scope=A)
+    written = await session.write(b"x" * (8 << 20), timeout=0.5)
+    assert 0 < written < 8 << 20  # the pipe took what it could hold, the call did not hang
+    await supervisor.kill(A, session.id)
+
+
+async def test_the_record_and_the_exit_info_say_how_it_ended(supervisor: Supervisor) -> None:
+    session = await supervisor.run(SpawnSpec("exit 3"), scope=A, yield_ms=None)
+    record = session.record()
+    assert record["id"] == session.id and record["scope"] == A and record["command"] == "exit 3"
+    assert record["state"] == "exited_error" and record["exit_code"] == 3 and record["ended_at"]
+    info = session.exit_info("tail")
+    assert (info.session_id, info.state, info.exit_code, info.tail) == (session.id, session.state, 3, "tail")
