@@ -23,7 +23,8 @@ __all__ = ["build_mcp_server", "to_call_result"]
 _INSTRUCTIONS = (
     "procpilot runs shell commands for you. Use exec for a command; if it is still running after "
     "yieldMs it continues in the background and you get a sessionId. Prefer process wait (blocks "
-    "until exit or a pattern) over repeated polls."
+    "until exit or a pattern) over repeated polls. Exits are announced as updates of the resource "
+    "proc://{sessionId}: on MCP 2026-07-28 only to a client that called subscriptions/listen."
 )
 
 
