@@ -317,7 +317,7 @@ class Supervisor:
             now = time.monotonic()
             for session in list(self._sessions.values()):
                 spec_limits = session.spec.limits
-                if session.limit_backend is not limits or not session.is_running or spec_limits is None:
+                if session.accounting.limit_backend is not limits or not session.is_running or spec_limits is None:
                     continue
                 if session.terminating:
                     self._resume_if_stopped(session)  # a stopped tree could not act on its signal
@@ -370,8 +370,8 @@ class Supervisor:
         session_id = new_session_id()
         directory = self._store.session_dir(session_id)
         output = SessionOutput(directory, self.settings.exec.max_log_bytes)
-        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
-        session.kill_grace = self.settings.exec.kill_grace_sec
+        grace = self.settings.exec.kill_grace_sec
+        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
         if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
             try:
                 await self._start(session)
@@ -407,7 +407,7 @@ class Supervisor:
                 prelude.append(tree_line)
             if spec.limits is not None and not spec.limits.empty:
                 limits = self._limit_backend
-                session.limit_backend = limits
+                session.accounting.limit_backend = limits
                 try:
                     prelude += limits.prepare(session.id, spec.limits)
                 except OSError as exc:
@@ -418,8 +418,8 @@ class Supervisor:
         except BaseException:
             if tree_prepared:
                 self._tree_backend.release(session.id)
-            if session.limit_backend is not None:
-                session.limit_backend.release(session.id)
+            if session.accounting.limit_backend is not None:
+                session.accounting.limit_backend.release(session.id)
             if spec.lane is not None:
                 self._lanes.release(spec.lane, session.scope)
             raise
