@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,6 +242,53 @@ def uvicorn_server(config: Any) -> Any:
     return Server(config)
 
 
+async def serve_until_signal(
+    sup: Supervisor,
+    serve: Callable[[], Awaitable[None]],
+    stop: Callable[[], None] | None = None,
+    *,
+    prepare: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """Run ``serve`` until it returns or a shutdown signal comes; returns the signal (0 if none).
+
+    On the first SIGTERM/SIGINT/SIGHUP/SIGQUIT: ``stop()`` (default: cancel ``serve``) and, at
+    once, ``prepare()`` (refuse new work) and the end of every session tree with that signal,
+    SIGKILL after the grace period, while ``serve`` winds down. Later signals change nothing: the
+    shutdown is already bounded by the grace period. Every server procpilot runs (the daemon,
+    ``procpilot mcp`` over stdio or HTTP) stops this one way.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(serve())
+    received: list[int] = []
+    stopping: list[asyncio.Future[None]] = []
+
+    async def shut_down(sig: int) -> None:
+        if prepare is not None:
+            await prepare()
+        await sup.aclose(sig)
+
+    def on_signal(sig: int) -> None:
+        if received:
+            return
+        received.append(sig)
+        stopping.append(asyncio.ensure_future(shut_down(sig)))
+        (stop or task.cancel)()
+
+    for sig in SHUTDOWN_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        for sig in SHUTDOWN_SIGNALS:
+            loop.remove_signal_handler(sig)
+        for future in stopping:
+            with contextlib.suppress(Exception):
+                await future
+        await sup.aclose(received[0] if received else signal.SIGTERM)
+    return received[0] if received else 0
+
+
 async def serve(
     settings: Settings,
     *,
@@ -258,7 +305,7 @@ async def serve(
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     sockets, address = bind_listeners(settings.server, tcp=tcp)
     marker = daemon_file(settings)
-    received: list[int] = []
+    stopped_by = 0
     try:
         async with make_supervisor(settings) as sup:
             toolset = build_toolset(sup, settings)
@@ -286,35 +333,16 @@ async def serve(
                 ws_max_size=WS_MAX_MESSAGE,
             )
             server = uvicorn_server(config)
-            loop = asyncio.get_running_loop()
-            stopping: list[asyncio.Future[None]] = []
 
-            async def shut_down(sig: int) -> None:
-                await daemon.begin_shutdown()
-                await sup.aclose(sig)
-
-            def on_signal(sig: int) -> None:
-                if received:
-                    return  # already stopping; the shutdown is bounded by the grace period
-
-                received.append(sig)
-                stopping.append(asyncio.ensure_future(shut_down(sig)))
-                server.should_exit = True
-
-            for sig in SHUTDOWN_SIGNALS:
-                loop.add_signal_handler(sig, on_signal, sig)
-            try:
+            async def serving() -> None:
                 _write_marker(marker, address)
                 if announce is not None:
                     announce(address)
                 await server.serve(sockets=sockets)
-            finally:
-                for sig in SHUTDOWN_SIGNALS:
-                    loop.remove_signal_handler(sig)
-                for future in stopping:
-                    with contextlib.suppress(Exception):
-                        await future
-            await sup.aclose(received[0] if received else signal.SIGTERM)
+
+            stopped_by = await serve_until_signal(
+                sup, serving, lambda: setattr(server, "should_exit", True), prepare=daemon.begin_shutdown
+            )
             stop_audit()
     finally:
         for sock in sockets:
@@ -325,7 +353,7 @@ async def serve(
         with contextlib.suppress(OSError):
             if json.loads(marker.read_text()).get("pid") == os.getpid():
                 marker.unlink()
-    return received[0] if received else 0
+    return stopped_by
 
 
 def _write_marker(path: Path, address: DaemonAddress) -> None:
