@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,6 +242,30 @@ def uvicorn_server(config: Any) -> Any:
     return Server(config)
 
 
+@contextlib.asynccontextmanager
+async def daemon_app(supervisor: Supervisor, settings: Settings, *, open_agent: str = "default") -> AsyncIterator[Any]:
+    """The daemon's ASGI app over ``supervisor``: every face's tools behind the gate, the audit
+    log in the state directory, the proc/* handler. What ``serve`` binds to its sockets, and what
+    an in-process client (tests, an embedding program) drives directly."""
+    from procpilot.transports.http import create_app
+
+    toolset = build_toolset(supervisor, settings)
+    stop_audit = record_audit(toolset.audit, audit_file(settings))
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
+    try:
+        yield create_app(
+            supervisor,
+            toolset.tools,
+            settings,
+            audit=toolset.audit,
+            open_agent=open_agent,
+            proc_handler=proc_handler_factory(settings),
+            gate=toolset.gate,
+        )
+    finally:
+        stop_audit()
+
+
 async def serve_until_signal(
     sup: Supervisor,
     serve: Callable[[], Awaitable[None]],
@@ -299,7 +323,7 @@ async def serve(
     """Serve until a shutdown signal; returns the signal number that stopped it (0 if none)."""
     import uvicorn
 
-    from procpilot.transports.http import WS_MAX_MESSAGE, create_app, daemon_of
+    from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -307,19 +331,7 @@ async def serve(
     marker = daemon_file(settings)
     stopped_by = 0
     try:
-        async with make_supervisor(settings) as sup:
-            toolset = build_toolset(sup, settings)
-            stop_audit = record_audit(toolset.audit, audit_file(settings))
-            logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
-            app = create_app(
-                sup,
-                toolset.tools,
-                settings,
-                audit=toolset.audit,
-                open_agent=open_agent,
-                proc_handler=proc_handler_factory(settings),
-                gate=toolset.gate,
-            )
+        async with make_supervisor(settings) as sup, daemon_app(sup, settings, open_agent=open_agent) as app:
             daemon = daemon_of(app)
             grace = settings.exec.kill_grace_sec
             config = uvicorn.Config(
@@ -343,7 +355,6 @@ async def serve(
             stopped_by = await serve_until_signal(
                 sup, serving, lambda: setattr(server, "should_exit", True), prepare=daemon.begin_shutdown
             )
-            stop_audit()
     finally:
         for sock in sockets:
             sock.close()
