@@ -70,8 +70,12 @@ async def test_a_daemon_left_by_a_finished_command_is_ended(sup: Supervisor, tmp
 async def test_trees_of_two_sessions_are_told_apart(sup: Supervisor) -> None:
     one = await sup.spawn(SpawnSpec("sleep 30 & sleep 30"), scope=A)
     two = await sup.spawn(SpawnSpec("sleep 31"), scope=A)
-    await asyncio.sleep(0.2)
-    first, second = sup._tree_backend.pids(one.id, one.pid), sup._tree_backend.pids(two.id, two.pid)
+    # Until both shells have started their sleeps (slow in an emulated guest on a busy host).
+    for _ in range(200):
+        first, second = sup._tree_backend.pids(one.id, one.pid), sup._tree_backend.pids(two.id, two.pid)
+        if len(first) == 3 and second:
+            break
+        await asyncio.sleep(0.05)
     assert len(first) == 3  # the shell and both sleeps
     assert second
     assert one.pid not in second
