@@ -40,7 +40,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from procpilot.contract import AuditEvent
-from procpilot.engine.capture import Stream
+from procpilot.engine.capture import SegmentedLog, Stream
 from procpilot.engine.session import Session
 from procpilot.errors import (
     CsrfRejected,
@@ -311,7 +311,7 @@ class Console:
 
     # -- one session's output --
 
-    def _view(self, request: Request, session: Session) -> Any:
+    def _view(self, request: Request, session: Session) -> SegmentedLog:
         name = request.query_params.get("stream", "combined")
         if name not in _STREAMS:
             raise InvalidArgument("stream: combined, stdout or stderr", field="stream")
