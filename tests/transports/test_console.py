@@ -22,7 +22,7 @@ import httpx2
 import pytest
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (make install adds it)")
-from playwright.sync_api import expect  # noqa: E402
+from playwright.sync_api import expect
 
 from tests.daemon import Served, post, start_daemon
 
@@ -190,6 +190,11 @@ def test_an_operator_sees_and_acts_on_another_agents_sessions(open_page: Callabl
         row.click()
         ops.get_by_role("button", name="SIGTERM").click()
         ops.locator(".detail-head .state.killed").wait_for()
+        # What a person did is on the audit trail, under the agent whose session it was.
+        ops.get_by_role("link", name="Audit").click()
+        acted = ops.locator("#audit tbody tr", has_text="console.signal").first
+        acted.wait_for()
+        assert "agent-b" in acted.inner_text() and "ops" in acted.inner_text()
     finally:
         kill(served, TOKEN_B, theirs)
 
@@ -248,7 +253,12 @@ def test_kill_ends_the_whole_tree(open_page: Callable[..., Any], served: Served)
     page.get_by_role("button", name="Kill").click()
     page.locator(".detail-head .state.killed").wait_for()
     wait_until(lambda: not pids_running("3004"), "every process of the tree to end", timeout=10)
-    kill(served, TOKEN_A, sid)
+    # Remove forgets it: back on the list, it is gone.
+    page.get_by_role("button", name="Remove").click()
+    page.locator("#sessions").wait_for()
+    expect(page.locator(f"tr[data-id='{sid}']")).to_have_count(0)
+    with served.http(TOKEN_A) as c:
+        assert post(c, "process", action="poll", sessionId=sid).status_code == 404
 
 
 def test_a_pty_session_takes_typed_keys(open_page: Callable[..., Any], served: Served) -> None:
@@ -332,6 +342,8 @@ def test_an_approval_approved_by_button_lets_the_held_call_run(open_page: Callab
     page.get_by_label("Tool").fill("exec")
     page.locator("#audit tbody tr").first.wait_for()
     assert "approved" in page.locator("#audit").inner_text()
+    assert "agent-c" in page.locator("#audit").inner_text()
+    page.get_by_label("Tool").fill("")
     shot(page, "audit")
 
 

@@ -1,0 +1,177 @@
+"""The contract between the layers above the engine: tool specs, tool results, permission tiers.
+
+A face builds :class:`ToolSpec` objects; the policy gates them by :class:`PermissionTier`; a
+transport (MCP, REST, CLI) advertises and calls them and renders :class:`ToolResult`. None of
+them needs another's module for it, and faces never see a wire format.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from procpilot.errors import InternalError, InvalidArgument, ProcpilotError
+
+__all__ = [
+    "AuditEvent",
+    "PermissionTier",
+    "ToolResult",
+    "ToolSpec",
+    "audit_arguments",
+    "call_summary",
+    "error_result",
+    "parse_arguments",
+    "redact_environment",
+]
+
+_log = logging.getLogger(__name__)
+
+
+class PermissionTier(enum.Enum):
+    AUTONOMOUS = "autonomous"
+    NOTIFY = "notify"
+    APPROVAL = "approval_required"
+    BLOCKED = "blocked"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """``text`` for the model, ``data`` as structured content; ``is_error`` for typed failures."""
+
+    text: str
+    data: dict[str, Any]
+    is_error: bool = False
+
+
+Handler = Callable[[Mapping[str, Any], str], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_model: type[pydantic.BaseModel]
+    handler: Handler
+    tier: PermissionTier = PermissionTier.AUTONOMOUS
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema()
+
+    async def call(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        """Run the tool; every error becomes a typed error result, never a raise.
+
+        An exception that is not a ``ProcpilotError`` is a bug: the caller gets ``InternalError``
+        (never the traceback, which can hold paths and other agents' data) and the server log
+        gets the traceback. Cancellation is not an error and passes through.
+        """
+        try:
+            return await self.handler(arguments, scope)
+        except ProcpilotError as exc:
+            return error_result(exc)
+        except Exception as exc:
+            _log.exception("tool %s failed (scope %s)", self.name, scope)
+            return error_result(
+                InternalError(f"the {self.name} tool failed unexpectedly ({type(exc).__name__})", tool=self.name)
+            )
+
+
+def error_result(exc: ProcpilotError) -> ToolResult:
+    hints = "\n".join(f"- {name}: {text}" for name, text in exc.hints.items())
+    text = f"{exc.code}: {exc.message}" + (f"\nWhat to do next:\n{hints}" if hints else "")
+    return ToolResult(text, exc.to_dict(), is_error=True)
+
+
+def parse_arguments(model: type[pydantic.BaseModel], arguments: Mapping[str, Any]) -> Any:
+    """Validate raw arguments into ``model``; a failure is an InvalidArgument naming each field."""
+    # Transports pass omitted fields as None; None means "use the default" everywhere here.
+    cleaned = {k: v for k, v in arguments.items() if v is not None}
+    try:
+        return model.model_validate(cleaned)
+    except pydantic.ValidationError as exc:
+        problems = []
+        fields = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+            fields.append(where)
+            problems.append(f"{where}: {err['msg']}")
+        raise InvalidArgument(
+            "invalid arguments: " + "; ".join(problems),
+            fields=fields,
+        ) from None
+
+
+def dumps(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+_ENVIRONMENTS = frozenset({"environment", "env"})
+# What a call writes to a process: in an audit trail its size, never its content (typed passwords).
+_SIZED = frozenset({"stdin", "data", "text", "literal", "hex", "keys"})
+
+
+def redact_environment(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments with environment values hidden: their names are not secrets, values may be."""
+    out = dict(arguments)
+    for key in _ENVIRONMENTS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = dict.fromkeys(out[key], "<redacted>")
+    return out
+
+
+def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments as an audit trail keeps them: environment values hidden, what is written to a
+    process reduced to its size, omitted (None) ones left out."""
+    out: dict[str, Any] = {}
+    for key, value in redact_environment(arguments).items():
+        if value is None:
+            continue
+        out[key] = f"<{len(value) if isinstance(value, str | list) else 1} items/chars>" if key in _SIZED else value
+    return out
+
+
+# -- audit -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """Who did what, when, and what came of it: a notify-tier call or an approval decision, from
+    whichever layer saw it (the policy gate in the daemon; the process.* face on its own)."""
+
+    scope: str  # the agent
+    tool: str
+    tier: str
+    outcome: str  # ok | error:<Code> | blocked | awaiting_approval | approved | denied | expired
+    summary: str
+    at: float = field(default_factory=time.time)
+    request_id: str | None = None
+    decided_by: str | None = None
+    process_id: str | None = None  # the session the call touched, or started
+    arguments: dict[str, Any] | None = None  # as an audit trail keeps them (audit_arguments)
+    duration_ms: int | None = None
+    state: str | None = None  # the session's state after the call, where the result says
+
+ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches
+
+
+def call_summary(tool: str, arguments: Mapping[str, Any]) -> str:
+    """One line for people: the tool and what it was asked to run or touch."""
+    words = []
+    for key in ("command", "cmd", "action"):
+        if key in arguments and arguments[key] is not None:
+            value = arguments[key]
+            text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+            extra = arguments.get("args")
+            if key == "command" and isinstance(extra, list):
+                text += " " + " ".join(map(str, extra))
+            words.append(text[:200])
+            break
+    words += [str(arguments[k]) for k in (*ID_KEYS, "signal") if arguments.get(k) is not None]
+    return f"{tool}: {' '.join(words)}" if words else tool

@@ -1,0 +1,1 @@
+"""The supervisor core: sessions, capture, trees. It knows nothing of faces or transports."""

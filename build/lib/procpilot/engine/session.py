@@ -1,0 +1,532 @@
+"""One session: a process tree, its stdio, its output and its lifecycle.
+
+The session is driven by the event loop: pipe fds and the pidfd are registered as readers, so
+output is written to disk the moment it arrives and exit is seen without a polling tick.
+"Finished" means the leader has been reaped **and** every output pipe has reached EOF and been
+written out; only then does the session enter its end state and announce its exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import re
+import resource
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.limits import LimitBackend, LimitReport
+from procpilot.engine.spawn import Spawned, SpawnSpec
+from procpilot.engine.states import SessionState, check_transition
+from procpilot.engine.trees import TreeBackend, waiting_for_input
+from procpilot.errors import ProcessAlreadyExited, StdinClosed
+
+__all__ = ["ExitInfo", "Session"]
+
+_READ_SIZE = 1 << 20
+# After the leader exits, descendants it left behind get this long before SIGKILL.
+_ORPHAN_GRACE = 1.0
+# ... and the pipes this much longer to reach EOF before we stop waiting for them.
+_DRAIN_DEADLINE = 3.0
+# ESC [ ? <modes> h|l: a program setting (h) or resetting (l) terminal modes.
+_DEC_MODE = re.compile(rb"\x1b\[\?([0-9;]{1,32})([hl])")
+_DEC_MODE_MAX = 36
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """What an exit event carries."""
+
+    session_id: str
+    scope: str
+    state: SessionState
+    exit_code: int | None
+    exit_signal: str | None
+    duration_ms: int
+    tail: str
+    backgrounded: bool
+    command: str
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
+
+
+def _zombie_io(pid: int) -> tuple[int, int] | None:
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return int(fields[b"rchar"]), int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        scope: str,
+        spec: SpawnSpec,
+        output: SessionOutput,
+        trees: TreeBackend,
+        on_finish: Callable[[Session], None],
+    ) -> None:
+        self.id = session_id
+        self.scope = scope
+        self.spec = spec
+        self.output = output
+        self.created_at = time.time()
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self._t0 = time.monotonic()
+        self._t_end: float | None = None
+        self.last_access = time.monotonic()
+        self.state = SessionState.QUEUED
+        self.pid: int | None = None
+        self.exit_code: int | None = None
+        self.exit_signal: str | None = None
+        self.error: str | None = None
+        self.backgrounded = False
+        self.rusage: Any = None  # resource.struct_rusage of the leader, from wait4
+        # Our own peak RSS (KiB) when the child started: a vfork'd child inherits it into its
+        # ru_maxrss, so only an ru_maxrss above it is the tree's own peak.
+        self.spawner_maxrss_kb = 0
+        # (rchar, wchar) of the leader read as a zombie: its I/O plus every descendant it reaped.
+        self.exit_io: tuple[int, int] | None = None
+        self.stdin_open = False
+        # Under a pty: whether the program asked for bracketed paste (ESC[?2004h) and did not
+        # take it back (ESC[?2004l) since; a paste is bracketed only then.
+        self.bracketed_paste = False
+        # And whether it switched the cursor keys to application mode (DECCKM, ESC[?1h).
+        self.app_cursor_keys = False
+        self.timed_out_waiting_for_input = False
+        self._mode_carry = b""
+        self._trees = trees
+        self._on_finish = on_finish
+        self._spawned: Spawned | None = None
+        self._open_streams = 0
+        self._leader_reaped = False
+        self._requested_end: SessionState | None = None
+        self._reaper_armed = False
+        self.limit_backend: LimitBackend | None = None
+        self.limit_report: LimitReport | None = None
+        self.left_orphans = False  # True iff processes outlived the leader (they are now ours to reap)
+        self._signal_sent: str | None = None
+        self.kill_grace = 5.0
+        self._timers: list[asyncio.TimerHandle] = []
+        self._finished = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._stdin_waiter: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    # -- views ---------------------------------------------------------------------------------
+
+    @property
+    def command(self) -> str:
+        return self.spec.display
+
+    @property
+    def is_running(self) -> bool:
+        return self.state is SessionState.RUNNING
+
+    @property
+    def terminating(self) -> bool:
+        """True iff an end was asked for (kill, timeout, a limit) and the tree is not gone yet."""
+        return self._requested_end is not None and not self._finished.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    @property
+    def idle_since(self) -> float:
+        """Monotonic time of the last read or of the end, whichever is later (for the TTL)."""
+        return max(self.last_access, self._t_end or 0.0)
+
+    @property
+    def duration_ms(self) -> int:
+        end = self._t_end if self._t_end is not None else time.monotonic()
+        return int((end - self._t0) * 1000)
+
+    @property
+    def signal_sent(self) -> str | None:
+        """The last signal procpilot sent to this session's tree, if any."""
+        return self._signal_sent
+
+    @property
+    def waiting_for_input(self) -> bool:
+        """Best effort: a process of this session is blocked reading the stdin we hold open."""
+        spawned = self._spawned
+        if not self.is_running or not self.stdin_open or spawned is None or self.pid is None:
+            return False
+        pids = self._trees.pids(self.id, self.pid) | ({self.pid} if not self._leader_reaped else set())
+        return waiting_for_input(pids, spawned.stdin_target)
+
+    @property
+    def log_files(self) -> list[str]:
+        """The files that hold this session's combined output, oldest first: none (and no
+        directory) until its first byte."""
+        return sorted(str(p) for p in self.output.directory.glob("combined.*"))
+
+    def _set_state(self, new: SessionState) -> None:
+        check_transition(self.state, new)
+        self.state = new
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def attach(self, spawned: Spawned) -> None:
+        """Take over a freshly started child: watch its pipes and its exit."""
+        self._spawned = spawned
+        self.pid = spawned.pid
+        self._t0 = time.monotonic()
+        self.started_at = time.time()
+        self._set_state(SessionState.RUNNING)
+        self.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.stdin_open = spawned.stdin_fd is not None
+        streams = [(spawned.stdout_fd, Stream.STDOUT)]
+        if spawned.stderr_fd is not None:
+            streams.append((spawned.stderr_fd, Stream.STDERR))
+        for fd, stream in streams:
+            self._open_streams += 1
+            self._loop.add_reader(fd, self._on_readable, fd, stream)
+        if spawned.pidfd is not None:
+            self._loop.add_reader(spawned.pidfd, self._on_leader_exit)
+        else:
+            self._poll_leader()
+        if self.spec.timeout:
+            self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
+
+    def fail_to_start(self, message: str, *, end: SessionState = SessionState.FAILED_TO_START) -> None:
+        """End a session that never ran: it could not start, or was cancelled while queued (KILLED)."""
+        self.error = message
+        self._set_state(end)
+        self._t_end = time.monotonic()
+        self.ended_at = time.time()
+        self.output.mark_closed()
+        self._finished.set()
+        self._on_finish(self)
+
+    # -- output --------------------------------------------------------------------------------
+
+    def _on_readable(self, fd: int, stream: Stream) -> None:
+        try:
+            data = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            # A pty master reads EIO once every holder of the slave side has gone: that is EOF.
+            if exc.errno != errno.EIO:
+                raise
+            data = b""
+        if data:
+            if self.spec.pty:
+                self._track_terminal_modes(data)
+            self.output.append(stream, data)
+            return
+        self._close_stream(fd)
+
+    def _track_terminal_modes(self, data: bytes) -> None:
+        """Follow DEC private modes 2004 (bracketed paste) and 1 (application cursor keys) as
+        the program sets and resets them.
+
+        A few bytes of the previous chunk are scanned again with this one, so a sequence split
+        across two reads is still seen; seeing one twice is harmless, only the last one counts.
+        """
+        text = self._mode_carry + data
+        for found in _DEC_MODE.finditer(text):
+            modes, on = found.group(1).split(b";"), found.group(2) == b"h"
+            if b"2004" in modes:
+                self.bracketed_paste = on
+            if b"1" in modes:
+                self.app_cursor_keys = on
+        self._mode_carry = text[-_DEC_MODE_MAX:]
+
+    def _close_stream(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        self._open_streams -= 1
+        if self._spawned is not None:
+            if fd == self._spawned.stdout_fd:
+                self._spawned.stdout_fd = -1
+            elif fd == self._spawned.stderr_fd:
+                self._spawned.stderr_fd = -1
+        self._maybe_finish()
+
+    def _drain_and_close_streams(self) -> None:
+        """Stop waiting for EOF: read what is buffered, then close."""
+        spawned = self._spawned
+        if spawned is None:
+            return
+        for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
+            if fd is None or fd < 0:
+                continue
+            while True:
+                try:
+                    data = os.read(fd, _READ_SIZE)
+                except OSError:
+                    break
+                if not data:
+                    break
+                self.output.append(stream, data)
+            self._close_stream(fd)
+
+    # -- exit ----------------------------------------------------------------------------------
+
+    def _poll_leader(self) -> None:
+        if not self._reap():
+            self._timers.append(self._loop.call_later(0.05, self._poll_leader))
+
+    def _on_leader_exit(self) -> None:
+        # The pidfd is readable: the leader is a zombie, whose I/O counters are still there to read.
+        if self._spawned is not None and not self._leader_reaped:
+            self.exit_io = _zombie_io(self._spawned.pid)
+        self._reap()
+
+    def _reap(self) -> bool:
+        spawned = self._spawned
+        if spawned is None or self._leader_reaped:
+            return True
+        try:
+            pid, status, rusage = os.wait4(spawned.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status, rusage = spawned.pid, 0, None
+        if pid == 0:
+            return False
+        self._leader_reaped = True
+        if spawned.pidfd is not None:
+            self._loop.remove_reader(spawned.pidfd)
+            os.close(spawned.pidfd)
+            spawned.pidfd = None
+        code = os.waitstatus_to_exitcode(status)
+        spawned.popen.returncode = code  # keeps Popen.__del__ from waiting on a pid we reaped
+        if code < 0:
+            self.exit_signal = signal_name(-code)
+        else:
+            self.exit_code = code
+        self.rusage = rusage
+        self._after_leader_exit()
+        return True
+
+    def _after_leader_exit(self) -> None:
+        if self._trees.pids(self.id, self.pid):
+            # The command is over; what it left running belongs to nobody else. End it.
+            self.left_orphans = True
+            self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self._leader_reaped)
+            self._timers.append(self._loop.call_later(_ORPHAN_GRACE, self._kill_leftovers))
+        elif not self._open_streams:
+            self._finish()  # the common case: nothing left, nothing buffered
+            return
+        if self._open_streams:
+            self._timers.append(self._loop.call_later(_DRAIN_DEADLINE, self._drain_and_close_streams))
+        self._maybe_finish()
+
+    def _kill_leftovers(self) -> None:
+        self._reaper_armed = False
+        if self._trees.pids(self.id, self.pid):
+            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self._finished.is_set() or not self._leader_reaped or self._open_streams:
+            return
+        if self._trees.pids(self.id, self.pid):
+            # Survivors hold no pipe of ours but are alive: keep killing until the tree is empty.
+            if not self._reaper_armed:
+                self._reaper_armed = True
+                self._timers.append(self._loop.call_later(0.05, self._kill_leftovers))
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._finished.is_set():
+            return
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        self._close_stdin()
+        if self.limit_backend is not None:
+            self.limit_report = self.limit_backend.report(self.id)
+            self.limit_backend.release(self.id)
+        oom = self.limit_report is not None and self.limit_report.oom_killed
+        if self._requested_end is not None:
+            end = self._requested_end
+        elif oom:  # even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`)
+            end = SessionState.LIMIT_EXCEEDED
+        elif self.exit_code == 0:
+            end = SessionState.EXITED_OK
+        else:
+            end = SessionState.EXITED_ERROR
+        self._t_end = time.monotonic()
+        self.ended_at = time.time()
+        self._set_state(end)
+        self.output.mark_closed()
+        self._trees.release(self.id)
+        self._finished.set()
+        self._on_finish(self)
+
+    async def wait_finished(self, timeout: float | None = None) -> bool:
+        if self._finished.is_set():
+            return True
+        try:
+            # asyncio.timeout, not wait_for: no extra task per wait on the exec hot path.
+            async with asyncio.timeout(timeout):
+                await self._finished.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def _on_timeout(self) -> None:
+        if self.is_running:
+            # Read before the kill: afterwards nothing is blocked anywhere, and "it hung on a
+            # prompt" is the likeliest reason a command ran out of time.
+            self.timed_out_waiting_for_input = self.waiting_for_input
+            self.terminate(SessionState.TIMED_OUT, signal.SIGTERM, self.kill_grace)
+
+    def terminate(self, end: SessionState, sig: int, grace: float | None) -> None:
+        """Signal the whole tree; escalate to SIGKILL after ``grace`` seconds if it is still alive."""
+        if self._finished.is_set() or not self.is_running:
+            raise ProcessAlreadyExited(f"session {self.id} has already ended ({self.state.value})")
+        if self._requested_end is None:
+            self._requested_end = end
+        self._signal_sent = signal_name(sig)
+        self._trees.signal(self.id, self.pid, sig, leader_alive=not self._leader_reaped)
+        if sig != signal.SIGKILL and grace:  # grace 0 or None: no escalation asked for
+            self._timers.append(self._loop.call_later(grace, self._escalate))
+        self._loop.call_soon(self._maybe_finish)
+
+    def _escalate(self) -> None:
+        if not self._finished.is_set():
+            self._signal_sent = "SIGKILL"
+            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
+
+    # -- stdin ---------------------------------------------------------------------------------
+
+    async def write(self, data: bytes, eof: bool = False, *, timeout: float | None = None) -> int:
+        """Write ``data`` to stdin (then close it if ``eof``); returns the bytes written.
+
+        A child that never reads its stdin fills the pipe: with a ``timeout`` (seconds) the wait
+        for room ends at that deadline and the count written so far is returned, so the caller
+        can tell the rest was not sent (``eof`` is then not applied either: it would cut the
+        unsent part off for good). Without one it waits as long as it takes.
+        """
+        deadline = None if timeout is None else self._loop.time() + max(0.0, timeout)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._write_lock.acquire()
+        except TimeoutError:
+            return 0  # another write still holds stdin, stuck behind the same full pipe
+        try:
+            return await self._write_locked(data, eof, deadline)
+        finally:
+            self._write_lock.release()
+
+    async def _write_locked(self, data: bytes, eof: bool, deadline: float | None) -> int:
+        spawned = self._spawned
+        if spawned is None or spawned.stdin_fd is None or not self.stdin_open:
+            raise StdinClosed(f"session {self.id} has no open stdin")
+        view = memoryview(data)
+        written = 0
+        while view:
+            fd = spawned.stdin_fd
+            if fd is None:
+                raise StdinClosed(
+                    f"session {self.id} ended after reading {written} of {len(data)} bytes", bytes_written=written
+                )
+            try:
+                n = os.write(fd, view)
+            except BlockingIOError:
+                if not await self._writable(fd, deadline):
+                    return written
+                continue
+            except BrokenPipeError as exc:
+                self._close_stdin()
+                raise StdinClosed(
+                    f"session {self.id} closed its stdin after {written} of {len(data)} bytes", bytes_written=written
+                ) from exc
+            written += n
+            view = view[n:]
+        if eof and spawned.stdin_fd is not None:
+            if self.spec.pty:
+                with contextlib.suppress(OSError):
+                    os.write(spawned.stdin_fd, b"\x04")
+            else:
+                self._close_stdin()
+        return written
+
+    async def _writable(self, fd: int, deadline: float | None) -> bool:
+        """Wait until ``fd`` takes more; False at the deadline. Also returns when stdin is closed
+        under us (the session ended): the fd is gone then, and no writability event would come."""
+        fut: asyncio.Future[None] = self._loop.create_future()
+
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self._loop.add_writer(fd, ready)
+        self._stdin_waiter = fut
+        try:
+            async with asyncio.timeout_at(deadline):
+                await fut
+        except TimeoutError:
+            return False
+        finally:
+            self._stdin_waiter = None
+            if self._spawned is not None and self._spawned.stdin_fd == fd:
+                self._loop.remove_writer(fd)
+        return True
+
+    def _close_stdin(self) -> None:
+        spawned = self._spawned
+        self.stdin_open = False
+        if spawned is not None and spawned.stdin_fd is not None:
+            fd, spawned.stdin_fd = spawned.stdin_fd, None
+            self._loop.remove_writer(fd)
+            os.close(fd)
+        waiter = self._stdin_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- records -------------------------------------------------------------------------------
+
+    def exit_info(self, tail: str) -> ExitInfo:
+        return ExitInfo(
+            session_id=self.id,
+            scope=self.scope,
+            state=self.state,
+            exit_code=self.exit_code,
+            exit_signal=self.exit_signal,
+            duration_ms=self.duration_ms,
+            tail=tail,
+            backgrounded=self.backgrounded,
+            command=self.command,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """What the store keeps: enough to list and re-attach after a restart."""
+        return {
+            "id": self.id,
+            "scope": self.scope,
+            "command": self.spec.command if isinstance(self.spec.command, str) else list(self.spec.command),
+            "cwd": str(self.spec.cwd) if self.spec.cwd else None,
+            "pty": self.spec.pty,
+            "state": self.state.value,
+            "pid": self.pid,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit_code": self.exit_code,
+            "exit_signal": self.exit_signal,
+            "backgrounded": self.backgrounded,
+            "error": self.error,
+        }

@@ -1,0 +1,300 @@
+"""Starting one process: argv, environment, stdio and the platform seam.
+
+Every session runs in a new session/process group (``start_new_session``), spawned with
+``subprocess.Popen`` and no ``preexec_fn``, so CPython uses vfork/posix_spawn: spawn cost stays
+flat however large the supervisor's heap grows (a real fork costs 50 ms at 1 GiB). Whatever has
+to happen in the child before the user's command (joining the session's cgroup, taking the pty
+as controlling terminal) is a line of ``/bin/sh`` that then ``exec``s it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import shlex
+import struct
+import subprocess
+import termios
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from procpilot.engine.isolation import Isolation, isolation_prefix
+from procpilot.engine.limits import Limits
+from procpilot.engine.precheck import check_command, check_size, check_timeout
+from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
+
+__all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
+
+_F_SETPIPE_SZ = 1031
+_PIPE_SIZE = 1 << 20
+_TRANSIENT = {errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.EBADF, errno.ENOMEM, errno.EINTR}
+_RETRY_DELAYS = (0.01, 0.05, 0.2, 0.5)
+_SHELL = "/bin/sh"
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnSpec:
+    """What to run. A ``str`` command runs through ``/bin/sh -c``; a sequence is an argv, no shell."""
+
+    command: str | tuple[str, ...]
+    cwd: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    pty: bool = False
+    pty_size: tuple[int, int] = (120, 30)
+    stdin: Literal["pipe", "null"] = "pipe"
+    stdin_data: bytes | None = None
+    lane: str | None = None
+    notify_on_exit: bool = True
+    limits: Limits | None = None
+    isolation: Isolation | None = None
+    elevated: bool = False  # asks to run outside the agent's box; the spawn filter decides
+    # The working directory must lie inside this one: checked on the very directory the child
+    # enters, so a path swapped for a symlink after any earlier check cannot lead it out.
+    workspace: Path | None = None
+
+    def __post_init__(self) -> None:
+        # Here, where every face builds its spec: nothing downstream (the policy's shell analysis
+        # included) ever reads a command the kernel could not run anyway.
+        check_size(self.command)
+        check_timeout(self.timeout)
+        if self.cwd is not None:
+            check_os_string("cwd", str(self.cwd))
+
+    @property
+    def display(self) -> str:
+        if isinstance(self.command, str):
+            return self.command
+        return shlex.join(self.command)
+
+
+@dataclass(slots=True)
+class Spawned:
+    """A started child and the parent's ends of its stdio."""
+
+    popen: subprocess.Popen[bytes]
+    pid: int
+    pidfd: int | None
+    stdin_fd: int | None
+    stdout_fd: int
+    stderr_fd: int | None  # None under a pty: one terminal carries both streams
+    stdin_target: str | None = None  # what /proc/PID/fd/0 shows for our stdin: "pipe:[ino]" or a pts path
+
+
+def build_env(
+    base_passthrough: Sequence[str],
+    base_set: Mapping[str, str],
+    overrides: Mapping[str, str],
+    *,
+    markers: Mapping[str, str],
+    pty: bool,
+    pty_size: tuple[int, int],
+    source: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A clean base (a few passthrough variables) plus fixed values, overrides, then the markers.
+
+    The markers (which session, which supervisor) are how a tree is found without cgroups: an
+    override of one would let a command hide from its own kill, so it is refused."""
+    source = os.environ if source is None else source
+    env = {name: source[name] for name in base_passthrough if name in source}
+    env.setdefault("PATH", os.defpath)
+    env.update(base_set)
+    if pty:
+        env["TERM"] = "xterm-256color"
+        env["COLUMNS"], env["LINES"] = str(pty_size[0]), str(pty_size[1])
+    else:
+        env.setdefault("TERM", "dumb")
+    for key, value in overrides.items():
+        if not key or "=" in key or "\0" in key:
+            raise InvalidArgument(f"env: invalid variable name {key!r}", field="env")
+        if key in markers:
+            raise ProtectedVariable(f"cannot override protected environment variable(s): {key}", variables=[key])
+        check_os_string(f"env.{key}", value, field="env")
+        env[key] = value
+    env.update(markers)
+    return env
+
+
+def check_os_string(name: str, value: str, *, field: str | None = None) -> None:
+    """Refuse what the OS cannot take as an argument, path or variable: a NUL byte, or a lone
+    surrogate that has no byte encoding. ``name`` appears in the message; ``field`` (default
+    ``name``) is the request field the error points at."""
+    if "\0" in value:
+        raise InvalidArgument(
+            f"{name} contains a NUL byte, which no command, path or variable can hold",
+            hints={"remove_nul": f"Remove the NUL (\\0) character from {name}."},
+            field=field or name,
+        )
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{name} contains a character with no UTF-8 encoding ({value[exc.start]!r}, a lone surrogate)",
+            hints={"fix_text": f"Send {name} as valid Unicode text (surrogates must come in pairs)."},
+            field=field or name,
+        ) from None
+
+
+def _argv(command: str | tuple[str, ...], prelude: list[str], prefix: list[str]) -> list[str]:
+    """The child's argv: our shell lines (cgroup joins, pty) first, then the isolation prefix, then
+    the user's command. Joins must happen outside the isolation, where /sys is still writable."""
+    if isinstance(command, str) and not prefix:
+        if not prelude:
+            return [_SHELL, "-c", command]
+        # The user's text is appended after our lines, unquoted: it stays exactly the script they wrote.
+        return [_SHELL, "-c", "\n".join([*prelude, command])]
+    inner = [_SHELL, "-c", command] if isinstance(command, str) else list(command)
+    inner = [*prefix, *inner]
+    if not prelude:
+        return inner
+    return [_SHELL, "-c", "\n".join([*prelude, 'exec "$@"']), "procpilot", *inner]
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    # Capped by /proc/sys/fs/pipe-max-size for non-root: the default 64 KiB works too.
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(r, _F_SETPIPE_SZ, _PIPE_SIZE)
+    return r, w
+
+
+async def spawn_process(
+    spec: SpawnSpec,
+    env: Mapping[str, str],
+    *,
+    prelude: Sequence[str] = (),
+) -> Spawned:
+    """Start the child, retrying transient OS errors with backoff."""
+    if isinstance(spec.command, str):
+        check_os_string("command", spec.command)
+    else:
+        for index, word in enumerate(spec.command):
+            check_os_string(f"command[{index}]", word, field="command")
+    cwd_fd = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else None
+    try:
+        check_command(spec.command, env, spec.cwd)
+        return await _spawn_with_retries(spec, env, prelude, cwd_fd)
+    finally:
+        if cwd_fd is not None:
+            os.close(cwd_fd)
+
+
+def _open_workdir(cwd: Path, workspace: Path | None) -> int:
+    """A descriptor of the working directory, checked to lie inside ``workspace``.
+
+    The child enters the directory through this descriptor, never by its path again: whatever
+    happens to the path after the check (a component swapped for a symlink), the directory
+    checked is the directory the command runs in.
+    """
+    check_os_string("workdir", str(cwd))
+    try:
+        fd = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        raise InvalidArgument(
+            f"workdir does not exist or is not a directory: {cwd}",
+            hints={"fix_workdir": "Pass an existing directory, or omit workdir to use the default."},
+            field="workdir",
+        ) from None
+    if workspace is not None:
+        entered = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        root = workspace.resolve()
+        if entered != root and root not in entered.parents:
+            os.close(fd)
+            raise PathOutOfScope(
+                f"workdir {cwd} leads to {entered}, outside the workspace root {root}",
+                working_directory=str(cwd),
+                workspace_root=str(root),
+            )
+    return fd
+
+
+async def _spawn_with_retries(
+    spec: SpawnSpec, env: Mapping[str, str], prelude: Sequence[str], cwd_fd: int | None
+) -> Spawned:
+    for attempt, delay in enumerate((0.0, *_RETRY_DELAYS)):
+        if delay:
+            await asyncio.sleep(delay)  # the loop keeps serving every other session meanwhile
+        try:
+            return _spawn_once(spec, env, prelude, cwd_fd)
+        except OSError as exc:
+            if exc.errno in _TRANSIENT and attempt < len(_RETRY_DELAYS):
+                continue
+            if isinstance(exc, FileNotFoundError):
+                raise CommandNotFound(f"command not found: {spec.display}", command=spec.display) from exc
+            reason = exc.strerror or str(exc)
+            raise SpawnFailed(f"could not start {spec.display!r}: {reason}", errno=exc.errno) from exc
+    raise AssertionError("unreachable")
+
+
+def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str], cwd_fd: int | None) -> Spawned:
+    # Shell lines run in the child before the user's command: joining cgroups, taking the pty.
+    prelude = list(lines)
+    prefix = isolation_prefix(spec.isolation) if spec.isolation is not None else []
+    to_close: list[int] = []
+    parent_fds: list[int] = []
+    try:
+        if spec.pty:
+            master, slave = os.openpty()
+            parent_fds.append(master)
+            to_close.append(slave)
+            _set_winsize(master, spec.pty_size)
+            # A session leader that opens a terminal without O_NOCTTY takes it as its controlling tty.
+            prelude.append(f': <>"{os.ttyname(slave)}"')
+            stdin: int = slave
+            stdout: int = slave
+            stderr: int = slave
+            pty_stdin = os.dup(master)
+            parent_fds.append(pty_stdin)
+            stdin_fd: int | None = pty_stdin
+            stdin_target: str | None = os.ttyname(slave)
+            stdout_fd, stderr_fd = master, None
+        else:
+            if spec.stdin == "pipe":
+                r_in, w_in = _pipe()
+                to_close.append(r_in)
+                parent_fds.append(w_in)
+                stdin, stdin_fd = r_in, w_in
+                stdin_target = f"pipe:[{os.fstat(r_in).st_ino}]"
+            else:
+                stdin, stdin_fd, stdin_target = subprocess.DEVNULL, None, None
+            r_out, w_out = _pipe()
+            r_err, w_err = _pipe()
+            to_close += [w_out, w_err]
+            parent_fds += [r_out, r_err]
+            stdout, stderr = w_out, w_err
+            stdout_fd, stderr_fd = r_out, r_err
+        popen = subprocess.Popen(
+            _argv(spec.command, prelude, prefix),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            # The child changes directory before it closes its inherited descriptors, so this
+            # /proc/self link is still ours to follow there (see _open_workdir).
+            cwd=None if cwd_fd is None else f"/proc/self/fd/{cwd_fd}",
+            env=dict(env),
+            start_new_session=True,
+            close_fds=True,
+        )
+    except BaseException:
+        for fd in to_close + parent_fds:
+            os.close(fd)
+        raise
+    for fd in to_close:
+        os.close(fd)
+    for fd in parent_fds:
+        os.set_blocking(fd, False)
+    try:
+        pidfd: int | None = os.pidfd_open(popen.pid)
+    except (OSError, AttributeError):
+        pidfd = None
+    return Spawned(popen, popen.pid, pidfd, stdin_fd, stdout_fd, stderr_fd, stdin_target)
+
+
+def _set_winsize(fd: int, size: tuple[int, int]) -> None:
+    cols, rows = size
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))

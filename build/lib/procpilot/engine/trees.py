@@ -1,0 +1,577 @@
+"""Process trees: knowing every process a session started, and ending all of them.
+
+Two mechanisms, picked once at start-up by probing:
+
+* ``CgroupTrees`` — a cgroup v2 directory per session (on the unified hierarchy, which needs no
+  controllers to group processes). The child joins it *before* it execs the user's command (the
+  shell line that starts every session writes ``$$`` to ``cgroup.procs``), so nothing it forks,
+  setsid'd daemons included, can be outside it. ``cgroup.kill`` ends the lot atomically.
+* ``ScanTrees`` — no writable cgroup: the supervisor is a child subreaper, so double-forked
+  daemons are re-parented to *us* rather than init, and a session's tree is every process whose
+  session or group id is the leader's, their descendants, and adopted orphans carrying the
+  session's marker in their environment.
+
+Both also reap adopted orphans (we are their parent now) so no zombie is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import platform
+import re
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+__all__ = [
+    "MARKER_ENV",
+    "SUPERVISOR_ENV",
+    "CgroupTrees",
+    "ScanTrees",
+    "TreeBackend",
+    "enable_controllers",
+    "hold_instance",
+    "instance_name",
+    "kill_cgroup_v1",
+    "kill_cgroup_v2",
+    "probe_trees",
+    "reap_orphans",
+    "reap_stale_instances",
+    "release_instance",
+]
+
+MARKER_ENV = "PROCPILOT_SESSION"
+# Which supervisor started a process (its instance name, see instance_name): lets an operator, or a
+# test suite beside a live daemon, tell one supervisor's processes from another's.
+SUPERVISOR_ENV = "PROCPILOT_SUPERVISOR"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class TreeBackend(Protocol):
+    name: str
+
+    def prepare(self, session_id: str) -> str | None:
+        """Make room for a session; returns the shell line that joins it, or None."""
+
+    def pids(self, session_id: str, leader: int | None) -> set[int]:
+        """Every live process of the session; ``leader`` is its first pid (its session/group id)."""
+
+    def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
+        """Deliver ``sig`` to the whole tree; returns how many processes it reached.
+
+        ``leader_alive`` is False once the leader is reaped: its pid may then belong to a
+        stranger and must never be signalled directly.
+        """
+
+    def release(self, session_id: str) -> None:
+        """Forget the session (its tree must be empty)."""
+
+    def close(self) -> None:
+        """Forget everything this backend created."""
+
+
+def _set_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _read_stat(pid: int) -> tuple[int, int, int, str] | None:
+    """(ppid, pgid, sid, state) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses; fields resume after the last ')'.
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    return int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode()
+
+
+def _all_pids() -> Iterable[int]:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def _marker_of(pid: int) -> str | None:
+    """The session marker in a process's environment: "" if it has none (or we may not read it),
+    None if the process is exiting.
+
+    A process in the middle of exiting has already dropped its memory: its environment cannot be
+    opened (ESRCH) or reads as empty (older kernels), which says nothing about whose it was, but
+    it may still hold its files (a port).
+    """
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except ProcessLookupError:
+        return None if os.path.exists(f"/proc/{pid}") else ""
+    except OSError:
+        return ""
+    if not env:
+        return None
+    prefix = f"{MARKER_ENV}=".encode()
+    for item in env.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return ""
+
+
+def _signal_pids(pids: Iterable[int], sig: int) -> int:
+    reached = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            reached += 1
+        except ProcessLookupError:
+            pass
+    return reached
+
+
+class ScanTrees:
+    """Tree discovery by walking /proc (no cgroup available)."""
+
+    name = "scan"
+
+    def __init__(self) -> None:
+        self.subreaper = _set_subreaper()
+        self._me = os.getpid()
+
+    def prepare(self, session_id: str) -> str | None:
+        return None
+
+    def pids(self, session_id: str, leader: int | None) -> set[int]:
+        table: dict[int, tuple[int, int, int, str]] = {}
+        for pid in _all_pids():
+            stat = _read_stat(pid)
+            if stat is not None and stat[3] != "Z":
+                table[pid] = stat
+        members: set[int] = set()
+        if leader is not None:
+            members |= {pid for pid, (_, pgid, sid, _) in table.items() if leader in (pgid, sid)}
+            if leader in table:
+                members.add(leader)
+        # Orphans re-parented to us (we are their subreaper) are ours if they carry the marker. One
+        # that is exiting cannot say: it counts until it is a zombie (it may still hold a port), and
+        # its children, not re-parented yet, are asked instead.
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        frontier = [pid for pid in children.get(self._me, []) if pid != leader]
+        while frontier:
+            pid = frontier.pop()
+            marker = _marker_of(pid)
+            if marker == session_id:
+                members.add(pid)
+            elif marker is None:
+                members.add(pid)
+                frontier.extend(children.get(pid, []))
+        # Close over parent links: anything descended from a member is a member.
+        changed = True
+        while changed:
+            changed = False
+            for pid, (ppid, _, _, _) in table.items():
+                if ppid in members and pid not in members:
+                    members.add(pid)
+                    changed = True
+        members.discard(self._me)
+        return members
+
+    def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
+        reached = 0
+        if leader is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(leader, sig)
+                reached += 1
+        return reached + _signal_pids(self.pids(session_id, leader), sig)
+
+    def release(self, session_id: str) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class CgroupTrees:
+    """A cgroup v2 directory per session under one directory of our own."""
+
+    name = "cgroup2"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        # Session paths are plain strings: every spawn makes, reads and removes one, and pathlib's
+        # parsing cost more than the system calls.
+        self._root = str(root)
+        self.subreaper = _set_subreaper()
+        self._hold = hold_instance(root)
+
+    def _dir(self, session_id: str) -> str:
+        return f"{self._root}/{session_id}"
+
+    def prepare(self, session_id: str) -> str | None:
+        path = self._dir(session_id)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        return f'echo $$ > "{path}/cgroup.procs" || exit 125'
+
+    def pids(self, session_id: str, leader: int | None) -> set[int]:
+        try:
+            with open(f"{self._root}/{session_id}/cgroup.procs", "rb") as f:
+                data = f.read()
+        except OSError:
+            return set()
+        return {int(line) for line in data.split()}
+
+    def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
+        members = self.pids(session_id, leader)
+        if sig == signal.SIGKILL and members:
+            try:
+                with open(f"{self._dir(session_id)}/cgroup.kill", "wb") as f:
+                    f.write(b"1")
+                return len(members)
+            except OSError:
+                pass
+        reached = _signal_pids(members, sig)
+        if leader_alive and leader is not None and leader not in members:
+            # The leader may not have joined yet (killed before its first instruction).
+            reached += _signal_pids([leader], sig)
+        return reached
+
+    def release(self, session_id: str) -> None:
+        path = self._dir(session_id)
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                # Busy: the kernel lags a moment behind the last exit in the group.
+                time.sleep(0.002)
+
+    def close(self) -> None:
+        if not self.root.exists():
+            return
+        for child in self.root.iterdir():
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    (child / "cgroup.kill").write_text("1")
+                self.release(child.name)
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+        release_instance(self._hold)
+        self._hold = None
+
+
+def own_unified_cgroup() -> Path | None:
+    """The cgroup v2 directory this process was given, where its supervisors make theirs: our
+    current cgroup, or its parent when we sit in a supervisor's leaf (:func:`enable_controllers`),
+    ours or, in a process it started, our parent's: a leaf is for processes, not directories."""
+    current = _current_unified_cgroup()
+    if current is not None:
+        match = _INSTANCE.fullmatch(current.name)
+        if match is not None and match.group(2):
+            return current.parent
+    return current
+
+
+def _current_unified_cgroup() -> Path | None:
+    mounts: dict[str, Path] = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.startswith("cgroup2 "):
+                    mounts[left.split()[3]] = Path(left.split()[4])
+    except OSError:
+        return None
+    if not mounts:
+        return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+    except OSError:
+        return None
+    if own is None:
+        return None
+    for root_in_fs, mount_point in mounts.items():
+        if own.startswith(root_in_fs):
+            return mount_point / own[len(root_in_fs) :].lstrip("/")
+    return None
+
+
+# Locks on the leaves we moved into (see enable_controllers): held for the life of the process,
+# since we stay in a leaf until we exit.
+_leaf_holds: list[int | None] = []
+
+
+def enable_controllers(base: Path, wanted: Iterable[str]) -> str | None:
+    """Hand the ``wanted`` v2 controllers down to the cgroups we make below ``base``, our own
+    cgroup (:func:`own_unified_cgroup`). None when done, else why not, in words for ``doctor``.
+
+    A cgroup other than the root cannot both hold processes and give controllers to its children
+    (the "no internal processes" rule). A supervisor started in a cgroup delegated to it (systemd's
+    ``Delegate=yes``) is in just that position, so, as systemd asks of a delegated manager, it first
+    moves itself into a leaf of its own below ``base``. Only when it is alone there: other
+    processes in ``base`` are not ours to move.
+    """
+    wanted = sorted(set(wanted))
+    try:
+        available = set((base / "cgroup.controllers").read_text().split())
+        enabled = set((base / "cgroup.subtree_control").read_text().split())
+    except OSError as exc:
+        return f"{base} cannot be read: {exc.strerror}"
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        return f"{', '.join(missing)} not delegated to {base}"
+    if enabled.issuperset(wanted):
+        return None
+    line = " ".join(f"+{c}" for c in wanted)
+    try:
+        (base / "cgroup.subtree_control").write_text(line)
+        return None
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            return f"cannot enable {', '.join(wanted)} in {base}: {exc.strerror}"
+    try:
+        others = {int(p) for p in (base / "cgroup.procs").read_text().split()} - {os.getpid()}
+    except (OSError, ValueError) as exc:
+        return f"{base} cannot be read: {exc}"
+    if others:
+        return (
+            f"{base} holds {len(others)} other process(es), so its controllers cannot be passed on;"
+            " run procpilot alone in a cgroup delegated to it (systemd: Delegate=yes)"
+        )
+    leaf = base / f"{instance_name()}-supervisor"
+    try:
+        leaf.mkdir()
+        hold = hold_instance(leaf)
+        try:
+            (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            release_instance(hold)
+            leaf.rmdir()
+            raise
+        _leaf_holds.append(hold)
+        (base / "cgroup.subtree_control").write_text(line)
+    except OSError as exc:
+        return f"cannot move into a leaf of {base} to enable {', '.join(wanted)}: {exc.strerror}"
+    return None
+
+
+def instance_name() -> str:
+    """A cgroup directory name of one supervisor: its pid (for finding a crashed one's leftovers)
+    and a random part, so two supervisors in one process never share (or remove) a directory."""
+    return f"procpilot-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+# A supervisor's directory, or (with "-supervisor") the leaf it moved itself into.
+_INSTANCE = re.compile(r"procpilot-([0-9]+)-[0-9a-f]+(-supervisor)?")
+# A directory younger than this may belong to a supervisor between its mkdir and its lock.
+_STALE_AFTER_S = 1.0
+
+
+def hold_instance(path: Path) -> int | None:
+    """Mark ``path``, one of this supervisor's cgroup directories, as in use: a shared lock that the
+    kernel drops when we exit, however we exit. Release it with :func:`release_instance`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release_instance(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_instances(parent: Path, kill: Callable[[Path], None]) -> list[Path]:
+    """End what crashed supervisors left in ``parent``: each ``procpilot-<pid>-<hex>`` directory whose
+    supervisor is gone has ``kill`` applied to it (it must leave it without processes) and is then
+    removed with everything below it. Returns the directories removed.
+
+    The pid in the name only counts in the pid namespace that supervisor lived in; parallel
+    supervisors in other namespaces share these hierarchies. So a directory is stale only if its
+    lock (:func:`hold_instance`) is free too: the kernel frees it when its holder dies.
+    """
+    removed: list[Path] = []
+    try:
+        entries = sorted(parent.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        match = _INSTANCE.fullmatch(path.name)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < _STALE_AFTER_S:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: its supervisor lives
+            kill(path)
+            if _remove_tree(path):
+                removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _remove_tree(path: Path) -> bool:
+    """rmdir ``path`` and the cgroups below it, deepest first; False if one would not go."""
+    with contextlib.suppress(OSError):
+        for child in path.iterdir():
+            if child.is_dir() and not _remove_tree(child):
+                return False
+    for _ in range(250):
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.004)  # the kernel lags a moment behind the last exit in the group
+    return False
+
+
+def kill_cgroup_v2(path: Path) -> None:
+    """End every process in the v2 cgroup ``path`` and below (``cgroup.kill``), and wait for them."""
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    for _ in range(500):
+        try:
+            events = dict(line.split() for line in (path / "cgroup.events").read_text().splitlines())
+        except (OSError, ValueError):
+            return
+        if events.get("populated") == "0":
+            return
+        time.sleep(0.004)
+
+
+def kill_cgroup_v1(path: Path) -> None:
+    """SIGKILL every process in the v1 cgroup ``path`` and below, until none is left (a fork racing
+    the first round joins the cgroup too, and is caught by the next)."""
+    for _ in range(500):
+        pids: set[int] = set()
+        for procs in [path / "cgroup.procs", *path.rglob("*/cgroup.procs")]:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in procs.read_text().split())
+        pids.discard(0)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.004)
+
+
+def probe_trees(prefer: str = "auto", name: str | None = None) -> TreeBackend:
+    """The best tree mechanism this host offers: cgroup v2 grouping if writable, else /proc scans.
+
+    Before taking its own directory, it ends what crashed supervisors left beside it.
+    """
+    if prefer in ("auto", "cgroup2"):
+        base = own_unified_cgroup()
+        if base is not None:
+            reap_stale_instances(base, kill_cgroup_v2)
+            root = base / (name or instance_name())
+            try:
+                root.mkdir(exist_ok=True)
+                probe = root / "probe"
+                probe.mkdir(exist_ok=True)
+                ok = (probe / "cgroup.kill").exists()
+                probe.rmdir()
+                if ok:
+                    return CgroupTrees(root)
+                root.rmdir()
+            except OSError:
+                pass
+    return ScanTrees()
+
+
+def reap_orphans(leaders: set[int]) -> list[int]:
+    """Reap adopted children that are not session leaders (their parents died, we are subreaper)."""
+    reaped: list[int] = []
+    for pid in _children_of_self():
+        if pid in leaders:
+            continue
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done:
+            reaped.append(pid)
+    return reaped
+
+
+def _children_of_self() -> set[int]:
+    pids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return pids
+
+
+def _read_syscall_nr() -> int:
+    # The number of read(2): /proc/PID/syscall reports the syscall a blocked task sleeps in.
+    return {"x86_64": 0, "aarch64": 63, "riscv64": 63}.get(platform.machine(), -1)
+
+
+_READ_NR = _read_syscall_nr()
+
+
+def waiting_for_input(pids: Iterable[int], stdin_target: str | None) -> bool:
+    """Best effort: is any of ``pids`` blocked in read(0) on the session's own stdin?"""
+    if stdin_target is None or _READ_NR < 0:
+        return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/syscall") as f:
+                fields = f.read().split()
+            if len(fields) < 2 or fields[0] != str(_READ_NR):
+                continue
+            fd = int(fields[1], 16)
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == stdin_target:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False

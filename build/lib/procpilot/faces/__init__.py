@@ -1,0 +1,1 @@
+"""Thin adapters: spec-shaped schemas in, engine calls, spec-shaped results out."""

@@ -1,0 +1,61 @@
+"""Every tool procpilot serves, in one list: what the transports (MCP, ``procpilot tools``) carry."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from procpilot.config import Settings, load_settings
+from procpilot.contract import ToolSpec
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import ConfigError
+from procpilot.faces.capabilities import capability_tools
+from procpilot.faces.definitions import Format, tool_definitions, wire_name
+from procpilot.faces.exec_process import exec_process_tools
+
+__all__ = ["all_tools", "definitions_json", "served"]
+
+
+def all_tools(supervisor: Supervisor, *, audit: bool = True, notifies_exit: bool | None = None) -> list[ToolSpec]:
+    """``exec`` + ``process`` (specs 001/002/004) and ``process.*`` (spec 000), over one supervisor.
+
+    ``audit=False`` leaves the Notify-tier audit events to a wrapper that publishes its own (the
+    policy gate), so none is published twice. ``notifies_exit`` is whether the transport announces
+    session exits to its clients (see ``exec_process_tools``).
+    """
+    return [
+        *exec_process_tools(supervisor, notifies_exit=notifies_exit),
+        *capability_tools(supervisor, audit=audit),
+    ]
+
+
+def definitions_json(fmt: Format, settings: Settings | None = None) -> str:
+    """What ``procpilot tools --format FMT`` prints: every tool's definition, as a JSON array.
+
+    Building the tools needs a supervisor object but never starts it: nothing is spawned.
+    """
+    supervisor = Supervisor(settings or load_settings())
+    return json.dumps(tool_definitions(all_tools(supervisor), fmt), indent=2, ensure_ascii=False)
+
+
+def served(tools: Sequence[ToolSpec], settings: Settings) -> list[ToolSpec]:
+    """The tools ``[tools] serve`` picks (a name, or a face's tools with ``process.*``), named as
+    ``[tools] names`` says (``underscore``: ``process.run`` -> ``process_run``, for OpenAI)."""
+    picked = list(tools)
+    if settings.served_tools is not None:
+        wanted = set(settings.served_tools)
+        known = {spec.name for spec in tools} | {"process.*"}
+        unknown = sorted(wanted - known - {name.replace(".", "_") for name in known})
+        if unknown:
+            raise ConfigError(
+                f"tools.serve: no tool named {', '.join(unknown)}; the tools are {', '.join(sorted(known))}",
+                key="tools.serve",
+            )
+        names = {name.replace("_", ".", 1) if name.startswith("process_") else name for name in wanted}
+        picked = [
+            spec for spec in picked if spec.name in names or ("process.*" in names and spec.name.startswith("process."))
+        ]
+    if settings.tool_names == "underscore":
+        picked = [dataclasses.replace(spec, name=wire_name(spec.name, "openai")) for spec in picked]
+    return picked

@@ -1,0 +1,665 @@
+"""The ``exec`` + ``process`` tool pair (specs 001, 002, 004) as a thin face on the supervisor.
+
+Status vocabulary (spec 002): ``running`` (and ``queued`` while a lane slot is awaited), ``done``
+(exited 0), ``error`` (non-zero exit, timed out, failed to start), ``killed`` (ended on request).
+Output shown to the model is decoded, stripped of ANSI escapes and progress redraws, and cut with
+an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages through them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signal_module
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import regex
+from pydantic import BaseModel, ConfigDict, Field
+
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
+from procpilot.engine.capture import Stream
+from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
+from procpilot.engine.precheck import MAX_TIMEOUT_S
+from procpilot.engine.session import ExitInfo, Session
+from procpilot.engine.spawn import SpawnSpec, check_os_string
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
+from procpilot.faces.capabilities import checked_environment, resolve_working_directory
+from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
+
+__all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
+
+ACTIONS = (
+    "list",
+    "poll",
+    "log",
+    "write",
+    "send-keys",
+    "submit",
+    "paste",
+    "kill",
+    "clear",
+    "remove",
+    "wait",
+)
+_POLL_MAX_WAIT_MS = 30_000
+_WAIT_MAX_MS = 600_000
+# Bounds on numbers an agent sends: past them a value means nothing but an overflow later.
+_MAX_COUNT = 2**53  # JSON's exact integers
+_MAX_PATTERN = 4096  # characters of a wait regex: it is compiled, and matched, on the event loop
+_WAIT_DEFAULT_MS = 30_000
+_WRITE_DEFAULT_MS = 5_000
+_LOG_DEFAULT_LINES = 200
+_TAIL_CHARS = 400
+# Spec 002: past this much output, results name the file that holds it, for the agent's file tools.
+_OFFLOAD_BYTES = 10 * 1024
+# Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
+_TAIL_WINDOW_FACTOR = 8
+_RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
+_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
+
+_STATUS = {
+    SessionState.QUEUED: "queued",
+    SessionState.RUNNING: "running",
+    SessionState.EXITED_OK: "done",
+    SessionState.EXITED_ERROR: "error",
+    SessionState.TIMED_OUT: "error",
+    SessionState.LIMIT_EXCEEDED: "error",
+    SessionState.FAILED_TO_START: "error",
+    SessionState.KILLED: "killed",
+}
+
+
+def status_of(session: Session) -> str:
+    return _STATUS[session.state]
+
+
+def exit_event(info: ExitInfo) -> dict[str, Any]:
+    """A session's end as the exec/process vocabulary tells it (the daemon's SSE ``exit`` event)."""
+    return {
+        "type": "exit",
+        "sessionId": info.session_id,
+        "status": _STATUS[info.state],
+        "state": info.state.value,
+        "exitCode": info.exit_code,
+        "exitSignal": info.exit_signal,
+        "durationMs": info.duration_ms,
+        "backgrounded": info.backgrounded,
+        "command": info.command,
+        "tail": info.tail,
+        "uri": f"proc://{info.session_id}",
+    }
+
+
+def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]:
+    """What ``proc://{sessionId}`` holds: the session's status, exit code and the tail of its output."""
+    return {
+        "sessionId": session.id,
+        "status": status_of(session),
+        "state": session.state.value,
+        "exitCode": session.exit_code,
+        "exitSignal": session.exit_signal,
+        "durationMs": session.duration_ms,
+        "command": session.command,
+        "pid": session.pid,
+        "tail": supervisor.tail_text(session),
+    }
+
+
+class ExecParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="exec")
+
+    command: str = Field(min_length=1, description="Shell command to run (through /bin/sh -c).")
+    workdir: str | None = Field(None, description="Working directory (default: the workspace root).")
+    env: dict[str, str] | None = Field(None, description="Extra environment variables, merged onto a clean base.")
+    yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
+        None,
+        le=_MAX_COUNT,
+        description="Wait this long (ms, 10-120000; default 10000) before moving the run to the background.",
+    )
+    background: bool = Field(False, description="Start in the background and return at once.")
+    timeout: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_TIMEOUT_S,
+        description="Kill the whole process tree after this many seconds, fractions allowed (default 1800, 0 = none).",
+    )
+    pty: bool = Field(False, description="Run under a pseudo-terminal (for programs that need a TTY).")
+    elevated: bool = Field(
+        False, description="Run outside the agent's sandbox (network and filesystem limits); only if its policy allows."
+    )
+    notifyOnExit: bool | None = Field(  # noqa: N815
+        None, description="Announce the exit of a backgrounded run (default true)."
+    )
+    lane: str | None = Field(None, description="Concurrency lane (main, subagent, cron[:job]); none = never waits.")
+
+
+class ProcessParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="process")
+
+    action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
+    sessionId: str | None = Field(None, description="Target session (all actions but list).")  # noqa: N815
+    data: str | None = Field(None, description="write: text to send to stdin.")
+    eof: bool = Field(False, description="write: close stdin after the data.")
+    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. ['C-c'], ['Up', 'Enter'].")
+    hex: list[str] | None = Field(None, description="send-keys: raw bytes as hex, e.g. ['1b', '5b', '41'].")
+    literal: str | None = Field(None, description="send-keys: text sent as is.")
+    text: str | None = Field(None, description="submit / paste: the text.")
+    pattern: str | None = Field(
+        None, max_length=_MAX_PATTERN, description="wait: return when the output matches this regex."
+    )
+    stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
+        None, description="poll / log / wait: which output (default: stdout and stderr in arrival order)."
+    )
+    offset: int | None = Field(
+        None,
+        ge=0,
+        le=_MAX_COUNT,
+        description="log: first line (0-based). wait: byte offset to scan from; by default a pattern "
+        "wait only matches output after the previous wait's match (offset=0 rescans everything).",
+    )
+    limit: int | None = Field(
+        None, ge=0, le=_MAX_COUNT, description="log: number of lines; poll: most characters to show."
+    )
+    timeout: int | None = Field(
+        None,
+        ge=0,
+        le=_MAX_COUNT,
+        description="poll / wait: block up to this many ms for output or exit; write / send-keys / submit / "
+        "paste: wait up to this many ms (default 5000) for the process to take the input.",
+    )
+    signal: str | None = Field(None, description="kill: signal to send first (default SIGTERM).")
+
+
+def _stream(name: str | None) -> Stream:
+    if name in (None, "combined", "both"):
+        return Stream.COMBINED
+    try:
+        return Stream(name)
+    except ValueError:
+        raise InvalidStream(f"stream must be stdout, stderr or both, not {name!r}") from None
+
+
+class ExecProcessFace:
+    def __init__(self, supervisor: Supervisor, *, notifies_exit: bool | None = None) -> None:
+        self.sup = supervisor
+        self.cfg = supervisor.settings.exec
+        self._notifies_exit = notifies_exit
+        self._empty_polls: dict[str, int] = {}
+        # Per session and stream: the byte offset after the last reported pattern match.
+        self._wait_cursors: dict[str, dict[Stream, int]] = {}
+        # Per session and view: where the last poll stopped (face state, not the engine's).
+        self._poll_cursors: dict[str, dict[Stream, int]] = {}
+
+    def _exit_is_announced(self, session: Session) -> bool:
+        """Whether anything will tell the caller this session ended: the transport says so, or,
+        when it did not say, whether anything listens for exit events (the daemon does; a stdio
+        MCP server has nobody to push to)."""
+        if not session.spec.notify_on_exit:
+            return False
+        if self._notifies_exit is not None:
+            return self._notifies_exit
+        return self.sup.exits.has_listeners
+
+    # -- shared pieces -------------------------------------------------------------------------
+
+    def _summary(self, session: Session) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "sessionId": session.id,
+            "status": status_of(session),
+            "state": session.state.value,
+            "pid": session.pid,
+            "exitCode": session.exit_code,
+            "exitSignal": session.exit_signal,
+            "durationMs": session.duration_ms,
+            "cwd": str(session.spec.cwd) if session.spec.cwd else None,
+            "command": session.command,
+            "name": derive_name(session.command),
+        }
+        if session.error:
+            data["error"] = session.error
+        if lost := session.output[Stream.COMBINED].lost:
+            data["outputDropped"] = lost
+        if session.exit_code == 127 and (missing := _shell_not_found(session)) is not None:
+            data["commandNotFound"] = missing
+        if session.is_running:
+            data["waitingForInput"] = session.waiting_for_input
+        elif session.timed_out_waiting_for_input:
+            data["timedOutWaitingForInput"] = True
+        return data
+
+    def _ending(self, session: Session) -> str:
+        if session.state is SessionState.TIMED_OUT:
+            why = "; it was waiting for input on stdin" if session.timed_out_waiting_for_input else ""
+            return f"timed out after {session.duration_ms} ms{why}; the process tree was ended"
+        if session.state is SessionState.KILLED:
+            return f"killed ({session.signal_sent or session.exit_signal}) after {session.duration_ms} ms"
+        if session.state is SessionState.LIMIT_EXCEEDED:
+            return f"ended by its memory limit after {session.duration_ms} ms"
+        if session.state is SessionState.FAILED_TO_START:
+            return f"failed to start: {session.error}"
+        how = f"exit code {session.exit_code}" if session.exit_code is not None else f"{session.exit_signal}"
+        missing = _shell_not_found(session)
+        if missing is not None:
+            how += f": the shell found no command {missing!r} (check the name; `command -v {missing}`)"
+        return f"{how} after {session.duration_ms} ms"
+
+    def _read_tail(self, session: Session, stream: Stream, start: int, limit: int) -> tuple[str, int, int]:
+        """The last ``limit`` characters of the model text of bytes [start, end of the view).
+
+        Only the last few times ``limit`` bytes are read, however much is unread: a poll after a
+        200 MB burst costs what a poll after 2 KB does. Returns (text, cut, end used); ``cut``
+        counts the characters cut, and each byte never read as one character.
+        """
+        end = session.output[stream].size
+        skipped = max(0, end - start - limit * _TAIL_WINDOW_FACTOR)
+        text, used_end, _ = self._read_text(session, stream, start + skipped, end, mid_char=bool(skipped))
+        shown, cut = tail_chars(text, limit)
+        return shown, cut + skipped, used_end
+
+    def _read_text(
+        self, session: Session, stream: Stream, start: int, end: int, *, mid_char: bool = False
+    ) -> tuple[str, int, int]:
+        """Model text of bytes [start, end); returns (text, end actually used, dropped bytes).
+
+        ``mid_char``: ``start`` may fall inside a character, whose leftover bytes are skipped.
+        """
+        view = session.output[stream]
+        result = view.read(start, end - start)
+        data = result.data
+        if mid_char:
+            lead = 0
+            while lead < min(3, len(data)) and 0x80 <= data[lead] <= 0xBF:
+                lead += 1
+            data = data[lead:]
+        used_end = result.end
+        if not session.finished:
+            # Leave a character split across two reads for the next read, whole.
+            keep = complete_utf8_prefix(data)
+            used_end -= len(data) - keep
+            data = data[:keep]
+        text = for_model(data)
+        if result.dropped:
+            text = f"[... {result.dropped} bytes dropped by {view.gap_cause} ...]\n" + text
+        return text, used_end, result.dropped
+
+    def _where(self, session: Session) -> str:
+        files = session.log_files
+        return files[0] if len(files) == 1 else str(session.output.directory)
+
+    # -- exec ----------------------------------------------------------------------------------
+
+    async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        params: ExecParams = parse_arguments(ExecParams, arguments)
+        check_os_string("command", params.command)
+        if params.workdir is not None:
+            check_os_string("workdir", params.workdir)
+        # The same fences as process.run: a workdir outside the workspace (.., absolute, a
+        # symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
+        cwd = resolve_working_directory(self.sup.settings, params.workdir)
+        env = checked_environment(self.sup.settings, params.env)
+        # The configured default bounds foreground work; a run started in the background on
+        # purpose (a dev server, a watcher) runs until it ends or is killed, unless it says.
+        default = None if params.background else self.cfg.timeout_sec
+        timeout = default if params.timeout is None else params.timeout
+        spec = SpawnSpec(
+            command=params.command,
+            cwd=cwd,
+            workspace=self.sup.settings.workspace_root,
+            env=env,
+            elevated=params.elevated,  # the agent's policy decides (spawn filter)
+            timeout=timeout or None,
+            pty=params.pty,
+            pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
+            lane=params.lane,
+            notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
+            # Without the process tool nothing could ever write to a stdin pipe: a prompt would
+            # hang until the timeout. /dev/null makes it read EOF at once instead.
+            stdin="pipe" if self.sup.settings.process.enabled else "null",
+        )
+        if not self.sup.settings.process.enabled:
+            yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
+        elif params.background:
+            yield_ms = 0
+        else:
+            yield_ms = self.cfg.background_ms if params.yieldMs is None else min(max(params.yieldMs, 10), 120_000)
+        session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
+        data = self._summary(session)
+        if session.finished:
+            view = session.output[Stream.COMBINED]
+            shown, cut, end = self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
+            self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = end
+            data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
+            header = f"[{status_of(session)}: {self._ending(session)}]"
+            if cut:
+                header += (
+                    f"\n[{cut} earlier characters not shown; full output: process log sessionId={session.id}"
+                    f" or the file {self._where(session)}]"
+                )
+            elif view.size > _OFFLOAD_BYTES:
+                header += f"\n[{view.size} bytes of output, also in the file {self._where(session)}]"
+            if cut or view.size > _OFFLOAD_BYTES:
+                data["logPath"] = self._where(session)
+            return _noting_loss(session, ToolResult(f"{shown}\n{header}" if shown else header, data))
+        tail = self.sup.tail_text(session, _TAIL_CHARS)
+        data |= {"tail": tail, "logPath": self._where(session)}
+        verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
+        text = (
+            f"Command {verb} in the background: sessionId={session.id} pid={session.pid}. "
+            "Use process wait (blocks until exit or a pattern), poll (new output) or log (pages); "
+            + (
+                "you will be notified when it exits."
+                if self._exit_is_announced(session)
+                else "its exit is not announced, so wait or poll to learn when it ends."
+            )
+        )
+        if tail:
+            text += f"\nTail so far:\n{tail}"
+        return _noting_loss(session, ToolResult(text, data))
+
+    # -- process -------------------------------------------------------------------------------
+
+    async def process(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        params: ProcessParams = parse_arguments(ProcessParams, arguments)
+        if params.action not in ACTIONS:
+            raise InvalidArgument(
+                f"unknown action {params.action!r}",
+                hints={"use_valid_action": "Use one of: " + ", ".join(ACTIONS) + "."},
+                field="action",
+            )
+        if params.action == "list":
+            return self._list(scope)
+        if not params.sessionId:
+            raise InvalidArgument(
+                f"sessionId is required for action {params.action!r}",
+                hints={"list_sessions": "Call process with action='list' to see your session ids."},
+                field="sessionId",
+            )
+        session = self.sup.get(scope, params.sessionId)
+        handler = getattr(self, "_" + params.action.replace("-", "_"))
+        result: ToolResult = await handler(session, params, scope)
+        self._prune()
+        return _noting_loss(session, result)
+
+    def _prune(self) -> None:
+        """Forget per-session state of sessions that are gone (removed, cleared, expired)."""
+        tables: tuple[dict[str, Any], ...] = (self._empty_polls, self._wait_cursors, self._poll_cursors)
+        if not any(tables):
+            return
+        live = {s.id for s in self.sup.all_sessions()}
+        for table in tables:
+            for session_id in [k for k in table if k not in live]:
+                del table[session_id]
+
+    def _list(self, scope: str) -> ToolResult:
+        rows = []
+        lines = []
+        for s in self.sup.list(scope):
+            row = self._summary(s) | {"runtimeMs": s.duration_ms, "backgrounded": s.backgrounded}
+            rows.append(row)
+            code = "" if s.exit_code is None else f" exit={s.exit_code}"
+            lines.append(f"{s.id}  {row['status']:<7} {s.duration_ms / 1000:>8.1f}s{code}  {row['name']}")
+        text = "\n".join(lines) if lines else "No sessions."
+        return ToolResult(text, {"sessions": rows, "total": len(rows)})
+
+    async def _poll(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        stream = _stream(params.stream)
+        view = session.output[stream]
+        cursor = self._poll_cursors.get(session.id, {}).get(stream, 0)
+        if params.timeout and view.size <= cursor and not session.finished:
+            await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
+        # A finished session has nothing more to come: hand over all that is unread (up to the
+        # result cap), not a tail, so the last poll never hides the ending.
+        default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
+        limit = min(default if params.limit is None else params.limit, self.cfg.pending_max_chars)
+        shown, cut, end = self._read_tail(session, stream, cursor, limit)
+        self._poll_cursors.setdefault(session.id, {})[stream] = end
+        data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
+        if shown or cut or session.finished:
+            self._empty_polls.pop(session.id, None)
+        else:
+            n = self._empty_polls.get(session.id, 0)
+            self._empty_polls[session.id] = n + 1
+            data["retryInMs"] = _RETRY_STEPS_MS[min(n, len(_RETRY_STEPS_MS) - 1)]
+        parts = []
+        if view.size > _OFFLOAD_BYTES:
+            data["logPath"] = self._where(session)
+        if cut:
+            where = f" or the file {data['logPath']}" if "logPath" in data else ""
+            parts.append(f"[{cut} earlier characters of this poll not shown; they are in process log{where}]")
+        if shown:
+            parts.append(shown)
+        if session.finished:
+            parts.append(f"[{status_of(session)}: {self._ending(session)}]")
+        else:
+            note = "[running"
+            if data.get("waitingForInput"):
+                note += "; waiting for input on stdin (use process write)"
+            if "retryInMs" in data:
+                note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
+            parts.append(note + "]")
+        return ToolResult("\n".join(parts), data)
+
+    async def _log(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        stream = _stream(params.stream)
+        view = session.output[stream]
+        total = view.total_lines
+        note = None
+        count: int | None
+        if params.offset is not None:
+            first, count = params.offset, params.limit
+        elif params.limit is not None:
+            first, count = max(0, total - params.limit), params.limit
+        else:
+            first, count = max(0, total - _LOG_DEFAULT_LINES), _LOG_DEFAULT_LINES
+            note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
+        if first >= total > 0:
+            note = f"offset {first} is past the end: there are {total} lines (offsets 0 to {max(0, total - 1)})"
+        # Reading stops a little past what one result can show: the rest is counted, not loaded.
+        # Without an offset the agent asked for the newest lines: a range too long for one result
+        # keeps its end (the text before it is cut), with an offset it keeps its start.
+        keep_end = params.offset is None
+        window = self.cfg.result_max_chars * _TAIL_WINDOW_FACTOR
+        lines = view.read_lines(first, count, max_bytes=window, keep_end=keep_end)
+        text = for_model(b"\n".join(lines.lines))
+        shown, cut = (tail_chars if keep_end else head_chars)(text, self.cfg.result_max_chars)
+        cut += lines.unread_bytes
+        data = self._summary(session) | {
+            "output": shown,
+            "offset": lines.first,
+            "lines": len(lines.lines),
+            "totalLines": total,
+            "completeLines": view.lines,  # lines ended by a newline: a follower holds back only the rest
+            "totalBytes": view.size,
+            "totalChars": len(shown) + cut if lines.first == 0 and len(lines.lines) >= total else None,
+            "droppedBytes": view.dropped,
+            "logPath": self._where(session),
+            "stream": stream.value,
+        }
+        parts = [shown] if shown else []
+        if cut:
+            advice = f"read the file {self._where(session)} or ask for fewer lines"
+            if keep_end:
+                parts.insert(0, f"[{cut} earlier characters cut; {advice}]")
+            else:
+                parts.append(f"[{cut} characters cut; {advice}]")
+        if lines.dropped_lines:
+            parts.append(f"[{lines.dropped_lines} lines in this range were dropped by {view.gap_cause}]")
+        if note:
+            parts.append(f"[{note}]")
+        return ToolResult("\n".join(parts) if parts else "[no output]", data)
+
+    async def _write(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        if params.data is None and not params.eof:
+            raise InvalidArgument("write needs data (or eof=true)", field="data")
+        payload = encode_literal(params.data or "", "data")
+        return await self._send(session, params, scope, payload, eof=params.eof)
+
+    async def _send(
+        self, session: Session, params: ProcessParams, scope: str, payload: bytes, eof: bool = False
+    ) -> ToolResult:
+        timeout_ms = _WRITE_DEFAULT_MS if params.timeout is None else min(params.timeout, _WAIT_MAX_MS)
+        written = await self.sup.write(scope, session.id, payload, eof=eof, timeout=timeout_ms / 1000)
+        data = self._summary(session) | {
+            "bytesWritten": written,
+            "bytesNotWritten": len(payload) - written,
+            "stdinClosed": not session.stdin_open,
+        }
+        if written == len(payload):
+            text = f"wrote {written} bytes to session {session.id}" + (" and closed stdin" if eof else "")
+            return ToolResult(text, data)
+        # The pipe stayed full: say exactly what did not go, never drop it quietly.
+        text = (
+            f"wrote only {written} of {len(payload)} bytes to session {session.id}: it did not read its stdin "
+            f"within {timeout_ms} ms, so the other {len(payload) - written} bytes were NOT sent"
+            + (" and stdin was left open (eof not applied)" if eof else "")
+            + ".\nWhat to do next:\n- check_output: poll or log the session to see whether it is waiting for "
+            "something else.\n- resend_rest: write the unsent part again (a larger timeout waits longer), or kill "
+            "the session if it will never read it."
+        )
+        return ToolResult(text, data)
+
+    async def _send_keys(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        if not (params.keys or params.hex or params.literal):
+            raise InvalidArgument("send-keys needs keys, hex or literal", field="keys")
+        # Text first, then raw bytes, then keys: {"literal": "ls", "keys": ["Enter"]} types ls and
+        # presses Enter (OpenClaw's order, the one an agent expects).
+        payload = b""
+        if params.literal:
+            payload += encode_literal(params.literal)
+        if params.hex:
+            payload += encode_hex(params.hex)
+        if params.keys:
+            payload += encode_keys(params.keys, app_cursor=session.app_cursor_keys)
+        return await self._send(session, params, scope, payload)
+
+    async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        # A terminal's Enter is CR; a pipe reader wants LF.
+        end = b"\r" if session.spec.pty else b"\n"
+        return await self._send(session, params, scope, encode_literal(params.text or "", "text") + end)
+
+    async def _paste(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        if params.text is None:
+            raise InvalidArgument("paste needs text", field="text")
+        # Markers reach a program that never enabled bracketed paste as literal ESC[200~ text.
+        payload = encode_paste(params.text, bracketed=session.spec.pty and session.bracketed_paste)
+        return await self._send(session, params, scope, payload)
+
+    async def _kill(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        name = (params.signal or "SIGTERM").upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name not in _SIGNALS:
+            raise InvalidArgument(
+                f"unsupported signal {params.signal!r}",
+                hints={"use_valid_signal": "Use one of: " + ", ".join(sorted(_SIGNALS)) + "."},
+                field="signal",
+            )
+        grace = self.cfg.kill_grace_sec
+        await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
+        data = self._summary(session) | {"signalSent": session.signal_sent}
+        return ToolResult(f"[{status_of(session)}: {self._ending(session)}]", data)
+
+    async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        self.sup.clear(scope, session.id)
+        return ToolResult(f"cleared session {session.id}", {"sessionId": session.id, "cleared": True})
+
+    async def _remove(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        was_running = not session.finished
+        await self.sup.remove(scope, session.id)
+        text = f"{'killed and ' if was_running else ''}removed session {session.id}"
+        return ToolResult(text, {"sessionId": session.id, "removed": True, "wasRunning": was_running})
+
+    async def _wait(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
+        pattern = None
+        if params.pattern is not None:
+            try:
+                pattern = regex.compile(params.pattern)
+            except regex.error as exc:
+                raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
+        timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
+        stream = _stream(params.stream)
+        # Each pattern wait scans on from where the last match was reported, so waiting twice for
+        # READY waits for the next READY instead of returning the old one; offset (bytes) resets.
+        cursors = self._wait_cursors.setdefault(session.id, {})
+        since = params.offset if params.offset is not None else cursors.get(stream, 0)
+        outcome = await self.sup.wait(
+            scope, session.id, timeout=timeout_ms / 1000, pattern=pattern, stream=stream, since=since
+        )
+        if outcome.reason == "pattern" and outcome.match_offset is not None:
+            cursors[stream] = outcome.match_offset
+        tail = self.sup.tail_text(session, _TAIL_CHARS)
+        data = self._summary(session) | {
+            "reason": outcome.reason,
+            "match": outcome.match,
+            "matchOffset": outcome.match_offset,
+            "scannedFrom": since,
+            "tail": tail,
+        }
+        if outcome.reason == "pattern":
+            head = f"[pattern matched: {outcome.match!r}; session still {status_of(session)}]"
+        elif outcome.reason == "exited":
+            head = f"[{status_of(session)}: {self._ending(session)}]"
+        else:
+            head = f"[still running after {timeout_ms} ms; wait again or poll]"
+        return ToolResult(f"{tail}\n{head}" if tail else head, data)
+
+
+EXEC_DESCRIPTION = (
+    "Run a shell command. Short commands return their output; a command still running after yieldMs "
+    "(default 10 s) keeps running in the background and returns a sessionId to use with the process tool. "
+    "background=true returns at once. The whole process tree is killed after timeout seconds."
+)
+EXEC_SYNC_DESCRIPTION = (
+    "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
+    "The whole process tree is killed after timeout seconds."
+)
+PROCESS_DESCRIPTION = (
+    "Manage background sessions started by exec: list; poll (new output since the last poll); log "
+    "(line pages: offset/limit); wait (block until exit or a regex pattern matches output after the previous "
+    "wait's match); write (stdin, eof "
+    "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
+    "remove (kill, then clear)."
+)
+
+
+# dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found".
+_NOT_FOUND = re.compile(rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (.{1,200}?): (?:command )?not found$", re.M)
+
+
+def _noting_loss(session: Session, result: ToolResult) -> ToolResult:
+    """``result``, saying so in its text when the disk refused some of the session's output."""
+    note = session.output.lost_note()
+    if note is None or result.is_error:
+        return result
+    return ToolResult(f"{result.text}\n[{note}]", result.data)
+
+
+def _shell_not_found(session: Session) -> str | None:
+    """The command the shell itself could not find, when that is why a shell command ended with
+    127. The pre-check refuses a missing program before the start where it can read the command;
+    where only the shell can (``VAR=$(...) prog``), its 127 is named here instead of being left
+    for the agent to take for the script's own failure. A script that exits 127 for its own
+    reasons is left alone: it has no such line at the end of its stderr."""
+    if session.exit_code != 127 or not isinstance(session.spec.command, str):
+        return None
+    view = session.output[Stream.COMBINED]
+    tail = view.read(max(0, view.size - 512)).data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    found = _NOT_FOUND.match(tail)
+    return None if found is None else found.group(1).decode(errors="replace")
+
+
+def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = None) -> list[ToolSpec]:
+    """``exec`` and ``process``; only ``exec`` (always synchronous) when ``[tools.process]`` is off.
+
+    ``notifies_exit``: whether the transport tells the client when a backgrounded session ends
+    (the HTTP daemon does, stdio MCP does not), so exec promises a notification only when one
+    will come. None decides per call: true iff something listens for the supervisor's exit events.
+    """
+    face = ExecProcessFace(supervisor, notifies_exit=notifies_exit)
+    if not supervisor.settings.process.enabled:
+        return [ToolSpec("exec", EXEC_SYNC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY)]
+    return [
+        ToolSpec("exec", EXEC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY),
+        ToolSpec("process", PROCESS_DESCRIPTION, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
+    ]

@@ -1,0 +1,1 @@
+"""Per-agent policy: permission tiers, the spawn filter and command allow/deny lists."""

@@ -1,0 +1,182 @@
+"""Permission tiers for every tool call, per capability and per agent, with an audit trail.
+
+    autonomous         runs
+    notify             runs, and an audit event says who ran what, when, with what outcome
+    approval_required  held (status ``awaiting_approval``) until an approver approves or denies it,
+                       or the approval times out; every decision is an audit event
+    blocked            refused with ``PermissionDenied``
+
+A tool's own tier (its ``ToolSpec.tier``) applies unless the agent's policy names another. What is
+written to a session's stdin is checked below every face, by the supervisor's write filter
+(``policy.spawn_filter.make_write_filter``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from procpilot.config import Settings
+from procpilot.contract import (
+    ID_KEYS,
+    AuditEvent,
+    PermissionTier,
+    ToolResult,
+    ToolSpec,
+    audit_arguments,
+    call_summary,
+    redact_environment,
+)
+from procpilot.engine.events import EventBus
+from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
+
+__all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
+
+
+
+
+
+
+
+
+
+@dataclass(slots=True)
+class ApprovalRequest:
+    id: str
+    scope: str
+    tool: str
+    summary: str
+    arguments: dict[str, Any]
+    created_at: float
+    status: Literal["awaiting_approval", "approved", "denied", "expired"] = "awaiting_approval"
+    decided_by: str | None = None
+    reason: str | None = None
+    _decision: asyncio.Future[bool] | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The request as plain data (for an API or CLI), without the future the call waits on."""
+        # Not dataclasses.asdict: it deep-copies every field, and a Future cannot be copied.
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_decision"}
+        data["arguments"] = redact_environment(self.arguments)  # an approver sees the names, not the secrets
+        return data
+
+
+
+
+def _process_id(arguments: Mapping[str, Any], result: ToolResult | None = None) -> str | None:
+    for source in (arguments, result.data if result is not None else {}):
+        for key in ID_KEYS:
+            if isinstance(source.get(key), str):
+                return str(source[key])
+    return None
+
+
+class Gate:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.audit: EventBus[AuditEvent] = EventBus()
+        self._requests: dict[str, ApprovalRequest] = {}
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    def pending(self, scope: str | None = None) -> list[ApprovalRequest]:
+        return [
+            r
+            for r in self._requests.values()
+            if r.status == "awaiting_approval" and (scope is None or r.scope == scope)
+        ]
+
+    def decided(self, limit: int = 200) -> list[ApprovalRequest]:
+        """The newest ``limit`` requests that were approved, denied or expired, newest first."""
+        done = [r for r in self._requests.values() if r.status != "awaiting_approval"]
+        return done[::-1][:limit]
+
+    def decide(self, request_id: str, approve: bool, *, approver: str, reason: str | None = None) -> ApprovalRequest:
+        """An approver's decision. Only pending requests can be decided."""
+        request = self._requests.get(request_id)
+        if request is None or request.status != "awaiting_approval":
+            raise ApprovalNotFound(f"no pending approval request {request_id!r}", request_id=request_id)
+        request.status = "approved" if approve else "denied"
+        request.decided_by, request.reason = approver, reason
+        if request._decision is not None and not request._decision.done():
+            request._decision.set_result(approve)
+        self._publish(request.scope, request.tool, "approval_required", request.status, request)
+        return request
+
+    async def _await_approval(self, scope: str, spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
+        request = ApprovalRequest(
+            id=secrets.token_hex(8),
+            scope=scope,
+            tool=spec.name,
+            summary=call_summary(spec.name, arguments),
+            arguments=dict(arguments),
+            created_at=time.time(),
+            _decision=asyncio.get_running_loop().create_future(),
+        )
+        self._requests[request.id] = request
+        self._publish(scope, spec.name, "approval_required", "awaiting_approval", request)
+        assert request._decision is not None  # noqa: S101 - set just above
+        try:
+            async with asyncio.timeout(self.settings.policy.approval_timeout_sec):
+                approved = await asyncio.shield(request._decision)
+        except TimeoutError:
+            request.status = "expired"
+            self._publish(scope, spec.name, "approval_required", "expired", request)
+            raise ApprovalDenied(f"approval request {request.id} expired", request_id=request.id) from None
+        if not approved:
+            raise ApprovalDenied(
+                f"approval request {request.id} was denied" + (f": {request.reason}" if request.reason else ""),
+                request_id=request.id,
+            )
+
+    def _publish(self, scope: str, tool: str, tier: str, outcome: str, request: ApprovalRequest) -> None:
+        self.audit.publish(
+            AuditEvent(
+                scope, tool, tier, outcome, request.summary, request_id=request.id, decided_by=request.decided_by
+            )
+        )
+
+    # -- wrapping ------------------------------------------------------------------------------
+
+    def tier_for(self, scope: str, spec: ToolSpec) -> PermissionTier:
+        override = self.settings.policy.for_agent(scope).tiers.get(spec.name)
+        return PermissionTier(override) if override else spec.tier
+
+    def wrap(self, tools: list[ToolSpec]) -> list[ToolSpec]:
+        return [dataclasses.replace(spec, handler=self._gated(spec)) for spec in tools]
+
+    def _gated(self, spec: ToolSpec) -> Any:
+        async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
+            tier = self.tier_for(scope, spec)
+            summary = call_summary(spec.name, arguments)
+            if tier is PermissionTier.BLOCKED:
+                self.audit.publish(AuditEvent(scope, spec.name, tier.value, "blocked", summary))
+                raise PermissionDenied(f"{spec.name} is blocked for agent {scope!r}", tool=spec.name)
+            if tier is PermissionTier.APPROVAL:
+                await self._await_approval(scope, spec, arguments)
+            started = time.monotonic()
+            result = await spec.call(arguments, scope)
+            if tier is not PermissionTier.AUTONOMOUS:
+                outcome = f"error:{result.data.get('error')}" if result.is_error else "ok"
+                self.audit.publish(
+                    AuditEvent(
+                        scope,
+                        spec.name,
+                        tier.value,
+                        outcome,
+                        summary,
+                        process_id=_process_id(arguments, result),
+                        arguments=audit_arguments(arguments),
+                        duration_ms=int((time.monotonic() - started) * 1000),
+                    )
+                )
+            return result
+
+        return handler
+
+

@@ -1,0 +1,154 @@
+"""Per-agent policy applied to every spawn, whichever face asked for it.
+
+The supervisor calls :func:`make_spawn_filter`'s filter with the caller's scope and the spec the
+face built; the filter refuses what the agent may not run (command allow/deny lists, too many
+running sessions, elevated without permission, a protected environment variable) and fills in the
+agent's box: its memory, CPU and pids limits and its network and filesystem isolation. The engine
+knows nothing of agents: it only calls the filter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from procpilot.config import AgentPolicy, Settings
+from procpilot.engine.isolation import Isolation
+from procpilot.engine.limits import Limits
+from procpilot.engine.session import Session
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.errors import ElevationDenied, LimitAboveAllocation, ProcLimit, ProtectedVariable
+from procpilot.policy.shell import CommandPolicy, UnanalyzableCommand
+
+__all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter", "make_write_filter"]
+
+SpawnFilter = Callable[[str, SpawnSpec, int], SpawnSpec]
+WriteFilter = Callable[[str, Session, bytes], None]
+
+# Interrupt, quit, suspend, end of input: alone, they make no command a shell would run.
+_SIGNAL_KEYS = frozenset("\x03\x1c\x1a\x04")
+# What a bracketed paste wraps its text in; the text inside is what the shell gets.
+_PASTE_MARKERS = (b"\x1b[200~", b"\x1b[201~")
+
+
+
+
+
+
+
+
+def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
+    asked = asked or Limits()
+    for field, cap in (
+        ("memory_bytes", policy.memory_limit),
+        ("cpu_fraction", policy.cpu_limit),
+        ("pids_max", policy.pids_max),
+        ("address_space_bytes", policy.address_space_limit),
+    ):
+        value = getattr(asked, field)
+        if value is not None and cap is not None and value > cap:
+            raise LimitAboveAllocation(f"{field} {value} exceeds this agent's allocation of {cap}", limit=field)
+    limits = Limits(
+        memory_bytes=asked.memory_bytes if asked.memory_bytes is not None else policy.memory_limit,
+        cpu_fraction=asked.cpu_fraction if asked.cpu_fraction is not None else policy.cpu_limit,
+        pids_max=asked.pids_max if asked.pids_max is not None else policy.pids_max,
+        address_space_bytes=(
+            asked.address_space_bytes if asked.address_space_bytes is not None else policy.address_space_limit
+        ),
+    )
+    return None if limits.empty and limits.address_space_bytes is None else limits
+
+
+def _daemon_paths(settings: Settings) -> tuple[Path, ...]:
+    """What a boxed session must not see of the daemon: its state (session logs, the journal, the
+    audit log, daemon.json), its config file (every agent's token) and its Unix socket."""
+    paths = [settings.state_dir, settings.config_file, settings.server.unix_socket]
+    return tuple(Path(p) for p in paths if p is not None)
+
+
+def make_spawn_filter(settings: Settings) -> SpawnFilter:
+    """The filter for ``Supervisor(spawn_filter=...)``, built from ``settings.policy``."""
+    command_policies: dict[str, CommandPolicy] = {}
+
+    def policy_for(scope: str) -> AgentPolicy:
+        return settings.policy.for_agent(scope)
+
+    def commands_for(scope: str, path: str) -> CommandPolicy:
+        key = f"{scope}\0{path}"
+        if key not in command_policies:
+            p = policy_for(scope)
+            command_policies[key] = CommandPolicy(allow=p.allow, deny=p.deny, path=path)
+        return command_policies[key]
+
+    def spawn_filter(scope: str, spec: SpawnSpec, running: int) -> SpawnSpec:
+        policy = policy_for(scope)
+        if policy.max_procs is not None and running >= policy.max_procs:
+            raise ProcLimit(
+                f"this agent already runs {running} sessions, its limit is {policy.max_procs}",
+                max_procs=policy.max_procs,
+            )
+        if spec.elevated and not policy.elevated_allowed:
+            raise ElevationDenied("elevated runs are not allowed for this agent")
+        protected = sorted(name for name in spec.env if settings.is_protected(name))
+        if protected:
+            # Here and not only in the faces: a face that forgets the check (exec did) must not
+            # open a way around it (LD_PRELOAD, BASH_ENV... run code before any command check).
+            raise ProtectedVariable(
+                "cannot override protected environment variable(s): " + ", ".join(protected),
+                variables=protected,
+            )
+        if policy.allow is not None or policy.deny:
+            path = dict(spec.env).get("PATH") or _base_path(settings)
+            commands_for(scope, path).check(spec.command, spec.cwd)
+        isolation = spec.isolation
+        network = policy.network_allowed
+        if not spec.elevated and (not network or policy.readonly_root or policy.isolate):
+            writable = (settings.workspace_root, *(Path(p) for p in policy.writable))
+            isolation = Isolation(
+                network=network and (isolation is None or isolation.network),
+                # A box is only a box with the host's files out of its reach: the root read-only.
+                readonly_root=policy.readonly_root or policy.isolate,
+                writable=writable,
+                new_session=not spec.pty,
+                private=policy.isolate,
+                hidden=_daemon_paths(settings),
+            )
+        return dataclasses.replace(spec, limits=_limits(policy, spec.limits), isolation=isolation)
+
+    return spawn_filter
+
+
+def make_write_filter(settings: Settings) -> WriteFilter:
+    """The filter for ``Supervisor(write_filter=...)``: under an agent policy with ``check_stdin``,
+    what is written to a session's stdin is checked as command lines, by every face alike
+    (process write/submit/paste/send-keys, proc/write, REST): typing into a shell must not skip the
+    command checks."""
+    checkers: dict[str, CommandPolicy] = {}
+
+    def write_filter(scope: str, session: Session, data: bytes) -> None:
+        policy = settings.policy.for_agent(scope)
+        if not policy.check_stdin:
+            return
+        for marker in _PASTE_MARKERS:
+            data = data.replace(marker, b"")
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise UnanalyzableCommand(
+                "input to a checked session must be UTF-8 text: what a shell would make of these bytes is unknown",
+            ) from None
+        if not text or set(text) <= _SIGNAL_KEYS:
+            return
+        if scope not in checkers:
+            checkers[scope] = CommandPolicy(allow=policy.allow, deny=policy.deny)
+        checkers[scope].check_input(text, session.spec.cwd)
+
+    return write_filter
+
+
+def _base_path(settings: Settings) -> str:
+    import os
+
+    env: Mapping[str, str] = os.environ
+    return str(settings.base_env_set.get("PATH") or env.get("PATH", os.defpath))

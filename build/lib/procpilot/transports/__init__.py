@@ -1,0 +1,1 @@
+"""Bytes and wire formats only: MCP, CLI."""

@@ -1,0 +1,74 @@
+"""The Starlette app: every route behind the auth middleware."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Route, WebSocketRoute
+
+from procpilot.config import Settings
+from procpilot.contract import ToolSpec
+from procpilot.engine.events import EventBus
+from procpilot.engine.supervisor import Supervisor
+from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
+from procpilot.transports.http.browser_auth import BrowserAuth
+from procpilot.transports.http.console import Console
+from procpilot.transports.http.mcp_http import _mcp_endpoint
+from procpilot.transports.http.rest import Daemon, ProcHandlerFactory
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+def create_app(
+    supervisor: Supervisor,
+    tools: Sequence[ToolSpec],
+    settings: Settings,
+    *,
+    audit: EventBus[Any] | None = None,
+    open_agent: str = "default",
+    proc_handler: ProcHandlerFactory | None = None,
+    gate: Any | None = None,
+) -> Starlette:
+    """The daemon's ASGI app. ``open_agent`` is every caller's agent when no token is configured;
+    ``gate`` is the policy gate whose approval requests the approvers decide."""
+    daemon = Daemon(supervisor, tools, settings, audit=audit, proc_handler=proc_handler, gate=gate)
+    mcp_endpoint = _mcp_endpoint(daemon)
+    auth = TokenAuth(settings.server.tokens, open_agent)
+    browser = BrowserAuth()
+    console = Console(daemon, auth, browser)
+    routes = [
+        Route("/v1/tools", daemon.list_tools, methods=["GET"]),
+        Route("/v1/tools/{name:path}", daemon.call_tool, methods=["POST"]),
+        Route("/v1/events", daemon.events, methods=["GET"]),
+        Route("/openapi.json", daemon.openapi, methods=["GET"]),
+        Route("/v1/capabilities", daemon.capabilities, methods=["GET"]),
+        Route("/v1/approvals", daemon.approvals, methods=["GET"]),
+        Route("/v1/approvals/{request_id}", daemon.decide, methods=["POST"]),
+        WebSocketRoute("/v1/proc", daemon.proc_socket),
+        Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
+        *console.routes(),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with daemon.lifespan(app), console.attached():
+            yield
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.daemon = daemon
+    app.add_middleware(
+        AuthMiddleware,
+        auth=auth,
+        loopback_only=settings.server.loopback_only,
+        requests_per_agent=settings.server.requests_per_agent,
+        browser=browser,
+    )
+    return app
+
+
+def daemon_of(app: Starlette) -> Daemon:
+    daemon: Daemon = app.state.daemon
+    return daemon

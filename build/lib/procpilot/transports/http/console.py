@@ -1,0 +1,429 @@
+"""The console: a web page on the daemon for the people who oversee agents.
+
+    GET  /                                   redirects to /console/
+    GET  /console/, /console/static/...      the page and its files (no data: served before login)
+    POST /console/api/login {"token"}        sets the token as an HttpOnly, SameSite=Strict cookie
+    POST /console/api/logout                 clears it
+    GET  /console/api/me                     who the page speaks for, and its CSRF token
+    GET  /console/api/stream                 SSE: sessions (snapshots), audit events, approvals
+    GET  /console/api/sessions/A/ID/log      one page of a session's output (bytes, base64)
+    GET  /console/api/sessions/A/ID/output   SSE: a session's output from an offset, live
+    POST /console/api/sessions/A/ID/signal   {"signal": "SIGINT"|"SIGTERM"|"SIGKILL"}: the whole tree
+    POST /console/api/sessions/A/ID/write    {"data", "eof"?}: to its stdin (or pty), under its policy
+    POST /console/api/sessions/A/ID/remove   kill if running, then forget it
+
+Approvals are decided through the daemon's own ``POST /v1/approvals/{id}``. Who sees what is
+``operators.py``'s rule; every POST here needs the CSRF token of ``/console/api/me``. What a
+person does here is audited (tool ``console.<action>``, ``decided_by`` the person's agent).
+
+Everything is bounded: a log page is at most 256 KiB, an output event 64 KiB (a reader far behind
+jumps to what it asked for, it is never buffered for), a snapshot 500 sessions, the audit ring
+2,000 events, and an agent holds at most ``websockets_per_agent`` console streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import signal
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from procpilot.contract import AuditEvent
+from procpilot.engine.capture import SegmentedLog, Stream
+from procpilot.engine.session import Session
+from procpilot.errors import (
+    CsrfRejected,
+    InvalidArgument,
+    ProcpilotError,
+    SessionNotFound,
+    TooManyConnections,
+)
+from procpilot.transports.http.browser_auth import CSRF_HEADER, BrowserAuth
+from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _header, _json, _json_body
+from procpilot.transports.http.events import _sse, audit_event
+from procpilot.transports.http.operators import acting_scope, is_operator
+
+if TYPE_CHECKING:
+    from procpilot.transports.http.auth import TokenAuth
+    from procpilot.transports.http.rest import Daemon
+
+__all__ = ["STATIC_DIR", "Console"]
+
+STATIC_DIR = Path(__file__).with_name("console_static")
+
+_MAX_ROWS = 500
+_AUDIT_RING = 2000
+_PAGE_MAX = 256 * 1024
+_CHUNK = 64 * 1024
+_TICK = 1.0  # seconds between snapshots of the session list (exits wake it at once)
+_MAX_WRITE = 64 * 1024
+_SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
+_STREAMS = {"combined": Stream.COMBINED, "stdout": Stream.STDOUT, "stderr": Stream.STDERR}
+_APPROVAL_OUTCOMES = ("awaiting_approval", "approved", "denied", "expired")
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.lstrip("-").isdigit() or len(raw) > 20:
+        raise InvalidArgument(f"{name}: expected an integer from {low} to {high}", field=name)
+    return min(max(int(raw), low), high)
+
+
+class Console:
+    """The console's routes and the little state they share (the audit ring, the snapshot cache)."""
+
+    def __init__(self, daemon: Daemon, auth: TokenAuth, browser: BrowserAuth) -> None:
+        self.daemon = daemon
+        self.auth = auth
+        self.browser = browser
+        self.audit: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=_AUDIT_RING)  # (seq, agent, event)
+        self._seq = 0
+        self._wakeups: set[asyncio.Event] = set()
+        self._streams: dict[str, int] = {}
+        self._snapshots: dict[str | None, tuple[float, list[dict[str, Any]]]] = {}
+
+    # -- wiring --
+
+    def routes(self) -> list[BaseRoute]:
+        base = "/console/api/sessions/{agent}/{session_id}"
+        return [
+            Route("/", self.to_console, methods=["GET"]),
+            Route("/console", self.to_console, methods=["GET"]),
+            Route("/console/", self.page, methods=["GET"]),
+            Mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static"),
+            Route("/console/api/login", self.login, methods=["POST"]),
+            Route("/console/api/logout", self.logout, methods=["POST"]),
+            Route("/console/api/me", self.me, methods=["GET"]),
+            Route("/console/api/stream", self.stream, methods=["GET"]),
+            Route(base + "/log", self.log_page, methods=["GET"]),
+            Route(base + "/output", self.output, methods=["GET"]),
+            Route(base + "/{action}", self.act, methods=["POST"]),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def attached(self) -> AsyncIterator[None]:
+        """Listen to exits and audit events while the app runs."""
+        removers: list[Callable[[], None]] = [self.daemon.sup.on_exit(lambda _info: self._wake())]
+        if self.daemon.audit is not None:
+            removers.append(self.daemon.audit.add_callback(self._on_audit))
+        try:
+            yield
+        finally:
+            for remove in removers:
+                remove()
+            self._wake()
+
+    def _wake(self) -> None:
+        self._snapshots.clear()
+        for event in list(self._wakeups):
+            event.set()
+
+    def _on_audit(self, event: Any) -> None:
+        if isinstance(event, AuditEvent):
+            self._seq += 1
+            self.audit.append((self._seq, event.scope, {**audit_event(event), "agent": event.scope}))
+            self._wake()
+
+    # -- who is asking --
+
+    def _presented_token(self, request: Request) -> str:
+        authorization = request.headers.get("authorization", "")
+        if authorization.lower().startswith("bearer "):
+            return authorization[7:].strip()
+        return self.browser.token_from_cookie(request.scope) or ""
+
+    def _check_csrf(self, request: Request) -> None:
+        """Every change needs the CSRF token, unless the caller sent its own bearer header (which
+        no other site can make a browser send)."""
+        if request.headers.get("authorization"):
+            return
+        presented = _header(request.scope, CSRF_HEADER.encode()) or ""
+        if presented != self.browser.csrf_for(self._presented_token(request)):
+            raise CsrfRejected("this change lacks the console's CSRF token")
+
+    def _session(self, request: Request) -> Session:
+        agent = _agent()
+        scope = acting_scope(self.daemon.settings.server, agent, request.path_params["agent"])
+        session_id = request.path_params["session_id"]
+        if len(session_id) > 64:
+            raise SessionNotFound(f"no session {session_id[:64]!r}", session_id=session_id[:64])
+        return self.daemon.sup.get(scope, session_id)
+
+    # -- the page --
+
+    async def to_console(self, request: Request) -> Response:
+        return RedirectResponse("/console/", status_code=302)
+
+    async def page(self, request: Request) -> Response:
+        body = (STATIC_DIR / "index.html").read_bytes()  # 4 KiB from the page cache
+        headers = {
+            "Cache-Control": "no-store",
+            # Scripts and styles only from here (the vendored libraries included): no CDN, no inline script.
+            "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:;"
+            " frame-ancestors 'none'",
+            "X-Frame-Options": "DENY",
+        }
+        return Response(body, media_type="text/html; charset=utf-8", headers=headers)
+
+    # -- login --
+
+    async def login(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request, '{"token": "..."}')
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
+        token = body.get("token")
+        if not isinstance(token, str) or not 0 < len(token) <= 4096:
+            return _json(InvalidArgument("token: a string", field="token").to_dict(), 422)
+        agent = self.auth.agent_for(f"Bearer {token}")
+        if agent is None or not self.auth.required:
+            return _json({"error": "Unauthorized", "message": "Unauthorized."}, 401)
+        response = _json(self._me(agent, token))
+        response.headers.append("set-cookie", self.browser.set_cookie(request.scope, token))
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        response = _json({"ok": True})
+        response.headers.append("set-cookie", self.browser.clear_cookie(request.scope))
+        return response
+
+    async def me(self, request: Request) -> Response:
+        return _json(self._me(_agent(), self._presented_token(request)))
+
+    def _me(self, agent: str, token: str) -> dict[str, Any]:
+        server = self.daemon.settings.server
+        return {
+            "agent": agent,
+            "operator": is_operator(server, agent),
+            "approver": agent in server.approvers and self.daemon.gate is not None,
+            "tokensRequired": self.auth.required,
+            "csrf": self.browser.csrf_for(token),
+        }
+
+    # -- the live stream --
+
+    def _rows(self, scope: str | None) -> list[dict[str, Any]]:
+        """The newest sessions ``scope`` sees (None: every agent's), at most once a second."""
+        cached = self._snapshots.get(scope)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < _TICK:
+            return cached[1]
+        sup = self.daemon.sup
+        sessions = sup.all_sessions() if scope is None else sup.list(scope)
+        sessions = sorted(sessions, key=lambda s: s.created_at, reverse=True)[:_MAX_ROWS]
+        rows = [self._row(s) for s in sessions]
+        self._snapshots[scope] = (now, rows)
+        return rows
+
+    def _row(self, s: Session) -> dict[str, Any]:
+        usage = self.daemon.sup.usage.usage(s) if s.pid is not None else None
+        return {
+            "id": s.id,
+            "agent": s.scope,
+            "command": s.command[:2000],
+            "state": s.state.value,
+            "pty": s.spec.pty,
+            "pid": s.pid,
+            "startedAt": s.started_at,
+            "endedAt": s.ended_at,
+            "durationMs": s.duration_ms,
+            "exitCode": s.exit_code,
+            "exitSignal": s.exit_signal,
+            "cpuMs": usage.cpu_ms if usage else 0,
+            "memoryBytes": self.daemon.sup.usage.rss_now(s),
+            "memoryPeakBytes": usage.memory_peak_bytes if usage else 0,
+            "stdinOpen": s.stdin_open,
+            "bytes": s.output[Stream.COMBINED].size,
+        }
+
+    def _approvals(self) -> dict[str, Any]:
+        gate = self.daemon.gate
+        pending = [r.public() for r in gate.pending()] if gate is not None else []
+        decided = [r.public() for r in gate.decided()] if gate is not None else []
+        return {"pending": pending, "decided": decided}
+
+    def _enter_stream(self, agent: str) -> None:
+        if self._streams.get(agent, 0) >= self.daemon.settings.server.websockets_per_agent:
+            raise TooManyConnections(f"agent {agent!r} holds as many console streams as it may")
+        self._streams[agent] = self._streams.get(agent, 0) + 1
+
+    def _leave_stream(self, agent: str) -> None:
+        self._streams[agent] -= 1
+
+    async def stream(self, request: Request) -> Response:
+        agent = _agent()
+        server = self.daemon.settings.server
+        operator = is_operator(server, agent)
+        approver = agent in server.approvers and self.daemon.gate is not None
+        try:
+            self._enter_stream(agent)
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
+        wakeup = asyncio.Event()
+        self._wakeups.add(wakeup)
+
+        async def events() -> AsyncIterator[bytes]:
+            sent_rows = sent_approvals = ""
+            seen = max(0, self._seq - 500)  # the newest 500 of the ring on connect
+            quiet = 0.0
+            try:
+                yield b"retry: 3000\n\n" + _sse("ready", {"agent": agent, "operator": operator})
+                while not self.daemon.closing.is_set():
+                    wakeup.clear()
+                    rows = json.dumps(self._rows(None if operator else agent), default=str)
+                    if rows != sent_rows:
+                        sent_rows = rows
+                        yield b"event: sessions\ndata: " + rows.encode() + b"\n\n"
+                    fresh = [e for seq, who, e in self.audit if seq > seen and (operator or who == agent)]
+                    seen = self._seq
+                    if fresh:
+                        yield _sse("audit", {"events": fresh[-500:]})
+                    if approver:
+                        approvals = json.dumps(self._approvals(), default=str)
+                        if approvals != sent_approvals:
+                            sent_approvals = approvals
+                            yield b"event: approvals\ndata: " + approvals.encode() + b"\n\n"
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wakeup.wait(), _TICK)
+                    quiet = 0.0 if wakeup.is_set() else quiet + _TICK
+                    if quiet >= _HEARTBEAT_EVERY:
+                        quiet = 0.0
+                        yield b": keep-alive\n\n"
+            finally:
+                self._wakeups.discard(wakeup)
+                self._leave_stream(agent)
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+    # -- one session's output --
+
+    def _view(self, request: Request, session: Session) -> SegmentedLog:
+        name = request.query_params.get("stream", "combined")
+        if name not in _STREAMS:
+            raise InvalidArgument("stream: combined, stdout or stderr", field="stream")
+        return session.output[_STREAMS[name]]
+
+    async def log_page(self, request: Request) -> Response:
+        """``limit`` bytes from ``offset`` (past the end: the last ``limit``), never the whole log."""
+        try:
+            session = self._session(request)
+            view = self._view(request, session)
+            limit = _int_param(request, "limit", _CHUNK, 1, _PAGE_MAX)
+            offset = _int_param(request, "offset", -1, -1, 1 << 62)
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
+        if offset < 0 or offset >= view.size:
+            offset = max(0, view.size - limit)
+        page = view.read(offset, limit)
+        return _json(
+            {
+                "offset": page.start,
+                "end": page.end,
+                "total": page.total,
+                "dropped": page.dropped,
+                "data": base64.b64encode(page.data).decode(),
+                "finished": session.finished,
+            }
+        )
+
+    async def output(self, request: Request) -> Response:
+        """SSE of the output from ``from`` (-1: the last 64 KiB) on, until the session ends."""
+        try:
+            agent = _agent()
+            session = self._session(request)
+            view = self._view(request, session)
+            start = _int_param(request, "from", -1, -1, 1 << 62)
+            self._enter_stream(agent)
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
+        output = session.output
+
+        async def events() -> AsyncIterator[bytes]:
+            offset = max(0, view.size - _CHUNK) if start < 0 else start
+            try:
+                while not self.daemon.closing.is_set():
+                    if offset < view.size:
+                        page = view.read(offset, _CHUNK)
+                        offset = page.end
+                        data = {"offset": page.start, "end": page.end, "dropped": page.dropped}
+                        yield _sse("data", {**data, "data": base64.b64encode(page.data).decode()})
+                        continue
+                    if session.finished and offset >= view.size:
+                        yield _sse("end", {"state": session.state.value, "exitCode": session.exit_code})
+                        return
+                    if not await output.wait_for_change(_HEARTBEAT_EVERY):
+                        yield b": keep-alive\n\n"
+                    elif output.closed and not session.finished:
+                        await session.wait_finished(_TICK)
+            finally:
+                self._leave_stream(agent)
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+    # -- acting on a session --
+
+    async def act(self, request: Request) -> Response:
+        try:
+            self._check_csrf(request)
+            session = self._session(request)
+            action = request.path_params["action"]
+            body = await _json_body(request)
+            outcome = await self._do(action, session, body)
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
+        self._audit(session, action, outcome)
+        self._wake()
+        return _json({"ok": True, "state": session.state.value, "detail": outcome})
+
+    async def _do(self, action: str, session: Session, body: dict[str, Any]) -> str:
+        sup = self.daemon.sup
+        if action == "signal":
+            name = body.get("signal")
+            if name not in _SIGNALS:
+                raise InvalidArgument("signal: SIGINT, SIGTERM or SIGKILL", field="signal")
+            # Kill ends the tree now; INT and TERM leave it the grace period (then SIGKILL), as the
+            # process tool's kill does.
+            grace = 0.0 if name == "SIGKILL" else None
+            wait = 5.0 if name == "SIGKILL" else 0.0
+            await sup.kill(session.scope, session.id, _SIGNALS[name], grace=grace, wait=wait)
+            return str(name)
+        if action == "write":
+            data, eof = body.get("data", ""), body.get("eof", False)
+            if not isinstance(data, str) or len(data) > _MAX_WRITE or not isinstance(eof, bool):
+                raise InvalidArgument(f"data: text of at most {_MAX_WRITE} characters; eof: a boolean", field="data")
+            written = await sup.write(session.scope, session.id, data.encode(), eof=eof, timeout=5.0)
+            return f"{written} bytes" + (", eof" if eof else "")
+        if action == "remove":
+            await sup.remove(session.scope, session.id)
+            return "removed"
+        raise InvalidArgument("action: signal, write or remove", field="action")
+
+    def _audit(self, session: Session, action: str, outcome: str) -> None:
+        if self.daemon.audit is None or action == "write":  # keystrokes are not an audit trail's business
+            return
+        self.daemon.audit.publish(
+            AuditEvent(
+                session.scope,
+                f"console.{action}",
+                "operator",
+                "ok",
+                f"{outcome} {session.command[:200]}",
+                decided_by=_agent(),
+                process_id=session.id,
+            )
+        )

@@ -1,0 +1,325 @@
+"""MCP over streamable HTTP: the SDK's server, scoped per agent, with exit notifications."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from procpilot.config import Settings
+from procpilot.contract import ToolSpec
+from procpilot.engine.session import ExitInfo
+from procpilot.errors import SessionNotFound, TooManyConnections
+from procpilot.faces.exec_process import session_resource
+from procpilot.transports.http import mcp_sdk
+from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
+from procpilot.transports.http.common import (
+    _LOOPBACK_HOSTS,
+    _PROGRESS_EVERY,
+    _agent,
+    _header,
+    _json,
+    _log,
+    current_agent,
+)
+
+if TYPE_CHECKING:
+    from procpilot.transports.http.rest import Daemon
+
+
+# -- MCP ---------------------------------------------------------------------------------------
+
+
+class _ScopedBus:
+    """A subscriptions/listen bus that hears each listener's agent: a session's resource-updated
+    event reaches only the listen streams of the agent that owns the session."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[object, tuple[str | None, Callable[[Any], None]]] = {}
+
+    async def publish(self, event: Any) -> None:
+        self.publish_to(None, event)
+
+    def publish_to(self, agent: str | None, event: Any) -> None:
+        for owner, listener in list(self._listeners.values()):
+            if agent is not None and owner != agent:
+                continue
+            try:
+                listener(event)
+            except Exception:
+                _log.exception("subscription listener failed")
+
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+        key = object()
+        self._listeners[key] = (current_agent.get(), listener)
+
+        def unsubscribe() -> None:
+            self._listeners.pop(key, None)
+
+        return unsubscribe
+
+
+_mcp_request: ContextVar[Any] = ContextVar("procpilot_mcp_request", default=None)
+
+
+class _McpFace:
+    """The MCP server of the daemon: the same tools as ``procpilot mcp``, plus exit notifications.
+
+    - ``proc://{sessionId}`` is a resource (the session's status as JSON). When a session ends,
+      a resource-updated event goes to the owner's ``subscriptions/listen`` streams (2026-07-28)
+      and a ``notifications/resources/updated`` to legacy sessions that subscribed to it
+      (``resources/subscribe``), or that started it with ``exec`` and saw it backgrounded: they
+      hear it on their standalone GET stream without subscribing.
+    - A tool call still running after a second sends progress notifications each second (to
+      clients that asked for progress).
+    - A call the client cancels stops waiting; it never kills a session.
+    """
+
+    def __init__(self, daemon: Daemon, tools: Sequence[ToolSpec]) -> None:
+        from mcp.server.subscriptions import ListenHandler
+        from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
+
+        from procpilot.transports.mcp import build_mcp_server
+
+        self.daemon = daemon
+        self.bus = _ScopedBus()
+        self._legacy: dict[str, list[tuple[str, Any]]] = {}
+        wrapped = [self._wrap(spec) for spec in tools]
+        self.server = build_mcp_server(wrapped, scope=_agent)
+        low = mcp_sdk.lowlevel_server(self.server)
+        # The SDK's own bus fans out by URI only; ours also checks the listener's agent.
+        mcp_sdk.use_subscription_bus(self.server, self.bus)
+        low.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, ListenHandler(self.bus))
+        low.add_request_handler("resources/subscribe", SubscribeRequestParams, self._subscribe)
+        low.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe)
+        self.server.middleware.append(self._capture_request)
+        self._add_resource()
+        loopback = daemon.settings.server.loopback_only
+        self.app = self.server.streamable_http_app(
+            host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104 - only the security default is chosen here
+            transport_security=_transport_security(loopback),
+            session_idle_timeout=daemon.settings.server.mcp_session_idle_sec,
+        )
+
+    # -- requests --
+
+    async def _capture_request(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        token = _mcp_request.set(ctx)
+        try:
+            return await call_next(ctx)
+        finally:
+            _mcp_request.reset(token)
+
+    def _wrap(self, spec: ToolSpec) -> ToolSpec:
+        inner = spec.handler
+
+        async def handler(arguments: Mapping[str, Any], scope: str) -> Any:
+            ctx = _mcp_request.get()
+            if ctx is None:
+                return await inner(arguments, scope)
+            task = asyncio.ensure_future(inner(arguments, scope))
+            started = time.monotonic()
+            try:
+                while True:
+                    done, _ = await asyncio.wait({task}, timeout=_PROGRESS_EVERY)
+                    if done:
+                        break
+                    elapsed = time.monotonic() - started
+                    with contextlib.suppress(Exception):
+                        await ctx.session.report_progress(
+                            round(elapsed, 1), None, f"{spec.name}: still running after {elapsed:.0f} s"
+                        )
+            finally:
+                if not task.done():
+                    # The client cancelled: stop waiting. The session itself runs on; only an
+                    # explicit kill ends it.
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            result = task.result()
+            self._follow(ctx, scope, spec.name, result.data if not result.is_error else {})
+            return result
+
+        return dataclasses.replace(spec, handler=handler)
+
+    def _follow(self, ctx: Any, agent: str, tool: str, data: Mapping[str, Any]) -> None:
+        """A legacy client that just saw a session backgrounded hears of its end unasked."""
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        if tool == "process.run":  # spec 000's vocabulary: process_id, and state instead of status
+            session_id, running = data.get("process_id"), data.get("state") == "running"
+        else:
+            session_id, running = data.get("sessionId"), data.get("status") in ("running", "queued")
+        if not isinstance(session_id, str) or not running:
+            return
+        if getattr(ctx, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS:
+            return
+        self._add_legacy(session_id, agent, ctx.session)
+
+    def _add_legacy(self, session_id: str, agent: str, session: Any) -> None:
+        alive = {s.id for s in self.daemon.sup.all_sessions()}
+        for known in [k for k in self._legacy if k not in alive]:
+            del self._legacy[known]
+        listeners = self._legacy.setdefault(session_id, [])
+        if not any(s is session for _a, s in listeners):
+            listeners.append((agent, session))
+
+    async def _subscribe(self, ctx: Any, params: Any) -> Any:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import INVALID_PARAMS, EmptyResult
+
+        agent = _agent()
+        uri = str(params.uri)
+        session_id = uri.removeprefix("proc://")
+        try:
+            session = self.daemon.sup.get(agent, session_id) if uri.startswith("proc://") else None
+        except SessionNotFound:
+            session = None
+        if session is None:
+            raise MCPError(INVALID_PARAMS, f"Resource not found: {uri}", {"uri": uri})
+        if session.finished:
+            self.daemon.spawn(_notify_legacy(ctx.session, uri))
+        else:
+            self._add_legacy(session_id, agent, ctx.session)
+        return EmptyResult()
+
+    async def _unsubscribe(self, ctx: Any, params: Any) -> Any:
+        from mcp_types import EmptyResult
+
+        session_id = str(params.uri).removeprefix("proc://")
+        listeners = self._legacy.get(session_id, [])
+        self._legacy[session_id] = [(a, s) for a, s in listeners if s._connection is not ctx.session._connection]
+        return EmptyResult()
+
+    # -- notifications --
+
+    def session_ended(self, info: ExitInfo) -> None:
+        from mcp.shared.subscriptions import ResourceUpdated
+
+        uri = f"proc://{info.session_id}"
+        self.bus.publish_to(info.scope, ResourceUpdated(uri=uri))
+        for agent, session in self._legacy.pop(info.session_id, []):
+            if agent == info.scope:
+                self.daemon.spawn(_notify_legacy(session, uri))
+
+    async def close_sessions(self) -> None:
+        """End open MCP sessions (their GET streams would keep the server from stopping)."""
+        manager = self.server.session_manager
+        for transport in list(mcp_sdk.open_sessions(manager).values()):
+            with contextlib.suppress(Exception):
+                await transport.terminate()
+
+    # -- the resource --
+
+    def _add_resource(self) -> None:
+        from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+
+        sup = self.daemon.sup
+
+        @self.server.resource(
+            "proc://{sessionId}",
+            name="session",
+            title="A procpilot session",
+            description="A session's status, exit code and the tail of its output; updated when it ends.",
+            mime_type="application/json",
+        )
+        async def read_session(sessionId: str) -> str:  # noqa: N803 - the URI template's variable
+            try:
+                session = sup.get(_agent(), sessionId)
+            except SessionNotFound:
+                raise ResourceNotFoundError(f"no session {sessionId!r}") from None
+            data = session_resource(sup, session)
+            return json.dumps(data, ensure_ascii=False)
+
+
+async def _notify_legacy(session: Any, uri: str) -> None:
+    with contextlib.suppress(Exception):
+        await session.send_resource_updated(uri)
+
+
+def _transport_security(loopback: bool) -> Any:
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if not loopback:
+        # Bearer tokens are required off the loopback: a browser cannot attach them for a page.
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*_LOOPBACK_HOSTS, *(f"{h}:*" for h in _LOOPBACK_HOSTS)],
+        allowed_origins=[f"{s}://{h}{p}" for s in ("http", "https") for h in _LOOPBACK_HOSTS for p in ("", ":*")],
+    )
+
+
+def guarded_mcp_app(server: Any, settings: Settings, *, open_agent: str) -> ASGIApp:
+    """``procpilot mcp --http``: the SDK's streamable HTTP app behind the daemon's own checks.
+
+    Bearer tokens (when configured) decide the agent, and on a loopback binding ``Host`` and
+    ``Origin`` must be loopback names: the same rules as ``procpilot serve``, because this app
+    runs commands just the same.
+    """
+    loopback = settings.server.loopback_only
+    inner = server.streamable_http_app(
+        host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104 - only the security default is chosen here
+        transport_security=_transport_security(loopback),
+    )
+    auth = TokenAuth(settings.server.tokens, open_agent)
+    return AuthMiddleware(inner, auth, loopback_only=loopback)
+
+
+def _mcp_endpoint(daemon: Daemon) -> ASGIApp:
+    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+
+    manager = daemon.mcp.server.session_manager
+    return McpSessionCap(StreamableHTTPASGIApp(manager), manager, daemon.settings.server.mcp_sessions_per_agent)
+
+
+class McpSessionCap:
+    """At most ``per_agent`` open MCP sessions per agent: past it, opening one more is a 429.
+
+    The SDK caps sessions only in total, so one agent could fill the daemon for everyone. The
+    sessions each agent opened are recorded from the ``mcp-session-id`` of the response that
+    opened them, and forgotten once the SDK no longer holds them (closed, or idle past
+    ``[server] mcp_session_idle_sec``). The SDK's table of open sessions is private: read
+    through ``mcp_sdk``.
+    """
+
+    def __init__(self, app: ASGIApp, manager: Any, per_agent: int) -> None:
+        self.app = app
+        self.manager = manager
+        self.per_agent = per_agent
+        self.opened: dict[str, set[str]] = {}
+
+    def open_sessions(self, agent: str) -> set[str]:
+        live = mcp_sdk.open_sessions(self.manager)
+        mine = self.opened.get(agent, set())
+        mine.intersection_update(live)
+        return mine
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _header(scope, b"mcp-session-id") is not None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        agent = _agent()
+        mine = self.open_sessions(agent)
+        if len(mine) >= self.per_agent:
+            error = TooManyConnections(
+                f"agent {agent!r} already has {len(mine)} MCP sessions open, its limit", limit=self.per_agent
+            )
+            await _json(error.to_dict(), error.http_status)(scope, receive, send)
+            return
+
+        async def recorded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                session = dict(message.get("headers", [])).get(b"mcp-session-id")
+                if session:
+                    self.opened.setdefault(agent, set()).add(session.decode("latin-1"))
+            await send(message)
+
+        await self.app(scope, receive, recorded)

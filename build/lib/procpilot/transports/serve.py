@@ -1,0 +1,338 @@
+"""Running the daemon: one supervisor, the HTTP app on a TCP port and/or a Unix socket, signals.
+
+``serve`` binds the sockets itself (so port 0 and a Unix socket work together under one uvicorn
+server and one app lifespan), prints where it listens, writes ``<state_dir>/daemon.json`` for the
+CLI to find it, and on SIGTERM/SIGINT/SIGHUP/SIGQUIT: closes the streams clients hold open,
+forwards the signal to every session tree (SIGKILL after the grace period), stops serving, and
+returns only when every tree is gone. Connections still open after the grace period (plus 5 s) are cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from procpilot.config import ServerSettings, Settings
+from procpilot.contract import ToolSpec
+from procpilot.engine.events import EventBus
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import ServeRefused
+
+if TYPE_CHECKING:
+    from procpilot.policy.gate import Gate
+
+__all__ = [
+    "SHUTDOWN_SIGNALS",
+    "DaemonAddress",
+    "ServeRefused",
+    "Toolset",
+    "audit_file",
+    "build_tools",
+    "build_toolset",
+    "check_binding",
+    "daemon_file",
+    "make_supervisor",
+    "proc_handler_factory",
+    "record_audit",
+    "serve",
+]
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonAddress:
+    url: str | None  # http://host:port, when listening on TCP
+    unix_socket: str | None
+
+    @property
+    def client_url(self) -> str:
+        """What ``procpilot.Client`` and the CLI take: the TCP URL, else ``unix://<path>``."""
+        if self.url:
+            return self.url
+        return f"unix://{self.unix_socket}"
+
+
+def check_binding(server: ServerSettings, *, tcp: bool = True) -> None:
+    """Anything but the loopback needs bearer tokens: refuse to start otherwise."""
+    if not tcp and server.unix_socket is None:
+        raise ServeRefused("nothing to listen on: no TCP port and no Unix socket", hints={"add_socket": _SOCK})
+    if tcp and not server.loopback_only and not server.tokens:
+        raise ServeRefused(
+            f"refusing to listen on {server.host}: without [server.tokens] anyone who can reach it could run commands"
+        )
+
+
+_BACKLOG = 2048
+_SOCK = "Give --unix-socket PATH (or [server] unix_socket), or drop --no-tcp."
+
+
+def daemon_file(settings: Settings) -> Path:
+    return settings.state_dir / "daemon.json"
+
+
+def make_supervisor(settings: Settings) -> Supervisor:
+    """The supervisor, with the per-agent policy on every spawn and every write to a stdin."""
+    from procpilot.policy.spawn_filter import make_spawn_filter, make_write_filter
+
+    return Supervisor(settings, spawn_filter=make_spawn_filter(settings), write_filter=make_write_filter(settings))
+
+
+@dataclass(frozen=True, slots=True)
+class Toolset:
+    tools: list[ToolSpec]
+    audit: EventBus[Any]  # the gate's: every notify-tier call and approval decision
+    gate: Gate  # the policy gate (approvals are decided through it)
+
+
+def build_toolset(supervisor: Supervisor, settings: Settings) -> Toolset:
+    """Every face's tools, behind the permission gate."""
+    from procpilot.faces.all_tools import all_tools, served
+    from procpilot.policy.gate import Gate
+
+    gate = Gate(settings)
+    # The gate audits every notify-tier call itself: the faces must not publish them twice.
+    # Renamed after the gate: policy tiers and audit events keep the tools' own names.
+    tools = served(list(gate.wrap(all_tools(supervisor, audit=False))), settings)
+    return Toolset(tools, gate.audit, gate)
+
+
+def build_tools(supervisor: Supervisor, settings: Settings) -> tuple[list[ToolSpec], EventBus[Any]]:
+    """Every face's tools, behind the permission gate, and the bus their audit events go to."""
+    toolset = build_toolset(supervisor, settings)
+    return toolset.tools, toolset.audit
+
+
+def audit_file(settings: Settings) -> Path:
+    return settings.state_dir / "audit.jsonl"
+
+
+def record_audit(bus: EventBus[Any], path: Path) -> Callable[[], None]:
+    """Append every audit event on ``bus`` to ``path`` as one JSON line (0600); returns the remover.
+
+    Events carry agent ids, never tokens (the transports resolve tokens before any tool runs).
+    One write per event in append mode, so concurrent writers never interleave within a line.
+    """
+    import dataclasses
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+
+    def write(event: Any) -> None:
+        data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
+        line = json.dumps({"event": type(event).__name__, **data}, ensure_ascii=False, default=str) + "\n"
+        try:
+            os.write(fd, line.encode())
+        except OSError:
+            logging.getLogger(__name__).exception("could not append to the audit log %s", path)
+
+    remove = bus.add_callback(write)
+
+    def close() -> None:
+        remove()
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    return close
+
+
+def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervisor, str], Any]:
+    """One proc/* handler per WebSocket connection, for the connection's agent, configured by
+    ``[proc]`` (spec 003's defaults without settings)."""
+    from procpilot.faces.proc_protocol import ProcConfig, ProcHandler
+
+    if settings is None:
+        return ProcHandler
+    proc = settings.proc
+    config = ProcConfig(
+        allowed_commands=list(proc.allowed_commands) if proc.allowed_commands is not None else None,
+        timeout=proc.timeout or None,  # 0 in TOML: no limit
+        max_output_bytes=proc.max_output_bytes,
+        max_procs=proc.max_procs,
+    )
+
+    def handler(supervisor: Supervisor, agent: str) -> Any:
+        return ProcHandler(supervisor, agent, config)
+
+    return handler
+
+
+def bind_listeners(server: ServerSettings, *, tcp: bool) -> tuple[list[socket.socket], DaemonAddress]:
+    """Listen on TCP (unless ``tcp`` is False) and the Unix socket the settings name."""
+    sockets: list[socket.socket] = []
+    url = None
+    path = None
+    try:
+        if tcp:
+            family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
+            # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only when it is said.
+            inet = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            sockets.append(inet)
+            inet.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            inet.bind((server.host, server.port))
+            inet.listen(_BACKLOG)  # from now on clients queue up, even before the app has started
+            inet.set_inheritable(False)
+            port = inet.getsockname()[1]
+            host = f"[{server.host}]" if family == socket.AF_INET6 else server.host
+            url = f"http://{host}:{port}"
+        if server.unix_socket is not None:
+            path = str(server.unix_socket)
+            _remove_stale_socket(path)
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sockets.append(unix)
+            old = os.umask(0o177)  # the socket is created 0600: only its owner may connect
+            try:
+                unix.bind(path)
+                unix.listen(_BACKLOG)
+            finally:
+                os.umask(old)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        where = f"{server.host}:{server.port}" if url is None else path
+        message = f"cannot listen on {where}: {exc.strerror or exc}"
+        raise ServeRefused(message, hints={"free_it": _busy_hint()}) from None
+    return sockets, DaemonAddress(url, path)
+
+
+def _busy_hint() -> str:
+    return "Stop the other server on that address (procpilot ps tells if it is a procpilot daemon) or pick another."
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(17, f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: left by a daemon that did not stop cleanly
+        return
+    finally:
+        probe.close()
+    raise OSError(98, "another daemon is listening on it")
+
+
+def uvicorn_server(config: Any) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Leaves signals to us: uvicorn would re-raise them after serving, before sessions end."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)
+
+
+async def serve(
+    settings: Settings,
+    *,
+    open_agent: str = "default",
+    tcp: bool = True,
+    announce: Callable[[DaemonAddress], None] | None = None,
+) -> int:
+    """Serve until a shutdown signal; returns the signal number that stopped it (0 if none)."""
+    import uvicorn
+
+    from procpilot.transports.http import WS_MAX_MESSAGE, create_app, daemon_of
+
+    check_binding(settings.server, tcp=tcp)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    sockets, address = bind_listeners(settings.server, tcp=tcp)
+    marker = daemon_file(settings)
+    received: list[int] = []
+    try:
+        async with make_supervisor(settings) as sup:
+            toolset = build_toolset(sup, settings)
+            stop_audit = record_audit(toolset.audit, audit_file(settings))
+            logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
+            app = create_app(
+                sup,
+                toolset.tools,
+                settings,
+                audit=toolset.audit,
+                open_agent=open_agent,
+                proc_handler=proc_handler_factory(settings),
+                gate=toolset.gate,
+            )
+            daemon = daemon_of(app)
+            grace = settings.exec.kill_grace_sec
+            config = uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+                ws="websockets-sansio",
+                timeout_graceful_shutdown=int(grace) + 5,
+                ws_ping_interval=20.0,
+                ws_max_size=WS_MAX_MESSAGE,
+            )
+            server = uvicorn_server(config)
+            loop = asyncio.get_running_loop()
+            stopping: list[asyncio.Future[None]] = []
+
+            async def shut_down(sig: int) -> None:
+                await daemon.begin_shutdown()
+                await sup.aclose(sig)
+
+            def on_signal(sig: int) -> None:
+                if received:
+                    return  # already stopping; the shutdown is bounded by the grace period
+
+                received.append(sig)
+                stopping.append(asyncio.ensure_future(shut_down(sig)))
+                server.should_exit = True
+
+            for sig in SHUTDOWN_SIGNALS:
+                loop.add_signal_handler(sig, on_signal, sig)
+            try:
+                _write_marker(marker, address)
+                if announce is not None:
+                    announce(address)
+                await server.serve(sockets=sockets)
+            finally:
+                for sig in SHUTDOWN_SIGNALS:
+                    loop.remove_signal_handler(sig)
+                for future in stopping:
+                    with contextlib.suppress(Exception):
+                        await future
+            await sup.aclose(received[0] if received else signal.SIGTERM)
+            stop_audit()
+    finally:
+        for sock in sockets:
+            sock.close()
+        if address.unix_socket:
+            with contextlib.suppress(OSError):
+                os.unlink(address.unix_socket)
+        with contextlib.suppress(OSError):
+            if json.loads(marker.read_text()).get("pid") == os.getpid():
+                marker.unlink()
+    return received[0] if received else 0
+
+
+def _write_marker(path: Path, address: DaemonAddress) -> None:
+    """Where the daemon listens (never a token), for the CLI on the same machine."""
+    data = {"url": address.client_url, "http": address.url, "unixSocket": address.unix_socket, "pid": os.getpid()}
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
