@@ -531,7 +531,7 @@ class ExecProcessFace:
         if params.hex:
             payload += encode_hex(params.hex)
         if params.keys:
-            payload += encode_keys(params.keys, app_cursor=session.app_cursor_keys)
+            payload += encode_keys(params.keys, app_cursor=session.terminal.app_cursor_keys)
         return await self._send(session, params, scope, payload)
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
@@ -543,7 +543,7 @@ class ExecProcessFace:
         if params.text is None:
             raise InvalidArgument("paste needs text", field="text")
         # Markers reach a program that never enabled bracketed paste as literal ESC[200~ text.
-        payload = encode_paste(params.text, bracketed=session.spec.pty and session.bracketed_paste)
+        payload = encode_paste(params.text, bracketed=session.spec.pty and session.terminal.bracketed_paste)
         return await self._send(session, params, scope, payload)
 
     async def _kill(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
