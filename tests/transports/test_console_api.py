@@ -4,6 +4,7 @@ operators' agent filter, bounded log pages, and that the page's files ship in th
 from __future__ import annotations
 
 import base64
+import json
 import tomllib
 from collections.abc import Iterator
 from fnmatch import fnmatch
@@ -114,3 +115,33 @@ def test_every_file_of_the_page_ships_in_the_wheel() -> None:
     assert files and all(any(fnmatch(f, g) for g in globs) for f in files), files
     for licence in ("vendor/xterm/LICENSE", "vendor/uplot/LICENSE"):
         assert (STATIC_DIR / licence).read_text().strip()
+
+
+def test_without_tokens_the_page_shows_everything_and_changes_still_need_csrf(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = tmp_path_factory.mktemp("console-open")
+    # An audit trail left by an earlier daemon: the console shows it from the start.
+    (root / "state").mkdir()
+    earlier = {"event": "AuditEvent", "scope": "default", "tool": "exec", "tier": "notify", "outcome": "ok"}
+    (root / "state" / "audit.jsonl").write_text(json.dumps({**earlier, "summary": "exec: make earlier"}) + "\n")
+    daemon = start_daemon(root, None)
+    try:
+        with daemon.http(None) as page:
+            me = page.get("/console/api/me").json()
+            assert me["agent"] == "default" and me["operator"] and not me["tokensRequired"]
+            sid = post(page, "exec", command="sleep 3103", yieldMs=0).json()["data"]["sessionId"]
+            signal = f"/console/api/sessions/default/{sid}/signal"
+            refused = page.post(signal, json={"signal": "SIGKILL"})
+            assert refused.status_code == 403 and refused.json()["error"] == "CsrfRejected"
+            done = page.post(signal, json={"signal": "SIGKILL"}, headers={"X-Procpilot-CSRF": me["csrf"]})
+            assert done.status_code == 200, done.text
+            with page.stream("GET", "/console/api/stream") as events:
+                seen = ""
+                for line in events.iter_lines():
+                    seen += line + "\n"
+                    if "make earlier" in seen and sid in seen and "console.signal" in seen:
+                        break
+            post(page, "process", action="remove", sessionId=sid)
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()

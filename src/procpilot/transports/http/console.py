@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
+import os
 import signal
 import time
 from collections import deque
@@ -67,10 +69,12 @@ _AUDIT_RING = 2000
 _PAGE_MAX = 256 * 1024
 _CHUNK = 64 * 1024
 _TICK = 1.0  # seconds between snapshots of the session list (exits wake it at once)
+_MIN_GAP = 0.25  # seconds at least between two wake-ups of one stream
+_AUDIT_TAIL = 512 * 1024  # bytes of the audit file read at start-up, to show what came before
 _MAX_WRITE = 64 * 1024
 _SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
 _STREAMS = {"combined": Stream.COMBINED, "stdout": Stream.STDOUT, "stderr": Stream.STDERR}
-_APPROVAL_OUTCOMES = ("awaiting_approval", "approved", "denied", "expired")
+_AUDIT_FIELDS = tuple(f.name for f in dataclasses.fields(AuditEvent))
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -116,6 +120,7 @@ class Console:
     @contextlib.asynccontextmanager
     async def attached(self) -> AsyncIterator[None]:
         """Listen to exits and audit events while the app runs."""
+        self._load_audit_tail()
         removers: list[Callable[[], None]] = [self.daemon.sup.on_exit(lambda _info: self._wake())]
         if self.daemon.audit is not None:
             removers.append(self.daemon.audit.add_callback(self._on_audit))
@@ -126,16 +131,40 @@ class Console:
                 remove()
             self._wake()
 
+    def _load_audit_tail(self) -> None:
+        """The newest events of the audit file (``<state_dir>/audit.jsonl``: this daemon's and its
+        predecessors'), so the Audit page does not start empty after a restart. Read once, bounded."""
+        from procpilot.transports.serve import audit_file
+
+        path = audit_file(self.daemon.settings)
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - _AUDIT_TAIL))
+                lines = f.read(_AUDIT_TAIL).split(b"\n")
+        except OSError:
+            return
+        if size > _AUDIT_TAIL:
+            lines = lines[1:]  # the first is cut
+        for line in lines[-_AUDIT_RING:]:
+            try:
+                data = json.loads(line)
+                event = AuditEvent(**{f: data[f] for f in _AUDIT_FIELDS if f in data})
+            except (ValueError, TypeError, KeyError):
+                continue  # a torn or foreign line: the file is the record, this is only a view of it
+            self._on_audit(event, wake=False)
+
     def _wake(self) -> None:
         self._snapshots.clear()
         for event in list(self._wakeups):
             event.set()
 
-    def _on_audit(self, event: Any) -> None:
+    def _on_audit(self, event: Any, *, wake: bool = True) -> None:
         if isinstance(event, AuditEvent):
             self._seq += 1
             self.audit.append((self._seq, event.scope, {**audit_event(event), "agent": event.scope}))
-            self._wake()
+            if wake:
+                self._wake()
 
     # -- who is asking --
 
@@ -298,6 +327,10 @@ class Console:
                             yield b"event: approvals\ndata: " + approvals.encode() + b"\n\n"
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wakeup.wait(), _TICK)
+                    if wakeup.is_set():
+                        # A flood of events (an agent starting a session a millisecond) wakes
+                        # this at most this often: the list is rebuilt per wake-up, not per event.
+                        await asyncio.sleep(_MIN_GAP)
                     quiet = 0.0 if wakeup.is_set() else quiet + _TICK
                     if quiet >= _HEARTBEAT_EVERY:
                         quiet = 0.0
