@@ -125,7 +125,7 @@ def test_without_tokens_the_page_shows_everything_and_changes_still_need_csrf(
     (root / "state").mkdir()
     earlier = {"event": "AuditEvent", "scope": "default", "tool": "exec", "tier": "notify", "outcome": "ok"}
     (root / "state" / "audit.jsonl").write_text(json.dumps({**earlier, "summary": "exec: make earlier"}) + "\n")
-    daemon = start_daemon(root, None)
+    daemon = start_daemon(root, None, server="websockets_per_agent = 2")
     try:
         with daemon.http(None) as page:
             me = page.get("/console/api/me").json()
@@ -138,10 +138,19 @@ def test_without_tokens_the_page_shows_everything_and_changes_still_need_csrf(
             assert done.status_code == 200, done.text
             with page.stream("GET", "/console/api/stream") as events:
                 seen = ""
-                for line in events.iter_lines():
-                    seen += line + "\n"
-                    if "make earlier" in seen and sid in seen and "console.signal" in seen:
-                        break
+                lines = events.iter_lines()  # not left by a break, which would close the connection
+                while not ("make earlier" in seen and sid in seen and "console.signal" in seen):
+                    seen += next(lines) + "\n"
+                # Two streams are this agent's limit: a third is refused while they are open...
+                running = post(page, "exec", command="sleep 3104", yieldMs=0).json()["data"]["sessionId"]
+                with page.stream("GET", f"/console/api/sessions/default/{running}/output") as output:
+                    assert output.status_code == 200
+                    third = page.get("/console/api/stream", timeout=10)
+                    assert third.status_code == 429 and third.json()["error"] == "TooManyConnections"
+                post(page, "process", action="remove", sessionId=running)
             post(page, "process", action="remove", sessionId=sid)
+            # ...and once they are closed, streams are counted no more.
+            with page.stream("GET", "/console/api/stream") as again:
+                assert again.status_code == 200
     finally:
         assert daemon.stop() == 0, daemon.log_text()

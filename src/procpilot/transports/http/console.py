@@ -32,7 +32,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -284,13 +284,21 @@ class Console:
         decided = [r.public() for r in gate.decided()] if gate is not None else []
         return {"pending": pending, "decided": decided}
 
-    def _enter_stream(self, agent: str) -> None:
+    def _check_streams(self, agent: str) -> None:
         if self._streams.get(agent, 0) >= self.daemon.settings.server.websockets_per_agent:
             raise TooManyConnections(f"agent {agent!r} holds as many console streams as it may")
-        self._streams[agent] = self._streams.get(agent, 0) + 1
 
-    def _leave_stream(self, agent: str) -> None:
-        self._streams[agent] -= 1
+    @contextlib.contextmanager
+    def _counted(self, agent: str) -> Iterator[None]:
+        """Counts a stream while its body runs (entered inside the generator: one whose client
+        left before it started never runs, so it must never have been counted)."""
+        self._streams[agent] = self._streams.get(agent, 0) + 1
+        try:
+            yield
+        finally:
+            self._streams[agent] -= 1
+            if not self._streams[agent]:
+                del self._streams[agent]
 
     async def stream(self, request: Request) -> Response:
         agent = _agent()
@@ -298,16 +306,16 @@ class Console:
         operator = is_operator(server, agent)
         approver = agent in server.approvers and self.daemon.gate is not None
         try:
-            self._enter_stream(agent)
+            self._check_streams(agent)
         except ProcpilotError as exc:
             return _json(exc.to_dict(), exc.http_status)
-        wakeup = asyncio.Event()
-        self._wakeups.add(wakeup)
 
         async def events() -> AsyncIterator[bytes]:
             sent_rows = sent_approvals = ""
             seen = max(0, self._seq - 500)  # the newest 500 of the ring on connect
             quiet = 0.0
+            wakeup = asyncio.Event()
+            self._wakeups.add(wakeup)
             try:
                 yield b"retry: 3000\n\n" + _sse("ready", {"agent": agent, "operator": operator})
                 while not self.daemon.closing.is_set():
@@ -337,10 +345,17 @@ class Console:
                         yield b": keep-alive\n\n"
             finally:
                 self._wakeups.discard(wakeup)
-                self._leave_stream(agent)
+
+        return self._sse_response(agent, events())
+
+    def _sse_response(self, agent: str, body: AsyncIterator[bytes]) -> Response:
+        async def counted() -> AsyncIterator[bytes]:
+            with self._counted(agent):
+                async for chunk in body:
+                    yield chunk
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(counted(), media_type="text/event-stream", headers=headers)
 
     # -- one session's output --
 
@@ -380,33 +395,36 @@ class Console:
             session = self._session(request)
             view = self._view(request, session)
             start = _int_param(request, "from", -1, -1, 1 << 62)
-            self._enter_stream(agent)
+            self._check_streams(agent)
         except ProcpilotError as exc:
             return _json(exc.to_dict(), exc.http_status)
         output = session.output
 
         async def events() -> AsyncIterator[bytes]:
             offset = max(0, view.size - _CHUNK) if start < 0 else start
-            try:
-                while not self.daemon.closing.is_set():
-                    if offset < view.size:
-                        page = view.read(offset, _CHUNK)
-                        offset = page.end
-                        data = {"offset": page.start, "end": page.end, "dropped": page.dropped}
-                        yield _sse("data", {**data, "data": base64.b64encode(page.data).decode()})
-                        continue
-                    if session.finished and offset >= view.size:
-                        yield _sse("end", {"state": session.state.value, "exitCode": session.exit_code})
-                        return
-                    if not await output.wait_for_change(_HEARTBEAT_EVERY):
-                        yield b": keep-alive\n\n"
-                    elif output.closed and not session.finished:
+            quiet = 0.0
+            while not self.daemon.closing.is_set():
+                if offset < view.size:
+                    page = view.read(offset, _CHUNK)
+                    offset = page.end
+                    data = {"offset": page.start, "end": page.end, "dropped": page.dropped}
+                    yield _sse("data", {**data, "data": base64.b64encode(page.data).decode()})
+                    continue
+                if session.finished and offset >= view.size:
+                    yield _sse("end", {"state": session.state.value, "exitCode": session.exit_code})
+                    return
+                # Short waits, so a daemon shutting down ends this stream within a second.
+                if await output.wait_for_change(_TICK):
+                    quiet = 0.0
+                    if output.closed and not session.finished:
                         await session.wait_finished(_TICK)
-            finally:
-                self._leave_stream(agent)
+                else:
+                    quiet += _TICK
+                    if quiet >= _HEARTBEAT_EVERY:
+                        quiet = 0.0
+                        yield b": keep-alive\n\n"
 
-        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+        return self._sse_response(agent, events())
 
     # -- acting on a session --
 
