@@ -9,6 +9,7 @@ import tomllib
 from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,6 +106,18 @@ def test_a_log_page_is_bounded_whatever_is_asked(served: Served) -> None:
         assert len(base64.b64decode(page["data"])) == 256 * 1024
         bad = a.get(f"/console/api/sessions/agent-a/{sid}/log", params={"offset": "1e9"})
         assert bad.status_code == 422 and bad.json()["error"] == "InvalidArgument"
+        # The live stream of the same output: every byte once, in 64 KiB events, then the end.
+        events: list[tuple[str, dict[str, Any]]] = []
+        with a.stream("GET", f"/console/api/sessions/agent-a/{sid}/output", params={"from": 0}) as out:
+            kind = ""
+            for line in out.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    events.append((kind, json.loads(line[6:])))
+        assert [k for k, _ in events] == ["data"] * 10 + ["end"] and events[-1][1]["state"] == "exited_ok"
+        streamed = b"".join(base64.b64decode(e["data"]) for k, e in events if k == "data")
+        assert streamed == b"x" * 600_000
         post(a, "process", action="remove", sessionId=sid)
 
 

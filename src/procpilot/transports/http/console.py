@@ -12,12 +12,14 @@
     POST /console/api/sessions/A/ID/write    {"data", "eof"?}: to its stdin (or pty), under its policy
     POST /console/api/sessions/A/ID/remove   kill if running, then forget it
 
-Approvals are decided through the daemon's own ``POST /v1/approvals/{id}``. Who sees what is
+What a session looks like and what can be done to it is the face's (``faces/console_view.py``);
+this module carries it over HTTP. Approvals are decided through the daemon's own
+``POST /v1/approvals/{id}``. Who sees what is
 ``operators.py``'s rule; every POST here needs the CSRF token of ``/console/api/me``. What a
 person does here is audited (tool ``console.<action>``, ``decided_by`` the person's agent).
 
-Everything is bounded: a log page is at most 256 KiB, an output event 64 KiB (a reader far behind
-jumps to what it asked for, it is never buffered for), a snapshot 500 sessions, the audit ring
+Everything is bounded: a log page is at most 256 KiB, an output event 64 KiB (read from the log
+when the reader is ready for it, never buffered for it), a snapshot 500 sessions, the audit ring
 2,000 events, and an agent holds at most ``websockets_per_agent`` console streams.
 """
 
@@ -29,7 +31,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -42,7 +43,6 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from procpilot.contract import AuditEvent
-from procpilot.engine.capture import SegmentedLog, Stream
 from procpilot.engine.session import Session
 from procpilot.errors import (
     CsrfRejected,
@@ -51,6 +51,7 @@ from procpilot.errors import (
     SessionNotFound,
     TooManyConnections,
 )
+from procpilot.faces import console_view
 from procpilot.transports.http.browser_auth import CSRF_HEADER, BrowserAuth
 from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _header, _json, _json_body
 from procpilot.transports.http.events import _sse, audit_event
@@ -64,16 +65,10 @@ __all__ = ["STATIC_DIR", "Console"]
 
 STATIC_DIR = Path(__file__).with_name("console_static")
 
-_MAX_ROWS = 500
-_AUDIT_RING = 2000
-_PAGE_MAX = 256 * 1024
-_CHUNK = 64 * 1024
+_AUDIT_RING = 2000  # audit events kept for the Audit page
 _TICK = 1.0  # seconds between snapshots of the session list (exits wake it at once)
 _MIN_GAP = 0.25  # seconds at least between two wake-ups of one stream
 _AUDIT_TAIL = 512 * 1024  # bytes of the audit file read at start-up, to show what came before
-_MAX_WRITE = 64 * 1024
-_SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
-_STREAMS = {"combined": Stream.COMBINED, "stdout": Stream.STDOUT, "stderr": Stream.STDERR}
 _AUDIT_FIELDS = tuple(f.name for f in dataclasses.fields(AuditEvent))
 
 
@@ -245,38 +240,14 @@ class Console:
     # -- the live stream --
 
     def _rows(self, scope: str | None) -> list[dict[str, Any]]:
-        """The newest sessions ``scope`` sees (None: every agent's), at most once a second."""
+        """``console_view.rows``, computed at most once a second per scope for every open page."""
         cached = self._snapshots.get(scope)
         now = time.monotonic()
         if cached is not None and now - cached[0] < _TICK:
             return cached[1]
-        sup = self.daemon.sup
-        sessions = sup.all_sessions() if scope is None else sup.list(scope)
-        sessions = sorted(sessions, key=lambda s: s.created_at, reverse=True)[:_MAX_ROWS]
-        rows = [self._row(s) for s in sessions]
+        rows = console_view.rows(self.daemon.sup, scope)
         self._snapshots[scope] = (now, rows)
         return rows
-
-    def _row(self, s: Session) -> dict[str, Any]:
-        usage = self.daemon.sup.usage.usage(s) if s.pid is not None else None
-        return {
-            "id": s.id,
-            "agent": s.scope,
-            "command": s.command[:2000],
-            "state": s.state.value,
-            "pty": s.spec.pty,
-            "pid": s.pid,
-            "startedAt": s.started_at,
-            "endedAt": s.ended_at,
-            "durationMs": s.duration_ms,
-            "exitCode": s.exit_code,
-            "exitSignal": s.exit_signal,
-            "cpuMs": usage.cpu_ms if usage else 0,
-            "memoryBytes": self.daemon.sup.usage.rss_now(s),
-            "memoryPeakBytes": usage.memory_peak_bytes if usage else 0,
-            "stdinOpen": s.stdin_open,
-            "bytes": s.output[Stream.COMBINED].size,
-        }
 
     def _approvals(self) -> dict[str, Any]:
         gate = self.daemon.gate
@@ -359,70 +330,42 @@ class Console:
 
     # -- one session's output --
 
-    def _view(self, request: Request, session: Session) -> SegmentedLog:
-        name = request.query_params.get("stream", "combined")
-        if name not in _STREAMS:
-            raise InvalidArgument("stream: combined, stdout or stderr", field="stream")
-        return session.output[_STREAMS[name]]
-
     async def log_page(self, request: Request) -> Response:
         """``limit`` bytes from ``offset`` (past the end: the last ``limit``), never the whole log."""
         try:
             session = self._session(request)
-            view = self._view(request, session)
-            limit = _int_param(request, "limit", _CHUNK, 1, _PAGE_MAX)
+            limit = _int_param(request, "limit", console_view.CHUNK, 1, console_view.PAGE_MAX)
             offset = _int_param(request, "offset", -1, -1, 1 << 62)
+            page = console_view.log_page(session, request.query_params.get("stream", "combined"), offset, limit)
         except ProcpilotError as exc:
             return _json(exc.to_dict(), exc.http_status)
-        if offset < 0 or offset >= view.size:
-            offset = max(0, view.size - limit)
-        page = view.read(offset, limit)
-        return _json(
-            {
-                "offset": page.start,
-                "end": page.end,
-                "total": page.total,
-                "dropped": page.dropped,
-                "data": base64.b64encode(page.data).decode(),
-                "finished": session.finished,
-            }
-        )
+        return _json({**page, "data": base64.b64encode(page["data"]).decode()})
 
     async def output(self, request: Request) -> Response:
         """SSE of the output from ``from`` (-1: the last 64 KiB) on, until the session ends."""
         try:
             agent = _agent()
             session = self._session(request)
-            view = self._view(request, session)
+            stream = request.query_params.get("stream", "combined")
+            console_view.view(session, stream)  # a bad name is a 422 now, not a broken stream
             start = _int_param(request, "from", -1, -1, 1 << 62)
             self._check_streams(agent)
         except ProcpilotError as exc:
             return _json(exc.to_dict(), exc.http_status)
-        output = session.output
 
         async def events() -> AsyncIterator[bytes]:
-            offset = max(0, view.size - _CHUNK) if start < 0 else start
             quiet = 0.0
-            while not self.daemon.closing.is_set():
-                if offset < view.size:
-                    page = view.read(offset, _CHUNK)
-                    offset = page.end
-                    data = {"offset": page.start, "end": page.end, "dropped": page.dropped}
-                    yield _sse("data", {**data, "data": base64.b64encode(page.data).decode()})
-                    continue
-                if session.finished and offset >= view.size:
-                    yield _sse("end", {"state": session.state.value, "exitCode": session.exit_code})
-                    return
-                # Short waits, so a daemon shutting down ends this stream within a second.
-                if await output.wait_for_change(_TICK):
-                    quiet = 0.0
-                    if output.closed and not session.finished:
-                        await session.wait_finished(_TICK)
-                else:
+            async for chunk in console_view.output_chunks(session, stream, start, self.daemon.closing, _TICK):
+                if chunk is None:
                     quiet += _TICK
                     if quiet >= _HEARTBEAT_EVERY:
                         quiet = 0.0
                         yield b": keep-alive\n\n"
+                elif chunk.get("ended"):
+                    yield _sse("end", {"state": chunk["state"], "exitCode": chunk["exitCode"]})
+                else:
+                    quiet = 0.0
+                    yield _sse("data", {**chunk, "data": base64.b64encode(chunk["data"]).decode()})
 
         return self._sse_response(agent, events())
 
@@ -434,35 +377,12 @@ class Console:
             session = self._session(request)
             action = request.path_params["action"]
             body = await _json_body(request)
-            outcome = await self._do(action, session, body)
+            outcome = await console_view.act(self.daemon.sup, session, action, body)
         except ProcpilotError as exc:
             return _json(exc.to_dict(), exc.http_status)
         self._audit(session, action, outcome)
         self._wake()
         return _json({"ok": True, "state": session.state.value, "detail": outcome})
-
-    async def _do(self, action: str, session: Session, body: dict[str, Any]) -> str:
-        sup = self.daemon.sup
-        if action == "signal":
-            name = body.get("signal")
-            if name not in _SIGNALS:
-                raise InvalidArgument("signal: SIGINT, SIGTERM or SIGKILL", field="signal")
-            # Kill ends the tree now; INT and TERM leave it the grace period (then SIGKILL), as the
-            # process tool's kill does.
-            grace = 0.0 if name == "SIGKILL" else None
-            wait = 5.0 if name == "SIGKILL" else 0.0
-            await sup.kill(session.scope, session.id, _SIGNALS[name], grace=grace, wait=wait)
-            return str(name)
-        if action == "write":
-            data, eof = body.get("data", ""), body.get("eof", False)
-            if not isinstance(data, str) or len(data) > _MAX_WRITE or not isinstance(eof, bool):
-                raise InvalidArgument(f"data: text of at most {_MAX_WRITE} characters; eof: a boolean", field="data")
-            written = await sup.write(session.scope, session.id, data.encode(), eof=eof, timeout=5.0)
-            return f"{written} bytes" + (", eof" if eof else "")
-        if action == "remove":
-            await sup.remove(session.scope, session.id)
-            return "removed"
-        raise InvalidArgument("action: signal, write or remove", field="action")
 
     def _audit(self, session: Session, action: str, outcome: str) -> None:
         if self.daemon.audit is None or action == "write":  # keystrokes are not an audit trail's business
