@@ -243,7 +243,7 @@ function makeChart(box) {
       last = t;
       data[0].push(t); data[1].push(s.cpuPercent ?? 0); data[2].push(s.memoryBytes / (1 << 20));
       if (data[0].length > 600) for (const d of data) d.shift();
-      plot.setData(data);
+      if (data[0].length > 1) plot.setData(data); // one sample alone would stretch the time axis over years
     },
     destroy() { plot?.destroy(); },
   };
