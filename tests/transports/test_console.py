@@ -26,6 +26,9 @@ from playwright.sync_api import expect
 
 from tests.daemon import Served, post, start_daemon
 
+# Waits, not timings: on a loaded shared machine a page may take seconds to show what it will show.
+expect.set_options(timeout=20_000)
+
 CHROMIUM = os.environ.get("PROCPILOT_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "images"
 TOKENS = {"tok-console-alpha-0123": "agent-a", "tok-console-bravo-0123": "agent-b", "tok-console-ops-012345": "ops"}

@@ -29,6 +29,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import hmac
 import json
 import os
 import time
@@ -175,7 +176,7 @@ class Console:
         if request.headers.get("authorization"):
             return
         presented = _header(request.scope, CSRF_HEADER.encode()) or ""
-        if presented != self.browser.csrf_for(self._presented_token(request)):
+        if not hmac.compare_digest(presented.encode(), self.browser.csrf_for(self._presented_token(request)).encode()):
             raise CsrfRejected("this change lacks the console's CSRF token")
 
     def _session(self, request: Request) -> Session:
