@@ -230,7 +230,8 @@ def test_output_streams_and_stdin_reaches_a_pipe_session(open_page: Callable[...
     sid = start(
         served,
         TOKEN_A,
-        "for i in 1 2 3 4 5 6; do echo tick-$i; sleep 0.4; done; while read -r l; do echo heard-$l; done",
+        "echo to-stderr >&2; for i in 1 2 3 4 5 6; do echo tick-$i; sleep 0.4; done;"
+        " while read -r l; do echo heard-$l; done",
     )
     try:
         page = open_page(TOKEN_A)
@@ -243,6 +244,8 @@ def test_output_streams_and_stdin_reaches_a_pipe_session(open_page: Callable[...
         page.get_by_role("button", name="Send").click()
         expect(text).to_contain_text("heard-hello-pipe")
         shot(page, "session")
+        page.get_by_label("Stream").select_option("stderr")  # one stream alone
+        expect(text).to_have_text("to-stderr")
     finally:
         kill(served, TOKEN_A, sid)
 

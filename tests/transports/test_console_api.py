@@ -55,6 +55,10 @@ def test_the_page_and_its_files_are_public_and_hold_no_data(served: Served) -> N
 def test_login_sets_an_httponly_strict_cookie_and_changes_need_csrf_and_our_origin(served: Served) -> None:
     with served.http(None) as browser:
         assert browser.post("/console/api/login", json={"token": "wrong"}).status_code == 401
+        port = int(served.url.rsplit(":", 1)[1])
+        elsewhere = {"Origin": f"http://localhost:{port + 1}"}
+        assert browser.post("/console/api/login", json={"token": TOKEN_A}, headers=elsewhere).status_code == 403
+        assert not browser.cookies  # nothing was set
         login = browser.post("/console/api/login", json={"token": TOKEN_A})
         assert login.status_code == 200, login.text
         cookie = login.headers["set-cookie"]
@@ -69,7 +73,6 @@ def test_login_sets_an_httponly_strict_cookie_and_changes_need_csrf_and_our_orig
         session = started.json()["data"]["sessionId"]
         try:
             # Another loopback origin (a dev server an agent runs, say) may not use the cookie.
-            port = int(served.url.rsplit(":", 1)[1])
             foreign = {"Origin": f"http://127.0.0.1:{port + 1}", "X-Procpilot-CSRF": csrf}
             assert browser.get("/console/api/me", headers=foreign).status_code == 403
             signal = f"/console/api/sessions/agent-a/{session}/signal"

@@ -206,6 +206,8 @@ class Console:
     # -- login --
 
     async def login(self, request: Request) -> Response:
+        if not self.browser.same_origin(request.scope):  # nobody logs a browser in from another site
+            return _json({"error": "Forbidden", "message": "Forbidden."}, 403)
         try:
             body = await _json_body(request, '{"token": "..."}')
         except ProcpilotError as exc:

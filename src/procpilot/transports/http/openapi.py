@@ -240,6 +240,15 @@ _ROUTES = (
 )
 
 
+_AGENT_PARAMETER = {
+    "name": "agent",
+    "in": "query",
+    "required": False,
+    "description": "Run the call in this agent's scope: [server] operators only (others: 403 OperatorForbidden).",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+}
+
+
 def _tool_operation(spec: ToolSpec, schema_name: str) -> dict[str, Any]:
     """``POST /v1/tools/{name}``: the request body is the tool's input model."""
     responses: dict[str, tuple[str, Mapping[str, Any] | None]] = {
@@ -259,6 +268,7 @@ def _tool_operation(spec: ToolSpec, schema_name: str) -> dict[str, Any]:
         extra={
             "tags": ["tools"],
             "x-procpilot-tier": spec.tier.value,
+            "parameters": [_AGENT_PARAMETER],
             "requestBody": {
                 "required": False,
                 "description": "The tool's arguments (an empty body is {}).",
