@@ -206,8 +206,16 @@ def test_an_operator_sees_and_acts_on_another_agents_sessions(open_page: Callabl
 
 
 def test_the_list_updates_live(open_page: Callable[..., Any], served: Served) -> None:
-    page = open_page(TOKEN_A)
+    page = open_page(None)
+    fetched: list[str] = []
+    page.on("request", lambda r: fetched.append(r.url))
+    page.reload()  # everything the page loads, from the start
+    page.get_by_label("Token").fill(TOKEN_A)
+    page.get_by_role("button", name="Log in").click()
     page.locator("#sessions").wait_for()
+    # No CDN: the page, its scripts and styles all come from the daemon itself.
+    assert any(u.endswith("/xterm.mjs") for u in fetched) and any(u.endswith("uPlot.iife.min.js") for u in fetched)
+    assert all(u.startswith(served.url + "/") for u in fetched), fetched
     sid = start(served, TOKEN_A, "sleep 1.5; echo built # live-list")
     try:
         row = page.locator(f"tr[data-id='{sid}']")
