@@ -98,6 +98,12 @@ def test_operators_act_in_any_agents_scope_and_nobody_else_does(served: Served) 
         page = ops.get(f"/console/api/sessions/agent-a/{sid}/log", params={"limit": 10_000_000})
         assert page.status_code == 200
         post(ops, "process?agent=agent-a", action="remove", sessionId=sid)
+        # And follows another agent's event stream.
+        with ops.stream("GET", "/v1/events", params={"agent": "agent-a"}) as events:
+            assert events.status_code == 200
+            assert '"agent":"agent-a"' in next(line for line in events.iter_lines() if line.startswith("data: "))
+    with served.http(TOKEN_A) as a:
+        assert a.get("/v1/events", params={"agent": "ops"}).status_code == 403
 
 
 def test_a_log_page_is_bounded_whatever_is_asked(served: Served) -> None:

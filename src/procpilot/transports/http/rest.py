@@ -206,7 +206,11 @@ class Daemon:
         return JSONResponse(build_openapi(list(self.tools.values()), _version()))
 
     async def events(self, request: Request) -> Response:
-        agent = _agent()
+        try:
+            # An operator may follow another agent's stream: GET /v1/events?agent=ID.
+            agent = acting_scope(self.settings.server, _agent(), request.query_params.get("agent"))
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
         queue = _EventQueue()
         entry = (agent, queue)
         self._queues.add(entry)

@@ -21,7 +21,7 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-async function api(path, { method = "GET", body } = {}) {
+async function api(path, { method = "GET", body, retried = false } = {}) {
   const headers = {};
   if (method !== "GET") {
     headers["X-Procpilot-CSRF"] = state.me?.csrf ?? "";
@@ -29,6 +29,11 @@ async function api(path, { method = "GET", body } = {}) {
   }
   const res = await fetch(path, { method, headers, credentials: "same-origin", body: body === undefined ? undefined : JSON.stringify(body) });
   const data = await res.json().catch(() => ({}));
+  if (res.status === 403 && method !== "GET" && !retried && path !== `${API}/login`) {
+    // The daemon restarted since the page loaded (a new CSRF secret): fetch the token again, once.
+    state.me = await api(`${API}/me`);
+    return api(path, { method, body, retried: true });
+  }
   if (!res.ok) throw Object.assign(new Error(data.message || res.statusText), { status: res.status, data });
   return data;
 }
