@@ -43,6 +43,7 @@ def row(sup: Supervisor, s: Session) -> dict[str, Any]:
         "command": s.command[:2000],
         "state": s.state.value,
         "pty": s.spec.pty,
+        "ptySize": list(s.spec.pty_size),  # (cols, rows): the console's terminal is made this size
         "pid": s.pid,
         "startedAt": s.started_at,
         "endedAt": s.ended_at,

@@ -220,7 +220,7 @@ function sessionView(agent, id) {
     const s = find();
     if (!s || shown) return;
     shown = s.pty ? "pty" : "pipe";
-    closeOutput = s.pty ? ptyPane(left, base) : pipePane(left, base, s);
+    closeOutput = s.pty ? ptyPane(left, base, s) : pipePane(left, base, s);
   }
   on("pp:sessions", () => { header(); build(); });
   header();
@@ -255,10 +255,12 @@ function makeChart(box) {
 }
 
 // A terminal for a pty session: output from the log, keys typed go to the session's pty.
-function ptyPane(parent, base) {
+function ptyPane(parent, base, session) {
   const box = el("div", { class: "term", id: "terminal" });
   parent.append(box);
-  const term = new Terminal({ convertEol: false, scrollback: 5000, fontSize: 13 });
+  // The pty's own size, so full-screen programs draw as they would in a terminal of that size.
+  const [cols, rows] = session.ptySize ?? [120, 30];
+  const term = new Terminal({ cols, rows, convertEol: false, scrollback: 5000, fontSize: 12 });
   term.open(box);
   let pending = "";
   let timer = null;
