@@ -65,6 +65,11 @@ def test_login_sets_an_httponly_strict_cookie_and_changes_need_csrf_and_our_orig
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN_A in cookie
         csrf = login.json()["csrf"]
         assert browser.get("/console/api/me").json()["agent"] == "agent-a"
+        # Other apps on localhost share the Cookie header, malformed cookies and all.
+        name = cookie.split("=", 1)[0]
+        crowded = {"Cookie": f'app={{"a": 1, "b": [2]}}; other="x y"; {name}={TOKEN_A}; last=1'}
+        with served.http(None) as fresh:
+            assert fresh.get("/console/api/me", headers=crowded).json()["agent"] == "agent-a"
         sid = post(browser, "exec", command="sleep 3101", yieldMs=0)  # a change by cookie alone
         assert sid.status_code == 403
         with_csrf = {"X-Procpilot-CSRF": csrf}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from http.cookies import CookieError, SimpleCookie
+from http.cookies import SimpleCookie
 
 from starlette.types import Scope
 
@@ -62,12 +62,14 @@ class BrowserAuth:
         raw = _header(scope, b"cookie")
         if not raw or len(raw) > _MAX_COOKIE_HEADER:
             return None
-        try:
-            jar: SimpleCookie = SimpleCookie(raw)
-        except CookieError:
-            return None
-        morsel = jar.get(self.cookie_name(scope))
-        return morsel.value if morsel is not None and morsel.value else None
+        # Split by hand: every app on localhost shares this header, and SimpleCookie stops at the
+        # first cookie it finds malformed (a dev server's JSON value), losing ours after it.
+        name = self.cookie_name(scope)
+        for pair in raw.split(";"):
+            key, eq, value = pair.strip().partition("=")
+            if eq and key == name and value:
+                return value
+        return None
 
     def set_cookie(self, scope: Scope, token: str) -> str:
         jar: SimpleCookie = SimpleCookie()
