@@ -225,8 +225,12 @@ def test_the_list_updates_live(open_page: Callable[..., Any], served: Served) ->
         long = start(served, TOKEN_A, "python3 -c 'import time; x = bytearray(40 << 20); time.sleep(30)'")
         page.locator(f"tr[data-id='{long}']").wait_for()
         page.get_by_label("Search commands").fill("live-list")
-        wait_until(lambda: page.locator("#sessions tbody tr").count() == 1, "the search to narrow the list")
+        expect(page.locator("#sessions tbody tr")).to_have_count(1)
         page.get_by_label("Search commands").fill("")
+        page.get_by_label("State").select_option("running")
+        expect(page.locator(f"tr[data-id='{sid}']")).to_have_count(0)  # it ended
+        expect(page.locator(f"tr[data-id='{long}']")).to_have_count(1)
+        page.get_by_label("State").select_option("")
         page.wait_for_timeout(1500)  # CPU and memory of the running one filled in
         shot(page, "sessions")
         kill(served, TOKEN_A, long)
