@@ -8,9 +8,9 @@ It starts a real daemon on a free loopback port (its own state directory, no tok
 1. **log page**: ``GET /console/api/sessions/.../log`` of 64 KiB at random offsets all over the log
    (what the page asks for as a person drags the scrollbar). Baseline: ``GET`` of a 51 KiB static
    file (the vendored uPlot) from the same daemon: the same HTTP stack with no paging work.
-2. **an open console**: the daemon's CPU time over 10 s with ``--sessions`` running sessions, with
-   one console stream open (a snapshot a second, usage sampled) and without one (baseline: the
-   daemon's own work for those sessions).
+2. **an open console**: the daemon's CPU time over 10 s with ``--sessions`` fresh running sessions,
+   without a console (baseline: the daemon's own work for them), then with one console stream open
+   (a snapshot a second, and the usage tracker sampling their trees once a second).
 
 Nothing is asserted; read the ratios (the machine is shared, see bench/README.md).
 """
@@ -135,12 +135,16 @@ def main() -> int:
                     log_ms, static_ms = paging(c, sid, args.pages)
                     rows.append((f"64 KiB log page, 208 MB log ({label})", f"{log_ms:.2f} ms", f"{static_ms:.2f} ms",
                                  f"{log_ms / static_ms:.2f}x"))
-                for _ in range(args.sessions):
-                    c.post("/v1/tools/exec", json={"command": "sleep 120", "yieldMs": 0}).raise_for_status()
                 for label in ("back to back", "after 5 s idle"):
                     if label != "back to back":
                         time.sleep(5)
+                    # Fresh sessions each time: once a console has shown a session, the usage
+                    # tracker samples it until it ends, console or not.
+                    sleep = {"command": "sleep 120", "yieldMs": 0}
+                    ids = [c.post("/v1/tools/exec", json=sleep).json()["data"]["sessionId"] for _ in range(args.sessions)]
                     watched, idle = console_cpu(url, proc.pid, 10)
+                    for sid in ids:
+                        c.post("/v1/tools/process", json={"action": "kill", "sessionId": sid, "signal": "SIGKILL"})
                     rows.append((f"daemon CPU, {args.sessions} running, console open ({label})", f"{watched:.1f}%",
                                  f"{idle:.1f}%", f"+{watched - idle:.1f} points"))
         finally:
