@@ -141,7 +141,8 @@ def main() -> int:
                     # Fresh sessions each time: once a console has shown a session, the usage
                     # tracker samples it until it ends, console or not.
                     sleep = {"command": "sleep 120", "yieldMs": 0}
-                    ids = [c.post("/v1/tools/exec", json=sleep).json()["data"]["sessionId"] for _ in range(args.sessions)]
+                    started = [c.post("/v1/tools/exec", json=sleep).json() for _ in range(args.sessions)]
+                    ids = [r["data"]["sessionId"] for r in started]
                     watched, idle = console_cpu(url, proc.pid, 10)
                     for sid in ids:
                         c.post("/v1/tools/process", json={"action": "kill", "sessionId": sid, "signal": "SIGKILL"})
