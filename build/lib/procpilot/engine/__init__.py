@@ -1,1 +1,0 @@
-"""The supervisor core: sessions, capture, trees. It knows nothing of faces or transports."""

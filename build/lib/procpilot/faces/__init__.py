@@ -1,1 +1,0 @@
-"""Thin adapters: spec-shaped schemas in, engine calls, spec-shaped results out."""

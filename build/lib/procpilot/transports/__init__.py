@@ -1,1 +1,0 @@
-"""Bytes and wire formats only: MCP, CLI."""
