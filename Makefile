@@ -23,11 +23,13 @@ $(STAMP): pyproject.toml
 	@$(call apt_optional,bwrap,bubblewrap,read-only roots will be refused)
 	touch $(STAMP)
 
-# What `make test` adds: the `dev` extra (pytest, mypy, ruff) and qemu, which boots the guest in
-# which the tests meet a real cgroup v2 hierarchy.
+# What `make test` adds: the `dev` extra (pytest, mypy, ruff, playwright), qemu, which boots the
+# guest in which the tests meet a real cgroup v2 hierarchy, and Debian's chromium, the browser the
+# console's tests drive (Playwright's own browser download is not used).
 $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@$(call apt_optional,qemu-system-x86_64,qemu-system-x86,the cgroup v2 tests in a VM will be skipped)
+	@$(call apt_optional,chromium,chromium,the console's browser tests will be skipped)
 	touch $(DEV_STAMP)
 
 install: $(DEV_STAMP)

@@ -63,7 +63,13 @@ def daemon_env(root: Path) -> dict[str, str]:
 
 
 def write_config(
-    root: Path, tokens: dict[str, str] | None, *, host: str = "127.0.0.1", extra: str = "", server: str = ""
+    root: Path,
+    tokens: dict[str, str] | None,
+    *,
+    host: str = "127.0.0.1",
+    extra: str = "",
+    server: str = "",
+    exec_: str = "",
 ) -> Path:
     (root / "ws").mkdir(parents=True, exist_ok=True)
     lines = [
@@ -71,6 +77,7 @@ def write_config(
         'workspace_root = "ws"',
         "[tools.exec]",
         "killGraceSec = 2",
+        *exec_.splitlines(),
         "[server]",
         f'host = "{host}"',
         "port = 0",
@@ -86,11 +93,17 @@ def write_config(
 
 
 def start_daemon(
-    root: Path, tokens: dict[str, str] | None = TOKENS, *args: str, extra: str = "", server: str = ""
+    root: Path,
+    tokens: dict[str, str] | None = TOKENS,
+    *args: str,
+    extra: str = "",
+    server: str = "",
+    exec_: str = "",
 ) -> Served:
-    """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server]."""
+    """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server], ``exec_``
+    inside [tools.exec]."""
     root.mkdir(parents=True, exist_ok=True)
-    config = write_config(root, tokens, extra=extra, server=server)
+    config = write_config(root, tokens, extra=extra, server=server, exec_=exec_)
     log = root / "daemon.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

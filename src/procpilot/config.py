@@ -119,6 +119,8 @@ class ServerSettings(BaseModel):
     tokens: Mapping[str, str] = Field(default_factory=dict, repr=False)
     # Agent ids that may decide approval requests (never their own); empty: nobody over the daemon.
     approvers: tuple[str, ...] = ()
+    # Agent ids whose token sees and acts on every agent's sessions (the console; REST with ?agent=).
+    operators: tuple[str, ...] = ()
     # What one agent may hold open: MCP sessions (each costs ~40 KiB) and proc/* WebSockets; an
     # MCP session with no request for this long is closed (the client opens a new one).
     mcp_sessions_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 64

@@ -37,6 +37,8 @@
     ├── Unauthorized                         401                    no token, or a wrong one
     ├── ApprovalForbidden                    403                    only approvers may see and decide approvals
     ├── SelfApprovalDenied                   403                    an agent may not decide its own request
+    ├── OperatorForbidden                    403                    only operators may act on other agents' sessions
+    ├── CsrfRejected                         403                    a console change without the page's CSRF token
     ├── UnknownTool                          404                    no tool by that name
     ├── RequestTooLarge                      413                    a body over the daemon's limit
     ├── TooManyConnections                   429                    the agent holds as many sessions as it may
@@ -62,6 +64,7 @@ __all__ = [
     "CommandDenied",
     "CommandNotFound",
     "ConfigError",
+    "CsrfRejected",
     "DaemonConnectionLost",
     "DaemonNotRunning",
     "ElevationDenied",
@@ -74,6 +77,7 @@ __all__ = [
     "KillFailed",
     "LimitAboveAllocation",
     "NotSupported",
+    "OperatorForbidden",
     "PathOutOfScope",
     "PermissionDenied",
     "ProcLimit",
@@ -384,6 +388,20 @@ class SelfApprovalDenied(ProcpilotError):
     http_status: ClassVar[int] = 403
     default_hints: ClassVar[dict[str, str]] = {
         "other_approver": "Another approver has to decide this request.",
+    }
+
+
+class OperatorForbidden(ProcpilotError):
+    http_status: ClassVar[int] = 403
+    default_hints: ClassVar[dict[str, str]] = {
+        "operators": "Only the agents in [server] operators may see and act on other agents' sessions.",
+    }
+
+
+class CsrfRejected(ProcpilotError):
+    http_status: ClassVar[int] = 403
+    default_hints: ClassVar[dict[str, str]] = {
+        "reload": "Reload the console page: GET /console/api/me gives the CSRF token to send as X-Procpilot-CSRF.",
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
@@ -41,3 +42,20 @@ async def test_tracker_watch_task_ends_with_the_sessions(supervisor: Supervisor)
     await session.wait_finished(10)
     await asyncio.wait_for(asyncio.shield(task), 5)
     assert tracker.usage(session).cpu_ms >= 0
+
+
+async def test_latest_reads_the_periodic_samples_and_rss_now_is_the_trees_memory_now(supervisor: Supervisor) -> None:
+    # What the console shows each second of every session: no sampling of its own, memory now.
+    touch = "x = bytearray(40 << 20); x[::4096] = bytes(len(x[::4096])); print(1, flush=True); time.sleep(30)"
+    session = await supervisor.spawn(SpawnSpec(f"{PY} -c 'import time; {touch}'"), scope="a")
+    tracker = usage_tracker(supervisor)
+    assert tracker.latest(session).cpu_ms >= 0  # and it is watched from now on
+    await supervisor.wait("a", session.id, pattern=re.compile("1"), timeout=30)
+    for _ in range(100):
+        if tracker.rss_now(session) >= 40 << 20 and tracker.latest(session).memory_peak_bytes >= 40 << 20:
+            break
+        await asyncio.sleep(0.1)  # the tracker's own cadence fills it in
+    assert tracker.rss_now(session) >= 40 << 20
+    await supervisor.kill("a", session.id, wait=None)
+    assert tracker.rss_now(session) == 0  # ended: nothing resident
+    assert tracker.latest(session).memory_peak_bytes >= 40 << 20  # the peak stays

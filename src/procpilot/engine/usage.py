@@ -186,6 +186,24 @@ class UsageTracker:
         self.watch(session)
         return self._track(session).best
 
+    def latest(self, session: Session) -> Usage:
+        """The usage at the last periodic sample, without sampling now (cheap enough to ask of
+        every session every second); the session is watched from now on. Zeros until sampled."""
+        if session.finished:
+            return self._finalize(session)
+        if session.pid is None:
+            return Usage()
+        self.watch(session)
+        track = self._tracks.get(session)
+        return track.best if track is not None else Usage()
+
+    def rss_now(self, session: Session) -> int:
+        """The tree's resident memory at its last sample (0 once it ended or before one was taken)."""
+        if session.finished:
+            return 0
+        track = self._tracks.get(session)
+        return sum(s.rss_bytes for s in track.last.values()) if track is not None else 0
+
     def watch(self, session: Session) -> None:
         """Sample ``session`` periodically until it ends (cheap: one light task for all of them)."""
         if session.finished:

@@ -91,6 +91,11 @@ class Gate:
             if r.status == "awaiting_approval" and (scope is None or r.scope == scope)
         ]
 
+    def decided(self, limit: int = 200) -> list[ApprovalRequest]:
+        """The newest ``limit`` requests that were approved, denied or expired, newest first."""
+        done = [r for r in self._requests.values() if r.status != "awaiting_approval"]
+        return done[::-1][:limit]
+
     def decide(self, request_id: str, approve: bool, *, approver: str, reason: str | None = None) -> ApprovalRequest:
         """An approver's decision. Only pending requests can be decided."""
         request = self._requests.get(request_id)

@@ -196,6 +196,7 @@ def serve(
             say(f"procpilot daemon on [bold]{address.url}[/bold]")
             say(f"  REST {address.url}/v1/tools/NAME   OpenAPI {address.url}/openapi.json")
             say(f"  MCP  {address.url}/mcp   events {address.url}/v1/events   WebSocket {address.url}/v1/proc")
+            say(f"  console {address.url}/console/   (a web page: sessions, output, approvals, audit)")
         if address.unix_socket:
             say(f"procpilot daemon on unix socket [bold]{address.unix_socket}[/bold]")
         tokens = len(settings.server.tokens)

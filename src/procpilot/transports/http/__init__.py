@@ -9,12 +9,16 @@
     GET  /v1/events         server-sent events: exits and audit events of the caller's scope
     WS   /v1/proc           the proc/* protocol (spec 003), output pushed live
     /mcp                    MCP over streamable HTTP (both protocol eras)
+    /console/               the web console for people (console.py; / redirects there)
 
 Every request carries ``Authorization: Bearer <token>``; the token alone decides the caller's
 agent (its scope), never a request field. A missing or wrong token is a bare 401. With no tokens
-configured (loopback only) every caller is the one ``open_agent``. On a loopback binding the
-``Host`` and ``Origin`` headers must name the loopback too, so a web page cannot reach the
-daemon through DNS rebinding or a cross-site form post.
+configured (loopback only) every caller is the one ``open_agent``. A browser on the console
+may present the token as a cookie instead, trusted under the rules of ``browser_auth.py``; an
+operator (``[server] operators``) may act in another agent's scope with ``?agent=`` (tool calls
+and the event stream). On a
+loopback binding the ``Host`` and ``Origin`` headers must name the loopback too, so a web page
+cannot reach the daemon through DNS rebinding or a cross-site form post.
 
 REST error statuses (the JSON body is the error's ``{"error", "message", "hints", ...}``), each
 the ``http_status`` of its class in ``procpilot.errors``:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -13,6 +14,8 @@ from procpilot.contract import ToolSpec
 from procpilot.engine.events import EventBus
 from procpilot.engine.supervisor import Supervisor
 from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
+from procpilot.transports.http.browser_auth import BrowserAuth
+from procpilot.transports.http.console import Console
 from procpilot.transports.http.mcp_http import _mcp_endpoint
 from procpilot.transports.http.rest import Daemon, ProcHandlerFactory
 
@@ -33,6 +36,9 @@ def create_app(
     ``gate`` is the policy gate whose approval requests the approvers decide."""
     daemon = Daemon(supervisor, tools, settings, audit=audit, proc_handler=proc_handler, gate=gate)
     mcp_endpoint = _mcp_endpoint(daemon)
+    auth = TokenAuth(settings.server.tokens, open_agent)
+    browser = BrowserAuth()
+    console = Console(daemon, auth, browser)
     routes = [
         Route("/v1/tools", daemon.list_tools, methods=["GET"]),
         Route("/v1/tools/{name:path}", daemon.call_tool, methods=["POST"]),
@@ -43,15 +49,22 @@ def create_app(
         Route("/v1/approvals/{request_id}", daemon.decide, methods=["POST"]),
         WebSocketRoute("/v1/proc", daemon.proc_socket),
         Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
+        *console.routes(),
     ]
-    app = Starlette(routes=routes, lifespan=daemon.lifespan)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with daemon.lifespan(app), console.attached():
+            yield
+
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.daemon = daemon
-    auth = TokenAuth(settings.server.tokens, open_agent)
     app.add_middleware(
         AuthMiddleware,
         auth=auth,
         loopback_only=settings.server.loopback_only,
         requests_per_agent=settings.server.requests_per_agent,
+        browser=browser,
     )
     return app
 

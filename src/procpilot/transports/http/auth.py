@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from procpilot.errors import (
     RequestTooLarge,
 )
+from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
 from procpilot.transports.http.common import _LOOPBACK_HOSTS, _MAX_BODY, _header, current_agent
 
 # -- auth --------------------------------------------------------------------------------------
@@ -87,9 +88,12 @@ class AuthMiddleware:
         loopback_only: bool,
         max_body: int = _MAX_BODY,
         requests_per_agent: int = 16,
+        browser: BrowserAuth | None = None,
     ) -> None:
         self.app = app
         self.auth = auth
+        # The console's cookie login (None: bearer headers only); see browser_auth.py.
+        self.browser = browser
         self.loopback_only = loopback_only
         self.max_body = max_body
         # Calls one agent may have running at once (REST and MCP POSTs); past it its own calls
@@ -106,16 +110,28 @@ class AuthMiddleware:
         ):
             await self._refuse(scope, receive, send, 403, _FORBIDDEN)
             return
-        agent = self.auth.agent_for(_header(scope, b"authorization"))
-        if agent is None:
+        authorization = _header(scope, b"authorization")
+        if authorization is None and self.browser is not None and self.auth.required:
+            cookie = self.browser.token_from_cookie(scope)
+            if cookie is not None:
+                # Sent by the browser on its own: trusted only from the same origin, and for a
+                # change only with the CSRF token a page of that origin read.
+                if not self.browser.same_origin(scope) or not self.browser.csrf_ok(scope, cookie):
+                    await self._refuse(scope, receive, send, 403, _FORBIDDEN)
+                    return
+                authorization = f"Bearer {cookie}"
+        agent = self.auth.agent_for(authorization)
+        public = self.browser is not None and is_public_path(scope.get("path", ""))
+        if agent is None and not public:
             await self._refuse(scope, receive, send, 401, _UNAUTHORIZED)
             return
-        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-        from mcp.server.auth.provider import AccessToken
+        if agent is not None:
+            from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+            from mcp.server.auth.provider import AccessToken
 
-        # The MCP SDK binds each MCP session to the principal that opened it: another agent's
-        # token presenting that Mcp-Session-Id is answered as if the session did not exist.
-        scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=agent, scopes=[]))
+            # The MCP SDK binds each MCP session to the principal that opened it: another agent's
+            # token presenting that Mcp-Session-Id is answered as if the session did not exist.
+            scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=agent, scopes=[]))
         if scope["type"] == "http":
             bounded = await self._bounded_body(scope, receive, send)
             if bounded is None:
@@ -124,7 +140,8 @@ class AuthMiddleware:
         token = current_agent.set(agent)
         try:
             if scope["type"] == "http" and scope["method"] == "POST":
-                slots = self.in_flight.setdefault(agent, asyncio.Semaphore(self.requests_per_agent))
+                # The console's login page (no agent yet) shares one slot set.
+                slots = self.in_flight.setdefault(agent or "", asyncio.Semaphore(self.requests_per_agent))
                 async with slots:
                     await self.app(scope, receive, send)
             else:  # event streams and WebSockets are long-lived: bounded per agent elsewhere

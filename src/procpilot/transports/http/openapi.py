@@ -111,6 +111,14 @@ _MCP_COMMON: dict[str, tuple[str, Mapping[str, Any] | None]] = {
 }
 _MCP_SUMMARY = "MCP over streamable HTTP (the same tools; resources proc://{sessionId})."
 
+_AGENT_PARAMETER = {
+    "name": "agent",
+    "in": "query",
+    "required": False,
+    "description": "Act in this agent's scope: [server] operators only (others: 403 OperatorForbidden).",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+}
+
 # Every route but the tools' own, in the order of the document.
 _ROUTES = (
     _Operation(
@@ -198,6 +206,7 @@ _ROUTES = (
             "summary), and `event: dropped` ({count}) when a slow reader missed events. Comment lines "
             "keep the connection alive."
         ),
+        extra={"parameters": [_AGENT_PARAMETER]},
     ),
     _Operation(
         "/v1/proc",
@@ -259,6 +268,7 @@ def _tool_operation(spec: ToolSpec, schema_name: str) -> dict[str, Any]:
         extra={
             "tags": ["tools"],
             "x-procpilot-tier": spec.tier.value,
+            "parameters": [_AGENT_PARAMETER],
             "requestBody": {
                 "required": False,
                 "description": "The tool's arguments (an empty body is {}).",

@@ -30,6 +30,7 @@ from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _error, _
 from procpilot.transports.http.events import _EventQueue, _sse, audit_event, audit_scope
 from procpilot.transports.http.mcp_http import _McpFace
 from procpilot.transports.http.openapi import build_openapi
+from procpilot.transports.http.operators import acting_scope
 from procpilot.transports.http.proc_socket import ProcConnection
 
 # -- the daemon --------------------------------------------------------------------------------
@@ -148,7 +149,12 @@ class Daemon:
             arguments = await _json_body(request, "the tool's arguments as a JSON object")
         except ProcpilotError as exc:
             return _json(exc.to_dict(), exc.http_status)
-        result = await spec.call(arguments, agent)
+        try:
+            # An operator may act in another agent's scope: POST /v1/tools/NAME?agent=ID.
+            scope = acting_scope(self.settings.server, agent, request.query_params.get("agent"))
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
+        result = await spec.call(arguments, scope)
         if result.is_error:
             code = str(result.data.get("error", "ProcpilotError"))
             return _json({**result.data, "text": result.text}, status_for_error(code))
@@ -200,7 +206,11 @@ class Daemon:
         return JSONResponse(build_openapi(list(self.tools.values()), _version()))
 
     async def events(self, request: Request) -> Response:
-        agent = _agent()
+        try:
+            # An operator may follow another agent's stream: GET /v1/events?agent=ID.
+            agent = acting_scope(self.settings.server, _agent(), request.query_params.get("agent"))
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), exc.http_status)
         queue = _EventQueue()
         entry = (agent, queue)
         self._queues.add(entry)

@@ -1,0 +1,183 @@
+"""The console's HTTP side without a browser: what is public, the cookie, CSRF and Origin checks, the
+operators' agent filter, bounded log pages, and that the page's files ship in the wheel."""
+
+from __future__ import annotations
+
+import base64
+import json
+import tomllib
+from collections.abc import Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from procpilot.transports.http.console import STATIC_DIR
+from tests.daemon import Served, post, start_daemon
+
+TOKENS = {"tok-capi-alpha-0123456": "agent-a", "tok-capi-ops-01234567": "ops"}
+TOKEN_A, TOKEN_OPS = list(TOKENS)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    daemon = start_daemon(tmp_path_factory.mktemp("console-api"), TOKENS, server='operators = ["ops"]')
+    yield daemon
+    assert daemon.stop() == 0, daemon.log_text()
+
+
+def test_the_banner_names_the_console(served: Served) -> None:
+    lines = [line for line in served.log_text().splitlines() if "console" in line]
+    assert any(f"{served.url}/console/" in line for line in lines), served.log_text()
+
+
+def test_the_page_and_its_files_are_public_and_hold_no_data(served: Served) -> None:
+    sid = None
+    with served.http(TOKEN_A) as c:
+        sid = post(c, "exec", command="sleep 3100 # private-text", yieldMs=0).json()["data"]["sessionId"]
+    try:
+        with served.http(None) as anon:
+            assert anon.get("/").headers["location"] == "/console/"
+            page = anon.get("/console/")
+            assert page.status_code == 200 and "private-text" not in page.text
+            assert "default-src 'self'" in page.headers["content-security-policy"]
+            assert anon.get("/console/static/vendor/xterm/xterm.mjs").status_code == 200
+            for path in ("/console/api/me", "/console/api/stream", f"/console/api/sessions/agent-a/{sid}/log"):
+                assert anon.get(path).status_code == 401, path
+            assert anon.get("/console/static/../api/me").status_code in (401, 404)
+    finally:
+        with served.http(TOKEN_A) as c:
+            post(c, "process", action="remove", sessionId=sid)
+
+
+def test_login_sets_an_httponly_strict_cookie_and_changes_need_csrf_and_our_origin(served: Served) -> None:
+    with served.http(None) as browser:
+        assert browser.post("/console/api/login", json={"token": "wrong"}).status_code == 401
+        port = int(served.url.rsplit(":", 1)[1])
+        elsewhere = {"Origin": f"http://localhost:{port + 1}"}
+        assert browser.post("/console/api/login", json={"token": TOKEN_A}, headers=elsewhere).status_code == 403
+        assert not browser.cookies  # nothing was set
+        login = browser.post("/console/api/login", json={"token": TOKEN_A})
+        assert login.status_code == 200, login.text
+        cookie = login.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN_A in cookie
+        csrf = login.json()["csrf"]
+        assert browser.get("/console/api/me").json()["agent"] == "agent-a"
+        # Other apps on localhost share the Cookie header, malformed cookies and all.
+        name = cookie.split("=", 1)[0]
+        crowded = {"Cookie": f'app={{"a": 1, "b": [2]}}; other="x y"; {name}={TOKEN_A}; last=1'}
+        with served.http(None) as fresh:
+            assert fresh.get("/console/api/me", headers=crowded).json()["agent"] == "agent-a"
+        sid = post(browser, "exec", command="sleep 3101", yieldMs=0)  # a change by cookie alone
+        assert sid.status_code == 403
+        with_csrf = {"X-Procpilot-CSRF": csrf}
+        started = browser.post("/v1/tools/exec", json={"command": "sleep 3101", "yieldMs": 0}, headers=with_csrf)
+        assert started.status_code == 200, started.text
+        session = started.json()["data"]["sessionId"]
+        try:
+            # Another loopback origin (a dev server an agent runs, say) may not use the cookie.
+            foreign = {"Origin": f"http://127.0.0.1:{port + 1}", "X-Procpilot-CSRF": csrf}
+            assert browser.get("/console/api/me", headers=foreign).status_code == 403
+            signal = f"/console/api/sessions/agent-a/{session}/signal"
+            assert browser.post(signal, json={"signal": "SIGKILL"}, headers=foreign).status_code == 403
+            done = browser.post(signal, json={"signal": "SIGKILL"}, headers={"X-Procpilot-CSRF": csrf})
+            assert done.status_code == 200 and done.json()["state"] == "killed"
+        finally:
+            with served.http(TOKEN_A) as c:
+                post(c, "process", action="remove", sessionId=session)
+        assert browser.post("/console/api/logout", headers={"X-Procpilot-CSRF": csrf}).status_code == 200
+        assert browser.get("/console/api/me").status_code == 401
+
+
+def test_operators_act_in_any_agents_scope_and_nobody_else_does(served: Served) -> None:
+    with served.http(TOKEN_A) as a:
+        sid = post(a, "exec", command="sleep 3102", yieldMs=0).json()["data"]["sessionId"]
+        refused = a.post("/v1/tools/process?agent=ops", json={"action": "list"})
+        assert refused.status_code == 403 and refused.json()["error"] == "OperatorForbidden"
+    with served.http(TOKEN_OPS) as ops:
+        assert sid not in ops.post("/v1/tools/process", json={"action": "list"}).text  # its own scope by default
+        killed = ops.post("/v1/tools/process?agent=agent-a", json={"action": "kill", "sessionId": sid})
+        assert killed.status_code == 200, killed.text
+        page = ops.get(f"/console/api/sessions/agent-a/{sid}/log", params={"limit": 10_000_000})
+        assert page.status_code == 200
+        post(ops, "process?agent=agent-a", action="remove", sessionId=sid)
+        # And follows another agent's event stream.
+        with ops.stream("GET", "/v1/events", params={"agent": "agent-a"}) as events:
+            assert events.status_code == 200
+            assert '"agent":"agent-a"' in next(line for line in events.iter_lines() if line.startswith("data: "))
+    with served.http(TOKEN_A) as a:
+        assert a.get("/v1/events", params={"agent": "ops"}).status_code == 403
+
+
+def test_a_log_page_is_bounded_whatever_is_asked(served: Served) -> None:
+    with served.http(TOKEN_A) as a:
+        r = post(a, "exec", command="head -c 600000 /dev/zero | tr '\\0' x", yieldMs=30_000)
+        sid = r.json()["data"]["sessionId"]
+        page = a.get(f"/console/api/sessions/agent-a/{sid}/log", params={"offset": 0, "limit": 10_000_000}).json()
+        assert page["total"] == 600_000 and page["end"] - page["offset"] == 256 * 1024
+        assert len(base64.b64decode(page["data"])) == 256 * 1024
+        bad = a.get(f"/console/api/sessions/agent-a/{sid}/log", params={"offset": "1e9"})
+        assert bad.status_code == 422 and bad.json()["error"] == "InvalidArgument"
+        # The live stream of the same output: every byte once, in 64 KiB events, then the end.
+        events: list[tuple[str, dict[str, Any]]] = []
+        with a.stream("GET", f"/console/api/sessions/agent-a/{sid}/output", params={"from": 0}) as out:
+            kind = ""
+            for line in out.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    events.append((kind, json.loads(line[6:])))
+        assert [k for k, _ in events] == ["data"] * 10 + ["end"] and events[-1][1]["state"] == "exited_ok"
+        streamed = b"".join(base64.b64decode(e["data"]) for k, e in events if k == "data")
+        assert streamed == b"x" * 600_000
+        post(a, "process", action="remove", sessionId=sid)
+
+
+def test_every_file_of_the_page_ships_in_the_wheel() -> None:
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["procpilot"]
+    package = STATIC_DIR.parents[2]
+    files = [p.relative_to(package).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file()]
+    assert files and all(any(fnmatch(f, g) for g in globs) for f in files), files
+    for licence in ("vendor/xterm/LICENSE", "vendor/uplot/LICENSE"):
+        assert (STATIC_DIR / licence).read_text().strip()
+
+
+def test_without_tokens_the_page_shows_everything_and_changes_still_need_csrf(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root = tmp_path_factory.mktemp("console-open")
+    # An audit trail left by an earlier daemon: the console shows it from the start.
+    (root / "state").mkdir()
+    earlier = {"event": "AuditEvent", "scope": "default", "tool": "exec", "tier": "notify", "outcome": "ok"}
+    (root / "state" / "audit.jsonl").write_text(json.dumps({**earlier, "summary": "exec: make earlier"}) + "\n")
+    daemon = start_daemon(root, None, server="websockets_per_agent = 2")
+    try:
+        with daemon.http(None) as page:
+            me = page.get("/console/api/me").json()
+            assert me["agent"] == "default" and me["operator"] and not me["tokensRequired"]
+            sid = post(page, "exec", command="sleep 3103", yieldMs=0).json()["data"]["sessionId"]
+            signal = f"/console/api/sessions/default/{sid}/signal"
+            refused = page.post(signal, json={"signal": "SIGKILL"})
+            assert refused.status_code == 403 and refused.json()["error"] == "CsrfRejected"
+            done = page.post(signal, json={"signal": "SIGKILL"}, headers={"X-Procpilot-CSRF": me["csrf"]})
+            assert done.status_code == 200, done.text
+            with page.stream("GET", "/console/api/stream") as events:
+                seen = ""
+                lines = events.iter_lines()  # not left by a break, which would close the connection
+                while not ("make earlier" in seen and sid in seen and "console.signal" in seen):
+                    seen += next(lines) + "\n"
+                # Two streams are this agent's limit: a third is refused while they are open...
+                running = post(page, "exec", command="sleep 3104", yieldMs=0).json()["data"]["sessionId"]
+                with page.stream("GET", f"/console/api/sessions/default/{running}/output") as output:
+                    assert output.status_code == 200
+                    third = page.get("/console/api/stream", timeout=10)
+                    assert third.status_code == 429 and third.json()["error"] == "TooManyConnections"
+                post(page, "process", action="remove", sessionId=running)
+            post(page, "process", action="remove", sessionId=sid)
+            # ...and once they are closed, streams are counted no more.
+            with page.stream("GET", "/console/api/stream") as again:
+                assert again.status_code == 200
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
