@@ -43,6 +43,11 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "kill_grace_sec": 5.0,
         "pty_cols": 120,
         "pty_rows": 30,
+        "profile": "procpilot",
+        "script_preflight": None,
+        "restart": "no",
+        "max_restarts": 10,
+        "restart_backoff_ms": 1000,
     }
     assert s.process.enabled is True
     assert s.lanes.model_dump() == {"main": 1, "subagent": 8, "cron": 1, "default": 1}

@@ -79,6 +79,16 @@ class ExecSettings(BaseModel):
     kill_grace_sec: Annotated[float, Field(strict=True, ge=0, le=600)] = 5.0
     pty_cols: Annotated[int, Field(strict=True, ge=1, le=1000)] = 120
     pty_rows: Annotated[int, Field(strict=True, ge=1, le=1000)] = 30
+    # "openclaw": the exec/process tools behave as OpenClaw's do where ours differ
+    # (faces/openclaw_profile.py holds every difference).
+    profile: Literal["procpilot", "openclaw"] = "procpilot"
+    # Refuse python/node scripts holding shell syntax ($VAR) before they run; None: the profile's choice.
+    script_preflight: _Bool | None = None
+    # The restart policy of background runs that do not give one; a restart waits restart_backoff_ms,
+    # doubled after each quick failure (up to a minute), and stops after max_restarts.
+    restart: Literal["no", "on-failure", "always"] = "no"
+    max_restarts: Annotated[_Int, _clamp(0, 10_000)] = 10
+    restart_backoff_ms: Annotated[_Int, _clamp(10, 600_000)] = 1000
 
 
 class ProcessToolSettings(BaseModel):
@@ -278,6 +288,11 @@ _EXEC_FIELDS: dict[str, str] = {
     "killGraceSec": "kill_grace_sec",
     "ptyCols": "pty_cols",
     "ptyRows": "pty_rows",
+    "profile": "profile",
+    "scriptPreflight": "script_preflight",
+    "restart": "restart",
+    "maxRestarts": "max_restarts",
+    "restartBackoffMs": "restart_backoff_ms",
 }
 _EXEC_TOML: dict[str, str] = {field: toml for toml, field in _EXEC_FIELDS.items()}
 # Environment variable -> ExecSettings field. Order matters: for one field the first set variable wins

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.engine.capture import Stream
-from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
+from procpilot.engine.keys import encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec, check_os_string
@@ -26,6 +26,8 @@ from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
 from procpilot.faces.capabilities import checked_environment, resolve_working_directory
+from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
+from procpilot.policy.script_preflight import check_scripts
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
 
 __all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
@@ -59,28 +61,17 @@ _TAIL_WINDOW_FACTOR = 8
 _RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
 _SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
 
-_STATUS = {
-    SessionState.QUEUED: "queued",
-    SessionState.RUNNING: "running",
-    SessionState.EXITED_OK: "done",
-    SessionState.EXITED_ERROR: "error",
-    SessionState.TIMED_OUT: "error",
-    SessionState.LIMIT_EXCEEDED: "error",
-    SessionState.FAILED_TO_START: "error",
-    SessionState.KILLED: "killed",
-}
-
-
 def status_of(session: Session) -> str:
-    return _STATUS[session.state]
+    """The session's status in our own vocabulary (spec 002)."""
+    return PROCPILOT.of(session)
 
 
-def exit_event(info: ExitInfo) -> dict[str, Any]:
+def exit_event(info: ExitInfo, profile: Profile = PROCPILOT) -> dict[str, Any]:
     """A session's end as the exec/process vocabulary tells it (the daemon's SSE ``exit`` event)."""
     return {
         "type": "exit",
         "sessionId": info.session_id,
-        "status": _STATUS[info.state],
+        "status": profile.status(info.state, info.exit_code, info.exit_signal),
         "state": info.state.value,
         "exitCode": info.exit_code,
         "exitSignal": info.exit_signal,
@@ -96,7 +87,7 @@ def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]
     """What ``proc://{sessionId}`` holds: the session's status, exit code and the tail of its output."""
     return {
         "sessionId": session.id,
-        "status": status_of(session),
+        "status": profile_for(supervisor.settings).of(session),
         "state": session.state.value,
         "exitCode": session.exit_code,
         "exitSignal": session.exit_signal,
@@ -185,6 +176,11 @@ class ExecProcessFace:
     def __init__(self, supervisor: Supervisor, *, notifies_exit: bool | None = None) -> None:
         self.sup = supervisor
         self.cfg = supervisor.settings.exec
+        # Every way the openclaw profile differs from ours is a member of this (openclaw_profile.py).
+        self.profile = profile_for(supervisor.settings)
+        self._preflight = (
+            self.profile.script_preflight if self.cfg.script_preflight is None else self.cfg.script_preflight
+        )
         self._notifies_exit = notifies_exit
         self._empty_polls: dict[str, int] = {}
         # Per session and stream: the byte offset after the last reported pattern match.
@@ -207,7 +203,7 @@ class ExecProcessFace:
     def _summary(self, session: Session) -> dict[str, Any]:
         data: dict[str, Any] = {
             "sessionId": session.id,
-            "status": status_of(session),
+            "status": self.profile.of(session),
             "state": session.state.value,
             "pid": session.pid,
             "exitCode": session.exit_code,
@@ -299,6 +295,10 @@ class ExecProcessFace:
         # symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
         cwd = resolve_working_directory(self.sup.settings, params.workdir)
         env = checked_environment(self.sup.settings, params.env)
+        if self.profile.env:
+            env = {**env, **self.profile.env}
+        if self._preflight:
+            check_scripts(params.command, cwd)
         # The configured default bounds foreground work; a run started in the background on
         # purpose (a dev server, a watcher) runs until it ends or is killed, unless it says.
         default = None if params.background else self.cfg.timeout_sec
@@ -331,7 +331,7 @@ class ExecProcessFace:
             shown, cut, end = self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
             self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = end
             data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
-            header = f"[{status_of(session)}: {self._ending(session)}]"
+            header = ""
             if cut:
                 header += (
                     f"\n[{cut} earlier characters not shown; full output: process log sessionId={session.id}"
@@ -341,7 +341,8 @@ class ExecProcessFace:
                 header += f"\n[{view.size} bytes of output, also in the file {self._where(session)}]"
             if cut or view.size > _OFFLOAD_BYTES:
                 data["logPath"] = self._where(session)
-            return _noting_loss(session, ToolResult(f"{shown}\n{header}" if shown else header, data))
+            text = self.profile.finished_text(session, shown, self._ending(session), poll=False)
+            return _noting_loss(session, ToolResult(text + header, data))
         tail = self.sup.tail_text(session, _TAIL_CHARS)
         data |= {"tail": tail, "logPath": self._where(session)}
         verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
@@ -422,24 +423,26 @@ class ExecProcessFace:
             n = self._empty_polls.get(session.id, 0)
             self._empty_polls[session.id] = n + 1
             data["retryInMs"] = _RETRY_STEPS_MS[min(n, len(_RETRY_STEPS_MS) - 1)]
-        parts = []
+        if self.profile.aggregated:
+            data["aggregated"] = self._aggregated(session)
+        head = ""
         if view.size > _OFFLOAD_BYTES:
             data["logPath"] = self._where(session)
         if cut:
             where = f" or the file {data['logPath']}" if "logPath" in data else ""
-            parts.append(f"[{cut} earlier characters of this poll not shown; they are in process log{where}]")
-        if shown:
-            parts.append(shown)
+            head = f"[{cut} earlier characters of this poll not shown; they are in process log{where}]\n"
         if session.finished:
-            parts.append(f"[{status_of(session)}: {self._ending(session)}]")
-        else:
-            note = "[running"
-            if data.get("waitingForInput"):
-                note += "; waiting for input on stdin (use process write)"
-            if "retryInMs" in data:
-                note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
-            parts.append(note + "]")
-        return ToolResult("\n".join(parts), data)
+            return ToolResult(head + self.profile.finished_text(session, shown, self._ending(session), poll=True), data)
+        note = "[running"
+        if data.get("waitingForInput"):
+            note += "; waiting for input on stdin (use process write)"
+        if "retryInMs" in data:
+            note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
+        return ToolResult(head + self.profile.running_text(shown, note + "]"), data)
+
+    def _aggregated(self, session: Session) -> str:
+        """The output so far as OpenClaw's ``aggregated`` holds it: its newest ``resultMaxChars``."""
+        return self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)[0]
 
     async def _log(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
@@ -453,7 +456,7 @@ class ExecProcessFace:
             first, count = max(0, total - params.limit), params.limit
         else:
             first, count = max(0, total - _LOG_DEFAULT_LINES), _LOG_DEFAULT_LINES
-            note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
+            note = self.profile.log_note(min(total, count), total)
         if first >= total > 0:
             note = f"offset {first} is past the end: there are {total} lines (offsets 0 to {max(0, total - 1)})"
         # Reading stops a little past what one result can show: the rest is counted, not loaded.
@@ -477,6 +480,8 @@ class ExecProcessFace:
             "logPath": self._where(session),
             "stream": stream.value,
         }
+        if self.profile.aggregated:
+            data["aggregated"] = self._aggregated(session)
         parts = [shown] if shown else []
         if cut:
             advice = f"read the file {self._where(session)} or ask for fewer lines"
@@ -525,14 +530,14 @@ class ExecProcessFace:
             raise InvalidArgument("send-keys needs keys, hex or literal", field="keys")
         # Text first, then raw bytes, then keys: {"literal": "ls", "keys": ["Enter"]} types ls and
         # presses Enter (OpenClaw's order, the one an agent expects).
-        payload = b""
-        if params.literal:
-            payload += encode_literal(params.literal)
-        if params.hex:
-            payload += encode_hex(params.hex)
-        if params.keys:
-            payload += encode_keys(params.keys, app_cursor=session.app_cursor_keys)
-        return await self._send(session, params, scope, payload)
+        payload, warnings = self.profile.encode_input(
+            params.literal, params.hex, params.keys, app_cursor=session.app_cursor_keys
+        )
+        result = await self._send(session, params, scope, payload)
+        if not warnings:
+            return result
+        text = result.text + "".join(f"\n[warning: {w}]" for w in warnings)
+        return ToolResult(text, result.data | {"warnings": warnings})
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         # A terminal's Enter is CR; a pipe reader wants LF.
@@ -558,7 +563,7 @@ class ExecProcessFace:
         grace = self.cfg.kill_grace_sec
         await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
         data = self._summary(session) | {"signalSent": session.signal_sent}
-        return ToolResult(f"[{status_of(session)}: {self._ending(session)}]", data)
+        return ToolResult(f"[{self.profile.of(session)}: {self._ending(session)}]", data)
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         self.sup.clear(scope, session.id)
@@ -596,31 +601,13 @@ class ExecProcessFace:
             "scannedFrom": since,
             "tail": tail,
         }
+        if outcome.reason == "exited":
+            return ToolResult(self.profile.finished_text(session, tail, self._ending(session), poll=True), data)
         if outcome.reason == "pattern":
-            head = f"[pattern matched: {outcome.match!r}; session still {status_of(session)}]"
-        elif outcome.reason == "exited":
-            head = f"[{status_of(session)}: {self._ending(session)}]"
+            head = f"[pattern matched: {outcome.match!r}; session still {self.profile.of(session)}]"
         else:
             head = f"[still running after {timeout_ms} ms; wait again or poll]"
         return ToolResult(f"{tail}\n{head}" if tail else head, data)
-
-
-EXEC_DESCRIPTION = (
-    "Run a shell command. Short commands return their output; a command still running after yieldMs "
-    "(default 10 s) keeps running in the background and returns a sessionId to use with the process tool. "
-    "background=true returns at once. The whole process tree is killed after timeout seconds."
-)
-EXEC_SYNC_DESCRIPTION = (
-    "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
-    "The whole process tree is killed after timeout seconds."
-)
-PROCESS_DESCRIPTION = (
-    "Manage background sessions started by exec: list; poll (new output since the last poll); log "
-    "(line pages: offset/limit); wait (block until exit or a regex pattern matches output after the previous "
-    "wait's match); write (stdin, eof "
-    "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
-    "remove (kill, then clear)."
-)
 
 
 # dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found".
@@ -657,9 +644,10 @@ def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = N
     will come. None decides per call: true iff something listens for the supervisor's exit events.
     """
     face = ExecProcessFace(supervisor, notifies_exit=notifies_exit)
+    profile = face.profile
     if not supervisor.settings.process.enabled:
-        return [ToolSpec("exec", EXEC_SYNC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY)]
+        return [ToolSpec("exec", profile.exec_sync_description, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
-        ToolSpec("exec", EXEC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY),
-        ToolSpec("process", PROCESS_DESCRIPTION, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
+        ToolSpec("exec", profile.exec_description, ExecParams, face.exec, PermissionTier.NOTIFY),
+        ToolSpec("process", profile.process_description, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
     ]

@@ -56,11 +56,19 @@ _ToolsOption = Annotated[
 ]
 
 
-def _tool_choice(names: str | None, tools: str | None) -> dict[str, Any]:
-    """The settings overrides for ``--tool-names`` and ``--tools``."""
+_ProfileOption = Annotated[
+    str | None,
+    typer.Option("--profile", help="openclaw: the exec/process tools answer as OpenClaw's do ([tools.exec] profile)."),
+]
+
+
+def _tool_choice(names: str | None, tools: str | None, profile: str | None = None) -> dict[str, Any]:
+    """The settings overrides for ``--tool-names``, ``--tools`` and ``--profile``."""
     chosen: dict[str, Any] = {} if names is None else {"tool_names": names}
     if tools is not None:
         chosen["served_tools"] = tuple(name.strip() for name in tools.split(",") if name.strip())
+    if profile is not None:
+        chosen["exec"] = {"profile": profile}
     return chosen
 
 
@@ -98,10 +106,11 @@ def mcp(
     workspace: _WorkspaceOption = None,
     tool_names: _ToolNamesOption = None,
     tools: _ToolsOption = None,
+    profile: _ProfileOption = None,
 ) -> None:
     """Serve the tools to an MCP client over stdio (default) or streamable HTTP."""
     try:
-        settings = load_settings(config, **_workspace(workspace), **_tool_choice(tool_names, tools))
+        settings = load_settings(config, **_workspace(workspace), **_tool_choice(tool_names, tools, profile))
     except ProcpilotError as exc:
         _err.print(f"[red]{exc.code}[/red]: {exc.message}")
         raise typer.Exit(2) from None
@@ -192,6 +201,7 @@ def serve(
     workspace: _WorkspaceOption = None,
     tool_names: _ToolNamesOption = None,
     tools: _ToolsOption = None,
+    profile: _ProfileOption = None,
     agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
@@ -210,7 +220,9 @@ def serve(
     if state_dir is not None:
         overrides["state_dir"] = state_dir
     try:
-        settings = load_settings(config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools))
+        settings = load_settings(
+            config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools, profile)
+        )
     except ProcpilotError as exc:
         _fail(exc, 2)
 

@@ -31,6 +31,13 @@ programs) and ``policy`` (the allow and deny lists, on resolved paths).
 
 from procpilot.errors import CommandDenied, UnanalyzableCommand
 from procpilot.policy.shell.analysis import sensitive_variable
-from procpilot.policy.shell.policy import CommandPolicy, programs_in
+from procpilot.policy.shell.policy import CommandPolicy, commands_in, programs_in
 
-__all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in", "sensitive_variable"]
+__all__ = [
+    "CommandDenied",
+    "CommandPolicy",
+    "UnanalyzableCommand",
+    "commands_in",
+    "programs_in",
+    "sensitive_variable",
+]

@@ -262,7 +262,7 @@ def _analyze_argv(words: list[_Word], scan: _Scan, *, in_shell: bool) -> None:
             scan.programs.append(_Program(name, builtin=True))
             _check_builtin(name, args, scan)
             return
-    program = _Program(name)
+    program = _Program(name, args=tuple(a.text if a.static else None for a in args))
     scan.programs.append(program)
     kinds = {os.path.basename(name)}
     real = scan.realpath_of(name)

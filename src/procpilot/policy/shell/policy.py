@@ -256,3 +256,13 @@ def programs_in(command: str) -> list[str]:
         raise UnanalyzableCommand("cannot tell what this command runs: " + "; ".join(scan.problems))
     return [p.word for p in scan.programs]
 
+
+
+def commands_in(command: str) -> list[tuple[str, tuple[str | None, ...]]]:
+    """Best effort: each program ``command`` runs with its arguments (None where an argument is
+    known only at run time), wrapped ones included (``sh -c 'cat x | python3 y.py'`` gives
+    ``python3`` with ``("y.py",)``). What the text hides is left out rather than refused: this
+    reading serves checks that help an agent, not a policy that must be sure."""
+    scan = _Scan(realpath_of=lambda _word: None)
+    _analyze_text(command, scan)
+    return [(p.word, p.args) for p in scan.programs if not p.builtin]

@@ -26,6 +26,7 @@ from procpilot.errors import (
     TooManyConnections,
 )
 from procpilot.faces.exec_process import exit_event
+from procpilot.faces.openclaw_profile import profile_for
 from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _error, _json, _json_body, status_for_error
 from procpilot.transports.http.events import _EventQueue, _sse, audit_event, audit_scope
 from procpilot.transports.http.mcp_http import _McpFace
@@ -103,7 +104,7 @@ class Daemon:
     # -- events --
 
     def _on_exit(self, info: ExitInfo) -> None:
-        event = exit_event(info)
+        event = exit_event(info, profile_for(self.settings))
         for agent, queue in list(self._queues):
             if agent == info.scope:
                 queue.put("exit", event)
