@@ -255,7 +255,8 @@ class Settings(BaseModel):
             "state_dir": str(self.state_dir),
             "workspace_root": str(self.workspace_root),
             "tools": {
-                "exec": {toml: exec_[field] for toml, field in _EXEC_FIELDS.items()},
+                # An unset key (None: "the profile decides") is left out, as TOML has no null.
+                "exec": {toml: exec_[field] for toml, field in _EXEC_FIELDS.items() if exec_[field] is not None},
                 "process": {"enabled": self.process.enabled},
                 "names": self.tool_names,
                 "serve": list(self.served_tools) if self.served_tools is not None else None,
