@@ -215,3 +215,21 @@ async def test_preflight_is_opt_in_outside_the_profile(tmp_path: Path, workspace
         async with _connect(sup)() as client:
             text, _, err = await call(client, "exec", command="python3 bad.py")
             assert err and text.startswith("ScriptHasShellSyntax")
+
+
+# -- switching it on -----------------------------------------------------------------------------
+
+
+async def test_procpilot_mcp_profile_openclaw_and_the_config_key(tmp_path: Path) -> None:
+    from mcp.client.stdio import StdioServerParameters
+
+    from tests.transports.test_cli_mcp import PROCPILOT, server_env
+
+    args = ["mcp", "--agent", "a1", "--profile", "openclaw"]
+    async with Client(StdioServerParameters(command=PROCPILOT, args=args, env=server_env(tmp_path))) as client:
+        text, data, _ = await call(client, "exec", command="exit 2")
+        assert (data["status"], text) == ("completed", "(Command exited with code 2)")
+    config = tmp_path / "procpilot.toml"
+    config.write_text('[tools.exec]\nprofile = "openclaw"\nscriptPreflight = false\n')
+    settings = load_settings(config, env={})
+    assert (settings.exec.profile, settings.exec.script_preflight) == ("openclaw", False)
