@@ -135,6 +135,10 @@ class Session:
         return self.spec.display
 
     @property
+    def name(self) -> str | None:
+        return self.spec.name
+
+    @property
     def is_running(self) -> bool:
         return self.state is SessionState.RUNNING
 
@@ -529,4 +533,5 @@ class Session:
             "exit_signal": self.exit_signal,
             "backgrounded": self.backgrounded,
             "error": self.error,
+            "name": self.name,
         }

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shlex
 import struct
 import subprocess
@@ -35,6 +36,7 @@ _PIPE_SIZE = 1 << 20
 _TRANSIENT = {errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.EBADF, errno.ENOMEM, errno.EINTR}
 _RETRY_DELAYS = (0.01, 0.05, 0.2, 0.5)
 _SHELL = "/bin/sh"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +59,22 @@ class SpawnSpec:
     # The working directory must lie inside this one: checked on the very directory the child
     # enters, so a path swapped for a symlink after any earlier check cannot lead it out.
     workspace: Path | None = None
+    # What the agent calls the session (``web``); unique among its live sessions, so every verb
+    # can take it in place of the id.
+    name: str | None = None
 
     def __post_init__(self) -> None:
         # Here, where every face builds its spec: nothing downstream (the policy's shell analysis
         # included) ever reads a command the kernel could not run anyway.
         check_size(self.command)
         check_timeout(self.timeout)
+        if self.name is not None and not _NAME.fullmatch(self.name):
+            raise InvalidArgument(
+                f"session name {self.name[:80]!r} is not 1-64 letters, digits, '.', '_' or '-' starting "
+                "with a letter or digit",
+                hints={"fix_name": "Use a short name such as 'web' or 'api-server'."},
+                field="name",
+            )
         if self.cwd is not None:
             check_os_string("cwd", str(self.cwd))
 

@@ -45,10 +45,12 @@ from procpilot.engine.trees import (
 )
 from procpilot.engine.usage import UsageTracker
 from procpilot.errors import (
+    AmbiguousSession,
     InvalidPattern,
     NotSupported,
     ProcessAlreadyExited,
     ProcpilotError,
+    SessionNameInUse,
     SessionNotFound,
     SessionStillRunning,
     SpawnFailed,
@@ -140,6 +142,9 @@ class Supervisor:
         self._write_filter = write_filter
         self._big_checks = asyncio.Semaphore(1)
         self._sessions: dict[str, Session] = {}
+        # (scope, name) of sessions being started: a name is taken from the check on, so two
+        # concurrent spawns cannot both get it.
+        self._starting_names: set[tuple[str, str]] = set()
         lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
         self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
         self.exits: EventBus[ExitInfo] = EventBus()
@@ -367,8 +372,28 @@ class Supervisor:
                 "elevated runs need an agent policy that allows them, and this supervisor has none",
                 hints={"drop_option": "Call again without elevated."},
             )
+        if spec.name is not None:
+            self._take_name(scope, spec.name)
+        try:
+            return await self._spawn_checked(spec, scope, self._store)
+        finally:
+            if spec.name is not None:
+                self._starting_names.discard((scope, spec.name))
+
+    def _take_name(self, scope: str, name: str) -> None:
+        live = (s for s in self._sessions.values() if s.scope == scope and s.name == name and not s.finished)
+        holder = next(live, None)
+        if holder is not None or (scope, name) in self._starting_names:
+            raise SessionNameInUse(
+                f"a live session is already named {name!r}" + (f" ({holder.id})" if holder else ""),
+                name=name,
+                session_id=holder.id if holder else None,
+            )
+        self._starting_names.add((scope, name))
+
+    async def _spawn_checked(self, spec: SpawnSpec, scope: str, store: SessionStore) -> Session:
         session_id = new_session_id()
-        directory = self._store.session_dir(session_id)
+        directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.settings.exec.max_log_bytes)
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
         session.kill_grace = self.settings.exec.kill_grace_sec
@@ -379,11 +404,11 @@ class Supervisor:
                 # Whatever went wrong (a typed refusal, a bug, a cancelled caller), the session
                 # never started: nothing may be left on disk under its id.
                 output.remove_files()
-                self._store.delete(session_id)
+                store.delete(session_id)
                 raise
         else:
             self._sessions[session_id] = session
-            self._store.save(session_id, session.record())
+            store.save(session_id, session.record())
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
 
@@ -467,11 +492,35 @@ class Supervisor:
     # -- queries -------------------------------------------------------------------------------
 
     def get(self, scope: str, session_id: str) -> Session:
+        """``scope``'s session by id, by name, or by a prefix of its id that fits no other.
+
+        A name means the live session of that name (names are unique among live sessions), or
+        else the newest ended one; an exact id always wins over a name or prefix. A prefix that
+        fits several sessions is an ``AmbiguousSession`` naming them.
+        """
         session = self._sessions.get(session_id)
         if session is None or session.scope != scope:
-            raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+            session = self._resolve(scope, session_id)
         session.last_access = time.monotonic()
         return session
+
+    def _resolve(self, scope: str, ref: str) -> Session:
+        mine = [s for s in self._sessions.values() if s.scope == scope]
+        named = sorted((s for s in mine if s.name == ref), key=lambda s: (not s.finished, s.created_at))
+        if named:
+            return named[-1]
+        fits = [s for s in mine if ref and s.id.startswith(ref)]
+        if len(fits) == 1:
+            return fits[0]
+        if fits:
+            shown = ", ".join(f"{s.id}" + (f" ({s.name})" if s.name else "") for s in fits[:10])
+            more = f" and {len(fits) - 10} more" if len(fits) > 10 else ""
+            raise AmbiguousSession(
+                f"{ref!r} fits {len(fits)} sessions: {shown}{more}",
+                session_id=ref,
+                candidates=[s.id for s in fits[:10]],
+            )
+        raise SessionNotFound(f"no session {ref!r}", session_id=ref)
 
     def list(self, scope: str) -> builtins.list[Session]:
         """This scope's sessions, newest first."""

@@ -124,13 +124,21 @@ class ExecParams(BaseModel):
         None, description="Announce the exit of a backgrounded run (default true)."
     )
     lane: str | None = Field(None, description="Concurrency lane (main, subagent, cron[:job]); none = never waits.")
+    name: str | None = Field(
+        None,
+        max_length=64,
+        description="Name the session (e.g. 'web'): unique among your live sessions; process actions take it "
+        "as sessionId.",
+    )
 
 
 class ProcessParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="process")
 
     action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
-    sessionId: str | None = Field(None, description="Target session (all actions but list).")  # noqa: N815
+    sessionId: str | None = Field(  # noqa: N815
+        None, max_length=256, description="Target session: its id, a unique prefix of it, or its name (not for list)."
+    )
     data: str | None = Field(None, description="write: text to send to stdin.")
     eof: bool = Field(False, description="write: close stdin after the data.")
     keys: list[str] | None = Field(None, description="send-keys: key names, e.g. ['C-c'], ['Up', 'Enter'].")
@@ -211,7 +219,8 @@ class ExecProcessFace:
             "durationMs": session.duration_ms,
             "cwd": str(session.spec.cwd) if session.spec.cwd else None,
             "command": session.command,
-            "name": derive_name(session.command),
+            "name": session.name or derive_name(session.command),
+            "sessionName": session.name,
         }
         if session.error:
             data["error"] = session.error
@@ -313,6 +322,7 @@ class ExecProcessFace:
             pty=params.pty,
             pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
             lane=params.lane,
+            name=params.name,
             notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
             # Without the process tool nothing could ever write to a stdin pipe: a prompt would
             # hang until the timeout. /dev/null makes it read EOF at once instead.
@@ -397,7 +407,14 @@ class ExecProcessFace:
         rows = []
         lines = []
         for s in self.sup.list(scope):
-            row = self._summary(s) | {"runtimeMs": s.duration_ms, "backgrounded": s.backgrounded}
+            usage = self.sup.usage.usage(s)
+            row = self._summary(s) | {
+                "runtimeMs": s.duration_ms,
+                "backgrounded": s.backgrounded,
+                "startedAt": s.created_at,
+                "cpuMs": usage.cpu_ms,
+                "memoryBytes": usage.memory_peak_bytes,
+            }
             rows.append(row)
             code = "" if s.exit_code is None else f" exit={s.exit_code}"
             lines.append(f"{s.id}  {row['status']:<7} {s.duration_ms / 1000:>8.1f}s{code}  {row['name']}")

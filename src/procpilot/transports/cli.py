@@ -284,6 +284,8 @@ _CLI_HINTS = {
     "force_kill": "`procpilot kill ID --signal SIGKILL`.",
     "start_again": "Stdin was closed; start a new session (`procpilot run`) to send more input.",
     "fix_arguments": "`procpilot COMMAND --help` lists the options.",
+    "be_specific": "Give more of the id, or the session's name (`procpilot ps` lists both).",
+    "pick_another": "Choose another --name, or `procpilot kill NAME` the session that holds it.",
 }
 
 
@@ -336,6 +338,13 @@ def run(
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="NAME=VALUE, repeatable.")] = None,
     timeout: Annotated[int | None, typer.Option(help="Seconds before the tree is ended (0 = none).")] = None,
     pty: Annotated[bool, typer.Option(help="Run under a pseudo-terminal.")] = False,
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="Name the session; every verb takes it in place of the id.")
+    ] = None,
+    restart: Annotated[
+        str | None, typer.Option(help="no, on-failure or always: start it again when it ends (with backoff).")
+    ] = None,
+    max_restarts: Annotated[int | None, typer.Option(help="Stop restarting after this many restarts.", min=0)] = None,
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
@@ -351,12 +360,20 @@ def run(
         variables[name] = value
     with _client(url, token) as client:
         started = client.exec(
-            text, background=True, workdir=workdir, env=variables or None, timeout=timeout, pty=pty or None
+            text,
+            background=True,
+            workdir=workdir,
+            env=variables or None,
+            timeout=timeout,
+            pty=pty or None,
+            name=name,
+            restart=restart,
+            maxRestarts=max_restarts,
         )
         session_id = started["sessionId"]
         if detach:
             print(session_id)
-            _err.print(f"started in the background; follow it with: procpilot logs -f {session_id}")
+            _err.print(f"started in the background; follow it with: procpilot logs -f {name or session_id}")
             return
         _forward_stdin(client.url, token, session_id)
         data = started.data
@@ -461,33 +478,67 @@ def _poll_one(client: Client, session_id: str, stream: str, timeout: int | None)
 @app.command()
 def ps(
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    running: Annotated[bool, typer.Option("--running", help="Only sessions still running (or queued).")] = False,
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
-    """List your sessions on the daemon."""
+    """List your sessions on the daemon: id, name, pid, status, age, CPU, memory, waiting for input."""
+    import time
+
     from rich.table import Table
 
     with _client(url, token) as client:
         reply = client.process("list")
+    rows = [row for row in reply["sessions"] if not running or row.get("status") in _RUNNING]
     if json_:
-        print(json.dumps(reply["sessions"], indent=2))
+        print(json.dumps(rows, indent=2))
         return
-    table = Table("ID", "STATUS", "RUNTIME", "EXIT", "COMMAND", box=None)
-    for row in reply["sessions"]:
+    table = Table("ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM", "INPUT", "RESTARTS", "EXIT", "COMMAND", box=None)
+    now = time.time()
+    for row in rows:
         code = row.get("exitCode")
+        started = row.get("startedAt")
         table.add_row(
             row["sessionId"],
+            escape(str(row.get("sessionName") or "")),
+            str(row.get("pid") or ""),
             row["status"],
-            f"{(row.get('runtimeMs') or 0) / 1000:.1f}s",
+            _duration(now - started) if isinstance(started, (int, float)) else "",
+            f"{(row.get('cpuMs') or 0) / 1000:.1f}s",
+            _size(int(row.get("memoryBytes") or 0)),
+            "waiting" if row.get("waitingForInput") else "",
+            str(row.get("restarts") or ""),
             "" if code is None else str(code),
             escape(str(row.get("command", ""))),
         )
-    _out.print(table if reply["sessions"] else "No sessions.")
+    _out.print(table if rows else "No sessions.")
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``, ``3d04h``: an age as ps shows it."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _size(n: int) -> str:
+    """``812B``, ``4.0K``, ``118.3M``, ``2.1G``: a memory size as ps shows it."""
+    value = float(n)
+    for unit in ("B", "K", "M"):
+        if value < 1024:
+            return f"{n}B" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}G"
 
 
 @app.command()
 def logs(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing as it arrives.")] = False,
     stream: Annotated[str | None, typer.Option(help="stdout or stderr (default: both, in order).")] = None,
     url: _UrlOption = None,
@@ -524,7 +575,7 @@ def logs(
 
 @app.command()
 def write(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     data: Annotated[str, typer.Argument(help="Text for its stdin ('-' reads our stdin).")] = "",
     eof: Annotated[bool, typer.Option(help="Close its stdin afterwards.")] = False,
     newline: Annotated[bool, typer.Option("--newline", "-n", help="Append a newline.")] = False,
@@ -542,7 +593,7 @@ def write(
 
 @app.command()
 def kill(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     signal_: Annotated[str, typer.Option("--signal", "-s", help="First signal (SIGKILL follows).")] = "SIGTERM",
     url: _UrlOption = None,
     token: _TokenOption = None,
@@ -555,7 +606,7 @@ def kill(
 
 @app.command()
 def wait(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     pattern: Annotated[str | None, typer.Option(help="Return when the output matches this regex.")] = None,
     timeout: Annotated[
         float | None, typer.Option(help="Seconds to wait at most (default: until it ends).", min=0)
@@ -583,7 +634,7 @@ def wait(
 
 @app.command()
 def rm(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
