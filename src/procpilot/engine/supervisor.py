@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 
 import regex
 
-from procpilot.config import Settings, load_settings
+from procpilot.config import EngineSettings, Settings, load_settings
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.isolation import isolation_capabilities
@@ -130,7 +130,9 @@ class Supervisor:
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
         write_filter: Callable[[str, Session, bytes], None] | None = None,
     ) -> None:
+        # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
+        self.config: EngineSettings = self.settings.engine
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
@@ -145,8 +147,7 @@ class Supervisor:
         # (scope, name) of sessions being started: a name is taken from the check on, so two
         # concurrent spawns cannot both get it.
         self._starting_names: set[tuple[str, str]] = set()
-        lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
-        self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
+        self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
         # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
         # rather than in a registry keyed by supervisor.
@@ -165,9 +166,9 @@ class Supervisor:
     async def start(self) -> Supervisor:
         if self._started:
             return self
-        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
         if self._store is None:
-            self._store = FileStore(self.settings.state_dir)
+            self._store = FileStore(self.config.state_dir)
         name = self.instance
         if self._trees is None:
             self._trees = probe_trees(name=name)
@@ -216,7 +217,7 @@ class Supervisor:
 
     def state_dir_space(self) -> dict[str, Any]:
         """Room left where output is stored: a full disk loses output (counted, never silently)."""
-        space = disk_space(self.settings.state_dir)
+        space = disk_space(self.config.state_dir)
         journal = self._store.write_error if isinstance(self._store, FileStore) else None
         if journal:
             written = f"the session journal could not be written ({journal})"
@@ -275,7 +276,7 @@ class Supervisor:
                     session.terminate(SessionState.KILLED, signal.SIGKILL, None)
 
     async def _end_all(self, sig: int, grace: float | None) -> None:
-        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        grace = self.config.kill_grace_sec if grace is None else grace
         running = [s for s in self._sessions.values() if not s.finished]
         for session in running:
             if session.state is SessionState.QUEUED:
@@ -322,7 +323,7 @@ class Supervisor:
             now = time.monotonic()
             for session in list(self._sessions.values()):
                 spec_limits = session.spec.limits
-                if session.limit_backend is not limits or not session.is_running or spec_limits is None:
+                if session.accounting.limit_backend is not limits or not session.is_running or spec_limits is None:
                     continue
                 if session.terminating:
                     self._resume_if_stopped(session)  # a stopped tree could not act on its signal
@@ -394,9 +395,9 @@ class Supervisor:
     async def _spawn_checked(self, spec: SpawnSpec, scope: str, store: SessionStore) -> Session:
         session_id = new_session_id()
         directory = store.session_dir(session_id)
-        output = SessionOutput(directory, self.settings.exec.max_log_bytes)
-        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
-        session.kill_grace = self.settings.exec.kill_grace_sec
+        output = SessionOutput(directory, self.config.max_log_bytes)
+        grace = self.config.kill_grace_sec
+        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
         if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
             try:
                 await self._start(session)
@@ -418,8 +419,8 @@ class Supervisor:
         tree_prepared = False
         try:
             env = build_env(
-                self.settings.base_env_passthrough,
-                self.settings.base_env_set,
+                self.config.env_passthrough,
+                self.config.env_set,
                 spec.env,
                 markers={MARKER_ENV: session.id, SUPERVISOR_ENV: self.instance},
                 pty=spec.pty,
@@ -432,7 +433,7 @@ class Supervisor:
                 prelude.append(tree_line)
             if spec.limits is not None and not spec.limits.empty:
                 limits = self._limit_backend
-                session.limit_backend = limits
+                session.accounting.limit_backend = limits
                 try:
                     prelude += limits.prepare(session.id, spec.limits)
                 except OSError as exc:
@@ -443,8 +444,8 @@ class Supervisor:
         except BaseException:
             if tree_prepared:
                 self._tree_backend.release(session.id)
-            if session.limit_backend is not None:
-                session.limit_backend.release(session.id)
+            if session.accounting.limit_backend is not None:
+                session.accounting.limit_backend.release(session.id)
             if spec.lane is not None:
                 self._lanes.release(spec.lane, session.scope)
             raise
@@ -585,7 +586,7 @@ class Supervisor:
         if session.state is SessionState.QUEUED:
             session.fail_to_start("killed while waiting for a lane slot", end=SessionState.KILLED)
             return session
-        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        grace = self.config.kill_grace_sec if grace is None else grace
         self._resume_if_stopped(session)
         session.terminate(SessionState.KILLED, sig, grace)
         if wait is None or wait > 0:
@@ -677,7 +678,7 @@ class Supervisor:
     def sweep(self, now: float | None = None) -> builtins.list[str]:
         """Remove finished sessions idle for longer than the TTL; returns their ids."""
         now = time.monotonic() if now is None else now
-        ttl = self.settings.exec.cleanup_ms / 1000
+        ttl = self.config.session_ttl_sec
         expired = [s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl]
         for session in expired:
             self._forget(session)

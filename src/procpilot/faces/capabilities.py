@@ -448,11 +448,12 @@ class ProcessCapabilities:
                     stdin_data=stdin_data,
                     limits=limits,
                 )
-            session = await self.sup.spawn(spec, scope=scope)
-            self.usage.watch(session)
             if params.background:
-                session.backgrounded = True
+                session = await self.sup.run(spec, scope=scope, yield_ms=0)  # handed over at once
+                self.usage.watch(session)
             else:
+                session = await self.sup.spawn(spec, scope=scope)
+                self.usage.watch(session)
                 try:
                     await session.wait_finished()
                 except asyncio.CancelledError:
@@ -733,7 +734,7 @@ def _raise_if_limit_exceeded(session: Session) -> None:
     if session.state is not SessionState.LIMIT_EXCEEDED:
         return
     limits = session.spec.limits
-    report = session.limit_report
+    report = session.accounting.limit_report
     peak = report.memory_peak_bytes if report is not None else None
     which = (report.limit if report is not None else None) or "memory"
     hints = {"read_output": f"process.logs with process_id={session.id} has its output up to the kill."}

@@ -548,7 +548,7 @@ class ExecProcessFace:
         # Text first, then raw bytes, then keys: {"literal": "ls", "keys": ["Enter"]} types ls and
         # presses Enter (OpenClaw's order, the one an agent expects).
         payload, warnings = self.profile.encode_input(
-            params.literal, params.hex, params.keys, app_cursor=session.app_cursor_keys
+            params.literal, params.hex, params.keys, app_cursor=session.terminal.app_cursor_keys
         )
         result = await self._send(session, params, scope, payload)
         if not warnings:
@@ -565,7 +565,7 @@ class ExecProcessFace:
         if params.text is None:
             raise InvalidArgument("paste needs text", field="text")
         # Markers reach a program that never enabled bracketed paste as literal ESC[200~ text.
-        payload = encode_paste(params.text, bracketed=session.spec.pty and session.bracketed_paste)
+        payload = encode_paste(params.text, bracketed=session.spec.pty and session.terminal.bracketed_paste)
         return await self._send(session, params, scope, payload)
 
     async def _kill(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:

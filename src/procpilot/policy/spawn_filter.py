@@ -151,4 +151,4 @@ def _base_path(settings: Settings) -> str:
     import os
 
     env: Mapping[str, str] = os.environ
-    return str(settings.base_env_set.get("PATH") or env.get("PATH", os.defpath))
+    return str(settings.base_env.set.get("PATH") or env.get("PATH", os.defpath))
