@@ -27,6 +27,7 @@ from typing import Literal
 from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
 from procpilot.engine.precheck import check_command, check_size, check_timeout
+from procpilot.engine.restart import RestartPolicy
 from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
 __all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
@@ -62,6 +63,8 @@ class SpawnSpec:
     # What the agent calls the session (``web``); unique among its live sessions, so every verb
     # can take it in place of the id.
     name: str | None = None
+    # Start the command again when it ends on its own (engine/restart.py); None: never.
+    restart: RestartPolicy | None = None
 
     def __post_init__(self) -> None:
         # Here, where every face builds its spec: nothing downstream (the policy's shell analysis

@@ -398,6 +398,8 @@ class Supervisor:
         output = SessionOutput(directory, self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
+        if spec.restart is not None:
+            session.restart_hook = self._restart_soon
         if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
             try:
                 await self._start(session)
@@ -413,8 +415,24 @@ class Supervisor:
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
 
-    async def _start(self, session: Session) -> None:
-        """Start a session whose lane slot (if any) is held; on any failure release all it held."""
+    def _restart_soon(self, session: Session) -> None:
+        self._spawn_task(self._run_again(session))
+
+    async def _run_again(self, session: Session) -> None:
+        """The next run of a restarting session: same id, same output, same lane slot."""
+        try:
+            await self._start(session, again=True)
+        except BaseException as exc:
+            why = f"{exc.code}: {exc.message}" if isinstance(exc, ProcpilotError) else type(exc).__name__
+            session.restart_failed(f"restart {session.restarts} could not start: {why}")
+            if not isinstance(exc, (ProcpilotError, OSError)):
+                raise
+            return
+        session.restarted()
+
+    async def _start(self, session: Session, *, again: bool = False) -> None:
+        """Start a session whose lane slot (if any) is held; on any failure release all it held
+        (but the slot of a session starting ``again``: it holds it until it ends)."""
         spec = session.spec
         tree_prepared = False
         try:
@@ -446,7 +464,7 @@ class Supervisor:
                 self._tree_backend.release(session.id)
             if session.accounting.limit_backend is not None:
                 session.accounting.limit_backend.release(session.id)
-            if spec.lane is not None:
+            if spec.lane is not None and not again:
                 self._lanes.release(spec.lane, session.scope)
             raise
         self._sessions[session.id] = session

@@ -25,7 +25,7 @@ from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
-from procpilot.faces.capabilities import checked_environment, resolve_working_directory
+from procpilot.faces.capabilities import checked_environment, resolve_working_directory, restart_policy
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
@@ -124,6 +124,15 @@ class ExecParams(BaseModel):
         None, description="Announce the exit of a backgrounded run (default true)."
     )
     lane: str | None = Field(None, description="Concurrency lane (main, subagent, cron[:job]); none = never waits.")
+    restart: Literal["no", "on-failure", "always"] | None = Field(
+        None,
+        description="Start the command again when it ends on its own: on-failure (non-zero exit or a signal) or "
+        "always, with growing delays; the session keeps its id and log. Default: no ([tools.exec] restart for "
+        "background runs). kill stops it for good.",
+    )
+    maxRestarts: int | None = Field(  # noqa: N815
+        None, ge=0, le=10_000, description="Stop restarting after this many restarts (default 10)."
+    )
     name: str | None = Field(
         None,
         max_length=64,
@@ -222,6 +231,8 @@ class ExecProcessFace:
             "name": session.name or derive_name(session.command),
             "sessionName": session.name,
         }
+        if session.spec.restart is not None:
+            data["restarts"] = session.restarts
         if session.error:
             data["error"] = session.error
         if lost := session.output[Stream.COMBINED].lost:
@@ -323,6 +334,7 @@ class ExecProcessFace:
             pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
             lane=params.lane,
             name=params.name,
+            restart=restart_policy(self.cfg, params.restart, params.maxRestarts, background=params.background),
             notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
             # Without the process tool nothing could ever write to a stdin pipe: a prompt would
             # hang until the timeout. /dev/null makes it read EOF at once instead.
