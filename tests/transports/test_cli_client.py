@@ -161,6 +161,13 @@ def test_named_sessions_and_ps(served: Served) -> None:
     assert sid not in cli(served, "ps", "--running").stdout
     assert sid in cli(served, "ps").stdout
     assert cli(served, "rm", "web").returncode == 0
+    flaky = cli(served, "run", "-d", "--name", "flaky", "--restart", "on-failure", "--max-restarts", "1", "exit 3")
+    assert flaky.returncode == 0, flaky.stderr
+    assert cli(served, "wait", "flaky", "--timeout", "30").returncode == 3  # the last run's code
+    row = json.loads(cli(served, "ps", "--json").stdout)
+    assert next(r for r in row if r["sessionName"] == "flaky")["restarts"] == 1
+    assert "restart 1 of 1" in cli(served, "logs", "flaky").stdout
+    assert cli(served, "rm", "flaky").returncode == 0
 
 
 def test_logs_follow_and_wait_codes(served: Served) -> None:

@@ -607,4 +607,5 @@ class Session:
             "backgrounded": self.backgrounded,
             "error": self.error,
             "name": self.name,
+            "restarts": self.restarts,
         }
