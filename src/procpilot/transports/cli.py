@@ -479,6 +479,9 @@ def _poll_one(client: Client, session_id: str, stream: str, timeout: int | None)
 def ps(
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     running: Annotated[bool, typer.Option("--running", help="Only sessions still running (or queued).")] = False,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Another agent's sessions, or '*' for all (approvers only).")
+    ] = None,
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
@@ -488,17 +491,19 @@ def ps(
     from rich.table import Table
 
     with _client(url, token) as client:
-        reply = client.process("list")
-    rows = [row for row in reply["sessions"] if not running or row.get("status") in _RUNNING]
+        listed = client.sessions(agent) if agent else client.process("list")["sessions"]
+    rows = [row for row in listed if not running or row.get("status") in _RUNNING]
     if json_:
         print(json.dumps(rows, indent=2))
         return
-    table = Table("ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM", "INPUT", "RESTARTS", "EXIT", "COMMAND", box=None)
+    columns = ["ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM", "INPUT", "RESTARTS", "EXIT", "COMMAND"]
+    table = Table(*(["AGENT"] if agent else []), *columns, box=None)
     now = time.time()
     for row in rows:
         code = row.get("exitCode")
         started = row.get("startedAt")
         table.add_row(
+            *([escape(str(row.get("agent", "")))] if agent else []),
             row["sessionId"],
             escape(str(row.get("sessionName") or "")),
             str(row.get("pid") or ""),
