@@ -108,6 +108,8 @@ async def test_poll_and_log_carry_aggregated_and_openclaws_texts(openclaw: Conne
         assert data["aggregated"] == "one\ntwo\n"  # the whole output, not what is new
         _, data, _ = await call(client, "process", action="log", sessionId=sid)
         assert data["aggregated"] == "one\ntwo\n" and data["output"] == "one\ntwo"
+        text, _, _ = await call(client, "process", action="list")
+        assert text.startswith(f"{sid} running ") and text.endswith(":: echo one")  # OpenClaw's list line
         await call(client, "process", action="write", sessionId=sid, data="\n", eof=True)
         await wait(client, sid)
         text, data, _ = await call(client, "process", action="poll", sessionId=sid)

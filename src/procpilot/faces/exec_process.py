@@ -8,6 +8,7 @@ an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal as signal_module
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
 from procpilot.faces.capabilities import checked_environment, resolve_working_directory, restart_policy
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
-from procpilot.policy.script_preflight import check_scripts
+from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
 
 __all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
@@ -317,8 +318,9 @@ class ExecProcessFace:
         env = checked_environment(self.sup.settings, params.env)
         if self.profile.env:
             env = {**env, **self.profile.env}
-        if self._preflight:
-            check_scripts(params.command, cwd)
+        if self._preflight and might_run_scripts(params.command):
+            # A shell reading and a few file reads: off the loop, where no other agent waits on them.
+            await asyncio.to_thread(check_scripts, params.command, cwd)
         # The configured default bounds foreground work; a run started in the background on
         # purpose (a dev server, a watcher) runs until it ends or is killed, unless it says.
         default = None if params.background else self.cfg.timeout_sec
@@ -428,8 +430,7 @@ class ExecProcessFace:
                 "memoryBytes": usage.memory_peak_bytes,
             }
             rows.append(row)
-            code = "" if s.exit_code is None else f" exit={s.exit_code}"
-            lines.append(f"{s.id}  {row['status']:<7} {s.duration_ms / 1000:>8.1f}s{code}  {row['name']}")
+            lines.append(self.profile.list_line(s, row))
         text = "\n".join(lines) if lines else "No sessions."
         return ToolResult(text, {"sessions": rows, "total": len(rows)})
 

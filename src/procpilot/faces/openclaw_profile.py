@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 from procpilot.config import Settings
 from procpilot.engine.keys import encode_hex, encode_hex_lenient, encode_keys, encode_literal
@@ -103,6 +104,11 @@ class Profile:
         """A running session's poll: what arrived, then ``note`` (our bracketed running line)."""
         return f"{output}\n{note}" if output else note
 
+    def list_line(self, session: Session, row: Mapping[str, Any]) -> str:
+        """One session in the text of ``process list`` (``row``: its structured entry)."""
+        code = "" if session.exit_code is None else f" exit={session.exit_code}"
+        return f"{session.id}  {row['status']:<7} {session.duration_ms / 1000:>8.1f}s{code}  {row['name']}"
+
     def log_note(self, shown: int, total: int) -> str | None:
         """The note of a log call without offset or limit (the default window of the last lines)."""
         return f"showing the last {shown} of {total} lines; pass offset/limit for others"
@@ -167,6 +173,10 @@ class OpenClawProfile(Profile):
     def running_text(self, output: str, note: str) -> str:
         body = output.rstrip("\n") or "(no new output)"
         return f"{body}\n\nProcess still running. {note}"
+
+    def list_line(self, session: Session, row: Mapping[str, Any]) -> str:
+        wait = " [input-wait]" if row.get("waitingForInput") else ""
+        return f"{session.id} {row['status']:<9} {session.duration_ms / 1000:.1f}s{wait} :: {row['name']}"
 
     def log_note(self, shown: int, total: int) -> str | None:
         return f"showing last {shown} of {total} lines; pass offset/limit to page" if total > shown else None

@@ -21,7 +21,7 @@ from pathlib import Path
 from procpilot.errors import ScriptHasShellSyntax
 from procpilot.policy.shell import commands_in
 
-__all__ = ["check_scripts", "shell_syntax_in"]
+__all__ = ["check_scripts", "might_run_scripts", "shell_syntax_in"]
 
 _MAX_SCRIPT_BYTES = 256 << 10  # read at most this much of a script: enough for any hand-written one
 _MAX_SCRIPTS = 4  # scripts read per command (a command line naming more is unusual)
@@ -113,11 +113,23 @@ def shell_syntax_in(source: str, language: str) -> tuple[int, str] | None:
     return line, source.splitlines()[line - 1].strip()
 
 
+_MENTIONS = re.compile(r"python|node")
+
+
+def might_run_scripts(command: str) -> bool:
+    """Whether ``command`` could run a Python or Node script at all: one search, so the common
+    command costs no shell reading and no file read."""
+    return _MENTIONS.search(command) is not None
+
+
 def check_scripts(command: str, cwd: Path) -> None:
     """Raise :class:`ScriptHasShellSyntax` when ``command`` would run a Python or Node script
-    (relative paths from ``cwd``) whose code holds shell syntax outside its strings."""
-    if not re.search(r"python|node", command):
-        return  # the common case costs one search, not a shell reading
+    (relative paths from ``cwd``) whose code holds shell syntax outside its strings.
+
+    It reads the command line and up to a few script files: a caller on an event loop runs it in
+    a worker thread (see ``might_run_scripts`` for the cheap test first)."""
+    if not might_run_scripts(command):
+        return
     checked = 0
     for program, args in commands_in(command):
         found = _script_of(program, args)
