@@ -398,33 +398,6 @@ def test_bad_override_is_a_config_error() -> None:
 # -- protected variables and lanes ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("name", "protected"),
-    [
-        ("LD_FOO", True),
-        ("LD_PRELOAD", True),
-        ("DYLD_X", True),
-        ("DYLD_INSERT_LIBRARIES", True),
-        ("PATH", True),
-        ("PYTHONPATH", True),
-        ("FOO", False),
-        ("PATHS", False),
-        ("MY_LD_FOO", False),
-        ("ld_foo", False),
-    ],
-)
-def test_is_protected(name: str, protected: bool) -> None:
-    assert load_settings(env={}).is_protected(name) is protected
-
-
-def test_configured_protected_list_and_prefixes(tmp_path: Path) -> None:
-    s = load_settings(write(tmp_path, '[env]\nprotected = ["SECRET"]\n'), env={})
-    assert s.is_protected("SECRET")
-    assert not s.is_protected("PATH")  # the list is replaced, not extended
-    assert s.is_protected("LD_ANYTHING")  # the loader prefixes are always protected
-    assert s.is_protected("DYLD_ANYTHING")
-
-
 def test_lanes_allow_extra_names(tmp_path: Path) -> None:
     cfg = write(tmp_path, '[lanes]\nbuild = 3\n"cron:nightly" = 2\n')
     s = load_settings(cfg, env={}, lanes={"gpu": 1})

@@ -269,6 +269,7 @@ class EngineSettings:
     default_lane_cap: int = 1
     env_passthrough: tuple[str, ...] = BaseEnvSettings().passthrough
     env_set: Mapping[str, str] = field(default_factory=lambda: dict(BaseEnvSettings().set))
+    protected_env: tuple[str, ...] = EnvSettings().protected  # never overridable by a call
 
 
 class Settings(BaseModel):
@@ -325,19 +326,7 @@ class Settings(BaseModel):
             default_lane_cap=int(self.lanes.default),
             env_passthrough=self.base_env.passthrough,
             env_set=dict(self.base_env.set),
-        )
-
-    def is_protected(self, name: str) -> bool:
-        # Every LD_*/DYLD_* variable steers the dynamic loader, so no list of names can be complete.
-        # The shell's code hooks (BASH_ENV, ENV, BASH_FUNC_*, PS4 + SHELLOPTS...) run code before any
-        # command is checked, so they are never overridable either. PATH alone stays configurable:
-        # the command policy resolves programs on the session's own PATH.
-        from procpilot.policy.shell import sensitive_variable
-
-        return (
-            name in self.env.protected
-            or name.startswith(("LD_", "DYLD_"))
-            or (name != "PATH" and sensitive_variable(name))
+            protected_env=self.env.protected,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
@@ -364,6 +365,8 @@ class Supervisor:
             await self.start()
         if self._closed or self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        # The engine's own fence, before any policy reads the spec: no face can skip it.
+        check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
             running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
             spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)

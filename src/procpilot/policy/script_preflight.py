@@ -7,7 +7,7 @@ run fails with a confusing SyntaxError (or, in JavaScript, quietly reads an unde
 ``sh -c``), the script is read and any ``$NAME``, ``${...}`` or ``$(...)`` outside strings and
 comments is refused with a typed error that says where and what to write instead.
 
-Reading the command line is ``policy.shell``'s job (``commands_in``); this module only reads the
+Reading the command line is ``procpilot.shell``'s job (``commands_in``); this module only reads the
 scripts. It is a help, not a guard: what cannot be read (a missing file, a script named by a
 variable) is left for the interpreter to report.
 """
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from procpilot.errors import ScriptHasShellSyntax
-from procpilot.policy.shell import commands_in
+from procpilot.shell import commands_in
 
 __all__ = ["check_scripts", "might_run_scripts", "shell_syntax_in"]
 

@@ -7,8 +7,8 @@ import itertools
 import os
 import re
 
-from procpilot.policy.shell import wrappers
-from procpilot.policy.shell.lexer import (
+from procpilot.shell import wrappers
+from procpilot.shell.lexer import (
     _MAX_DEPTH,
     _Lexer,
     _Op,
@@ -20,6 +20,7 @@ from procpilot.policy.shell.lexer import (
     _Token,
     _Word,
 )
+from procpilot.shell.variables import sensitive_variable
 
 # ---------------------------------------------------------------------------------------------
 # Commands
@@ -28,19 +29,6 @@ _RESERVED = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while"
 _CASE_ENDS = frozenset({";;", ";&", ";;&"})
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-# Variables that decide which program runs, what it loads, or what the shell runs by itself.
-_SENSITIVE = frozenset({
-    "PATH", "ENV", "BASH_ENV", "CDPATH", "SHELLOPTS", "BASHOPTS", "PS0", "PS1", "PS2", "PS3",
-    "PS4", "PROMPT_COMMAND", "EXECIGNORE", "FPATH", "ZDOTDIR", "GCONV_PATH", "BASH_LOADABLES_PATH",
-})  # fmt: skip
-_SENSITIVE_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_")
-
-
-def sensitive_variable(name: str) -> bool:
-    """Whether setting ``name`` can change which program runs, what it loads or what a shell runs."""
-    return name in _SENSITIVE or name.startswith(_SENSITIVE_PREFIXES)
-
 
 _sensitive = sensitive_variable
 
@@ -417,3 +405,11 @@ def _check_set(args: list[_Word], scan: _Scan) -> None:
                 scan.problem(f"set {word.raw} changes how later commands are read or run")
 
 
+def commands_in(command: str) -> list[tuple[str, tuple[str | None, ...]]]:
+    """Best effort: each program ``command`` runs with its arguments (None where an argument is
+    known only at run time), wrapped ones included (``sh -c 'cat x | python3 y.py'`` gives
+    ``python3`` with ``("y.py",)``). What the text hides is left out rather than refused: this
+    reading serves checks that help an agent, not a policy that must be sure."""
+    scan = _Scan(realpath_of=lambda _word: None)
+    _analyze_text(command, scan)
+    return [(p.word, p.args) for p in scan.programs if not p.builtin]
