@@ -399,7 +399,7 @@ class ExecProcessFace:
                 field="action",
             )
         if params.action == "list":
-            return self._list(scope)
+            return await self._list(scope)
         if not params.sessionId:
             raise InvalidArgument(
                 f"sessionId is required for action {params.action!r}",
@@ -422,11 +422,13 @@ class ExecProcessFace:
             for session_id in [k for k in table if k not in live]:
                 del table[session_id]
 
-    def _list(self, scope: str) -> ToolResult:
+    async def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
-        for s in self.sup.list(scope):
-            usage = self.sup.usage.usage(s)
+        sessions = self.sup.list(scope)
+        usages = await self.sup.usage.snapshot(sessions)
+        for s in sessions:
+            usage = usages[s.id]
             row = self._summary(s) | {
                 "runtimeMs": s.duration_ms,
                 "backgrounded": s.backgrounded,
