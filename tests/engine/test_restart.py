@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from procpilot.config import Settings
 from procpilot.engine.capture import Stream
 from procpilot.engine.restart import RestartPolicy
 from procpilot.engine.session import ExitInfo, Session
@@ -58,3 +59,11 @@ async def test_kill_stops_restarting_while_running_and_between_runs(supervisor: 
     await supervisor.kill("a", waiting.id, wait=None)
     assert (waiting.state, waiting.restarts, waiting.exit_code) == (SessionState.KILLED, 1, 1)
     assert log(waiting).count("once\n") == 1
+
+
+async def test_shutting_down_ends_a_session_waiting_to_restart(settings: Settings) -> None:
+    slow = RestartPolicy("always", max_restarts=5, backoff=60)
+    async with Supervisor(settings) as sup:
+        session = await sup.spawn(SpawnSpec("true", restart=slow), scope="a")
+        await sup.wait("a", session.id, timeout=20, pattern=re.compile("restart 1 of 5"))
+    assert (session.state, session.restarts) == (SessionState.KILLED, 1)
