@@ -67,3 +67,14 @@ async def test_shutting_down_ends_a_session_waiting_to_restart(settings: Setting
         session = await sup.spawn(SpawnSpec("true", restart=slow), scope="a")
         await sup.wait("a", session.id, timeout=20, pattern=re.compile("restart 1 of 5"))
     assert (session.state, session.restarts) == (SessionState.KILLED, 1)
+
+
+async def test_a_restart_that_cannot_start_ends_the_session_saying_why(supervisor: Supervisor, workspace: Path) -> None:
+    script = workspace / "run.sh"
+    script.write_text("#!/bin/sh\nrm -f run.sh\necho gone\nexit 4\n")
+    script.chmod(0o755)
+    policy = RestartPolicy("on-failure", max_restarts=3, backoff=0.01)
+    session = await supervisor.spawn(SpawnSpec("./run.sh", cwd=workspace, restart=policy), scope="a")
+    await session.wait_finished(20)
+    assert (session.state, session.exit_code, session.restarts) == (SessionState.EXITED_ERROR, 4, 1)
+    assert session.error is not None and session.error.startswith("restart 1 could not start: CommandNotFound")

@@ -425,11 +425,16 @@ class Supervisor:
         """The next run of a restarting session: same id, same output, same lane slot."""
         try:
             await self._start(session, again=True)
-        except BaseException as exc:
-            why = f"{exc.code}: {exc.message}" if isinstance(exc, ProcpilotError) else type(exc).__name__
+        except asyncio.CancelledError:
+            session.restart_failed("the supervisor shut down before the restart")
+            raise
+        except Exception as exc:
+            if isinstance(exc, ProcpilotError):
+                why = f"{exc.code}: {exc.message}"
+            else:  # a bug must still end the session: left between two runs, it would never end
+                _log.exception("session %s could not restart", session.id)
+                why = f"InternalError: {type(exc).__name__}"
             session.restart_failed(f"restart {session.restarts} could not start: {why}")
-            if not isinstance(exc, (ProcpilotError, OSError)):
-                raise
             return
         session.restarted()
 
