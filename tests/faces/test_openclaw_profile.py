@@ -116,6 +116,15 @@ async def test_poll_and_log_carry_aggregated_and_openclaws_texts(openclaw: Conne
         assert (text, data["status"]) == ("(no new output)\n\nProcess exited with code 0.", "completed")
 
 
+async def test_a_backgrounded_command_is_said_to_be_unfinished(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        text, data, _ = await call(client, "exec", command="echo started; sleep 30", yieldMs=200)
+        assert data["status"] == "running"
+        assert text.startswith(f"Command still running (session {data['sessionId']}, pid {data['pid']})")
+        assert "confirm it completed" in text
+        await call(client, "process", action="kill", sessionId=data["sessionId"])
+
+
 async def test_log_says_showing_last_200_of_201_lines(openclaw: Connect) -> None:
     async with openclaw() as client:
         sid = await run_bg(client, "seq 1 201")

@@ -374,18 +374,7 @@ class ExecProcessFace:
             return _noting_loss(session, ToolResult(text + header, data))
         tail = self.sup.tail_text(session, _TAIL_CHARS)
         data |= {"tail": tail, "logPath": self._where(session)}
-        verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
-        text = (
-            f"Command {verb} in the background: sessionId={session.id} pid={session.pid}. "
-            "Use process wait (blocks until exit or a pattern), poll (new output) or log (pages); "
-            + (
-                "you will be notified when it exits."
-                if self._exit_is_announced(session)
-                else "its exit is not announced, so wait or poll to learn when it ends."
-            )
-        )
-        if tail:
-            text += f"\nTail so far:\n{tail}"
+        text = self.profile.backgrounded_text(session, tail, announced=self._exit_is_announced(session))
         return _noting_loss(session, ToolResult(text, data))
 
     # -- process -------------------------------------------------------------------------------

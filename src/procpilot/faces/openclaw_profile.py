@@ -100,6 +100,21 @@ class Profile:
         line = f"[{self.of(session)}: {ending}]"
         return f"{output}\n{line}" if output else line
 
+    def backgrounded_text(self, session: Session, tail: str, *, announced: bool) -> str:
+        """exec's answer when the command goes on in the background; ``announced``: its exit will
+        be pushed to the client."""
+        verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
+        text = (
+            f"Command {verb} in the background: sessionId={session.id} pid={session.pid}. "
+            "Use process wait (blocks until exit or a pattern), poll (new output) or log (pages); "
+            + (
+                "you will be notified when it exits."
+                if announced
+                else "its exit is not announced, so wait or poll to learn when it ends."
+            )
+        )
+        return f"{text}\nTail so far:\n{tail}" if tail else text
+
     def running_text(self, output: str, note: str) -> str:
         """A running session's poll: what arrived, then ``note`` (our bracketed running line)."""
         return f"{output}\n{note}" if output else note
@@ -169,6 +184,13 @@ class OpenClawProfile(Profile):
             return body or "(no output)"
         reason = self._reason(session, ending)
         return f"{body}\n\n{reason}" if body else reason
+
+    def backgrounded_text(self, session: Session, tail: str, *, announced: bool) -> str:
+        text = (
+            f"Command still running (session {session.id}, pid {session.pid}). It has not finished: follow it "
+            "with process (poll, log, wait, write, kill) and confirm it completed before relying on its result."
+        )
+        return f"{text}\n\n{tail.rstrip()}" if tail.strip() else text
 
     def running_text(self, output: str, note: str) -> str:
         body = output.rstrip("\n") or "(no new output)"
