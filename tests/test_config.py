@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,11 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "kill_grace_sec": 5.0,
         "pty_cols": 120,
         "pty_rows": 30,
+        "profile": "procpilot",
+        "script_preflight": None,
+        "restart": "no",
+        "max_restarts": 10,
+        "restart_backoff_ms": 1000,
     }
     assert s.process.enabled is True
     assert s.lanes.model_dump() == {"main": 1, "subagent": 8, "cron": 1, "default": 1}
@@ -439,6 +445,10 @@ def test_describe_uses_toml_names(tmp_path: Path) -> None:
         "killGraceSec": 5.0,
         "ptyCols": 120,
         "ptyRows": 30,
+        "profile": "procpilot",
+        "restart": "no",
+        "maxRestarts": 10,
+        "restartBackoffMs": 1000,
     }
     assert d["tools"]["process"] == {"enabled": True}
     assert d["lanes"]["build"] == 2
@@ -453,7 +463,7 @@ def test_describe_feeds_back_as_toml_keys(tmp_path: Path) -> None:
     d = load_settings(env={}, exec={"timeout_sec": 42, "pty_rows": 50}).describe()
     lines = ["[tools.exec]"]
     for key, value in d["tools"]["exec"].items():
-        lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else value}")
+        lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else json.dumps(value)}")
     s = load_settings(write(tmp_path, "\n".join(lines) + "\n"), env={})
     assert s.exec.timeout_sec == 42
     assert s.exec.pty_rows == 50

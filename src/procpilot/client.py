@@ -251,6 +251,13 @@ class Client:
         """Which mechanisms the daemon's host offers (tree kill, limits, isolation, pidfd)."""
         return _body(self._request("GET", "/v1/capabilities"))
 
+    def sessions(self, agent: str | None = None) -> list[dict[str, Any]]:
+        """Your sessions as ``process`` lists them, each with its ``agent``; another agent's (or every
+        agent's: ``"*"``) only for agents in ``[server] approvers``."""
+        params = {"agent": agent} if agent else None
+        rows: list[dict[str, Any]] = _body(self._request("GET", "/v1/sessions", params=params))["sessions"]
+        return rows
+
     def approvals(self) -> list[dict[str, Any]]:
         """Calls held for approval, of every agent (only for agents in ``[server] approvers``)."""
         pending: list[dict[str, Any]] = _body(self._request("GET", "/v1/approvals"))["approvals"]
@@ -332,6 +339,11 @@ class AsyncClient:
 
     async def capabilities(self) -> dict[str, Any]:
         return _body(await self._request("GET", "/v1/capabilities"))
+
+    async def sessions(self, agent: str | None = None) -> list[dict[str, Any]]:
+        params = {"agent": agent} if agent else None
+        rows: list[dict[str, Any]] = _body(await self._request("GET", "/v1/sessions", params=params))["sessions"]
+        return rows
 
     async def approvals(self) -> list[dict[str, Any]]:
         pending: list[dict[str, Any]] = _body(await self._request("GET", "/v1/approvals"))["approvals"]

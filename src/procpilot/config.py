@@ -99,6 +99,16 @@ class ExecSettings(BaseModel):
     kill_grace_sec: Annotated[float, Field(strict=True, ge=0, le=600)] = 5.0
     pty_cols: Annotated[int, Field(strict=True, ge=1, le=1000)] = 120
     pty_rows: Annotated[int, Field(strict=True, ge=1, le=1000)] = 30
+    # "openclaw": the exec/process tools behave as OpenClaw's do where ours differ
+    # (faces/openclaw_profile.py holds every difference).
+    profile: Literal["procpilot", "openclaw"] = "procpilot"
+    # Refuse python/node scripts holding shell syntax ($VAR) before they run; None: the profile's choice.
+    script_preflight: _Bool | None = None
+    # The restart policy of background runs that do not give one; a restart waits restart_backoff_ms,
+    # doubled after each quick failure (up to a minute), and stops after max_restarts.
+    restart: Literal["no", "on-failure", "always"] = "no"
+    max_restarts: Annotated[_Int, _clamp(0, 10_000)] = 10
+    restart_backoff_ms: Annotated[_Int, _clamp(10, 600_000)] = 1000
 
 
 class ProcessToolSettings(BaseModel):
@@ -324,6 +334,9 @@ class Settings(BaseModel):
     def describe(self) -> dict[str, Any]:
         """The effective settings under their TOML names (what ``procpilot config`` shows)."""
         shown = self.model_dump(mode="json", by_alias=True)
+        exec_ = shown["tools"]["exec"]
+        if exec_["scriptPreflight"] is None:
+            del exec_["scriptPreflight"]  # unset (the profile decides), and TOML has no null
         server = shown["server"]
         server["tokens"] = f"{len(self.server.tokens)} configured"  # never print a secret
         return shown

@@ -4,7 +4,10 @@
     ├── InvalidArgument (ValueError)         422  invalid_request   a field is missing, malformed, out of range
     │   ├── InvalidFilter                    422  invalid_filter    state_filter is not a known state
     │   ├── InvalidStream                    422  invalid_stream    not stdout / stderr / both
-    │   └── InvalidPattern                   422  invalid_pattern   a wait pattern is not a valid regex
+    │   ├── InvalidPattern                   422  invalid_pattern   a wait pattern is not a valid regex
+    │   ├── AmbiguousSession                 422                    a name or id prefix fits several sessions
+    │   ├── SessionNameInUse                 409                    a live session of the agent has that name
+    │   └── ScriptHasShellSyntax             422                    a python/node script holds $VAR (preflight)
     ├── SessionNotFound (LookupError)        404  unknown_proc      no such session in the caller's scope
     │   └── ProcessNotFound                  404  unknown_proc      spec 000's name for it
     ├── ApprovalNotFound (LookupError)       404                    no pending approval request with that id
@@ -58,6 +61,7 @@ import re
 from typing import Any, ClassVar
 
 __all__ = [
+    "AmbiguousSession",
     "ApprovalDenied",
     "ApprovalForbidden",
     "ApprovalNotFound",
@@ -87,8 +91,10 @@ __all__ = [
     "ProtectedVariable",
     "RequestTooLarge",
     "ResourceLimitExceeded",
+    "ScriptHasShellSyntax",
     "SelfApprovalDenied",
     "ServeRefused",
+    "SessionNameInUse",
     "SessionNotFound",
     "SessionStateError",
     "SessionStillRunning",
@@ -163,6 +169,31 @@ class InvalidStream(InvalidArgument):
 class InvalidPattern(InvalidArgument):
     default_hints: ClassVar[dict[str, str]] = {
         "fix_pattern": "Pass a Python regular expression; escape literal characters such as ( [ . * +.",
+    }
+
+
+class AmbiguousSession(InvalidArgument):
+    """A session reference (an id prefix) fits more than one of the caller's sessions."""
+
+    default_hints: ClassVar[dict[str, str]] = {
+        "be_specific": "Give more characters of the id, the whole id, or the session's name (the error lists them).",
+    }
+
+
+class SessionNameInUse(InvalidArgument):
+    """A name asked for is held by a live session of the same agent (names are unique among those)."""
+
+    http_status: ClassVar[int] = 409
+    default_hints: ClassVar[dict[str, str]] = {
+        "pick_another": "Choose another name, or kill or wait for the session that holds it.",
+    }
+
+
+class ScriptHasShellSyntax(InvalidArgument):
+    """A Python or Node script about to run holds shell syntax ($VAR, ${...}, $(...)) in its code."""
+
+    default_hints: ClassVar[dict[str, str]] = {
+        "fix_script": "Read variables inside the script (os.environ, process.env) instead of writing $NAME.",
     }
 
 

@@ -110,6 +110,8 @@ async def test_tools_are_listed_with_spec_inputs_and_tiers(connect: Connect) -> 
             "cpu_limit",
             "memory_limit",
             "stdout_lines",
+            "restart",  # beyond the spec: a restart policy for background runs
+            "max_restarts",
         }
         assert props["process.monitor"] == {"process_id"}
         assert props["process.kill"] == {"process_id", "signal", "force_after"}

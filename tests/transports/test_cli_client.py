@@ -143,6 +143,33 @@ def test_detached_session_lifecycle(served: Served) -> None:
     assert sid not in cli(served, "ps").stdout
 
 
+def test_named_sessions_and_ps(served: Served) -> None:
+    started = cli(served, "run", "-d", "--name", "web", "echo listening; sleep 30")
+    assert started.returncode == 0, started.stderr
+    sid = started.stdout.strip()
+    assert "procpilot logs -f web" in started.stderr
+    taken = cli(served, "run", "-d", "--name", "web", "true")
+    assert taken.returncode == 1 and "SessionNameInUse" in taken.stderr and sid in taken.stderr
+    assert cli(served, "wait", "web", "--pattern", "listening", "--timeout", "20").returncode == 0
+    ps = cli(served, "ps", "--running")
+    header = ps.stdout.splitlines()[0].split()
+    assert header[:9] == ["ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM", "INPUT", "RESTARTS"]
+    line = next(line for line in ps.stdout.splitlines() if sid in line).split()
+    assert line[1] == "web" and line[2].isdigit() and line[3] == "running"
+    assert cli(served, "logs", sid[:8]).stdout == "listening\n"  # a prefix of the id
+    assert cli(served, "kill", "web").returncode == 0
+    assert sid not in cli(served, "ps", "--running").stdout
+    assert sid in cli(served, "ps").stdout
+    assert cli(served, "rm", "web").returncode == 0
+    flaky = cli(served, "run", "-d", "--name", "flaky", "--restart", "on-failure", "--max-restarts", "1", "exit 3")
+    assert flaky.returncode == 0, flaky.stderr
+    assert cli(served, "wait", "flaky", "--timeout", "30").returncode == 3  # the last run's code
+    row = json.loads(cli(served, "ps", "--json").stdout)
+    assert next(r for r in row if r["sessionName"] == "flaky")["restarts"] == 1
+    assert "restart 1 of 1" in cli(served, "logs", "flaky").stdout
+    assert cli(served, "rm", "flaky").returncode == 0
+
+
 def test_logs_follow_and_wait_codes(served: Served) -> None:
     sid = cli(served, "run", "-d", "for i in 1 2 3 4 5; do echo n$i; sleep 0.2; done; exit 3").stdout.strip()
     followed = cli(served, "logs", "-f", sid)

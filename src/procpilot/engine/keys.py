@@ -28,6 +28,7 @@ __all__ = [
     "PASTE_START",
     "TerminalModes",
     "encode_hex",
+    "encode_hex_lenient",
     "encode_keys",
     "encode_literal",
     "encode_paste",
@@ -74,6 +75,10 @@ _MODIFIER_BITS = {"S": _SHIFT, "M": _ALT, "C": _CTRL}
 
 # Keys sent as CSI <letter>; with modifiers xterm uses CSI 1 ; <m> <letter>.
 _CSI_LETTER_KEYS = {"up": "A", "down": "B", "right": "C", "left": "D", "home": "H", "end": "F"}
+
+# Home and End as the VT220 editing keypad sends them (ESC [1~, ESC [4~: what tmux and OpenClaw
+# send), for programs that read those rather than xterm's ESC [H / ESC [F.
+_VT_HOME_END = {"home": 1, "end": 4}
 
 # F1-F4 are SS3 sequences unmodified but CSI 1 ; <m> <letter> once a modifier is added.
 _SS3_KEYS = {"f1": "P", "f2": "Q", "f3": "R", "f4": "S"}
@@ -222,7 +227,7 @@ def _encode_named_char_key(name: str, key: str, mods: int) -> str:
     return prefix + base
 
 
-def _encode_one(name: str, app_cursor: bool = False) -> str:
+def _encode_one(name: str, app_cursor: bool = False, vt_home_end: bool = False) -> str:
     if name == "":
         raise InvalidArgument("empty key name in keys", hints=_USE_LITERAL_HINT)
     if len(name) == 1:
@@ -236,6 +241,8 @@ def _encode_one(name: str, app_cursor: bool = False) -> str:
         return ("\x1b" if mods & _ALT else "") + _BACKTAB
     if key in _CHAR_KEYS:
         return _encode_named_char_key(name, key, mods)
+    if key in _VT_HOME_END and vt_home_end and not mods and not app_cursor:
+        return f"\x1b[{_VT_HOME_END[key]}~"
     if key in _CSI_LETTER_KEYS:
         letter = _CSI_LETTER_KEYS[key]
         if mods:
@@ -252,7 +259,7 @@ def _encode_one(name: str, app_cursor: bool = False) -> str:
     raise InvalidArgument(f"unknown key name {name!r}", hints=_USE_LITERAL_HINT, key=name)
 
 
-def encode_keys(keys: Sequence[str], *, app_cursor: bool = False) -> bytes:
+def encode_keys(keys: Sequence[str], *, app_cursor: bool = False, vt_home_end: bool = False) -> bytes:
     """Encode key names into the bytes a terminal would send.
 
     Each element is one key:
@@ -269,14 +276,15 @@ def encode_keys(keys: Sequence[str], *, app_cursor: bool = False) -> bytes:
 
     A bare string is taken as one key, not as a sequence of characters, so ``"Enter"`` presses
     Enter rather than typing E-n-t-e-r. ``app_cursor``: the program is in application cursor
-    mode, so unmodified cursor keys and Home/End are ``ESC O <letter>``.
+    mode, so unmodified cursor keys and Home/End are ``ESC O <letter>``. ``vt_home_end``: outside
+    that mode, Home and End are ``ESC [1~`` and ``ESC [4~`` (the VT220 keys) instead of xterm's.
 
     Raises :class:`InvalidArgument` for an unknown multi-character name (text belongs in
     ``literal``) and for a modifier the key cannot carry (``C-1``, ``C-Enter``).
     """
     if isinstance(keys, str):
         keys = [keys]
-    return _utf8("".join(_encode_one(name, app_cursor) for name in keys), "keys")
+    return _utf8("".join(_encode_one(name, app_cursor, vt_home_end) for name in keys), "keys")
 
 
 def encode_hex(hex_values: Sequence[str]) -> bytes:
@@ -298,6 +306,22 @@ def encode_hex(hex_values: Sequence[str]) -> bytes:
             )
         out.append(int(match.group(1), 16))
     return bytes(out)
+
+
+def encode_hex_lenient(hex_values: Sequence[str]) -> tuple[bytes, list[str]]:
+    """Like :func:`encode_hex`, but an element that is not a byte is skipped and described in
+    the returned warnings instead of failing the whole call (OpenClaw's behaviour)."""
+    if isinstance(hex_values, str):
+        hex_values = [hex_values]
+    out = bytearray()
+    warnings: list[str] = []
+    for index, value in enumerate(hex_values):
+        match = _HEX_BYTE.fullmatch(value.strip())
+        if match is None:
+            warnings.append(f"hex[{index}] = {value!r} is not a byte in hex: skipped")
+            continue
+        out.append(int(match.group(1), 16))
+    return bytes(out), warnings
 
 
 def encode_literal(text: str, field: str = "literal") -> bytes:

@@ -131,12 +131,24 @@ class Session:
         self._write_lock = asyncio.Lock()
         self._stdin_waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
+        # Restarts (spec.restart): how many so far, short runs in a row (for the backoff), when
+        # the current run started, the timer of the next one, and who starts it (the supervisor).
+        self.restarts = 0
+        self._quick_failures = 0
+        self._run_t0 = time.monotonic()
+        self._next_run: asyncio.TimerHandle | None = None
+        self._respawning = False
+        self.restart_hook: Callable[[Session], None] | None = None
 
     # -- views ---------------------------------------------------------------------------------
 
     @property
     def command(self) -> str:
         return self.spec.display
+
+    @property
+    def name(self) -> str | None:
+        return self.spec.name
 
     @property
     def is_running(self) -> bool:
@@ -188,12 +200,18 @@ class Session:
     # -- start ---------------------------------------------------------------------------------
 
     def attach(self, spawned: Spawned) -> None:
-        """Take over a freshly started child: watch its pipes and its exit."""
+        """Take over a freshly started child: watch its pipes and its exit (a restart's child too:
+        the session, its times and its output go on)."""
         self._spawned = spawned
         self.pid = spawned.pid
-        self._t0 = time.monotonic()
-        self.started_at = time.time()
-        self._set_state(SessionState.RUNNING)
+        self._run_t0 = time.monotonic()
+        if self.state is not SessionState.RUNNING:
+            self._t0 = self._run_t0
+            self.started_at = time.time()
+            self._set_state(SessionState.RUNNING)
+        else:  # a restart: the last run's ending is the log's now
+            self.exit_code = self.exit_signal = None
+        self._respawning = False
         self.accounting.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.stdin_open = spawned.stdin_fd is not None
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
@@ -346,6 +364,9 @@ class Session:
             account.limit_report = account.limit_backend.report(self.id)
             account.limit_backend.release(self.id)
         oom = account.limit_report is not None and account.limit_report.oom_killed
+        if self._requested_end is None and not oom and self._restart_due():
+            self._schedule_restart()
+            return
         if self._requested_end is not None:
             end = self._requested_end
         elif oom:  # even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`)
@@ -383,12 +404,23 @@ class Session:
             self.terminate(SessionState.TIMED_OUT, signal.SIGTERM, self.kill_grace)
 
     def terminate(self, end: SessionState, sig: int, grace: float | None) -> None:
-        """Signal the whole tree; escalate to SIGKILL after ``grace`` seconds if it is still alive."""
+        """Signal the whole tree; escalate to SIGKILL after ``grace`` seconds if it is still alive.
+
+        Between two runs of a restarting session there is nothing to signal: the restart is
+        called off and the session ends at once (or, while the next run is being started, as
+        soon as it has started: ``restarted``)."""
         if self._finished.is_set() or not self.is_running:
             raise ProcessAlreadyExited(f"session {self.id} has already ended ({self.state.value})")
         if self._requested_end is None:
             self._requested_end = end
         self._signal_sent = signal_name(sig)
+        if self._next_run is not None:
+            self._next_run.cancel()
+            self._next_run = None
+            self._finish()
+            return
+        if self._respawning:
+            return
         self._trees.signal(self.id, self.pid, sig, leader_alive=not self._leader_reaped)
         if sig != signal.SIGKILL and grace:  # grace 0 or None: no escalation asked for
             self._timers.append(self._loop.call_later(grace, self._escalate))
@@ -398,6 +430,62 @@ class Session:
         if not self._finished.is_set():
             self._signal_sent = "SIGKILL"
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
+
+    # -- restarts ------------------------------------------------------------------------------
+
+    def _restart_due(self) -> bool:
+        policy = self.spec.restart
+        return (
+            policy is not None
+            and self.restart_hook is not None
+            and self.restarts < policy.max_restarts
+            and policy.wants(self.exit_code, self.exit_signal)
+        )
+
+    def _schedule_restart(self) -> None:
+        """The run ended on its own and the policy wants another: note it in the log, reset what
+        belongs to one run, and start the next after the backoff. The state stays RUNNING."""
+        policy = self.spec.restart
+        if policy is None:  # _restart_due said there is one
+            return
+        self._trees.release(self.id)
+        ran = time.monotonic() - self._run_t0
+        self._quick_failures = 0 if ran >= policy.stable_after else self._quick_failures + 1
+        delay = policy.delay(self._quick_failures)
+        self.restarts += 1
+        how = f"exit code {self.exit_code}" if self.exit_signal is None else f"signal {self.exit_signal}"
+        view = self.output[Stream.COMBINED]
+        newline = b"\n" if view.size and view.read(view.size - 1, 1).data != b"\n" else b""
+        marker = f"[procpilot] ended with {how}; restart {self.restarts} of {policy.max_restarts} in {delay:g} s\n"
+        self.output.append(Stream.STDOUT, newline + marker.encode())
+        self._spawned = None
+        self.pid = None
+        self.accounting = ExitAccounting()
+        self.terminal = TerminalModes()
+        self.left_orphans = False
+        self._leader_reaped = False
+        self._reaper_armed = False
+        self._respawning = True
+        self._next_run = self._loop.call_later(delay, self._start_next_run)
+
+    def _start_next_run(self) -> None:
+        self._next_run = None
+        if self.restart_hook is not None:
+            self.restart_hook(self)
+
+    def restarted(self) -> None:
+        """The supervisor attached the next run: an end asked for while it was starting applies now."""
+        if self._requested_end is not None and self.pid is not None:
+            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=True)
+            self._loop.call_soon(self._maybe_finish)
+
+    def restart_failed(self, message: str) -> None:
+        """The next run could not be started: the session ends as its last run did, saying why."""
+        self.error = message
+        self._respawning = False
+        self._leader_reaped = True
+        self.restart_hook = None  # no further attempt
+        self._finish()
 
     # -- stdin ---------------------------------------------------------------------------------
 
@@ -518,4 +606,6 @@ class Session:
             "exit_signal": self.exit_signal,
             "backgrounded": self.backgrounded,
             "error": self.error,
+            "name": self.name,
+            "restarts": self.restarts,
         }

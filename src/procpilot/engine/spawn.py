@@ -14,6 +14,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shlex
 import struct
 import subprocess
@@ -26,6 +27,7 @@ from typing import Literal
 from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
 from procpilot.engine.precheck import check_command, check_size, check_timeout
+from procpilot.engine.restart import RestartPolicy
 from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
 __all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "resolve_workdir", "spawn_process"]
@@ -35,6 +37,7 @@ _PIPE_SIZE = 1 << 20
 _TRANSIENT = {errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.EBADF, errno.ENOMEM, errno.EINTR}
 _RETRY_DELAYS = (0.01, 0.05, 0.2, 0.5)
 _SHELL = "/bin/sh"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,11 @@ class SpawnSpec:
     # inside it: checked here, and again on the very directory the child enters, so a path
     # swapped for a symlink after this check cannot lead it out.
     workspace: Path | None = None
+    # What the agent calls the session (``web``); unique among its live sessions, so every verb
+    # can take it in place of the id.
+    name: str | None = None
+    # Start the command again when it ends on its own (engine/restart.py); None: never.
+    restart: RestartPolicy | None = None
 
     def __post_init__(self) -> None:
         # Here, where every face builds its spec: nothing downstream (the policy's shell analysis
@@ -65,6 +73,13 @@ class SpawnSpec:
         # the workspace.
         check_size(self.command)
         check_timeout(self.timeout)
+        if self.name is not None and not _NAME.fullmatch(self.name):
+            raise InvalidArgument(
+                f"session name {self.name[:80]!r} is not 1-64 letters, digits, '.', '_' or '-' starting "
+                "with a letter or digit",
+                hints={"fix_name": "Use a short name such as 'web' or 'api-server'."},
+                field="name",
+            )
         if self.workspace is not None:
             object.__setattr__(self, "cwd", resolve_workdir(self.workspace, self.cwd))
         elif self.cwd is not None:

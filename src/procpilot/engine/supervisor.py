@@ -46,10 +46,12 @@ from procpilot.engine.trees import (
 )
 from procpilot.engine.usage import UsageTracker
 from procpilot.errors import (
+    AmbiguousSession,
     InvalidPattern,
     NotSupported,
     ProcessAlreadyExited,
     ProcpilotError,
+    SessionNameInUse,
     SessionNotFound,
     SessionStillRunning,
     SpawnFailed,
@@ -143,6 +145,9 @@ class Supervisor:
         self._write_filter = write_filter
         self._big_checks = asyncio.Semaphore(1)
         self._sessions: dict[str, Session] = {}
+        # (scope, name) of sessions being started: a name is taken from the check on, so two
+        # concurrent spawns cannot both get it.
+        self._starting_names: set[tuple[str, str]] = set()
         self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
         # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
@@ -371,11 +376,33 @@ class Supervisor:
                 "elevated runs need an agent policy that allows them, and this supervisor has none",
                 hints={"drop_option": "Call again without elevated."},
             )
+        if spec.name is not None:
+            self._take_name(scope, spec.name)
+        try:
+            return await self._spawn_checked(spec, scope, self._store)
+        finally:
+            if spec.name is not None:
+                self._starting_names.discard((scope, spec.name))
+
+    def _take_name(self, scope: str, name: str) -> None:
+        live = (s for s in self._sessions.values() if s.scope == scope and s.name == name and not s.finished)
+        holder = next(live, None)
+        if holder is not None or (scope, name) in self._starting_names:
+            raise SessionNameInUse(
+                f"a live session is already named {name!r}" + (f" ({holder.id})" if holder else ""),
+                name=name,
+                session_id=holder.id if holder else None,
+            )
+        self._starting_names.add((scope, name))
+
+    async def _spawn_checked(self, spec: SpawnSpec, scope: str, store: SessionStore) -> Session:
         session_id = new_session_id()
-        directory = self._store.session_dir(session_id)
+        directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
+        if spec.restart is not None:
+            session.restart_hook = self._restart_soon
         if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
             try:
                 await self._start(session)
@@ -383,16 +410,37 @@ class Supervisor:
                 # Whatever went wrong (a typed refusal, a bug, a cancelled caller), the session
                 # never started: nothing may be left on disk under its id.
                 output.remove_files()
-                self._store.delete(session_id)
+                store.delete(session_id)
                 raise
         else:
             self._sessions[session_id] = session
-            self._store.save(session_id, session.record())
+            store.save(session_id, session.record())
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
 
-    async def _start(self, session: Session) -> None:
-        """Start a session whose lane slot (if any) is held; on any failure release all it held."""
+    def _restart_soon(self, session: Session) -> None:
+        self._spawn_task(self._run_again(session))
+
+    async def _run_again(self, session: Session) -> None:
+        """The next run of a restarting session: same id, same output, same lane slot."""
+        try:
+            await self._start(session, again=True)
+        except asyncio.CancelledError:
+            session.restart_failed("the supervisor shut down before the restart")
+            raise
+        except Exception as exc:
+            if isinstance(exc, ProcpilotError):
+                why = f"{exc.code}: {exc.message}"
+            else:  # a bug must still end the session: left between two runs, it would never end
+                _log.exception("session %s could not restart", session.id)
+                why = f"InternalError: {type(exc).__name__}"
+            session.restart_failed(f"restart {session.restarts} could not start: {why}")
+            return
+        session.restarted()
+
+    async def _start(self, session: Session, *, again: bool = False) -> None:
+        """Start a session whose lane slot (if any) is held; on any failure release all it held
+        (but the slot of a session starting ``again``: it holds it until it ends)."""
         spec = session.spec
         tree_prepared = False
         try:
@@ -424,7 +472,7 @@ class Supervisor:
                 self._tree_backend.release(session.id)
             if session.accounting.limit_backend is not None:
                 session.accounting.limit_backend.release(session.id)
-            if spec.lane is not None:
+            if spec.lane is not None and not again:
                 self._lanes.release(spec.lane, session.scope)
             raise
         self._sessions[session.id] = session
@@ -471,11 +519,35 @@ class Supervisor:
     # -- queries -------------------------------------------------------------------------------
 
     def get(self, scope: str, session_id: str) -> Session:
+        """``scope``'s session by id, by name, or by a prefix of its id that fits no other.
+
+        A name means the live session of that name (names are unique among live sessions), or
+        else the newest ended one; an exact id always wins over a name or prefix. A prefix that
+        fits several sessions is an ``AmbiguousSession`` naming them.
+        """
         session = self._sessions.get(session_id)
         if session is None or session.scope != scope:
-            raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+            session = self._resolve(scope, session_id)
         session.last_access = time.monotonic()
         return session
+
+    def _resolve(self, scope: str, ref: str) -> Session:
+        mine = [s for s in self._sessions.values() if s.scope == scope]
+        named = sorted((s for s in mine if s.name == ref), key=lambda s: (not s.finished, s.created_at))
+        if named:
+            return named[-1]
+        fits = [s for s in mine if ref and s.id.startswith(ref)]
+        if len(fits) == 1:
+            return fits[0]
+        if fits:
+            shown = ", ".join(f"{s.id}" + (f" ({s.name})" if s.name else "") for s in fits[:10])
+            more = f" and {len(fits) - 10} more" if len(fits) > 10 else ""
+            raise AmbiguousSession(
+                f"{ref!r} fits {len(fits)} sessions: {shown}{more}",
+                session_id=ref,
+                candidates=[s.id for s in fits[:10]],
+            )
+        raise SessionNotFound(f"no session {ref!r}", session_id=ref)
 
     def list(self, scope: str) -> builtins.list[Session]:
         """This scope's sessions, newest first."""

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from procpilot.config import ExecSettings
 from procpilot.contract import (
     AuditEvent,
     PermissionTier,
@@ -47,6 +48,7 @@ from procpilot.contract import (
 from procpilot.engine.capture import Stream
 from procpilot.engine.events import EventBus
 from procpilot.engine.limits import Limits
+from procpilot.engine.restart import RestartPolicy
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -178,6 +180,23 @@ def _spec_errors() -> Iterator[None]:
 # -- inputs ------------------------------------------------------------------------------------
 
 
+def restart_policy(
+    cfg: ExecSettings, mode: str | None, max_restarts: int | None, *, background: bool
+) -> RestartPolicy | None:
+    """The restart policy a run asked for; without one, the configured default applies to
+    background runs only (a foreground command that fails is the agent's to look at)."""
+    if mode is None:
+        mode = cfg.restart if background else "no"
+    if mode == "no":
+        return None
+    return RestartPolicy(
+        "always" if mode == "always" else "on-failure",
+        max_restarts=cfg.max_restarts if max_restarts is None else max_restarts,
+        backoff=cfg.restart_backoff_ms / 1000,
+    )
+
+
+
 class RunInput(BaseModel):
     model_config = ConfigDict(extra="forbid", title="process.run")
 
@@ -217,6 +236,14 @@ class RunInput(BaseModel):
     stdout_lines: int = Field(
         100, ge=0, description="Number of trailing lines of stdout (and of stderr) in the summaries."
     )
+
+
+    restart: Literal["no", "on-failure", "always"] | None = Field(
+        None,
+        description="With background: start the command again when it ends on its own (on-failure: non-zero exit "
+        "or a signal; always), with growing delays; same process_id and log. process.kill stops it for good.",
+    )
+    max_restarts: int | None = Field(None, ge=0, le=10_000, description="Stop restarting after this many (default 10).")
 
 
 class MonitorInput(BaseModel):
@@ -386,7 +413,13 @@ class ProcessCapabilities:
                 limits = Limits(memory_bytes=params.memory_limit, cpu_fraction=params.cpu_limit)
             if params.background:
                 spec = SpawnSpec(
-                    command, cwd=cwd, env=env, stdin="pipe", limits=limits, workspace=settings.workspace_root
+                    command,
+                    cwd=cwd,
+                    env=env,
+                    stdin="pipe",
+                    limits=limits,
+                    workspace=settings.workspace_root,
+                    restart=restart_policy(settings.exec, params.restart, params.max_restarts, background=True),
                 )
             else:
                 stdin_data = None if params.stdin is None else params.stdin.encode()

@@ -8,6 +8,7 @@ an explicit count of what was cut; the raw bytes stay on disk and ``log`` pages 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal as signal_module
 from collections.abc import Mapping
@@ -19,13 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_named, parse_arguments
 from procpilot.engine.capture import Stream
-from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
+from procpilot.engine.keys import encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
+from procpilot.faces.capabilities import restart_policy
+from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
+from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
 
 __all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
@@ -59,28 +63,17 @@ _TAIL_WINDOW_FACTOR = 8
 _RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
 _SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
 
-_STATUS = {
-    SessionState.QUEUED: "queued",
-    SessionState.RUNNING: "running",
-    SessionState.EXITED_OK: "done",
-    SessionState.EXITED_ERROR: "error",
-    SessionState.TIMED_OUT: "error",
-    SessionState.LIMIT_EXCEEDED: "error",
-    SessionState.FAILED_TO_START: "error",
-    SessionState.KILLED: "killed",
-}
-
-
 def status_of(session: Session) -> str:
-    return _STATUS[session.state]
+    """The session's status in our own vocabulary (spec 002)."""
+    return PROCPILOT.of(session)
 
 
-def exit_event(info: ExitInfo) -> dict[str, Any]:
+def exit_event(info: ExitInfo, profile: Profile = PROCPILOT) -> dict[str, Any]:
     """A session's end as the exec/process vocabulary tells it (the daemon's SSE ``exit`` event)."""
     return {
         "type": "exit",
         "sessionId": info.session_id,
-        "status": _STATUS[info.state],
+        "status": profile.status(info.state, info.exit_code, info.exit_signal),
         "state": info.state.value,
         "exitCode": info.exit_code,
         "exitSignal": info.exit_signal,
@@ -96,7 +89,7 @@ def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]
     """What ``proc://{sessionId}`` holds: the session's status, exit code and the tail of its output."""
     return {
         "sessionId": session.id,
-        "status": status_of(session),
+        "status": profile_for(supervisor.settings).of(session),
         "state": session.state.value,
         "exitCode": session.exit_code,
         "exitSignal": session.exit_signal,
@@ -133,13 +126,30 @@ class ExecParams(BaseModel):
         None, description="Announce the exit of a backgrounded run (default true)."
     )
     lane: str | None = Field(None, description="Concurrency lane (main, subagent, cron[:job]); none = never waits.")
+    restart: Literal["no", "on-failure", "always"] | None = Field(
+        None,
+        description="Start the command again when it ends on its own: on-failure (non-zero exit or a signal) or "
+        "always, with growing delays; the session keeps its id and log. Default: no ([tools.exec] restart for "
+        "background runs). kill stops it for good.",
+    )
+    maxRestarts: int | None = Field(  # noqa: N815
+        None, ge=0, le=10_000, description="Stop restarting after this many restarts (default 10)."
+    )
+    name: str | None = Field(
+        None,
+        max_length=64,
+        description="Name the session (e.g. 'web'): unique among your live sessions; process actions take it "
+        "as sessionId.",
+    )
 
 
 class ProcessParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="process")
 
     action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
-    sessionId: str | None = Field(None, description="Target session (all actions but list).")  # noqa: N815
+    sessionId: str | None = Field(  # noqa: N815
+        None, max_length=256, description="Target session: its id, a unique prefix of it, or its name (not for list)."
+    )
     data: str | None = Field(None, description="write: text to send to stdin.")
     eof: bool = Field(False, description="write: close stdin after the data.")
     keys: list[str] | None = Field(None, description="send-keys: key names, e.g. ['C-c'], ['Up', 'Enter'].")
@@ -185,6 +195,11 @@ class ExecProcessFace:
     def __init__(self, supervisor: Supervisor, *, notifies_exit: bool | None = None) -> None:
         self.sup = supervisor
         self.cfg = supervisor.settings.exec
+        # Every way the openclaw profile differs from ours is a member of this (openclaw_profile.py).
+        self.profile = profile_for(supervisor.settings)
+        self._preflight = (
+            self.profile.script_preflight if self.cfg.script_preflight is None else self.cfg.script_preflight
+        )
         self._notifies_exit = notifies_exit
         self._empty_polls: dict[str, int] = {}
         # Per session and stream: the byte offset after the last reported pattern match.
@@ -216,7 +231,7 @@ class ExecProcessFace:
     def _summary(self, session: Session) -> dict[str, Any]:
         data: dict[str, Any] = {
             "sessionId": session.id,
-            "status": status_of(session),
+            "status": self.profile.of(session),
             "state": session.state.value,
             "pid": session.pid,
             "exitCode": session.exit_code,
@@ -224,8 +239,11 @@ class ExecProcessFace:
             "durationMs": session.duration_ms,
             "cwd": str(session.spec.cwd) if session.spec.cwd else None,
             "command": session.command,
-            "name": self._name(session),
+            "name": session.name or self._name(session),
+            "sessionName": session.name,
         }
+        if session.spec.restart is not None:
+            data["restarts"] = session.restarts
         if session.error:
             data["error"] = session.error
         if lost := session.output[Stream.COMBINED].lost:
@@ -313,17 +331,22 @@ class ExecProcessFace:
                 command=params.command,
                 cwd=Path(params.workdir) if params.workdir else None,
                 workspace=self.sup.settings.workspace_root,
-                env=params.env or {},
+                env={**(params.env or {}), **self.profile.env},
                 elevated=params.elevated,  # the agent's policy decides (spawn filter)
                 timeout=timeout or None,
                 pty=params.pty,
                 pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
                 lane=params.lane,
+                name=params.name,
+                restart=restart_policy(self.cfg, params.restart, params.maxRestarts, background=params.background),
                 notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
                 # Without the process tool nothing could ever write to a stdin pipe: a prompt would
                 # hang until the timeout. /dev/null makes it read EOF at once instead.
                 stdin="pipe" if self.sup.settings.process.enabled else "null",
             )
+        if self._preflight and might_run_scripts(params.command):
+            # A shell reading and a few file reads: off the loop, where no other agent waits on them.
+            await asyncio.to_thread(check_scripts, params.command, spec.cwd or self.sup.settings.workspace_root)
         if not self.sup.settings.process.enabled:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
         elif params.background:
@@ -337,7 +360,7 @@ class ExecProcessFace:
             shown, cut, end = self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
             self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = end
             data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
-            header = f"[{status_of(session)}: {self._ending(session)}]"
+            header = ""
             if cut:
                 header += (
                     f"\n[{cut} earlier characters not shown; full output: process log sessionId={session.id}"
@@ -347,21 +370,11 @@ class ExecProcessFace:
                 header += f"\n[{view.size} bytes of output, also in the file {self._where(session)}]"
             if cut or view.size > _OFFLOAD_BYTES:
                 data["logPath"] = self._where(session)
-            return _noting_loss(session, ToolResult(f"{shown}\n{header}" if shown else header, data))
+            text = self.profile.finished_text(session, shown, self._ending(session), poll=False)
+            return _noting_loss(session, ToolResult(text + header, data))
         tail = self.sup.tail_text(session, _TAIL_CHARS)
         data |= {"tail": tail, "logPath": self._where(session)}
-        verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
-        text = (
-            f"Command {verb} in the background: sessionId={session.id} pid={session.pid}. "
-            "Use process wait (blocks until exit or a pattern), poll (new output) or log (pages); "
-            + (
-                "you will be notified when it exits."
-                if self._exit_is_announced(session)
-                else "its exit is not announced, so wait or poll to learn when it ends."
-            )
-        )
-        if tail:
-            text += f"\nTail so far:\n{tail}"
+        text = self.profile.backgrounded_text(session, tail, announced=self._exit_is_announced(session))
         return _noting_loss(session, ToolResult(text, data))
 
     # -- process -------------------------------------------------------------------------------
@@ -375,7 +388,7 @@ class ExecProcessFace:
                 field="action",
             )
         if params.action == "list":
-            return self._list(scope)
+            return await self._list(scope)
         if not params.sessionId:
             raise InvalidArgument(
                 f"sessionId is required for action {params.action!r}",
@@ -398,14 +411,22 @@ class ExecProcessFace:
             for session_id in [k for k in table if k not in live]:
                 del table[session_id]
 
-    def _list(self, scope: str) -> ToolResult:
+    async def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
-        for s in self.sup.list(scope):
-            row = self._summary(s) | {"runtimeMs": s.duration_ms, "backgrounded": s.backgrounded}
+        sessions = self.sup.list(scope)
+        usages = await self.sup.usage.snapshot(sessions)
+        for s in sessions:
+            usage = usages[s.id]
+            row = self._summary(s) | {
+                "runtimeMs": s.duration_ms,
+                "backgrounded": s.backgrounded,
+                "startedAt": s.created_at,
+                "cpuMs": usage.cpu_ms,
+                "memoryBytes": usage.memory_peak_bytes,
+            }
             rows.append(row)
-            code = "" if s.exit_code is None else f" exit={s.exit_code}"
-            lines.append(f"{s.id}  {row['status']:<7} {s.duration_ms / 1000:>8.1f}s{code}  {row['name']}")
+            lines.append(self.profile.list_line(s, row))
         text = "\n".join(lines) if lines else "No sessions."
         return ToolResult(text, {"sessions": rows, "total": len(rows)})
 
@@ -428,24 +449,26 @@ class ExecProcessFace:
             n = self._empty_polls.get(session.id, 0)
             self._empty_polls[session.id] = n + 1
             data["retryInMs"] = _RETRY_STEPS_MS[min(n, len(_RETRY_STEPS_MS) - 1)]
-        parts = []
+        if self.profile.aggregated:
+            data["aggregated"] = self._aggregated(session)
+        head = ""
         if view.size > _OFFLOAD_BYTES:
             data["logPath"] = self._where(session)
         if cut:
             where = f" or the file {data['logPath']}" if "logPath" in data else ""
-            parts.append(f"[{cut} earlier characters of this poll not shown; they are in process log{where}]")
-        if shown:
-            parts.append(shown)
+            head = f"[{cut} earlier characters of this poll not shown; they are in process log{where}]\n"
         if session.finished:
-            parts.append(f"[{status_of(session)}: {self._ending(session)}]")
-        else:
-            note = "[running"
-            if data.get("waitingForInput"):
-                note += "; waiting for input on stdin (use process write)"
-            if "retryInMs" in data:
-                note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
-            parts.append(note + "]")
-        return ToolResult("\n".join(parts), data)
+            return ToolResult(head + self.profile.finished_text(session, shown, self._ending(session), poll=True), data)
+        note = "[running"
+        if data.get("waitingForInput"):
+            note += "; waiting for input on stdin (use process write)"
+        if "retryInMs" in data:
+            note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
+        return ToolResult(head + self.profile.running_text(shown, note + "]"), data)
+
+    def _aggregated(self, session: Session) -> str:
+        """The output so far as OpenClaw's ``aggregated`` holds it: its newest ``resultMaxChars``."""
+        return self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)[0]
 
     async def _log(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
@@ -459,7 +482,7 @@ class ExecProcessFace:
             first, count = max(0, total - params.limit), params.limit
         else:
             first, count = max(0, total - _LOG_DEFAULT_LINES), _LOG_DEFAULT_LINES
-            note = f"showing the last {min(total, count)} of {total} lines; pass offset/limit for others"
+            note = self.profile.log_note(min(total, count), total)
         if first >= total > 0:
             note = f"offset {first} is past the end: there are {total} lines (offsets 0 to {max(0, total - 1)})"
         # Reading stops a little past what one result can show: the rest is counted, not loaded.
@@ -483,6 +506,8 @@ class ExecProcessFace:
             "logPath": self._where(session),
             "stream": stream.value,
         }
+        if self.profile.aggregated:
+            data["aggregated"] = self._aggregated(session)
         parts = [shown] if shown else []
         if cut:
             advice = f"read the file {self._where(session)} or ask for fewer lines"
@@ -531,14 +556,14 @@ class ExecProcessFace:
             raise InvalidArgument("send-keys needs keys, hex or literal", field="keys")
         # Text first, then raw bytes, then keys: {"literal": "ls", "keys": ["Enter"]} types ls and
         # presses Enter (OpenClaw's order, the one an agent expects).
-        payload = b""
-        if params.literal:
-            payload += encode_literal(params.literal)
-        if params.hex:
-            payload += encode_hex(params.hex)
-        if params.keys:
-            payload += encode_keys(params.keys, app_cursor=session.terminal.app_cursor_keys)
-        return await self._send(session, params, scope, payload)
+        payload, warnings = self.profile.encode_input(
+            params.literal, params.hex, params.keys, app_cursor=session.terminal.app_cursor_keys
+        )
+        result = await self._send(session, params, scope, payload)
+        if not warnings:
+            return result
+        text = result.text + "".join(f"\n[warning: {w}]" for w in warnings)
+        return ToolResult(text, result.data | {"warnings": warnings})
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         # A terminal's Enter is CR; a pipe reader wants LF.
@@ -564,7 +589,7 @@ class ExecProcessFace:
         grace = self.cfg.kill_grace_sec
         await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
         data = self._summary(session) | {"signalSent": session.signal_sent}
-        return ToolResult(f"[{status_of(session)}: {self._ending(session)}]", data)
+        return ToolResult(f"[{self.profile.of(session)}: {self._ending(session)}]", data)
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         self.sup.clear(scope, session.id)
@@ -602,31 +627,13 @@ class ExecProcessFace:
             "scannedFrom": since,
             "tail": tail,
         }
+        if outcome.reason == "exited":
+            return ToolResult(self.profile.finished_text(session, tail, self._ending(session), poll=True), data)
         if outcome.reason == "pattern":
-            head = f"[pattern matched: {outcome.match!r}; session still {status_of(session)}]"
-        elif outcome.reason == "exited":
-            head = f"[{status_of(session)}: {self._ending(session)}]"
+            head = f"[pattern matched: {outcome.match!r}; session still {self.profile.of(session)}]"
         else:
             head = f"[still running after {timeout_ms} ms; wait again or poll]"
         return ToolResult(f"{tail}\n{head}" if tail else head, data)
-
-
-EXEC_DESCRIPTION = (
-    "Run a shell command. Short commands return their output; a command still running after yieldMs "
-    "(default 10 s) keeps running in the background and returns a sessionId to use with the process tool. "
-    "background=true returns at once. The whole process tree is killed after timeout seconds."
-)
-EXEC_SYNC_DESCRIPTION = (
-    "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
-    "The whole process tree is killed after timeout seconds."
-)
-PROCESS_DESCRIPTION = (
-    "Manage background sessions started by exec: list; poll (new output since the last poll); log "
-    "(line pages: offset/limit); wait (block until exit or a regex pattern matches output after the previous "
-    "wait's match); write (stdin, eof "
-    "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
-    "remove (kill, then clear)."
-)
 
 
 # dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found".
@@ -663,9 +670,10 @@ def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = N
     will come. None decides per call: true iff something listens for the supervisor's exit events.
     """
     face = ExecProcessFace(supervisor, notifies_exit=notifies_exit)
+    profile = face.profile
     if not supervisor.settings.process.enabled:
-        return [ToolSpec("exec", EXEC_SYNC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY)]
+        return [ToolSpec("exec", profile.exec_sync_description, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
-        ToolSpec("exec", EXEC_DESCRIPTION, ExecParams, face.exec, PermissionTier.NOTIFY),
-        ToolSpec("process", PROCESS_DESCRIPTION, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
+        ToolSpec("exec", profile.exec_description, ExecParams, face.exec, PermissionTier.NOTIFY),
+        ToolSpec("process", profile.process_description, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
     ]

@@ -284,4 +284,3 @@ def programs_in(command: str) -> list[str]:
     if scan.problems:
         raise UnanalyzableCommand("cannot tell what this command runs: " + "; ".join(scan.problems))
     return [p.word for p in scan.programs]
-

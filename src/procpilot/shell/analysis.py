@@ -250,7 +250,7 @@ def _analyze_argv(words: list[_Word], scan: _Scan, *, in_shell: bool) -> None:
             scan.programs.append(_Program(name, builtin=True))
             _check_builtin(name, args, scan)
             return
-    program = _Program(name)
+    program = _Program(name, args=tuple(a.text if a.static else None for a in args))
     scan.programs.append(program)
     kinds = {os.path.basename(name)}
     real = scan.realpath_of(name)
@@ -405,3 +405,11 @@ def _check_set(args: list[_Word], scan: _Scan) -> None:
                 scan.problem(f"set {word.raw} changes how later commands are read or run")
 
 
+def commands_in(command: str) -> list[tuple[str, tuple[str | None, ...]]]:
+    """Best effort: each program ``command`` runs with its arguments (None where an argument is
+    known only at run time), wrapped ones included (``sh -c 'cat x | python3 y.py'`` gives
+    ``python3`` with ``("y.py",)``). What the text hides is left out rather than refused: this
+    reading serves checks that help an agent, not a policy that must be sure."""
+    scan = _Scan(realpath_of=lambda _word: None)
+    _analyze_text(command, scan)
+    return [(p.word, p.args) for p in scan.programs if not p.builtin]

@@ -52,6 +52,8 @@ class _Program:
     word: str  # the command word as the shell (or exec) will look it up
     builtin: bool = False  # a shell builtin that runs no program
     shell_c: bool = False  # a shell running a -c string that was checked here
+    # Its arguments after quote removal; None where one is known only at run time ($x, a glob).
+    args: tuple[str | None, ...] = ()
 
 
 @dataclass(slots=True)

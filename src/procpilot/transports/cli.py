@@ -55,11 +55,19 @@ _ToolsOption = Annotated[
 ]
 
 
-def _tool_choice(names: str | None, tools: str | None) -> dict[str, Any]:
-    """The settings overrides for ``--tool-names`` and ``--tools``."""
+_ProfileOption = Annotated[
+    str | None,
+    typer.Option("--profile", help="openclaw: the exec/process tools answer as OpenClaw's do ([tools.exec] profile)."),
+]
+
+
+def _tool_choice(names: str | None, tools: str | None, profile: str | None = None) -> dict[str, Any]:
+    """The settings overrides for ``--tool-names``, ``--tools`` and ``--profile``."""
     chosen: dict[str, Any] = {} if names is None else {"tool_names": names}
     if tools is not None:
         chosen["served_tools"] = tuple(name.strip() for name in tools.split(",") if name.strip())
+    if profile is not None:
+        chosen["exec"] = {"profile": profile}
     return chosen
 
 
@@ -73,10 +81,11 @@ def mcp(
     workspace: _WorkspaceOption = None,
     tool_names: _ToolNamesOption = None,
     tools: _ToolsOption = None,
+    profile: _ProfileOption = None,
 ) -> None:
     """Serve the tools to an MCP client over stdio (default) or streamable HTTP."""
     try:
-        settings = load_settings(config, **_workspace(workspace), **_tool_choice(tool_names, tools))
+        settings = load_settings(config, **_workspace(workspace), **_tool_choice(tool_names, tools, profile))
     except ProcpilotError as exc:
         _err.print(f"[red]{exc.code}[/red]: {exc.message}")
         raise typer.Exit(2) from None
@@ -168,6 +177,7 @@ def serve(
     workspace: _WorkspaceOption = None,
     tool_names: _ToolNamesOption = None,
     tools: _ToolsOption = None,
+    profile: _ProfileOption = None,
     agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
@@ -186,7 +196,9 @@ def serve(
     if state_dir is not None:
         overrides["state_dir"] = state_dir
     try:
-        settings = load_settings(config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools))
+        settings = load_settings(
+            config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools, profile)
+        )
     except ProcpilotError as exc:
         _fail(exc, 2)
 
@@ -249,6 +261,8 @@ _CLI_HINTS = {
     "force_kill": "`procpilot kill ID --signal SIGKILL`.",
     "start_again": "Stdin was closed; start a new session (`procpilot run`) to send more input.",
     "fix_arguments": "`procpilot COMMAND --help` lists the options.",
+    "be_specific": "Give more of the id, or the session's name (`procpilot ps` lists both).",
+    "pick_another": "Choose another --name, or `procpilot kill NAME` the session that holds it.",
 }
 
 
@@ -301,6 +315,13 @@ def run(
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="NAME=VALUE, repeatable.")] = None,
     timeout: Annotated[int | None, typer.Option(help="Seconds before the tree is ended (0 = none).")] = None,
     pty: Annotated[bool, typer.Option(help="Run under a pseudo-terminal.")] = False,
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="Name the session; every verb takes it in place of the id.")
+    ] = None,
+    restart: Annotated[
+        str | None, typer.Option(help="no, on-failure or always: start it again when it ends (with backoff).")
+    ] = None,
+    max_restarts: Annotated[int | None, typer.Option(help="Stop restarting after this many restarts.", min=0)] = None,
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
@@ -316,12 +337,20 @@ def run(
         variables[name] = value
     with _client(url, token) as client:
         started = client.exec(
-            text, background=True, workdir=workdir, env=variables or None, timeout=timeout, pty=pty or None
+            text,
+            background=True,
+            workdir=workdir,
+            env=variables or None,
+            timeout=timeout,
+            pty=pty or None,
+            name=name,
+            restart=restart,
+            maxRestarts=max_restarts,
         )
         session_id = started["sessionId"]
         if detach:
             print(session_id)
-            _err.print(f"started in the background; follow it with: procpilot logs -f {session_id}")
+            _err.print(f"started in the background; follow it with: procpilot logs -f {name or session_id}")
             return
         _forward_stdin(client.url, token, session_id)
         data = started.data
@@ -426,33 +455,72 @@ def _poll_one(client: Client, session_id: str, stream: str, timeout: int | None)
 @app.command()
 def ps(
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    running: Annotated[bool, typer.Option("--running", help="Only sessions still running (or queued).")] = False,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Another agent's sessions, or '*' for all (approvers only).")
+    ] = None,
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:
-    """List your sessions on the daemon."""
+    """List your sessions on the daemon: id, name, pid, status, age, CPU, memory, waiting for input."""
+    import time
+
     from rich.table import Table
 
     with _client(url, token) as client:
-        reply = client.process("list")
+        listed = client.sessions(agent) if agent else client.process("list")["sessions"]
+    rows = [row for row in listed if not running or row.get("status") in _RUNNING]
     if json_:
-        print(json.dumps(reply["sessions"], indent=2))
+        print(json.dumps(rows, indent=2))
         return
-    table = Table("ID", "STATUS", "RUNTIME", "EXIT", "COMMAND", box=None)
-    for row in reply["sessions"]:
+    columns = ["ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM", "INPUT", "RESTARTS", "EXIT", "COMMAND"]
+    table = Table(*(["AGENT"] if agent else []), *columns, box=None)
+    now = time.time()
+    for row in rows:
         code = row.get("exitCode")
+        started = row.get("startedAt")
         table.add_row(
+            *([escape(str(row.get("agent", "")))] if agent else []),
             row["sessionId"],
+            escape(str(row.get("sessionName") or "")),
+            str(row.get("pid") or ""),
             row["status"],
-            f"{(row.get('runtimeMs') or 0) / 1000:.1f}s",
+            _duration(now - started) if isinstance(started, (int, float)) else "",
+            f"{(row.get('cpuMs') or 0) / 1000:.1f}s",
+            _size(int(row.get("memoryBytes") or 0)),
+            "waiting" if row.get("waitingForInput") else "",
+            str(row.get("restarts") or ""),
             "" if code is None else str(code),
             escape(str(row.get("command", ""))),
         )
-    _out.print(table if reply["sessions"] else "No sessions.")
+    _out.print(table if rows else "No sessions.")
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``, ``3d04h``: an age as ps shows it."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _size(n: int) -> str:
+    """``812B``, ``4.0K``, ``118.3M``, ``2.1G``: a memory size as ps shows it."""
+    value = float(n)
+    for unit in ("B", "K", "M"):
+        if value < 1024:
+            return f"{n}B" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}G"
 
 
 @app.command()
 def logs(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing as it arrives.")] = False,
     stream: Annotated[str | None, typer.Option(help="stdout or stderr (default: both, in order).")] = None,
     url: _UrlOption = None,
@@ -489,7 +557,7 @@ def logs(
 
 @app.command()
 def write(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     data: Annotated[str, typer.Argument(help="Text for its stdin ('-' reads our stdin).")] = "",
     eof: Annotated[bool, typer.Option(help="Close its stdin afterwards.")] = False,
     newline: Annotated[bool, typer.Option("--newline", "-n", help="Append a newline.")] = False,
@@ -507,7 +575,7 @@ def write(
 
 @app.command()
 def kill(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     signal_: Annotated[str, typer.Option("--signal", "-s", help="First signal (SIGKILL follows).")] = "SIGTERM",
     url: _UrlOption = None,
     token: _TokenOption = None,
@@ -520,7 +588,7 @@ def kill(
 
 @app.command()
 def wait(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     pattern: Annotated[str | None, typer.Option(help="Return when the output matches this regex.")] = None,
     timeout: Annotated[
         float | None, typer.Option(help="Seconds to wait at most (default: until it ends).", min=0)
@@ -548,7 +616,7 @@ def wait(
 
 @app.command()
 def rm(
-    session_id: Annotated[str, typer.Argument(help="The session.")],
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
     url: _UrlOption = None,
     token: _TokenOption = None,
 ) -> None:

@@ -45,6 +45,7 @@ def create_app(
         Route("/v1/events", daemon.events, methods=["GET"]),
         Route("/openapi.json", daemon.openapi, methods=["GET"]),
         Route("/v1/capabilities", daemon.capabilities, methods=["GET"]),
+        Route("/v1/sessions", daemon.sessions, methods=["GET"]),
         Route("/v1/approvals", daemon.approvals, methods=["GET"]),
         Route("/v1/approvals/{request_id}", daemon.decide, methods=["POST"]),
         WebSocketRoute("/v1/proc", daemon.proc_socket),

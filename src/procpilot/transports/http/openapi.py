@@ -141,6 +141,19 @@ _ROUTES = (
         },
     ),
     _Operation(
+        "/v1/sessions",
+        "get",
+        "list_sessions",
+        "The process tool's list for an agent (default: the caller), each row with its agent; another agent's, "
+        "or every agent's with agent=*, for approvers only.",
+        {
+            "200": ("{sessions: [process list rows, each with agent]}", _object("sessions")),
+            "403": ("ApprovalForbidden: another agent's sessions, not an approver. " + _HOST_REFUSED, _ERROR_BODY),
+            "501": ("The process tool is not served ([tools] serve).", _ERROR_BODY),
+        },
+        extra={"parameters": [{"name": "agent", "in": "query", "required": False, "schema": {"type": "string"}}]},
+    ),
+    _Operation(
         "/v1/approvals",
         "get",
         "list_approvals",

@@ -26,6 +26,7 @@ from procpilot.errors import (
     TooManyConnections,
 )
 from procpilot.faces.exec_process import exit_event
+from procpilot.faces.openclaw_profile import profile_for
 from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _error, _json, _json_body, status_for_error
 from procpilot.transports.http.events import _EventQueue, _sse, audit_event, audit_scope
 from procpilot.transports.http.mcp_http import _McpFace
@@ -104,7 +105,7 @@ class Daemon:
     # -- events --
 
     def _on_exit(self, info: ExitInfo) -> None:
-        event = exit_event(info)
+        event = exit_event(info, profile_for(self.settings))
         for agent, queue in list(self._queues):
             if agent == info.scope:
                 queue.put("exit", event)
@@ -172,6 +173,30 @@ class Daemon:
         if agent not in self.settings.server.approvers:
             raise ApprovalForbidden(f"agent {agent!r} is not an approver")
         return agent, self.gate
+
+    async def sessions(self, request: Request) -> Response:
+        """``process`` list of an agent (``?agent=``, default the caller), each row naming it; another
+        agent's, or every agent's (``agent=*``), only for approvers, who already see every agent's
+        held calls. What ``procpilot ps --agent`` shows."""
+        try:
+            caller = _agent()
+            wanted = request.query_params.get("agent") or caller
+            if wanted != caller and caller not in self.settings.server.approvers:
+                raise ApprovalForbidden(
+                    f"agent {caller!r} may list only its own sessions",
+                    hints={"own_sessions": "Leave agent out; approvers ([server] approvers) may list any agent's."},
+                )
+            spec = self.tools.get("process")
+            if spec is None:
+                raise NotSupported("the process tool is not served by this daemon ([tools] serve)")
+            scopes = sorted({s.scope for s in self.sup.all_sessions()}) if wanted == "*" else [wanted]
+            rows: list[dict[str, Any]] = []
+            for scope in scopes:
+                listed = await spec.call({"action": "list"}, scope)
+                rows += [{**row, "agent": scope} for row in listed.data.get("sessions", [])]
+        except ProcpilotError as exc:
+            return _json(exc.to_dict(), status_for_error(exc.code))
+        return _json({"sessions": rows})
 
     async def approvals(self, request: Request) -> Response:
         try:

@@ -1,0 +1,225 @@
+"""The exec face's two profiles: ours (spec 002's vocabulary) and OpenClaw's, in one place.
+
+An agent trained on OpenClaw's ``exec``/``process`` tools reads their results a certain way; with
+``[tools.exec] profile = "openclaw"`` (``procpilot mcp --profile openclaw``) the face answers the
+way those tools do wherever ours differ. Every difference is a member of :class:`Profile`, which
+the face consults; nothing else in the face asks which profile is on:
+
+- status: a command that ran to its end is ``completed`` whatever its exit code (the code is in
+  ``exitCode`` and the text ends "(Command exited with code N)"); ``failed`` is kept for a timeout,
+  a signal (a kill included), exit 126/127 (the shell could not run it) and a start that failed;
+- poll and log results carry ``aggregated``, the output so far (within the result cap);
+- the command's environment has ``OPENCLAW_SHELL=exec``;
+- send-keys: Home/End are ``ESC [1~``/``ESC [4~`` (``ESC O H``/``ESC O F`` in cursor-key mode), and
+  a hex element that is no byte is skipped with a warning instead of failing the call;
+- python/node scripts are checked for shell syntax before they run (policy/script_preflight.py);
+- the result texts ("(no new output)", "Process still running.", "showing last 200 of 201 lines")
+  and the tool descriptions follow OpenClaw's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from procpilot.config import Settings
+from procpilot.engine.keys import encode_hex, encode_hex_lenient, encode_keys, encode_literal
+from procpilot.engine.session import Session
+from procpilot.engine.states import SessionState
+
+__all__ = ["OPENCLAW", "PROCPILOT", "Profile", "profile_for"]
+
+_STATUS = {
+    SessionState.QUEUED: "queued",
+    SessionState.RUNNING: "running",
+    SessionState.EXITED_OK: "done",
+    SessionState.EXITED_ERROR: "error",
+    SessionState.TIMED_OUT: "error",
+    SessionState.LIMIT_EXCEEDED: "error",
+    SessionState.FAILED_TO_START: "error",
+    SessionState.KILLED: "killed",
+}
+
+EXEC_DESCRIPTION = (
+    "Run a shell command. Short commands return their output; a command still running after yieldMs "
+    "(default 10 s) keeps running in the background and returns a sessionId to use with the process tool. "
+    "background=true returns at once. The whole process tree is killed after timeout seconds. "
+    'restart="on-failure" or "always" keeps a long-lived background command running (backoff, maxRestarts).'
+)
+EXEC_SYNC_DESCRIPTION = (
+    "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
+    "The whole process tree is killed after timeout seconds."
+)
+PROCESS_DESCRIPTION = (
+    "Manage background sessions started by exec: list; poll (new output since the last poll); log "
+    "(line pages: offset/limit); wait (block until exit or a regex pattern matches output after the previous "
+    "wait's match); write (stdin, eof "
+    "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
+    "remove (kill, then clear). sessionId takes the id, a unique prefix of it, or the session's name."
+)
+
+# OpenClaw's guidance, in our words: a backgrounded command is not finished until process says so.
+_OPENCLAW_EXEC_DESCRIPTION = (
+    "Execute a shell command. It runs in the foreground for up to yieldMs (default 10000 ms); if it is still "
+    "running then, it continues in the background and you get a sessionId. background=true backgrounds it "
+    "at once (use this for servers and watchers). A backgrounded command has not finished: use the process "
+    "tool (poll, log, wait) to confirm it completed and to read its exit code before relying on its result. "
+    "timeout (seconds) kills it. pty=true runs it in a terminal for programs that need a TTY. "
+    "A non-zero exit is reported as completed with exitCode and '(Command exited with code N)'."
+)
+_OPENCLAW_PROCESS_DESCRIPTION = (
+    "Manage the background sessions exec started: list them, poll one for new output (and its exit status), "
+    "log to read its whole output by line offset/limit (without offset: the last lines), write to its stdin "
+    "(eof closes it), send-keys / submit / paste for terminal input, wait for its exit or a pattern, kill it, "
+    "clear a finished one, remove (kill if running, then clear). Poll or wait until status is completed or "
+    "failed before treating a backgrounded command as done."
+)
+
+
+class Profile:
+    """Our behaviour: spec 002's ``done``/``error``/``killed`` and bracketed status lines."""
+
+    name = "procpilot"
+    exec_description = EXEC_DESCRIPTION
+    exec_sync_description = EXEC_SYNC_DESCRIPTION
+    process_description = PROCESS_DESCRIPTION
+    # Variables every command of this profile gets (after the agent's own env).
+    env: Mapping[str, str] = MappingProxyType({})
+    aggregated = False  # poll/log results carry the whole output so far
+    script_preflight = False  # unless [tools.exec] scriptPreflight says otherwise
+
+    def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
+        return _STATUS[state]
+
+    def of(self, session: Session) -> str:
+        return self.status(session.state, session.exit_code, session.exit_signal)
+
+    def finished_text(self, session: Session, output: str, ending: str, *, poll: bool) -> str:
+        """A finished session's output followed by how it ended (exec, poll and wait)."""
+        line = f"[{self.of(session)}: {ending}]"
+        return f"{output}\n{line}" if output else line
+
+    def backgrounded_text(self, session: Session, tail: str, *, announced: bool) -> str:
+        """exec's answer when the command goes on in the background; ``announced``: its exit will
+        be pushed to the client."""
+        verb = "queued (waiting for a lane slot)" if session.state is SessionState.QUEUED else "running"
+        text = (
+            f"Command {verb} in the background: sessionId={session.id} pid={session.pid}. "
+            "Use process wait (blocks until exit or a pattern), poll (new output) or log (pages); "
+            + (
+                "you will be notified when it exits."
+                if announced
+                else "its exit is not announced, so wait or poll to learn when it ends."
+            )
+        )
+        return f"{text}\nTail so far:\n{tail}" if tail else text
+
+    def running_text(self, output: str, note: str) -> str:
+        """A running session's poll: what arrived, then ``note`` (our bracketed running line)."""
+        return f"{output}\n{note}" if output else note
+
+    def list_line(self, session: Session, row: Mapping[str, Any]) -> str:
+        """One session in the text of ``process list`` (``row``: its structured entry)."""
+        code = "" if session.exit_code is None else f" exit={session.exit_code}"
+        return f"{session.id}  {row['status']:<7} {session.duration_ms / 1000:>8.1f}s{code}  {row['name']}"
+
+    def log_note(self, shown: int, total: int) -> str | None:
+        """The note of a log call without offset or limit (the default window of the last lines)."""
+        return f"showing the last {shown} of {total} lines; pass offset/limit for others"
+
+    def encode_input(
+        self, literal: str | None, hex_values: Sequence[str] | None, keys: Sequence[str] | None, *, app_cursor: bool
+    ) -> tuple[bytes, list[str]]:
+        """send-keys' bytes, in OpenClaw's order (literal, then hex, then keys), and any warnings."""
+        payload = encode_literal(literal) if literal else b""
+        if hex_values:
+            payload += encode_hex(hex_values)
+        if keys:
+            payload += encode_keys(keys, app_cursor=app_cursor)
+        return payload, []
+
+
+class OpenClawProfile(Profile):
+    """OpenClaw's exec/process tools, where they differ from ours."""
+
+    name = "openclaw"
+    exec_description = _OPENCLAW_EXEC_DESCRIPTION
+    exec_sync_description = EXEC_SYNC_DESCRIPTION
+    process_description = _OPENCLAW_PROCESS_DESCRIPTION
+    env: Mapping[str, str] = MappingProxyType({"OPENCLAW_SHELL": "exec"})
+    aggregated = True
+    script_preflight = True
+
+    def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
+        if state in (SessionState.QUEUED, SessionState.RUNNING):
+            return "running"
+        ran_to_its_end = state in (SessionState.EXITED_OK, SessionState.EXITED_ERROR) and exit_signal is None
+        # 126 and 127 are the shell's own: the command could not be executed or was not found.
+        return "completed" if ran_to_its_end and exit_code not in (126, 127) else "failed"
+
+    def _reason(self, session: Session, ending: str) -> str:
+        if session.state is SessionState.TIMED_OUT:
+            seconds = session.spec.timeout or 0
+            return f"Command timed out after {seconds:g} seconds"
+        if session.exit_signal is not None or session.state is SessionState.KILLED:
+            return f"Command aborted by signal {session.signal_sent or session.exit_signal}"
+        if session.exit_code is not None:
+            return f"(Command exited with code {session.exit_code})"
+        return f"Command failed: {ending}"
+
+    def finished_text(self, session: Session, output: str, ending: str, *, poll: bool) -> str:
+        body = output.rstrip("\n")
+        completed = self.of(session) == "completed"
+        if poll:
+            body = body or "(no new output)"
+            if session.exit_signal is not None or session.state is SessionState.KILLED:
+                how = f"signal {session.signal_sent or session.exit_signal}"
+            elif session.exit_code is not None:
+                how = f"code {session.exit_code}"
+            else:
+                how = ending
+            return f"{body}\n\nProcess exited with {how}."
+        if completed and session.exit_code == 0:
+            return body or "(no output)"
+        reason = self._reason(session, ending)
+        return f"{body}\n\n{reason}" if body else reason
+
+    def backgrounded_text(self, session: Session, tail: str, *, announced: bool) -> str:
+        text = (
+            f"Command still running (session {session.id}, pid {session.pid}). It has not finished: follow it "
+            "with process (poll, log, wait, write, kill) and confirm it completed before relying on its result."
+        )
+        return f"{text}\n\n{tail.rstrip()}" if tail.strip() else text
+
+    def running_text(self, output: str, note: str) -> str:
+        body = output.rstrip("\n") or "(no new output)"
+        return f"{body}\n\nProcess still running. {note}"
+
+    def list_line(self, session: Session, row: Mapping[str, Any]) -> str:
+        wait = " [input-wait]" if row.get("waitingForInput") else ""
+        return f"{session.id} {row['status']:<9} {session.duration_ms / 1000:.1f}s{wait} :: {row['name']}"
+
+    def log_note(self, shown: int, total: int) -> str | None:
+        return f"showing last {shown} of {total} lines; pass offset/limit to page" if total > shown else None
+
+    def encode_input(
+        self, literal: str | None, hex_values: Sequence[str] | None, keys: Sequence[str] | None, *, app_cursor: bool
+    ) -> tuple[bytes, list[str]]:
+        payload = encode_literal(literal) if literal else b""
+        warnings: list[str] = []
+        if hex_values:
+            raw, warnings = encode_hex_lenient(hex_values)
+            payload += raw
+        if keys:
+            payload += encode_keys(keys, app_cursor=app_cursor, vt_home_end=True)
+        return payload, warnings
+
+
+PROCPILOT = Profile()
+OPENCLAW = OpenClawProfile()
+_PROFILES = {p.name: p for p in (PROCPILOT, OPENCLAW)}
+
+
+def profile_for(settings: Settings) -> Profile:
+    return _PROFILES[settings.exec.profile]

@@ -1,0 +1,246 @@
+"""OpenClaw compatibility: each documented behaviour of OpenClaw's exec/process tools, through the
+``openclaw`` profile, over MCP with the SDK's own client (in memory)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from procpilot.config import load_settings
+from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.exec_process import exec_process_tools
+from procpilot.transports.mcp import build_mcp_server
+
+Connect = Callable[[], Client]
+
+
+async def _supervisor(tmp_path: Path, workspace: Path, **exec_settings: Any) -> AsyncIterator[Supervisor]:
+    settings = load_settings(env={}, state_dir=tmp_path / "state", workspace_root=workspace, exec=exec_settings)
+    async with Supervisor(settings) as sup:
+        yield sup
+
+
+def _connect(sup: Supervisor) -> Connect:
+    """A client factory: the SDK's client must be entered and exited in the test's own task."""
+    server = build_mcp_server(exec_process_tools(sup), scope="a")
+    return lambda: Client(server)
+
+
+@pytest.fixture
+async def openclaw(tmp_path: Path, workspace: Path) -> AsyncIterator[Connect]:
+    async for sup in _supervisor(tmp_path / "oc", workspace, profile="openclaw"):
+        yield _connect(sup)
+
+
+@pytest.fixture
+async def ours(tmp_path: Path, workspace: Path) -> AsyncIterator[Connect]:
+    async for sup in _supervisor(tmp_path / "ours", workspace):
+        yield _connect(sup)
+
+
+async def call(client: Client, tool: str, **args: Any) -> tuple[str, dict[str, Any], bool]:
+    result = await client.call_tool(tool, args)
+    text = result.content[0].text  # type: ignore[union-attr]
+    return text, result.structured_content or {}, bool(result.is_error)
+
+
+async def run_bg(client: Client, command: str, **args: Any) -> str:
+    _, data, _ = await call(client, "exec", command=command, background=True, **args)
+    return str(data["sessionId"])
+
+
+async def wait(client: Client, sid: str, **args: Any) -> tuple[str, dict[str, Any]]:
+    text, data, _ = await call(client, "process", action="wait", sessionId=sid, timeout=10_000, **args)
+    return text, data
+
+
+# -- 1. exit status ------------------------------------------------------------------------------
+
+
+async def test_a_non_zero_exit_is_completed_with_its_code_appended(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        text, data, err = await call(client, "exec", command="echo oops; exit 3")
+        assert not err
+        assert (data["status"], data["exitCode"], data["state"]) == ("completed", 3, "exited_error")
+        assert text == "oops\n\n(Command exited with code 3)"
+        text, data, _ = await call(client, "exec", command="echo fine")
+        assert (data["status"], text) == ("completed", "fine")
+
+
+async def test_failed_is_kept_for_timeouts_signals_and_what_the_shell_cannot_run(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        text, data, _ = await call(client, "exec", command="sleep 5", timeout=0.3)  # fractional, as OpenClaw's
+        assert data["status"] == "failed" and data["state"] == "timed_out"
+        assert "Command timed out after 0.3 seconds" in text
+        _, data, _ = await call(client, "exec", command="exit 127")
+        assert (data["status"], data["exitCode"]) == ("failed", 127)
+        _, data, _ = await call(client, "exec", command="kill -TERM $$")
+        assert data["status"] == "failed" and data["exitSignal"] == "SIGTERM"
+        sid = await run_bg(client, "sleep 30")
+        text, data, _ = await call(client, "process", action="kill", sessionId=sid)
+        assert data["status"] == "failed" and data["state"] == "killed"
+        text, data, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert text.endswith("Process exited with signal SIGTERM.")
+
+
+async def test_ours_keeps_spec_002s_vocabulary(ours: Connect) -> None:
+    async with ours() as client:
+        text, data, _ = await call(client, "exec", command="exit 3")
+        assert data["status"] == "error" and "(Command exited" not in text
+
+
+# -- 4. aggregated, 9. result texts --------------------------------------------------------------
+
+
+async def test_poll_and_log_carry_aggregated_and_openclaws_texts(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        sid = await run_bg(client, "echo one; echo two; read x")
+        await wait(client, sid, pattern="two")
+        text, data, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert data["aggregated"] == "one\ntwo\n" and data["status"] == "running"
+        assert text.startswith("one\ntwo\n\nProcess still running.")
+        text, data, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert text.startswith("(no new output)\n\nProcess still running.")
+        assert data["aggregated"] == "one\ntwo\n"  # the whole output, not what is new
+        _, data, _ = await call(client, "process", action="log", sessionId=sid)
+        assert data["aggregated"] == "one\ntwo\n" and data["output"] == "one\ntwo"
+        text, _, _ = await call(client, "process", action="list")
+        assert text.startswith(f"{sid} running ") and text.endswith(":: echo one")  # OpenClaw's list line
+        await call(client, "process", action="write", sessionId=sid, data="\n", eof=True)
+        await wait(client, sid)
+        text, data, _ = await call(client, "process", action="poll", sessionId=sid)
+        assert (text, data["status"]) == ("(no new output)\n\nProcess exited with code 0.", "completed")
+
+
+async def test_a_backgrounded_command_is_said_to_be_unfinished(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        text, data, _ = await call(client, "exec", command="echo started; sleep 30", yieldMs=200)
+        assert data["status"] == "running"
+        assert text.startswith(f"Command still running (session {data['sessionId']}, pid {data['pid']})")
+        assert "confirm it completed" in text
+        await call(client, "process", action="kill", sessionId=data["sessionId"])
+
+
+async def test_log_says_showing_last_200_of_201_lines(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        sid = await run_bg(client, "seq 1 201")
+        await wait(client, sid)
+        text, _, _ = await call(client, "process", action="log", sessionId=sid)
+        assert text.startswith("2\n3\n")
+        assert text.endswith("201\n[showing last 200 of 201 lines; pass offset/limit to page]")
+        sid = await run_bg(client, "seq 1 3")
+        await wait(client, sid)
+        text, _, _ = await call(client, "process", action="log", sessionId=sid)
+        assert text == "1\n2\n3"  # all of it shown: no note
+
+
+async def test_tool_descriptions_send_the_agent_to_process_to_confirm_completion(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        tools = {t.name: t.description or "" for t in (await client.list_tools()).tools}
+        assert "confirm it completed" in tools["exec"]
+        assert "completed or failed" in tools["process"]
+
+
+# -- 5. OPENCLAW_SHELL ---------------------------------------------------------------------------
+
+
+async def test_commands_see_openclaw_shell_exec(openclaw: Connect, ours: Connect) -> None:
+    for connect, seen in ((openclaw, "[exec]\n"), (ours, "[]\n")):
+        async with connect() as client:
+            _, data, _ = await call(client, "exec", command='echo "[$OPENCLAW_SHELL]"')
+            assert data["output"] == seen
+
+
+# -- 6, 7. keys ----------------------------------------------------------------------------------
+
+_HEXDUMP = "read -r line; printf '%s' \"$line\" | od -An -tx1"
+
+
+async def test_home_end_are_vt_keys_and_a_bad_hex_element_is_skipped_with_a_warning(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        sid = await run_bg(client, _HEXDUMP)
+        sent = {"literal": "a", "hex": ["62", "zz"], "keys": ["Home", "End"]}
+        text, data, err = await call(client, "process", action="send-keys", sessionId=sid, **sent)
+        assert not err and data["warnings"] == ["hex[1] = 'zz' is not a byte in hex: skipped"]
+        assert "[warning: hex[1]" in text
+        await call(client, "process", action="write", sessionId=sid, data="\n", eof=True)
+        await wait(client, sid)
+        _, log, _ = await call(client, "process", action="log", sessionId=sid)
+        # literal, hex, keys, in that order: a b ESC[1~ ESC[4~
+        assert log["output"].split() == ["61", "62", "1b", "5b", "31", "7e", "1b", "5b", "34", "7e"]
+
+
+async def test_ours_refuses_a_bad_hex_element(ours: Connect) -> None:
+    async with ours() as client:
+        sid = await run_bg(client, "sleep 30")
+        text, _, err = await call(client, "process", action="send-keys", sessionId=sid, hex=["zz"])
+        assert err and "InvalidArgument" in text
+        await call(client, "process", action="kill", sessionId=sid)
+
+
+async def test_home_end_follow_cursor_key_mode(openclaw: Connect) -> None:
+    async with openclaw() as client:
+        sid = await run_bg(client, "printf '\\033[?1hready\\n'; " + _HEXDUMP, pty=True)
+        await wait(client, sid, pattern="ready")
+        await call(client, "process", action="send-keys", sessionId=sid, keys=["Home", "End", "Enter"])
+        await wait(client, sid)
+        _, log, _ = await call(client, "process", action="log", sessionId=sid)
+        assert "1b 4f 48 1b 4f 46" in log["output"]  # ESC O H, ESC O F
+
+
+# -- 8. script preflight -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["python3 bad.py", "echo x | python3 -u bad.py", "sh -c 'python3 bad.py'", "timeout 5 node bad.js"],
+)
+async def test_scripts_holding_shell_syntax_are_refused_before_they_run(
+    openclaw: Connect, workspace: Path, command: str
+) -> None:
+    (workspace / "bad.py").write_text("import json\n# an agent wrote shell:\npayload = $DM_JSON\nprint(payload)\n")
+    (workspace / "bad.js").write_text("const s = `${1 + 1}`;\nconst payload = $DM_JSON;\n")
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command=command)
+        assert err and text.startswith("ScriptHasShellSyntax")
+        assert "line" in text and "$DM_JSON" in text
+
+
+async def test_a_script_with_dollars_only_in_strings_runs(openclaw: Connect, workspace: Path) -> None:
+    (workspace / "ok.py").write_text('price = "$5"  # costs $5\nprint(price)\n')
+    async with openclaw() as client:
+        _, data, err = await call(client, "exec", command="python3 ok.py")
+        assert not err and data["output"] == "$5\n"
+
+
+async def test_preflight_is_opt_in_outside_the_profile(tmp_path: Path, workspace: Path, ours: Connect) -> None:
+    (workspace / "bad.py").write_text("payload = $DM_JSON\n")
+    async with ours() as client:
+        _, data, err = await call(client, "exec", command="python3 bad.py")
+        assert not err and data["exitCode"] == 1  # Python's own SyntaxError
+    async for sup in _supervisor(tmp_path / "opt", workspace, script_preflight=True):
+        async with _connect(sup)() as client:
+            text, _, err = await call(client, "exec", command="python3 bad.py")
+            assert err and text.startswith("ScriptHasShellSyntax")
+
+
+# -- switching it on -----------------------------------------------------------------------------
+
+
+async def test_procpilot_mcp_profile_openclaw_and_the_config_key(tmp_path: Path) -> None:
+    from mcp.client.stdio import StdioServerParameters
+
+    from tests.transports.test_cli_mcp import PROCPILOT, server_env
+
+    args = ["mcp", "--agent", "a1", "--profile", "openclaw"]
+    async with Client(StdioServerParameters(command=PROCPILOT, args=args, env=server_env(tmp_path))) as client:
+        text, data, _ = await call(client, "exec", command="exit 2")
+        assert (data["status"], text) == ("completed", "(Command exited with code 2)")
+    config = tmp_path / "procpilot.toml"
+    config.write_text('[tools.exec]\nprofile = "openclaw"\nscriptPreflight = false\n')
+    settings = load_settings(config, env={})
+    assert (settings.exec.profile, settings.exec.script_preflight) == ("openclaw", False)
