@@ -70,8 +70,27 @@ def _ours(supervisor: bytes) -> bool:
 
 def marked_processes() -> list[int]:
     """Pids of live processes started by this test run's supervisors. Those of any other
-    supervisor on the machine (a daemon serving real agents) are none of a test's business."""
-    return [pid for pid, supervisor in _supervisors_of_marked().items() if _ours(supervisor)]
+    supervisor on the machine (a daemon serving real agents) are none of a test's business, and
+    neither is the pool of warm shells of a daemon that outlives one test (a module's fixture)."""
+    return [
+        pid
+        for pid, supervisor in _supervisors_of_marked().items()
+        if _ours(supervisor) and not _pool_of_live_daemon(pid, supervisor)
+    ]
+
+
+def _pool_of_live_daemon(pid: int, supervisor: bytes) -> bool:
+    """A warm shell (engine/warm.py) still waiting for its command, whose supervisor is another live
+    process. An in-process supervisor's pool must be gone when the test that opened it ends."""
+    match = re.fullmatch(rb"procpilot-([0-9]+)-[0-9a-f]+", supervisor)
+    if match is None or int(match[1]) == os.getpid() or not os.path.exists(f"/proc/{int(match[1])}"):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            waiting = b"read -r __pp_t" in f.read()
+        return waiting and os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+    except OSError:
+        return False
 
 
 def open_fds() -> set[int]:
@@ -86,7 +105,7 @@ def _no_leaks() -> Iterator[None]:
     while marked_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     survivors = marked_processes()
-    assert not survivors, f"processes outlived the test: {survivors}"
+    assert not survivors, f"processes outlived the test: {[(p, _cmd(p)) for p in survivors]}"
     leaked = open_fds() - before
     # An fd closed by the kernel lags nothing; a leaked one stays: give GC one chance first.
     if leaked:
@@ -120,3 +139,14 @@ def settings(tmp_path: Path, workspace: Path) -> Settings:
 async def supervisor(settings: Settings) -> AsyncIterator[Supervisor]:
     async with Supervisor(settings) as sup:
         yield sup
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()[:300]
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = f.read().rsplit(b")", 1)[1].split()[1]
+        return f"{cmd!r} ppid={ppid.decode()}"
+    except OSError:
+        return "?"

@@ -307,7 +307,8 @@ class Session:
             os.close(spawned.pidfd)
             spawned.pidfd = None
         code = os.waitstatus_to_exitcode(status)
-        spawned.popen.returncode = code  # keeps Popen.__del__ from waiting on a pid we reaped
+        if spawned.popen is not None:
+            spawned.popen.returncode = code  # keeps Popen.__del__ from waiting on a pid we reaped
         if code < 0:
             self.exit_signal = signal_name(-code)
         else:

@@ -31,7 +31,7 @@ from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
 from procpilot.engine.limits import LimitBackend, TreeSample, WatchdogLimits, probe_limits
 from procpilot.engine.session import ExitInfo, Session
-from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
+from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
@@ -44,6 +44,7 @@ from procpilot.engine.trees import (
     reap_orphans,
 )
 from procpilot.engine.usage import UsageTracker
+from procpilot.engine.warm import WarmPool, WarmShell, WarmShellGone, favordynmods
 from procpilot.errors import (
     InvalidPattern,
     NotSupported,
@@ -127,6 +128,7 @@ class Supervisor:
         limits: LimitBackend | None = None,
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
         write_filter: Callable[[str, Session, bytes], None] | None = None,
+        warm_shells: int = 2,
     ) -> None:
         self.settings = settings or load_settings()
         self._store: SessionStore | None = store
@@ -147,6 +149,10 @@ class Supervisor:
         # rather than in a registry keyed by supervisor.
         self.audit: EventBus[Any] = EventBus()
         self._usage: UsageTracker | None = None
+        # Shells started ahead of time, each in its session's cgroup already (engine/warm.py);
+        # 0 starts every session cold.
+        self._warm_size = warm_shells
+        self._warm: WarmPool | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
@@ -171,8 +177,24 @@ class Supervisor:
             v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
             self._limits = probe_limits(v2_root=v2_root, name=name)
         self._started = True
+        if self._warm_size > 0:
+            self._warm = WarmPool(self._trees, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
+            self._warm.fill()
         self._spawn_task(self._housekeeping())
         return self
+
+    def _warm_env(self, session_id: str) -> dict[str, str]:
+        return self._env(session_id, SpawnSpec("true"))
+
+    def _env(self, session_id: str, spec: SpawnSpec) -> dict[str, str]:
+        return build_env(
+            self.settings.base_env_passthrough,
+            self.settings.base_env_set,
+            spec.env,
+            markers={MARKER_ENV: session_id, SUPERVISOR_ENV: self.instance},
+            pty=spec.pty,
+            pty_size=spec.pty_size,
+        )
 
     async def __aenter__(self) -> Supervisor:
         return await self.start()
@@ -199,7 +221,20 @@ class Supervisor:
             },
             "isolation": isolation_capabilities(),
             "pidfd": hasattr(os, "pidfd_open"),
+            "warm_shells": self.warm_shells(),
             "state_dir": self.state_dir_space(),
+        }
+
+    def warm_shells(self) -> dict[str, Any]:
+        """The pool of shells started ahead of time, and whether the host's cgroup v2 mount favours
+        fast migrations (``favordynmods``), which is what a cold start waits on after idle."""
+        root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
+        pool = self._warm
+        return {
+            "size": 0 if pool is None else pool.size,
+            "ready": 0 if pool is None else pool.ready,
+            "sessions_started_warm": 0 if pool is None else pool.taken,
+            "cgroup_favordynmods": None if root is None else favordynmods(root),
         }
 
     @property
@@ -256,6 +291,8 @@ class Supervisor:
             self._kill_all_now()
             raise
         finally:
+            if self._warm is not None:
+                self._warm.close()
             reap_orphans(set())
             self._tree_backend.close()
             self._limit_backend.close()
@@ -367,40 +404,49 @@ class Supervisor:
                 "elevated runs need an agent policy that allows them, and this supervisor has none",
                 hints={"drop_option": "Call again without elevated."},
             )
-        session_id = new_session_id()
+        starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
+        warm = self._warm.take(spec) if starts_now and self._warm is not None else None
+        session_id = new_session_id() if warm is None else warm.session_id
         directory = self._store.session_dir(session_id)
         output = SessionOutput(directory, self.settings.exec.max_log_bytes)
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
         session.kill_grace = self.settings.exec.kill_grace_sec
-        if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
+        if starts_now:
             try:
-                await self._start(session)
+                await self._start(session, warm)
             except BaseException:
                 # Whatever went wrong (a typed refusal, a bug, a cancelled caller), the session
                 # never started: nothing may be left on disk under its id.
                 output.remove_files()
                 self._store.delete(session_id)
                 raise
-        else:
+        elif spec.lane is not None:
             self._sessions[session_id] = session
             self._store.save(session_id, session.record())
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
 
-    async def _start(self, session: Session) -> None:
-        """Start a session whose lane slot (if any) is held; on any failure release all it held."""
+    async def _start(self, session: Session, warm: WarmShell | None = None) -> None:
+        """Start a session whose lane slot (if any) is held; on any failure release all it held.
+
+        With ``warm``, a shell already in the session's cgroup runs the command (engine/warm.py);
+        one that died meanwhile gives way to a cold start under the same id."""
         spec = session.spec
         tree_prepared = False
         try:
-            env = build_env(
-                self.settings.base_env_passthrough,
-                self.settings.base_env_set,
-                spec.env,
-                markers={MARKER_ENV: session.id, SUPERVISOR_ENV: self.instance},
-                pty=spec.pty,
-                pty_size=spec.pty_size,
-            )
+            env = self._env(session.id, spec)
             prelude: list[str] = []
+            if warm is not None:
+                try:
+                    spawned = await spawn_process(spec, env, launch=warm.launch)
+                except WarmShellGone:
+                    if self._warm is not None:
+                        self._warm.discard(warm, keep_cgroup=True)
+                    warm = None
+                else:
+                    warm = None
+                    self._attach(session, spawned)
+                    return
             tree_line = self._tree_backend.prepare(session.id)
             tree_prepared = True
             if tree_line:
@@ -416,6 +462,8 @@ class Supervisor:
                 prelude += spec.limits.rlimit_lines()
             spawned = await spawn_process(spec, env, prelude=prelude)
         except BaseException:
+            if warm is not None and self._warm is not None:
+                self._warm.give_back(warm)  # refused before it had a command: it waits on
             if tree_prepared:
                 self._tree_backend.release(session.id)
             if session.limit_backend is not None:
@@ -423,6 +471,10 @@ class Supervisor:
             if spec.lane is not None:
                 self._lanes.release(spec.lane, session.scope)
             raise
+        self._attach(session, spawned)
+
+    def _attach(self, session: Session, spawned: Spawned) -> None:
+        spec = session.spec
         self._sessions[session.id] = session
         session.attach(spawned)
         if spec.stdin_data is not None:

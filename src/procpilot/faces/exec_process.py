@@ -623,8 +623,11 @@ PROCESS_DESCRIPTION = (
 )
 
 
-# dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found".
-_NOT_FOUND = re.compile(rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (.{1,200}?): (?:command )?not found$", re.M)
+# dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found"
+# ("1: eval: foo" from a warm shell, which runs the command through eval: engine/warm.py).
+_NOT_FOUND = re.compile(
+    rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:eval: )?(.{1,200}?): (?:command )?not found$", re.M
+)
 
 
 def _noting_loss(session: Session, result: ToolResult) -> ToolResult:
