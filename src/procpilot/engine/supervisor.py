@@ -24,8 +24,9 @@ from typing import Any, Literal, TypeVar
 
 import regex
 
-from procpilot.config import Settings, load_settings
+from procpilot.config import EngineSettings, Settings, load_settings
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
@@ -128,9 +129,11 @@ class Supervisor:
         limits: LimitBackend | None = None,
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
         write_filter: Callable[[str, Session, bytes], None] | None = None,
-        warm_shells: int = 2,
+        warm_shells: int | None = None,
     ) -> None:
+        # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
+        self.config: EngineSettings = self.settings.engine
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
@@ -142,8 +145,7 @@ class Supervisor:
         self._write_filter = write_filter
         self._big_checks = asyncio.Semaphore(1)
         self._sessions: dict[str, Session] = {}
-        lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
-        self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
+        self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
         # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
         # rather than in a registry keyed by supervisor.
@@ -151,7 +153,7 @@ class Supervisor:
         self._usage: UsageTracker | None = None
         # Shells started ahead of time, each in its session's cgroup already (engine/warm.py);
         # 0 starts every session cold.
-        self._warm_size = warm_shells
+        self._warm_size = self.config.warm_shells if warm_shells is None else warm_shells
         self._warm: WarmPool | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
@@ -166,9 +168,9 @@ class Supervisor:
     async def start(self) -> Supervisor:
         if self._started:
             return self
-        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
         if self._store is None:
-            self._store = FileStore(self.settings.state_dir)
+            self._store = FileStore(self.config.state_dir)
         name = self.instance
         if self._trees is None:
             self._trees = probe_trees(name=name)
@@ -188,8 +190,8 @@ class Supervisor:
 
     def _env(self, session_id: str, spec: SpawnSpec) -> dict[str, str]:
         return build_env(
-            self.settings.base_env_passthrough,
-            self.settings.base_env_set,
+            self.config.env_passthrough,
+            self.config.env_set,
             spec.env,
             markers={MARKER_ENV: session_id, SUPERVISOR_ENV: self.instance},
             pty=spec.pty,
@@ -246,7 +248,7 @@ class Supervisor:
 
     def state_dir_space(self) -> dict[str, Any]:
         """Room left where output is stored: a full disk loses output (counted, never silently)."""
-        space = disk_space(self.settings.state_dir)
+        space = disk_space(self.config.state_dir)
         journal = self._store.write_error if isinstance(self._store, FileStore) else None
         if journal:
             written = f"the session journal could not be written ({journal})"
@@ -307,7 +309,7 @@ class Supervisor:
                     session.terminate(SessionState.KILLED, signal.SIGKILL, None)
 
     async def _end_all(self, sig: int, grace: float | None) -> None:
-        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        grace = self.config.kill_grace_sec if grace is None else grace
         running = [s for s in self._sessions.values() if not s.finished]
         for session in running:
             if session.state is SessionState.QUEUED:
@@ -354,7 +356,7 @@ class Supervisor:
             now = time.monotonic()
             for session in list(self._sessions.values()):
                 spec_limits = session.spec.limits
-                if session.limit_backend is not limits or not session.is_running or spec_limits is None:
+                if session.accounting.limit_backend is not limits or not session.is_running or spec_limits is None:
                     continue
                 if session.terminating:
                     self._resume_if_stopped(session)  # a stopped tree could not act on its signal
@@ -395,6 +397,8 @@ class Supervisor:
             await self.start()
         if self._closed or self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        # The engine's own fence, before any policy reads the spec: no face can skip it.
+        check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
             running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
             spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
@@ -408,9 +412,9 @@ class Supervisor:
         warm = self._warm.take(spec) if starts_now and self._warm is not None else None
         session_id = new_session_id() if warm is None else warm.session_id
         directory = self._store.session_dir(session_id)
-        output = SessionOutput(directory, self.settings.exec.max_log_bytes)
-        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
-        session.kill_grace = self.settings.exec.kill_grace_sec
+        output = SessionOutput(directory, self.config.max_log_bytes)
+        grace = self.config.kill_grace_sec
+        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
         if starts_now:
             try:
                 await self._start(session, warm)
@@ -453,7 +457,7 @@ class Supervisor:
                 prelude.append(tree_line)
             if spec.limits is not None and not spec.limits.empty:
                 limits = self._limit_backend
-                session.limit_backend = limits
+                session.accounting.limit_backend = limits
                 try:
                     prelude += limits.prepare(session.id, spec.limits)
                 except OSError as exc:
@@ -466,8 +470,8 @@ class Supervisor:
                 self._warm.give_back(warm)  # refused before it had a command: it waits on
             if tree_prepared:
                 self._tree_backend.release(session.id)
-            if session.limit_backend is not None:
-                session.limit_backend.release(session.id)
+            if session.accounting.limit_backend is not None:
+                session.accounting.limit_backend.release(session.id)
             if spec.lane is not None:
                 self._lanes.release(spec.lane, session.scope)
             raise
@@ -588,7 +592,7 @@ class Supervisor:
         if session.state is SessionState.QUEUED:
             session.fail_to_start("killed while waiting for a lane slot", end=SessionState.KILLED)
             return session
-        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        grace = self.config.kill_grace_sec if grace is None else grace
         self._resume_if_stopped(session)
         session.terminate(SessionState.KILLED, sig, grace)
         if wait is None or wait > 0:
@@ -680,7 +684,7 @@ class Supervisor:
     def sweep(self, now: float | None = None) -> builtins.list[str]:
         """Remove finished sessions idle for longer than the TTL; returns their ids."""
         now = time.monotonic() if now is None else now
-        ttl = self.settings.exec.cleanup_ms / 1000
+        ttl = self.config.session_ttl_sec
         expired = [s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl]
         for session in expired:
             self._forget(session)
