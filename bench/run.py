@@ -57,6 +57,7 @@ _ERR = Console(stderr=True, highlight=False)
 @dataclass(frozen=True)
 class Sizes:
     exec_calls: int
+    idle_calls: int
     mcp_calls: int
     output_bytes: int
     sessions: int
@@ -65,8 +66,10 @@ class Sizes:
     @classmethod
     def pick(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(exec_calls=60, mcp_calls=40, output_bytes=100 * 1000 * 1000, sessions=200, lines=300)
-        return cls(exec_calls=300, mcp_calls=200, output_bytes=GIB, sessions=1000, lines=1000)
+            return cls(
+                exec_calls=60, idle_calls=20, mcp_calls=40, output_bytes=100 * 1000 * 1000, sessions=200, lines=300
+            )
+        return cls(exec_calls=300, idle_calls=60, mcp_calls=200, output_bytes=GIB, sessions=1000, lines=1000)
 
 
 # -- results and the table -----------------------------------------------------------------------
@@ -370,9 +373,11 @@ class PeakRss:
 
 
 @contextlib.asynccontextmanager
-async def supervisor(root: Path, name: str, **exec_settings: Any) -> AsyncIterator[Supervisor]:
+async def supervisor(
+    root: Path, name: str, *, warm_shells: int | None = None, **exec_settings: Any
+) -> AsyncIterator[Supervisor]:
     settings = load_settings(env={}, state_dir=root / name, workspace_root=root, exec=exec_settings)
-    sup = await Supervisor(settings).start()
+    sup = await Supervisor(settings, warm_shells=warm_shells).start()
     try:
         yield sup
     finally:
@@ -396,11 +401,16 @@ async def close_timed(sup: Supervisor) -> float:
     return time.perf_counter() - t0
 
 
-# -- 1. exec `true` ------------------------------------------------------------------------------
+# -- 1. exec `true`
+
+EXEC_IDLE = 0.1  # seconds between an agent's calls, at the least: the model thinks in between
 
 
-async def interleaved(methods: Mapping[str, Callable[[], Awaitable[None]]], n: int, warmup: int) -> dict[str, Any]:
-    """Run each method ``n`` times, in alternating blocks so drift hits them alike.
+async def interleaved(
+    methods: Mapping[str, Callable[[], Awaitable[None]]], n: int, warmup: int, idle: float = 0.0
+) -> dict[str, Any]:
+    """Run each method ``n`` times, in alternating blocks so drift hits them alike; with ``idle``,
+    each call comes that many seconds after the last (as an agent's do: the model thinks between).
 
     Returns per method: the list of per-call seconds and the parent CPU seconds per call.
     """
@@ -413,12 +423,14 @@ async def interleaved(methods: Mapping[str, Callable[[], Awaitable[None]]], n: i
     for b in range(blocks):
         count = n // blocks + (1 if b < n % blocks else 0)
         for name, method in methods.items():
-            c0 = time.process_time()
             for _ in range(count):
+                if idle:
+                    await asyncio.sleep(idle)
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 await method()
                 walls[name].append(time.perf_counter() - t0)
-            cpu[name] += time.process_time() - c0
+                cpu[name] += time.process_time() - c0
     return {name: (walls[name], cpu[name] / len(walls[name])) for name in methods}
 
 
@@ -449,6 +461,7 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
     try:
         async with contextlib.AsyncExitStack() as stack:
             sup = await stack.enter_async_context(supervisor(root, "exec"))
+            cold = await stack.enter_async_context(supervisor(root, "exec-cold", warm_shells=0))
             exec_tool = exec_process_tools(sup)[0]
 
             async def raw() -> None:
@@ -461,11 +474,15 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
                 session = await sup.run(SpawnSpec("true"), scope="b", yield_ms=None)
                 assert session.state is SessionState.EXITED_OK, session.state
 
+            async def api_cold() -> None:
+                session = await cold.run(SpawnSpec("true"), scope="b", yield_ms=None)
+                assert session.state is SessionState.EXITED_OK, session.state
+
             async def face() -> None:
                 result = await exec_tool.call({"command": "true"}, "b")
                 assert not result.is_error, result.text
 
-            methods = {"raw": raw, "floor": floor, "api": api, "face": face}
+            methods = {"raw": raw, "floor": floor, "api": api, "api_cold": api_cold, "face": face}
             if shm is not None:
                 sup_shm = await stack.enter_async_context(supervisor(shm, "exec"))
 
@@ -474,36 +491,53 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
                     assert session.state is SessionState.EXITED_OK, session.state
 
                 methods["api_tmpfs"] = api_tmpfs
-            res = await interleaved(methods, sizes.exec_calls, warmup=10)
-            out.note(1, f"exec: tree mechanism {sup.tree_mechanism}, limits {sup.limit_mechanism}")
+            passes = {
+                "back to back": await interleaved(methods, sizes.exec_calls, warmup=10),
+                f"after {EXEC_IDLE * 1000:.0f} ms idle": await interleaved(
+                    {k: v for k, v in methods.items() if k in ("raw", "api", "api_cold", "face")},
+                    sizes.idle_calls,
+                    warmup=2,
+                    idle=EXEC_IDLE,
+                ),
+            }
+            warm = sup.warm_shells()
+            out.note(
+                1,
+                f"exec: tree mechanism {sup.tree_mechanism}, limits {sup.limit_mechanism}; warm shells: "
+                f"{warm['sessions_started_warm']} sessions started warm; cgroup2 favordynmods: "
+                f"{warm['cgroup_favordynmods']}",
+            )
     finally:
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
 
-    raw_walls, raw_cpu = res["raw"]
-    raw_med, raw_p90 = statistics.median(raw_walls), pct(raw_walls, 0.9)
-    bench = f"1. exec true x{sizes.exec_calls}"
     fs = fs_type(root)
     rows = [
-        ("api", f"Supervisor.run, state on {fs}", True),
-        ("face", f"exec tool (face), state on {fs}", True),
+        ("api", f"Supervisor.run (warm shells), state on {fs}", True),
+        ("api_cold", "Supervisor.run, every start cold", False),
+        ("face", "exec tool (face)", True),
         ("api_tmpfs", "Supervisor.run, state on tmpfs", False),
         ("floor", "floor: Popen 3 pipes + setsid", False),
     ]
-    for key, label, goal in rows:
-        if key not in res:
-            continue
-        walls, cpu_per = res[key]
-        med, p90 = statistics.median(walls), pct(walls, 0.9)
-        ratio = med / raw_med
-        goal_text, ok = ("≤ 1.3x", verdict(ratio <= 1.3)) if goal else ("", "")
-        out.compare(bench, f"{label}: median", med, raw_med, fmt_ms, goal_text, ok)
-        out.compare(bench, f"{label}: p90", p90, raw_p90, fmt_ms)
-        out.compare(bench, f"{label}: parent CPU/call", cpu_per, raw_cpu, lambda v: f"{v * 1e6:.0f} µs")
+    for pattern, res in passes.items():
+        raw_walls, raw_cpu = res["raw"]
+        raw_med, raw_p90 = statistics.median(raw_walls), pct(raw_walls, 0.9)
+        bench = f"1. exec true, {pattern} x{len(raw_walls)}"
+        for key, label, goal in rows:
+            if key not in res:
+                continue
+            walls, cpu_per = res[key]
+            med, p90 = statistics.median(walls), pct(walls, 0.9)
+            ratio = med / raw_med
+            goal_text, ok = ("≤ 1.3x", verdict(ratio <= 1.3)) if goal else ("", "")
+            out.compare(bench, f"{label}: median", med, raw_med, fmt_ms, goal_text, ok)
+            out.compare(bench, f"{label}: p90", p90, raw_p90, fmt_ms)
+            out.compare(bench, f"{label}: parent CPU/call", cpu_per, raw_cpu, lambda v: f"{v * 1e6:.0f} µs")
     out.note(
         1,
         "exec: baseline subprocess.run(['/bin/sh', '-c', 'true']) in the same process; all methods interleaved "
-        "in 6 blocks; 'floor' is the least the engine's design (3 pipes, new session) can cost",
+        f"in 6 blocks, back to back and then with {EXEC_IDLE * 1000:.0f} ms asleep before each call; 'floor' is "
+        "the least a cold start's design (3 pipes, new session) can cost",
     )
 
 

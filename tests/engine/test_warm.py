@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import MARKER_ENV, SUPERVISOR_ENV
+from procpilot.errors import StdinClosed
 
 A = "agent-a"
 
@@ -45,9 +47,16 @@ async def cold(settings: Settings) -> AsyncIterator[Supervisor]:
         yield sup
 
 
+def _fill(sup: Supervisor) -> None:
+    """Refill the pool now (it refills on its own once a session ends, or after 50 ms)."""
+    assert sup._warm is not None
+    sup._warm.fill()
+
+
 async def _observed(sup: Supervisor, spec: SpawnSpec) -> tuple[int | None, bytes, bytes]:
     session = await sup.spawn(spec, scope=A)
-    await sup.write(A, session.id, b"hello\n", eof=True)
+    with contextlib.suppress(StdinClosed):  # a command that reads nothing may be gone already
+        await sup.write(A, session.id, b"hello\n", eof=True)
     await sup.wait(A, session.id, timeout=None)
     return session.exit_code, session.output[Stream.STDOUT].read().data, session.output[Stream.STDERR].read().data
 
@@ -58,11 +67,13 @@ async def test_a_command_sees_what_a_cold_start_gives_it(warm: Supervisor, cold:
         SpawnSpec(PROBE, cwd=workspace / "sub", workspace=workspace),
         SpawnSpec(PROBE, env={"GREETING": "a 'quoted'\nvalue", "LANG": "C"}),
     ):
+        _fill(warm)
         started = warm.warm_shells()["sessions_started_warm"]
         assert await _observed(warm, spec) == await _observed(cold, spec)
         assert warm.warm_shells()["sessions_started_warm"] == started + 1
     # argv commands go through the warm shell as an exec of the same argv
     argv = SpawnSpec(("/bin/sh", "-c", 'echo "$0" "$@"', "x", "y z"))
+    _fill(warm)
     assert await _observed(warm, argv) == await _observed(cold, argv)
 
 

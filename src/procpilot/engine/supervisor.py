@@ -510,6 +510,8 @@ class Supervisor:
             await session.write(data, eof=True)
 
     def _on_finish(self, session: Session) -> None:
+        if self._warm is not None:
+            self._warm.refill_soon()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})

@@ -24,8 +24,8 @@ without the token ends the shell (125): another process of the same user that wr
 through ``/proc/PID/fd/0`` before the supervisor does cannot make it run anything.
 
 The pool is bounded (``size`` shells, 4 descriptors each in the supervisor), refilled after each
-take, and ended by :meth:`WarmPool.close` (the Supervisor's ``aclose``). A shell whose supervisor
-dies reads end-of-file and exits.
+take (once the taken session ends, or 50 ms on), and ended by :meth:`WarmPool.close` (the
+Supervisor's ``aclose``). A shell whose supervisor dies reads end-of-file and exits.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ _SHELL_SPECIAL = frozenset(
     {"IFS", "PS1", "PS2", "PS4", "ENV", "PPID", "PWD", "OLDPWD", "OPTIND", "OPTARG", "LINENO", "CDPATH", "HOME"}
 )
 _RETRY_AFTER = 1.0  # seconds without refills after the OS refused one (EAGAIN, EMFILE...)
+# A refill waits for the taken session to end (refill_soon), or this long if it runs on: a new
+# shell's join holds the kernel's cgroup mutex through its grace period, and the ending session's
+# rmdir would wait behind it, on the event loop.
+_REFILL_AFTER = 0.05
 
 # The warm shell's script; its stdin is the session's. __pp_nl lets a command's newlines travel on
 # one line (read -r stops at the first). The command runs last, in the shell itself, so its exit
@@ -177,7 +181,7 @@ class WarmPool:
         self._new_id = new_id
         # Oldest first: the oldest shell has had the longest to finish joining its cgroup.
         self._ready: deque[WarmShell] = deque()
-        self._refill_due = False
+        self._refill: asyncio.Handle | None = None
         self._quiet_until = 0.0
         self._closed = False
         self.taken = 0  # how many sessions started warm (for doctor and the benchmarks)
@@ -207,7 +211,9 @@ class WarmPool:
                 shell = candidate
                 break
             self.discard(candidate)
-        self._schedule_refill()
+        if self._refill is None:
+            with contextlib.suppress(RuntimeError):  # no running loop: the next take refills
+                self._refill = asyncio.get_running_loop().call_later(_REFILL_AFTER, self.fill)
         if shell is not None:
             self.taken += 1
         return shell
@@ -222,7 +228,9 @@ class WarmPool:
 
     def fill(self) -> None:
         """Start shells until ``size`` are waiting (not past a refusal by the OS, retried later)."""
-        self._refill_due = False
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
         while not self._closed and len(self._ready) < self.size and time.monotonic() >= self._quiet_until:
             try:
                 self._ready.append(self._start_one())
@@ -230,12 +238,11 @@ class WarmPool:
                 self._quiet_until = time.monotonic() + _RETRY_AFTER
                 return
 
-    def _schedule_refill(self) -> None:
-        if self._refill_due or self._closed:
-            return
-        with contextlib.suppress(RuntimeError):  # no running loop: the next take refills
-            asyncio.get_running_loop().call_soon(self.fill)
-            self._refill_due = True
+    def refill_soon(self) -> None:
+        """A session ended: refill now rather than when the timer of :meth:`take` fires."""
+        if self._refill is not None and not self._closed:
+            self._refill.cancel()
+            self._refill = asyncio.get_running_loop().call_soon(self.fill)
 
     def _start_one(self) -> WarmShell:
         session_id = self._new_id()
@@ -289,6 +296,9 @@ class WarmPool:
 
     def close(self) -> None:
         self._closed = True
+        if self._refill is not None:
+            self._refill.cancel()
+            self._refill = None
         while self._ready:
             self.discard(self._ready.popleft())
 
