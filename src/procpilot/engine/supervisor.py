@@ -145,6 +145,9 @@ class Supervisor:
         self._write_filter = write_filter
         self._big_checks = asyncio.Semaphore(1)
         self._sessions: dict[str, Session] = {}
+        # Each scope's sessions not finished yet (queued or running), kept as they start and end:
+        # the spawn filter's count must not cost a walk over every session kept.
+        self._unfinished: dict[str, set[str]] = {}
         self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
         # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
@@ -400,7 +403,7 @@ class Supervisor:
         # The engine's own fence, before any policy reads the spec: no face can skip it.
         check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
-            running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
+            running = len(self._unfinished.get(scope, ()))
             spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
         elif spec.elevated:
             # Leaving a box is the policy's to allow; with no policy nothing could have allowed it.
@@ -425,7 +428,7 @@ class Supervisor:
                 self._store.delete(session_id)
                 raise
         elif spec.lane is not None:
-            self._sessions[session_id] = session
+            self._register(session)
             self._store.save(session_id, session.record())
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
@@ -479,7 +482,7 @@ class Supervisor:
 
     def _attach(self, session: Session, spawned: Spawned) -> None:
         spec = session.spec
-        self._sessions[session.id] = session
+        self._register(session)
         session.attach(spawned)
         if spec.stdin_data is not None:
             self._spawn_task(self._feed_stdin(session, spec.stdin_data))
@@ -509,7 +512,16 @@ class Supervisor:
         with contextlib.suppress(ProcpilotError, OSError):
             await session.write(data, eof=True)
 
+    def _register(self, session: Session) -> None:
+        self._sessions[session.id] = session
+        self._unfinished.setdefault(session.scope, set()).add(session.id)
+
     def _on_finish(self, session: Session) -> None:
+        unfinished = self._unfinished.get(session.scope)
+        if unfinished is not None:
+            unfinished.discard(session.id)
+            if not unfinished:
+                del self._unfinished[session.scope]
         if self._warm is not None:
             self._warm.refill_soon()
         if session.left_orphans:

@@ -194,6 +194,9 @@ class ExecProcessFace:
         # Per session: its display name, derived once (reading a 100 KB command line takes tens
         # of ms, and list and poll show the name on every call).
         self._names: dict[str, str] = {}
+        # The tables are pruned when they have doubled since the last pruning: a walk over every
+        # session kept on each call would make a call's cost grow with the sessions kept.
+        self._prune_at = _PRUNE_MIN
 
     def _exit_is_announced(self, session: Session) -> bool:
         """Whether anything will tell the caller this session ended: the transport says so, or,
@@ -385,18 +388,26 @@ class ExecProcessFace:
         session = self.sup.get(scope, params.sessionId)
         handler = getattr(self, "_" + params.action.replace("-", "_"))
         result: ToolResult = await handler(session, params, scope)
+        if params.action in ("remove", "clear"):
+            self._prune(session.id)
         self._prune()
         return _noting_loss(session, result)
 
-    def _prune(self) -> None:
-        """Forget per-session state of sessions that are gone (removed, cleared, expired)."""
+    def _prune(self, gone: str | None = None) -> None:
+        """Forget per-session state of sessions that are gone: ``gone`` (removed or cleared by this
+        face) at once, the rest (expired, removed elsewhere) once the tables have doubled."""
         tables: tuple[dict[str, Any], ...] = (self._empty_polls, self._wait_cursors, self._poll_cursors, self._names)
-        if not any(tables):
+        if gone is not None:
+            for table in tables:
+                table.pop(gone, None)
+            return
+        if sum(map(len, tables)) < self._prune_at:
             return
         live = {s.id for s in self.sup.all_sessions()}
         for table in tables:
             for session_id in [k for k in table if k not in live]:
                 del table[session_id]
+        self._prune_at = max(_PRUNE_MIN, 2 * sum(map(len, tables)))
 
     def _list(self, scope: str) -> ToolResult:
         rows = []
@@ -628,6 +639,8 @@ PROCESS_DESCRIPTION = (
     "remove (kill, then clear)."
 )
 
+
+_PRUNE_MIN = 256  # entries in the face's per-session tables before they are first pruned
 
 # dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found"
 # ("1: eval: foo" from a warm shell, which runs the command through eval: engine/warm.py).
