@@ -216,7 +216,9 @@ class ExecProcessFace:
             name = self._names[session.id] = derive_name(session.command)
         return name
 
-    def _summary(self, session: Session) -> dict[str, Any]:
+    def _summary(self, session: Session, *, input_check: bool = True) -> dict[str, Any]:
+        """What every result says of a session. ``input_check=False`` reuses a recent answer for
+        ``waitingForInput`` (a list of many sessions) and leaves it out when there is none."""
         data: dict[str, Any] = {
             "sessionId": session.id,
             "status": status_of(session),
@@ -236,7 +238,9 @@ class ExecProcessFace:
         if session.exit_code == 127 and (missing := _shell_not_found(session)) is not None:
             data["commandNotFound"] = missing
         if session.is_running:
-            data["waitingForInput"] = session.waiting_for_input
+            waiting = session.waiting_for_input if input_check else session.last_waiting_for_input(_INPUT_CHECK_AGE)
+            if waiting is not None:
+                data["waitingForInput"] = waiting
         elif session.timed_out_waiting_for_input:
             data["timedOutWaitingForInput"] = True
         return data
@@ -412,11 +416,17 @@ class ExecProcessFace:
     def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
+        fresh_checks = _LIST_INPUT_CHECKS
         for s in self.sup.list(scope):
-            row = self._summary(s) | {"runtimeMs": s.duration_ms, "backgrounded": s.backgrounded}
+            # waitingForInput: a recent answer, else a fresh one for the newest sessions only
+            check = s.is_running and fresh_checks > 0 and s.last_waiting_for_input(_INPUT_CHECK_AGE) is None
+            fresh_checks -= check
+            row = self._summary(s, input_check=check)
+            row["runtimeMs"] = ms = row["durationMs"]
+            row["backgrounded"] = s.backgrounded
             rows.append(row)
             code = "" if s.exit_code is None else f" exit={s.exit_code}"
-            lines.append(f"{s.id}  {row['status']:<7} {s.duration_ms / 1000:>8.1f}s{code}  {row['name']}")
+            lines.append(f"{s.id}  {row['status']:<7} {ms / 1000:>8.1f}s{code}  {row['name']}")
         text = "\n".join(lines) if lines else "No sessions."
         return ToolResult(text, {"sessions": rows, "total": len(rows)})
 
@@ -640,6 +650,10 @@ PROCESS_DESCRIPTION = (
 )
 
 
+# process list: answers of waitingForInput reused up to this many seconds, and at most this many
+# checked afresh per call (each reads /proc for a whole tree): 1,000 sessions list in a few ms.
+_INPUT_CHECK_AGE = 2.0
+_LIST_INPUT_CHECKS = 16
 _PRUNE_MIN = 256  # entries in the face's per-session tables before they are first pruned
 
 # dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found"
