@@ -130,8 +130,10 @@ def mcp(
         from procpilot.transports.mcp import build_mcp_server
 
         if not http:
+            from procpilot.transports.mcp_stdio import serve_stdio
+
             server = build_mcp_server(tools, scope=agent)
-            await _serve_until_signal(sup, server.run_stdio_async)
+            await _serve_until_signal(sup, lambda: serve_stdio(server))
             return
         import uvicorn
 
