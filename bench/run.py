@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import json
@@ -553,7 +554,7 @@ def server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
     return {"PROCPILOT_STATE_DIR": str(state_dir), "PROCPILOT_WORKSPACE": str(workspace)}
 
 
-def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int) -> dict[str, list[float]]:
+def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int, idle_n: int) -> dict[str, list[float]]:
     """A minimal client: newline-delimited JSON-RPC on the server's stdin/stdout, one call at a time."""
     full_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TERM", "USER")} | env
     proc = children.popen(
@@ -593,7 +594,7 @@ def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int) -
         stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
         stdin.flush()
         exec_args = {"name": "exec", "arguments": {"command": "true"}}
-        out: dict[str, list[float]] = {"ping": [], "exec": []}
+        out: dict[str, list[float]] = {k: [] for k in ("ping", "exec", "raw", "idle_raw", "idle_ping", "idle_exec")}
         for _ in range(warmup):
             call("ping")
             assert not call("tools/call", exec_args).get("isError")
@@ -606,6 +607,20 @@ def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int) -
             result = call("tools/call", exec_args)
             out["exec"].append(time.perf_counter() - t0)
             assert not result.get("isError"), result
+            t0 = time.perf_counter()
+            subprocess.run(["/bin/sh", "-c", "true"], check=True)
+            out["raw"].append(time.perf_counter() - t0)
+        # As an agent calls: each call after EXEC_IDLE of quiet, raw sh -c true after the same.
+        for _ in range(idle_n):
+            for key, step in (
+                ("idle_raw", lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True)),
+                ("idle_ping", lambda: call("ping")),
+                ("idle_exec", lambda: call("tools/call", exec_args)),
+            ):
+                time.sleep(EXEC_IDLE)
+                t0 = time.perf_counter()
+                step()
+                out[key].append(time.perf_counter() - t0)
         return out
     finally:
         stdin.close()
@@ -640,7 +655,7 @@ async def bench_mcp(root: Path, sizes: Sizes, out: Results, children: Children) 
     env = server_env(root / "mcp-sdk", root)
     try:
         walls, total = await sdk_client(env, n, warmup=10)
-        bare = bare_jsonrpc(children, server_env(root / "mcp-bare", root), n, 10)
+        bare = bare_jsonrpc(children, server_env(root / "mcp-bare", root), n, 10, sizes.idle_calls)
     finally:
         shutil.rmtree(root / "mcp-sdk", ignore_errors=True)
         shutil.rmtree(root / "mcp-bare", ignore_errors=True)
@@ -656,6 +671,27 @@ async def bench_mcp(root: Path, sizes: Sizes, out: Results, children: Children) 
         out.compare(bench, f"SDK Client exec true: {name}", stat(walls), stat(b_exec), fmt_ms)
     for name, stat in stats:
         out.compare(bench, f"bare JSON-RPC exec true vs ping: {name}", stat(b_exec), stat(b_ping), fmt_ms)
+    for pattern, (ex, raw) in {
+        "back to back": (b_exec, bare["raw"]),
+        f"after {EXEC_IDLE * 1000:.0f} ms idle": (bare["idle_exec"], bare["idle_raw"]),
+    }.items():
+        med = statistics.median(ex) / statistics.median(raw)
+        out.compare(
+            bench,
+            f"bare JSON-RPC exec true vs raw sh -c true, {pattern}: p50",
+            statistics.median(ex),
+            statistics.median(raw),
+            fmt_ms,
+            "≤ 2x",
+            verdict(med <= 2),
+        )
+    out.compare(
+        bench,
+        f"bare JSON-RPC ping vs raw sh -c true, after {EXEC_IDLE * 1000:.0f} ms idle: p50",
+        statistics.median(bare["idle_ping"]),
+        statistics.median(bare["idle_raw"]),
+        fmt_ms,
+    )
     out.note(
         2,
         "MCP: rows 1-3 compare the SDK's Client with a bare line-JSON-RPC client on the same server "
@@ -861,6 +897,7 @@ async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children)
     out.add(
         bench, "open fds added", f"{fds1 - fds0:,}", f"{b_fds1 - b_fds0:,}", f"{(fds1 - fds0) / (b_fds1 - b_fds0):.2f}x"
     )
+    out.add(bench, "supervisor RSS with all running", fmt_mib(rss1), "", "", "≤ 200 MiB", verdict(rss1 <= 200 << 20))
     out.add(bench, "threads added", f"{threads1 - threads0}", "0")
     out.add(bench, "Supervisor.list(scope): median", fmt_ms(statistics.median(list_walls)))
     out.add(bench, "process tool list (face): median", fmt_ms(statistics.median(face_walls)))
@@ -1023,6 +1060,8 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
     assert task is not None
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
     sizes = Sizes.pick(args.quick)
+    if args.sessions:
+        sizes = dataclasses.replace(sizes, sessions=args.sessions)
     wanted = set(args.only.split(","))
     if unknown := wanted - set(BENCHES):
         raise SystemExit(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
@@ -1053,6 +1092,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in well under 30 s")
     parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset of " + ",".join(BENCHES))
+    parser.add_argument("--sessions", type=int, help="concurrent sessions in the 'many' benchmark (default 1,000)")
     args = parser.parse_args()
     soft, _ = raise_nofile()
     out = Results()
