@@ -59,6 +59,7 @@ _ERR = Console(stderr=True, highlight=False)
 class Sizes:
     exec_calls: int
     idle_calls: int
+    kept: int
     mcp_calls: int
     output_bytes: int
     sessions: int
@@ -67,10 +68,8 @@ class Sizes:
     @classmethod
     def pick(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(
-                exec_calls=60, idle_calls=20, mcp_calls=40, output_bytes=100 * 1000 * 1000, sessions=200, lines=300
-            )
-        return cls(exec_calls=300, idle_calls=60, mcp_calls=200, output_bytes=GIB, sessions=1000, lines=1000)
+            return cls(60, 20, 1000, mcp_calls=40, output_bytes=100 * 1000 * 1000, sessions=200, lines=300)
+        return cls(300, 60, 10_000, mcp_calls=200, output_bytes=GIB, sessions=1000, lines=1000)
 
 
 # -- results and the table -----------------------------------------------------------------------
@@ -1041,10 +1040,44 @@ def bench_isolation(root: Path, out: Results) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
-BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation")
+BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation", "kept")
 # "many" runs first, in a young heap: later, memory freed by earlier benchmarks would be reused and
 # hide the sessions' own RSS. The table is printed in the numbered order all the same.
-RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation")
+RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation", "kept")
+
+
+# -- 7. per-call cost with many finished sessions kept -------------------------------------------
+
+
+async def bench_kept(root: Path, sizes: Sizes, out: Results) -> None:
+    """``exec true`` through the tools a server builds (policy, gate, face), one call after another,
+    every finished session kept: the median of the first calls against that of the last ones."""
+    from procpilot.transports.serve import build_tools
+
+    n, window = sizes.kept, 200
+    settings = load_settings(env={}, state_dir=root / "kept", workspace_root=root)
+    sup = await Supervisor(settings).start()
+    try:
+        tools, _audit = build_tools(sup, settings)
+        exec_tool = next(t for t in tools if t.name == "exec")
+        walls = []
+        rss0 = rss()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            result = await exec_tool.call({"command": "true"}, "kept")
+            walls.append(time.perf_counter() - t0)
+            assert not result.is_error, result.text
+        kept = len(sup.list("kept"))
+        rss1 = rss()
+    finally:
+        await sup.aclose(signal.SIGKILL, grace=0)
+        shutil.rmtree(root / "kept", ignore_errors=True)
+    first, last = statistics.median(walls[:window]), statistics.median(walls[-window:])
+    bench = f"7. exec true x{n}, every session kept"
+    label = f"median of the last {window} vs the first {window}"
+    out.compare(bench, label, last, first, fmt_ms, "≤ 1.2x", verdict(last / first <= 1.2))
+    out.add(bench, "sessions kept / RSS growth", f"{kept:,} / {fmt_mib(rss1 - rss0)}")
+    out.note(7, "kept: the tools procpilot serve builds (policy, gate, exec face); the ratio column is last / first")
 
 
 async def settle() -> None:
@@ -1073,6 +1106,7 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
         "many": lambda: bench_many(root, sizes, out, children),
         "latency": lambda: bench_latency(root, sizes, out, children),
         "isolation": lambda: asyncio.to_thread(bench_isolation, root, out),
+        "kept": lambda: bench_kept(root, sizes, out),
     }
     try:
         for i, name in enumerate(chosen, 1):
