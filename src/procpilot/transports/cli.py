@@ -109,11 +109,7 @@ def mcp(
             from procpilot.transports.mcp_stdio import serve_stdio
 
             server = build_mcp_server(tools, scope=agent)
-<<<<<<< HEAD
-            await _serve_until_signal(sup, lambda: serve_stdio(server))
-=======
-            await serve_until_signal(sup, server.run_stdio_async)
->>>>>>> main
+            await serve_until_signal(sup, lambda: serve_stdio(server))
             return
         import uvicorn
 
