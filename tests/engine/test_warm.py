@@ -143,3 +143,16 @@ async def test_closing_the_supervisor_ends_the_pool(settings: Settings) -> None:
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}")  # reaped, not a zombie
     assert sup.warm_shells()["ready"] == 0
+
+
+async def test_capabilities_report_the_pool_and_the_hosts_cgroup_option(warm: Supervisor) -> None:
+    found = warm.capabilities()["warm_shells"]
+    assert found["size"] == 2 and found["ready"] == 2
+    with open("/proc/self/mountinfo") as f:
+        cgroup2 = [line for line in f if " - cgroup2 " in line]
+    if warm.tree_mechanism != "cgroup2" or not cgroup2:
+        assert found["cgroup_favordynmods"] is None
+        return
+    # read, never set: whatever the host has is what is reported, with a pointer when it is off
+    assert found["cgroup_favordynmods"] == any("favordynmods" in line for line in cgroup2)
+    assert ("note" in found) is (found["cgroup_favordynmods"] is False)

@@ -235,12 +235,21 @@ class Supervisor:
         fast migrations (``favordynmods``), which is what a cold start waits on after idle."""
         root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
         pool = self._warm
-        return {
+        fast = None if root is None else favordynmods(root)
+        found: dict[str, Any] = {
             "size": 0 if pool is None else pool.size,
             "ready": 0 if pool is None else pool.ready,
             "sessions_started_warm": 0 if pool is None else pool.taken,
-            "cgroup_favordynmods": None if root is None else favordynmods(root),
+            "cgroup_favordynmods": fast,
         }
+        if fast is False:
+            # Never set by procpilot: a mount option of the whole host, the operator's to choose.
+            found["note"] = (
+                "cold starts after idle wait for an RCU grace period (8-20 ms here); an operator may "
+                "remount the cgroup2 hierarchy with favordynmods (Linux 6.0+, host-wide): "
+                "see docs/performance.md"
+            )
+        return found
 
     @property
     def usage(self) -> UsageTracker:
