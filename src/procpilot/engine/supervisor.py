@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -86,6 +87,37 @@ def _rss_pages(pid: int) -> int:
             return int(f.read().split()[1])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+async def _in_passing_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in a thread that ends with it, not in a pool that stays: while any other
+    thread lives, every spawn (vfork + exec) of this process costs ~3x (0.3 vs 0.09 ms here)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task, which raises it
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    thread = threading.Thread(target=run, name="procpilot-check", daemon=True)
+    thread.start()
+    try:
+        return await asyncio.shield(done)
+    finally:
+        if not done.done():  # the caller was cancelled: the check still runs to its end, unread
+            done.cancel()
 
 
 def new_session_id() -> str:
@@ -401,7 +433,7 @@ class Supervisor:
         if size <= _INLINE_CHECK_BYTES:
             return check(*args)
         async with self._big_checks:
-            return await asyncio.to_thread(check, *args)
+            return await _in_passing_thread(check, *args)
 
     async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
         """Start ``spec`` (or queue it behind its lane) and return its session at once."""
