@@ -31,7 +31,6 @@ Supervisor's ``aclose``). A shell whose supervisor dies reads end-of-file and ex
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import secrets
@@ -66,6 +65,10 @@ _RETRY_AFTER = 1.0  # seconds without refills after the OS refused one (EAGAIN, 
 # rmdir would wait behind it, on the event loop.
 _REFILL_AFTER = 0.05
 _REFILL_AFTER_END = 0.005
+# Takes closer together than this are back to back: a migration moments ago keeps the next one
+# cheap (no grace period to wait for), so the refill starts at once, while the taken session
+# runs, rather than landing on the next call's path.
+_BACK_TO_BACK = 0.02
 
 # The warm shell's script; its stdin is the session's. __pp_nl lets a command's newlines travel on
 # one line (read -r stops at the first). The command runs last, in the shell itself, so its exit
@@ -182,7 +185,8 @@ class WarmPool:
         self._new_id = new_id
         # Oldest first: the oldest shell has had the longest to finish joining its cgroup.
         self._ready: deque[WarmShell] = deque()
-        self._refill: asyncio.Handle | None = None
+        self._refill: asyncio.TimerHandle | None = None
+        self._last_take = 0.0
         self._quiet_until = 0.0
         self._closed = False
         self.taken = 0  # how many sessions started warm (for doctor and the benchmarks)
@@ -212,9 +216,9 @@ class WarmPool:
                 shell = candidate
                 break
             self.discard(candidate)
-        if self._refill is None:
-            with contextlib.suppress(RuntimeError):  # no running loop: the next take refills
-                self._refill = asyncio.get_running_loop().call_later(_REFILL_AFTER, self.fill)
+        now = time.monotonic()
+        self._refill_in(0.0 if now - self._last_take < _BACK_TO_BACK else _REFILL_AFTER)
+        self._last_take = now
         if shell is not None:
             self.taken += 1
         return shell
@@ -245,9 +249,22 @@ class WarmPool:
         Not at once: the ended session's result is still on its way out (the reply to the
         client is written by tasks that run after this callback), and a spawn takes ~0.5 ms of
         this thread, more after idle."""
-        if self._refill is not None and not self._closed:
+        if self._refill is not None:
+            self._refill_in(_REFILL_AFTER_END)
+
+    def _refill_in(self, delay: float) -> None:
+        """Have :meth:`fill` run within ``delay`` seconds (an earlier one already due stands)."""
+        if self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no running loop: the next take refills
+            return
+        if self._refill is not None:
+            if self._refill.when() <= loop.time() + delay:
+                return
             self._refill.cancel()
-            self._refill = asyncio.get_running_loop().call_later(_REFILL_AFTER_END, self.fill)
+        self._refill = loop.call_later(delay, self.fill)
 
     def _start_one(self) -> WarmShell:
         session_id = self._new_id()
