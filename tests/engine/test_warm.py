@@ -18,6 +18,7 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import MARKER_ENV, SUPERVISOR_ENV
+from procpilot.engine.warm import waiting_fds, waiting_pids
 from procpilot.errors import StdinClosed
 
 A = "agent-a"
@@ -156,3 +157,15 @@ async def test_capabilities_report_the_pool_and_the_hosts_cgroup_option(warm: Su
     # read, never set: whatever the host has is what is reported, with a pointer when it is off
     assert found["cgroup_favordynmods"] == any("favordynmods" in line for line in cgroup2)
     assert ("note" in found) is (found["cgroup_favordynmods"] is False)
+
+
+async def test_the_leak_check_spares_only_the_shells_an_open_pool_holds(settings: Settings) -> None:
+    sup = await Supervisor(settings, warm_shells=2).start()
+    assert sup._warm is not None
+    ready = {shell.pid for shell in sup._warm._ready}
+    assert ready <= waiting_pids() and len(ready) == 2
+    assert len(waiting_fds() & {shell.stdout_fd for shell in sup._warm._ready}) == 2
+    session = await sup.run(SpawnSpec("true"), scope=A, yield_ms=None)
+    assert session.pid not in waiting_pids()  # taken: a session now, no longer spared
+    await sup.aclose()
+    assert not ready & waiting_pids()

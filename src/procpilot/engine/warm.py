@@ -37,6 +37,7 @@ import secrets
 import shlex
 import subprocess
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from procpilot.engine.spawn import _argv as shell_argv
 from procpilot.engine.spawn import _pipe as make_pipe
 from procpilot.engine.trees import TreeBackend
 
-__all__ = ["WarmPool", "WarmShell", "WarmShellGone", "favordynmods"]
+__all__ = ["WarmPool", "WarmShell", "WarmShellGone", "favordynmods", "waiting_fds", "waiting_pids"]
 
 _MAX_COMMAND = 8192  # dash reads its line a byte per read(2): past this the cold path is cheaper
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -168,6 +169,23 @@ class WarmShell:
         self.pidfd = None
 
 
+def waiting_pids() -> set[int]:
+    """The shells every open pool of this process holds ready: processes that are accounted for
+    while their supervisor is open (a leak check leaves these alone, and nothing else)."""
+    return {shell.pid for pool in list(_OPEN_POOLS) for shell in pool._ready}
+
+
+def waiting_fds() -> set[int]:
+    """The descriptors this process holds for those shells (their pipes and pidfds)."""
+    return {
+        fd
+        for pool in list(_OPEN_POOLS)
+        for shell in pool._ready
+        for fd in (shell.stdin_fd, shell.stdout_fd, shell.stderr_fd, shell.pidfd)
+        if fd is not None and fd >= 0
+    }
+
+
 class WarmPool:
     """At most ``size`` warm shells, each already in its session's tree (with cgroups: its cgroup)."""
 
@@ -190,6 +208,7 @@ class WarmPool:
         self._quiet_until = 0.0
         self._closed = False
         self.taken = 0  # how many sessions started warm (for doctor and the benchmarks)
+        _OPEN_POOLS.add(self)
 
     @property
     def ready(self) -> int:
@@ -318,11 +337,15 @@ class WarmPool:
 
     def close(self) -> None:
         self._closed = True
+        _OPEN_POOLS.discard(self)
         if self._refill is not None:
             self._refill.cancel()
             self._refill = None
         while self._ready:
             self.discard(self._ready.popleft())
+
+
+_OPEN_POOLS: weakref.WeakSet[WarmPool] = weakref.WeakSet()
 
 
 def favordynmods(cgroup: Path) -> bool | None:
