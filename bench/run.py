@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import gc
 import json
@@ -57,6 +58,8 @@ _ERR = Console(stderr=True, highlight=False)
 @dataclass(frozen=True)
 class Sizes:
     exec_calls: int
+    idle_calls: int
+    kept: int
     mcp_calls: int
     output_bytes: int
     sessions: int
@@ -65,8 +68,8 @@ class Sizes:
     @classmethod
     def pick(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(exec_calls=60, mcp_calls=40, output_bytes=100 * 1000 * 1000, sessions=200, lines=300)
-        return cls(exec_calls=300, mcp_calls=200, output_bytes=GIB, sessions=1000, lines=1000)
+            return cls(60, 20, 1000, mcp_calls=40, output_bytes=100 * 1000 * 1000, sessions=200, lines=300)
+        return cls(300, 60, 10_000, mcp_calls=200, output_bytes=GIB, sessions=1000, lines=1000)
 
 
 # -- results and the table -----------------------------------------------------------------------
@@ -370,9 +373,11 @@ class PeakRss:
 
 
 @contextlib.asynccontextmanager
-async def supervisor(root: Path, name: str, **exec_settings: Any) -> AsyncIterator[Supervisor]:
+async def supervisor(
+    root: Path, name: str, *, warm_shells: int | None = None, **exec_settings: Any
+) -> AsyncIterator[Supervisor]:
     settings = load_settings(env={}, state_dir=root / name, workspace_root=root, exec=exec_settings)
-    sup = await Supervisor(settings).start()
+    sup = await Supervisor(settings, warm_shells=warm_shells).start()
     try:
         yield sup
     finally:
@@ -396,11 +401,16 @@ async def close_timed(sup: Supervisor) -> float:
     return time.perf_counter() - t0
 
 
-# -- 1. exec `true` ------------------------------------------------------------------------------
+# -- 1. exec `true`
+
+EXEC_IDLE = 0.1  # seconds between an agent's calls, at the least: the model thinks in between
 
 
-async def interleaved(methods: Mapping[str, Callable[[], Awaitable[None]]], n: int, warmup: int) -> dict[str, Any]:
-    """Run each method ``n`` times, in alternating blocks so drift hits them alike.
+async def interleaved(
+    methods: Mapping[str, Callable[[], Awaitable[None]]], n: int, warmup: int, idle: float = 0.0
+) -> dict[str, Any]:
+    """Run each method ``n`` times, in alternating blocks so drift hits them alike; with ``idle``,
+    each call comes that many seconds after the last (as an agent's do: the model thinks between).
 
     Returns per method: the list of per-call seconds and the parent CPU seconds per call.
     """
@@ -413,12 +423,14 @@ async def interleaved(methods: Mapping[str, Callable[[], Awaitable[None]]], n: i
     for b in range(blocks):
         count = n // blocks + (1 if b < n % blocks else 0)
         for name, method in methods.items():
-            c0 = time.process_time()
             for _ in range(count):
+                if idle:
+                    await asyncio.sleep(idle)
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 await method()
                 walls[name].append(time.perf_counter() - t0)
-            cpu[name] += time.process_time() - c0
+                cpu[name] += time.process_time() - c0
     return {name: (walls[name], cpu[name] / len(walls[name])) for name in methods}
 
 
@@ -449,6 +461,7 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
     try:
         async with contextlib.AsyncExitStack() as stack:
             sup = await stack.enter_async_context(supervisor(root, "exec"))
+            cold = await stack.enter_async_context(supervisor(root, "exec-cold", warm_shells=0))
             exec_tool = exec_process_tools(sup)[0]
 
             async def raw() -> None:
@@ -461,11 +474,15 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
                 session = await sup.run(SpawnSpec("true"), scope="b", yield_ms=None)
                 assert session.state is SessionState.EXITED_OK, session.state
 
+            async def api_cold() -> None:
+                session = await cold.run(SpawnSpec("true"), scope="b", yield_ms=None)
+                assert session.state is SessionState.EXITED_OK, session.state
+
             async def face() -> None:
                 result = await exec_tool.call({"command": "true"}, "b")
                 assert not result.is_error, result.text
 
-            methods = {"raw": raw, "floor": floor, "api": api, "face": face}
+            methods = {"raw": raw, "floor": floor, "api": api, "api_cold": api_cold, "face": face}
             if shm is not None:
                 sup_shm = await stack.enter_async_context(supervisor(shm, "exec"))
 
@@ -474,36 +491,53 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
                     assert session.state is SessionState.EXITED_OK, session.state
 
                 methods["api_tmpfs"] = api_tmpfs
-            res = await interleaved(methods, sizes.exec_calls, warmup=10)
-            out.note(1, f"exec: tree mechanism {sup.tree_mechanism}, limits {sup.limit_mechanism}")
+            passes = {
+                "back to back": await interleaved(methods, sizes.exec_calls, warmup=10),
+                f"after {EXEC_IDLE * 1000:.0f} ms idle": await interleaved(
+                    {k: v for k, v in methods.items() if k in ("raw", "api", "api_cold", "face")},
+                    sizes.idle_calls,
+                    warmup=2,
+                    idle=EXEC_IDLE,
+                ),
+            }
+            warm = sup.warm_shells()
+            out.note(
+                1,
+                f"exec: tree mechanism {sup.tree_mechanism}, limits {sup.limit_mechanism}; warm shells: "
+                f"{warm['sessions_started_warm']} sessions started warm; cgroup2 favordynmods: "
+                f"{warm['cgroup_favordynmods']}",
+            )
     finally:
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
 
-    raw_walls, raw_cpu = res["raw"]
-    raw_med, raw_p90 = statistics.median(raw_walls), pct(raw_walls, 0.9)
-    bench = f"1. exec true x{sizes.exec_calls}"
     fs = fs_type(root)
     rows = [
-        ("api", f"Supervisor.run, state on {fs}", True),
-        ("face", f"exec tool (face), state on {fs}", True),
+        ("api", f"Supervisor.run (warm shells), state on {fs}", True),
+        ("api_cold", "Supervisor.run, every start cold", False),
+        ("face", "exec tool (face)", True),
         ("api_tmpfs", "Supervisor.run, state on tmpfs", False),
         ("floor", "floor: Popen 3 pipes + setsid", False),
     ]
-    for key, label, goal in rows:
-        if key not in res:
-            continue
-        walls, cpu_per = res[key]
-        med, p90 = statistics.median(walls), pct(walls, 0.9)
-        ratio = med / raw_med
-        goal_text, ok = ("≤ 1.3x", verdict(ratio <= 1.3)) if goal else ("", "")
-        out.compare(bench, f"{label}: median", med, raw_med, fmt_ms, goal_text, ok)
-        out.compare(bench, f"{label}: p90", p90, raw_p90, fmt_ms)
-        out.compare(bench, f"{label}: parent CPU/call", cpu_per, raw_cpu, lambda v: f"{v * 1e6:.0f} µs")
+    for pattern, res in passes.items():
+        raw_walls, raw_cpu = res["raw"]
+        raw_med, raw_p90 = statistics.median(raw_walls), pct(raw_walls, 0.9)
+        bench = f"1. exec true, {pattern} x{len(raw_walls)}"
+        for key, label, goal in rows:
+            if key not in res:
+                continue
+            walls, cpu_per = res[key]
+            med, p90 = statistics.median(walls), pct(walls, 0.9)
+            ratio = med / raw_med
+            goal_text, ok = ("≤ 1.3x", verdict(ratio <= 1.3)) if goal else ("", "")
+            out.compare(bench, f"{label}: median", med, raw_med, fmt_ms, goal_text, ok)
+            out.compare(bench, f"{label}: p90", p90, raw_p90, fmt_ms)
+            out.compare(bench, f"{label}: parent CPU/call", cpu_per, raw_cpu, lambda v: f"{v * 1e6:.0f} µs")
     out.note(
         1,
         "exec: baseline subprocess.run(['/bin/sh', '-c', 'true']) in the same process; all methods interleaved "
-        "in 6 blocks; 'floor' is the least the engine's design (3 pipes, new session) can cost",
+        f"in 6 blocks, back to back and then with {EXEC_IDLE * 1000:.0f} ms asleep before each call; 'floor' is "
+        "the least a cold start's design (3 pipes, new session) can cost",
     )
 
 
@@ -519,7 +553,7 @@ def server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
     return {"PROCPILOT_STATE_DIR": str(state_dir), "PROCPILOT_WORKSPACE": str(workspace)}
 
 
-def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int) -> dict[str, list[float]]:
+def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int, idle_n: int) -> dict[str, list[float]]:
     """A minimal client: newline-delimited JSON-RPC on the server's stdin/stdout, one call at a time."""
     full_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TERM", "USER")} | env
     proc = children.popen(
@@ -559,7 +593,7 @@ def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int) -
         stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
         stdin.flush()
         exec_args = {"name": "exec", "arguments": {"command": "true"}}
-        out: dict[str, list[float]] = {"ping": [], "exec": []}
+        out: dict[str, list[float]] = {k: [] for k in ("ping", "exec", "raw", "idle_raw", "idle_ping", "idle_exec")}
         for _ in range(warmup):
             call("ping")
             assert not call("tools/call", exec_args).get("isError")
@@ -572,6 +606,20 @@ def bare_jsonrpc(children: Children, env: dict[str, str], n: int, warmup: int) -
             result = call("tools/call", exec_args)
             out["exec"].append(time.perf_counter() - t0)
             assert not result.get("isError"), result
+            t0 = time.perf_counter()
+            subprocess.run(["/bin/sh", "-c", "true"], check=True)
+            out["raw"].append(time.perf_counter() - t0)
+        # As an agent calls: each call after EXEC_IDLE of quiet, raw sh -c true after the same.
+        for _ in range(idle_n):
+            for key, step in (
+                ("idle_raw", lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True)),
+                ("idle_ping", lambda: call("ping")),
+                ("idle_exec", lambda: call("tools/call", exec_args)),
+            ):
+                time.sleep(EXEC_IDLE)
+                t0 = time.perf_counter()
+                step()
+                out[key].append(time.perf_counter() - t0)
         return out
     finally:
         stdin.close()
@@ -606,7 +654,7 @@ async def bench_mcp(root: Path, sizes: Sizes, out: Results, children: Children) 
     env = server_env(root / "mcp-sdk", root)
     try:
         walls, total = await sdk_client(env, n, warmup=10)
-        bare = bare_jsonrpc(children, server_env(root / "mcp-bare", root), n, 10)
+        bare = bare_jsonrpc(children, server_env(root / "mcp-bare", root), n, 10, sizes.idle_calls)
     finally:
         shutil.rmtree(root / "mcp-sdk", ignore_errors=True)
         shutil.rmtree(root / "mcp-bare", ignore_errors=True)
@@ -622,6 +670,27 @@ async def bench_mcp(root: Path, sizes: Sizes, out: Results, children: Children) 
         out.compare(bench, f"SDK Client exec true: {name}", stat(walls), stat(b_exec), fmt_ms)
     for name, stat in stats:
         out.compare(bench, f"bare JSON-RPC exec true vs ping: {name}", stat(b_exec), stat(b_ping), fmt_ms)
+    for pattern, (ex, raw) in {
+        "back to back": (b_exec, bare["raw"]),
+        f"after {EXEC_IDLE * 1000:.0f} ms idle": (bare["idle_exec"], bare["idle_raw"]),
+    }.items():
+        med = statistics.median(ex) / statistics.median(raw)
+        out.compare(
+            bench,
+            f"bare JSON-RPC exec true vs raw sh -c true, {pattern}: p50",
+            statistics.median(ex),
+            statistics.median(raw),
+            fmt_ms,
+            "≤ 2x",
+            verdict(med <= 2),
+        )
+    out.compare(
+        bench,
+        f"bare JSON-RPC ping vs raw sh -c true, after {EXEC_IDLE * 1000:.0f} ms idle: p50",
+        statistics.median(bare["idle_ping"]),
+        statistics.median(bare["idle_raw"]),
+        fmt_ms,
+    )
     out.note(
         2,
         "MCP: rows 1-3 compare the SDK's Client with a bare line-JSON-RPC client on the same server "
@@ -827,6 +896,7 @@ async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children)
     out.add(
         bench, "open fds added", f"{fds1 - fds0:,}", f"{b_fds1 - b_fds0:,}", f"{(fds1 - fds0) / (b_fds1 - b_fds0):.2f}x"
     )
+    out.add(bench, "supervisor RSS with all running", fmt_mib(rss1), "", "", "≤ 200 MiB", verdict(rss1 <= 200 << 20))
     out.add(bench, "threads added", f"{threads1 - threads0}", "0")
     out.add(bench, "Supervisor.list(scope): median", fmt_ms(statistics.median(list_walls)))
     out.add(bench, "process tool list (face): median", fmt_ms(statistics.median(face_walls)))
@@ -970,10 +1040,44 @@ def bench_isolation(root: Path, out: Results) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
-BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation")
+BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation", "kept")
 # "many" runs first, in a young heap: later, memory freed by earlier benchmarks would be reused and
 # hide the sessions' own RSS. The table is printed in the numbered order all the same.
-RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation")
+RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation", "kept")
+
+
+# -- 7. per-call cost with many finished sessions kept -------------------------------------------
+
+
+async def bench_kept(root: Path, sizes: Sizes, out: Results) -> None:
+    """``exec true`` through the tools a server builds (policy, gate, face), one call after another,
+    every finished session kept: the median of the first calls against that of the last ones."""
+    from procpilot.transports.serve import build_tools
+
+    n, window = sizes.kept, 200
+    settings = load_settings(env={}, state_dir=root / "kept", workspace_root=root)
+    sup = await Supervisor(settings).start()
+    try:
+        tools, _audit = build_tools(sup, settings)
+        exec_tool = next(t for t in tools if t.name == "exec")
+        walls = []
+        rss0 = rss()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            result = await exec_tool.call({"command": "true"}, "kept")
+            walls.append(time.perf_counter() - t0)
+            assert not result.is_error, result.text
+        kept = len(sup.list("kept"))
+        rss1 = rss()
+    finally:
+        await sup.aclose(signal.SIGKILL, grace=0)
+        shutil.rmtree(root / "kept", ignore_errors=True)
+    first, last = statistics.median(walls[:window]), statistics.median(walls[-window:])
+    bench = f"7. exec true x{n}, every session kept"
+    label = f"median of the last {window} vs the first {window}"
+    out.compare(bench, label, last, first, fmt_ms, "≤ 1.2x", verdict(last / first <= 1.2))
+    out.add(bench, "sessions kept / RSS growth", f"{kept:,} / {fmt_mib(rss1 - rss0)}")
+    out.note(7, "kept: the tools procpilot serve builds (policy, gate, exec face); the ratio column is last / first")
 
 
 async def settle() -> None:
@@ -989,6 +1093,8 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
     assert task is not None
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
     sizes = Sizes.pick(args.quick)
+    if args.sessions:
+        sizes = dataclasses.replace(sizes, sessions=args.sessions)
     wanted = set(args.only.split(","))
     if unknown := wanted - set(BENCHES):
         raise SystemExit(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
@@ -1000,6 +1106,7 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
         "many": lambda: bench_many(root, sizes, out, children),
         "latency": lambda: bench_latency(root, sizes, out, children),
         "isolation": lambda: asyncio.to_thread(bench_isolation, root, out),
+        "kept": lambda: bench_kept(root, sizes, out),
     }
     try:
         for i, name in enumerate(chosen, 1):
@@ -1019,6 +1126,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in well under 30 s")
     parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset of " + ",".join(BENCHES))
+    parser.add_argument("--sessions", type=int, help="concurrent sessions in the 'many' benchmark (default 1,000)")
     args = parser.parse_args()
     soft, _ = raise_nofile()
     out = Results()

@@ -272,6 +272,7 @@ class EngineSettings:
     env_passthrough: tuple[str, ...] = BaseEnvSettings().passthrough
     env_set: Mapping[str, str] = field(default_factory=lambda: dict(BaseEnvSettings().set))
     protected_env: tuple[str, ...] = EnvSettings().protected  # never overridable by a call
+    warm_shells: int = 2  # shells started ahead of time, in their sessions' cgroups (engine/warm.py)
 
 
 class Settings(BaseModel):

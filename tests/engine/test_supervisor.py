@@ -6,12 +6,14 @@ import asyncio
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from procpilot.config import Settings
 from procpilot.engine.capture import Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -403,3 +405,25 @@ async def test_remove_of_a_running_session_terminates_before_it_kills(supervisor
     await supervisor.wait(A, s.id, timeout=10, pattern=re.compile("ready"))
     await supervisor.remove(A, s.id)
     assert s.signal_sent == "SIGTERM" and s.exit_code == 0  # it had its chance to clean up
+
+
+async def test_a_big_command_is_checked_in_a_thread_that_does_not_stay(settings: Settings) -> None:
+    seen: list[str] = []
+
+    def spawn_filter(scope: str, spec: SpawnSpec, running: int) -> SpawnSpec:
+        seen.append(threading.current_thread().name)
+        if "refuse" in spec.display:
+            raise InvalidArgument("refused by the filter")
+        return spec
+
+    before = threading.active_count()
+    async with Supervisor(settings, spawn_filter=spawn_filter) as sup:
+        big = "true " + "# padding " * 1000  # over 4 KiB: checked off the loop
+        done = await sup.run(SpawnSpec(big), scope=A, yield_ms=None)
+        assert done.state is SessionState.EXITED_OK
+        with pytest.raises(InvalidArgument, match="refused by the filter"):
+            await sup.spawn(SpawnSpec(big + " refuse"), scope=A)
+        await sup.run(SpawnSpec("true"), scope=A, yield_ms=None)  # small: on the loop
+    assert seen[:2] == ["procpilot-check"] * 2 and seen[2] == threading.main_thread().name
+    # no pool left behind: a thread that lives makes every later spawn of the process dearer
+    assert threading.active_count() == before

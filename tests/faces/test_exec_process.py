@@ -599,3 +599,22 @@ async def test_the_default_timeout_is_for_the_foreground(tools: Tools, superviso
     assert supervisor.get("a", background.data["sessionId"]).spec.timeout is None  # a dev server runs on
     assert supervisor.get("a", foreground.data["sessionId"]).spec.timeout == 0.05  # fractions are seconds
     await tools["process"].call({"action": "kill", "sessionId": background.data["sessionId"]}, "a")
+
+
+async def test_list_says_which_sessions_wait_for_input(tools: Tools) -> None:
+    asking = await tools["exec"].call({"command": "echo name?; read x", "background": True}, "a")
+    sleeping = await tools["exec"].call({"command": "sleep 30", "background": True}, "a")
+    ask_id, sleep_id = asking.data["sessionId"], sleeping.data["sessionId"]
+    await tools["process"].call({"action": "wait", "sessionId": ask_id, "pattern": "name", "timeout": 10_000}, "a")
+    for _ in range(100):  # until the shell reaches its read(2)
+        rows = {r["sessionId"]: r for r in (await tools["process"].call({"action": "list"}, "a")).data["sessions"]}
+        if rows[ask_id].get("waitingForInput"):
+            break
+        await asyncio.sleep(0.05)
+    assert rows[ask_id]["waitingForInput"] is True
+    assert rows[sleep_id]["waitingForInput"] is False
+    # answered, it ends
+    await tools["process"].call({"action": "write", "sessionId": ask_id, "data": "bob\n", "eof": True}, "a")
+    await tools["process"].call({"action": "wait", "sessionId": ask_id, "timeout": 10_000}, "a")
+    for sid in (ask_id, sleep_id):
+        await tools["process"].call({"action": "remove", "sessionId": sid}, "a")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -217,3 +218,46 @@ def test_an_unknown_tool_set_is_a_clean_config_error(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode != 0 and "nosuch" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_stdio_reads_messages_however_the_client_writes_them(tmp_path: Path) -> None:
+    # A bare client on pipes (the server reads them on its event loop): two requests in one write,
+    # one request split over three, a line that is no JSON (answered by nothing, and the server
+    # serves on), then stdin closed: the server ends.
+    server = subprocess.Popen(
+        [PROCPILOT, "mcp", "--agent", "bare"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=server_env(tmp_path),
+    )
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(raw: bytes) -> None:
+        assert server.stdin is not None
+        server.stdin.write(raw)
+        server.stdin.flush()
+
+    def reply() -> dict[str, Any]:
+        assert server.stdout is not None
+        return dict(json.loads(server.stdout.readline()))
+
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}).encode() + b"\n")
+        assert reply()["id"] == 1
+        send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        send(b'{"jsonrpc":"2.0","id":2,"method":"ping"}\n{"jsonrpc":"2.0","id":3,"method":"ping"}\n')
+        assert [reply()["id"], reply()["id"]] == [2, 3]
+        send(b"this is not json\n")
+        call = {"jsonrpc": "2.0", "id": 4, "method": "tools/call"}
+        call["params"] = {"name": "exec", "arguments": {"command": "printf 'a\\nb'"}}
+        raw = json.dumps(call).encode() + b"\n"
+        for part in (raw[:5], raw[5:40], raw[40:]):
+            send(part)
+            time.sleep(0.05)
+        done = reply()
+        assert done["id"] == 4 and done["result"]["structuredContent"]["output"] == "a\nb"
+    finally:
+        server.stdin.close()
+        assert server.wait(timeout=30) == 0
+        server.stdout.close()

@@ -31,3 +31,10 @@ def test_open_sessions_is_the_managers_table() -> None:
     manager = server.session_manager
     assert isinstance(manager, StreamableHTTPSessionManager)
     assert mcp_sdk.open_sessions(manager) == {}
+
+
+async def test_context_streams_carry_messages() -> None:
+    send, receive = mcp_sdk.context_streams(1)
+    async with send, receive:
+        await send.send("message")
+        assert await receive.receive() == "message"

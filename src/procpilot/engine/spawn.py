@@ -19,7 +19,7 @@ import shlex
 import struct
 import subprocess
 import termios
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -30,7 +30,7 @@ from procpilot.engine.precheck import check_command, check_size, check_timeout
 from procpilot.engine.restart import RestartPolicy
 from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
-__all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "resolve_workdir", "spawn_process"]
+__all__ = ["Launcher", "SpawnSpec", "Spawned", "build_env", "check_os_string", "resolve_workdir", "spawn_process"]
 
 _F_SETPIPE_SZ = 1031
 _PIPE_SIZE = 1 << 20
@@ -96,7 +96,7 @@ class SpawnSpec:
 class Spawned:
     """A started child and the parent's ends of its stdio."""
 
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | None  # None: started by a warm shell (engine/warm.py)
     pid: int
     pidfd: int | None
     stdin_fd: int | None
@@ -182,13 +182,20 @@ def _pipe() -> tuple[int, int]:
     return r, w
 
 
+# Hands a checked spec to a process that is already running (a warm shell): the spec, its
+# environment, the shell lines to run first, and the working directory as checked (None: none given).
+Launcher = Callable[[SpawnSpec, Mapping[str, str], Sequence[str], str | None], Spawned]
+
+
 async def spawn_process(
     spec: SpawnSpec,
     env: Mapping[str, str],
     *,
     prelude: Sequence[str] = (),
+    launch: Launcher | None = None,
 ) -> Spawned:
-    """Start the child, retrying transient OS errors with backoff."""
+    """Start the child, retrying transient OS errors with backoff; or, given ``launch``, hand the
+    checked spec to it instead (the same checks first, so a warm start refuses what a cold one would)."""
     if isinstance(spec.command, str):
         check_os_string("command", spec.command)
     else:
@@ -197,6 +204,8 @@ async def spawn_process(
     cwd_fd = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else None
     try:
         check_command(spec.command, env, spec.cwd)
+        if launch is not None:
+            return launch(spec, env, prelude, None if cwd_fd is None else os.readlink(f"/proc/self/fd/{cwd_fd}"))
         return await _spawn_with_retries(spec, env, prelude, cwd_fd)
     finally:
         if cwd_fd is not None:

@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
 from procpilot.engine.limits import LimitBackend, TreeSample, WatchdogLimits, probe_limits
 from procpilot.engine.session import ExitInfo, Session
-from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
+from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
@@ -45,6 +46,7 @@ from procpilot.engine.trees import (
     reap_orphans,
 )
 from procpilot.engine.usage import UsageTracker
+from procpilot.engine.warm import WarmPool, WarmShell, WarmShellGone, favordynmods
 from procpilot.errors import (
     AmbiguousSession,
     InvalidPattern,
@@ -89,6 +91,37 @@ def _rss_pages(pid: int) -> int:
         return 0
 
 
+async def _in_passing_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in a thread that ends with it, not in a pool that stays: while any other
+    thread lives, every spawn (vfork + exec) of this process costs ~3x (0.3 vs 0.09 ms here)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task, which raises it
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    thread = threading.Thread(target=run, name="procpilot-check", daemon=True)
+    thread.start()
+    try:
+        return await asyncio.shield(done)
+    finally:
+        if not done.done():  # the caller was cancelled: the check still runs to its end, unread
+            done.cancel()
+
+
 def new_session_id() -> str:
     """16 lowercase base32 characters: 80 bits from the OS's CSPRNG."""
     return base64.b32encode(secrets.token_bytes(10)).decode().lower()
@@ -130,6 +163,7 @@ class Supervisor:
         limits: LimitBackend | None = None,
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
         write_filter: Callable[[str, Session, bytes], None] | None = None,
+        warm_shells: int | None = None,
     ) -> None:
         # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
@@ -148,12 +182,19 @@ class Supervisor:
         # (scope, name) of sessions being started: a name is taken from the check on, so two
         # concurrent spawns cannot both get it.
         self._starting_names: set[tuple[str, str]] = set()
+        # Each scope's sessions not finished yet (queued or running), kept as they start and end:
+        # the spawn filter's count must not cost a walk over every session kept.
+        self._unfinished: dict[str, set[str]] = {}
         self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
         # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
         # rather than in a registry keyed by supervisor.
         self.audit: EventBus[Any] = EventBus()
         self._usage: UsageTracker | None = None
+        # Shells started ahead of time, each in its session's cgroup already (engine/warm.py);
+        # 0 starts every session cold.
+        self._warm_size = self.config.warm_shells if warm_shells is None else warm_shells
+        self._warm: WarmPool | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
@@ -178,8 +219,24 @@ class Supervisor:
             v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
             self._limits = probe_limits(v2_root=v2_root, name=name)
         self._started = True
+        if self._warm_size > 0:
+            self._warm = WarmPool(self._trees, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
+            self._warm.fill()
         self._spawn_task(self._housekeeping())
         return self
+
+    def _warm_env(self, session_id: str) -> dict[str, str]:
+        return self._env(session_id, SpawnSpec("true"))
+
+    def _env(self, session_id: str, spec: SpawnSpec) -> dict[str, str]:
+        return build_env(
+            self.config.env_passthrough,
+            self.config.env_set,
+            spec.env,
+            markers={MARKER_ENV: session_id, SUPERVISOR_ENV: self.instance},
+            pty=spec.pty,
+            pty_size=spec.pty_size,
+        )
 
     async def __aenter__(self) -> Supervisor:
         return await self.start()
@@ -206,8 +263,30 @@ class Supervisor:
             },
             "isolation": isolation_capabilities(),
             "pidfd": hasattr(os, "pidfd_open"),
+            "warm_shells": self.warm_shells(),
             "state_dir": self.state_dir_space(),
         }
+
+    def warm_shells(self) -> dict[str, Any]:
+        """The pool of shells started ahead of time, and whether the host's cgroup v2 mount favours
+        fast migrations (``favordynmods``), which is what a cold start waits on after idle."""
+        root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
+        pool = self._warm
+        fast = None if root is None else favordynmods(root)
+        found: dict[str, Any] = {
+            "size": 0 if pool is None else pool.size,
+            "ready": 0 if pool is None else pool.ready,
+            "sessions_started_warm": 0 if pool is None else pool.taken,
+            "cgroup_favordynmods": fast,
+        }
+        if fast is False:
+            # Never set by procpilot: a mount option of the whole host, the operator's to choose.
+            found["note"] = (
+                "cold starts after idle wait for an RCU grace period (8-20 ms here); an operator may "
+                "remount the cgroup2 hierarchy with favordynmods (Linux 6.0+, host-wide): "
+                "see docs/performance.md"
+            )
+        return found
 
     @property
     def usage(self) -> UsageTracker:
@@ -263,6 +342,8 @@ class Supervisor:
             self._kill_all_now()
             raise
         finally:
+            if self._warm is not None:
+                self._warm.close()
             reap_orphans(set())
             self._tree_backend.close()
             self._limit_backend.close()
@@ -357,7 +438,7 @@ class Supervisor:
         if size <= _INLINE_CHECK_BYTES:
             return check(*args)
         async with self._big_checks:
-            return await asyncio.to_thread(check, *args)
+            return await _in_passing_thread(check, *args)
 
     async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
         """Start ``spec`` (or queue it behind its lane) and return its session at once."""
@@ -368,7 +449,7 @@ class Supervisor:
         # The engine's own fence, before any policy reads the spec: no face can skip it.
         check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
-            running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
+            running = len(self._unfinished.get(scope, ()))
             spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
         elif spec.elevated:
             # Leaving a box is the policy's to allow; with no policy nothing could have allowed it.
@@ -396,24 +477,26 @@ class Supervisor:
         self._starting_names.add((scope, name))
 
     async def _spawn_checked(self, spec: SpawnSpec, scope: str, store: SessionStore) -> Session:
-        session_id = new_session_id()
+        starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
+        warm = self._warm.take(spec) if starts_now and self._warm is not None else None
+        session_id = new_session_id() if warm is None else warm.session_id
         directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
         if spec.restart is not None:
             session.restart_hook = self._restart_soon
-        if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
+        if starts_now:
             try:
-                await self._start(session)
+                await self._start(session, warm)
             except BaseException:
                 # Whatever went wrong (a typed refusal, a bug, a cancelled caller), the session
                 # never started: nothing may be left on disk under its id.
                 output.remove_files()
                 store.delete(session_id)
                 raise
-        else:
-            self._sessions[session_id] = session
+        elif spec.lane is not None:
+            self._register(session)
             store.save(session_id, session.record())
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
@@ -438,21 +521,28 @@ class Supervisor:
             return
         session.restarted()
 
-    async def _start(self, session: Session, *, again: bool = False) -> None:
+    async def _start(self, session: Session, warm: WarmShell | None = None, *, again: bool = False) -> None:
         """Start a session whose lane slot (if any) is held; on any failure release all it held
-        (but the slot of a session starting ``again``: it holds it until it ends)."""
+        (but the slot of a session starting ``again``: it holds it until it ends).
+
+        With ``warm``, a shell already in the session's cgroup runs the command (engine/warm.py);
+        one that died meanwhile gives way to a cold start under the same id."""
         spec = session.spec
         tree_prepared = False
         try:
-            env = build_env(
-                self.config.env_passthrough,
-                self.config.env_set,
-                spec.env,
-                markers={MARKER_ENV: session.id, SUPERVISOR_ENV: self.instance},
-                pty=spec.pty,
-                pty_size=spec.pty_size,
-            )
+            env = self._env(session.id, spec)
             prelude: list[str] = []
+            if warm is not None:
+                try:
+                    spawned = await spawn_process(spec, env, launch=warm.launch)
+                except WarmShellGone:
+                    if self._warm is not None:
+                        self._warm.discard(warm, keep_cgroup=True)
+                    warm = None
+                else:
+                    warm = None
+                    self._attach(session, spawned)
+                    return
             tree_line = self._tree_backend.prepare(session.id)
             tree_prepared = True
             if tree_line:
@@ -468,6 +558,8 @@ class Supervisor:
                 prelude += spec.limits.rlimit_lines()
             spawned = await spawn_process(spec, env, prelude=prelude)
         except BaseException:
+            if warm is not None and self._warm is not None:
+                self._warm.give_back(warm)  # refused before it had a command: it waits on
             if tree_prepared:
                 self._tree_backend.release(session.id)
             if session.accounting.limit_backend is not None:
@@ -475,7 +567,11 @@ class Supervisor:
             if spec.lane is not None and not again:
                 self._lanes.release(spec.lane, session.scope)
             raise
-        self._sessions[session.id] = session
+        self._attach(session, spawned)
+
+    def _attach(self, session: Session, spawned: Spawned) -> None:
+        spec = session.spec
+        self._register(session)
         session.attach(spawned)
         if spec.stdin_data is not None:
             self._spawn_task(self._feed_stdin(session, spec.stdin_data))
@@ -505,7 +601,18 @@ class Supervisor:
         with contextlib.suppress(ProcpilotError, OSError):
             await session.write(data, eof=True)
 
+    def _register(self, session: Session) -> None:
+        self._sessions[session.id] = session
+        self._unfinished.setdefault(session.scope, set()).add(session.id)
+
     def _on_finish(self, session: Session) -> None:
+        unfinished = self._unfinished.get(session.scope)
+        if unfinished is not None:
+            unfinished.discard(session.id)
+            if not unfinished:
+                del self._unfinished[session.scope]
+        if self._warm is not None:
+            self._warm.refill_soon()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})

@@ -241,11 +241,11 @@ class CgroupTrees:
                 return len(members)
             except OSError:
                 pass
-        reached = _signal_pids(members, sig)
-        if leader_alive and leader is not None and leader not in members:
-            # The leader may not have joined yet (killed before its first instruction).
-            reached += _signal_pids([leader], sig)
-        return reached
+        # The leader first: a shell that outlives its child by a moment reports the child's death
+        # ("Terminated") into the output before its own signal arrives.
+        first = [leader] if leader_alive and leader is not None else []
+        # (The leader may not have joined yet either: killed before its first instruction.)
+        return _signal_pids(first, sig) + _signal_pids(members - set(first), sig)
 
     def release(self, session_id: str) -> None:
         path = self._dir(session_id)

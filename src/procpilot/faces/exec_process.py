@@ -209,6 +209,9 @@ class ExecProcessFace:
         # Per session: its display name, derived once (reading a 100 KB command line takes tens
         # of ms, and list and poll show the name on every call).
         self._names: dict[str, str] = {}
+        # The tables are pruned when they have doubled since the last pruning: a walk over every
+        # session kept on each call would make a call's cost grow with the sessions kept.
+        self._prune_at = _PRUNE_MIN
 
     def _exit_is_announced(self, session: Session) -> bool:
         """Whether anything will tell the caller this session ended: the transport says so, or,
@@ -228,7 +231,9 @@ class ExecProcessFace:
             name = self._names[session.id] = derive_name(session.command)
         return name
 
-    def _summary(self, session: Session) -> dict[str, Any]:
+    def _summary(self, session: Session, *, input_check: bool = True) -> dict[str, Any]:
+        """What every result says of a session. ``input_check=False`` reuses a recent answer for
+        ``waitingForInput`` (a list of many sessions) and leaves it out when there is none."""
         data: dict[str, Any] = {
             "sessionId": session.id,
             "status": self.profile.of(session),
@@ -251,7 +256,9 @@ class ExecProcessFace:
         if session.exit_code == 127 and (missing := _shell_not_found(session)) is not None:
             data["commandNotFound"] = missing
         if session.is_running:
-            data["waitingForInput"] = session.waiting_for_input
+            waiting = session.waiting_for_input if input_check else session.last_waiting_for_input(_INPUT_CHECK_AGE)
+            if waiting is not None:
+                data["waitingForInput"] = waiting
         elif session.timed_out_waiting_for_input:
             data["timedOutWaitingForInput"] = True
         return data
@@ -398,27 +405,39 @@ class ExecProcessFace:
         session = self.sup.get(scope, params.sessionId)
         handler = getattr(self, "_" + params.action.replace("-", "_"))
         result: ToolResult = await handler(session, params, scope)
+        if params.action in ("remove", "clear"):
+            self._prune(session.id)
         self._prune()
         return _noting_loss(session, result)
 
-    def _prune(self) -> None:
-        """Forget per-session state of sessions that are gone (removed, cleared, expired)."""
+    def _prune(self, gone: str | None = None) -> None:
+        """Forget per-session state of sessions that are gone: ``gone`` (removed or cleared by this
+        face) at once, the rest (expired, removed elsewhere) once the tables have doubled."""
         tables: tuple[dict[str, Any], ...] = (self._empty_polls, self._wait_cursors, self._poll_cursors, self._names)
-        if not any(tables):
+        if gone is not None:
+            for table in tables:
+                table.pop(gone, None)
+            return
+        if sum(map(len, tables)) < self._prune_at:
             return
         live = {s.id for s in self.sup.all_sessions()}
         for table in tables:
             for session_id in [k for k in table if k not in live]:
                 del table[session_id]
+        self._prune_at = max(_PRUNE_MIN, 2 * sum(map(len, tables)))
 
     async def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
         sessions = self.sup.list(scope)
         usages = await self.sup.usage.snapshot(sessions)
+        fresh_checks = _LIST_INPUT_CHECKS
         for s in sessions:
+            # waitingForInput: a recent answer, else a fresh one for the newest sessions only
+            check = s.is_running and fresh_checks > 0 and s.last_waiting_for_input(_INPUT_CHECK_AGE) is None
+            fresh_checks -= check
             usage = usages[s.id]
-            row = self._summary(s) | {
+            row = self._summary(s, input_check=check) | {
                 "runtimeMs": s.duration_ms,
                 "backgrounded": s.backgrounded,
                 "startedAt": s.created_at,
@@ -636,8 +655,17 @@ class ExecProcessFace:
         return ToolResult(f"{tail}\n{head}" if tail else head, data)
 
 
-# dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found".
-_NOT_FOUND = re.compile(rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (.{1,200}?): (?:command )?not found$", re.M)
+# process list: answers of waitingForInput reused up to this many seconds, and at most this many
+# checked afresh per call (each reads /proc for a whole tree): 1,000 sessions list in a few ms.
+_INPUT_CHECK_AGE = 2.0
+_LIST_INPUT_CHECKS = 16
+_PRUNE_MIN = 256  # entries in the face's per-session tables before they are first pruned
+
+# dash's and bash's words for a command word that is no program: "/bin/sh: 1: foo: not found"
+# ("1: eval: foo" from a warm shell, which runs the command through eval: engine/warm.py).
+_NOT_FOUND = re.compile(
+    rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:eval: )?(.{1,200}?): (?:command )?not found$", re.M
+)
 
 
 def _noting_loss(session: Session, result: ToolResult) -> ToolResult:

@@ -115,8 +115,10 @@ def mcp(
         from procpilot.transports.serve import serve_until_signal
 
         if not http:
+            from procpilot.transports.mcp_stdio import serve_stdio
+
             server = build_mcp_server(tools, scope=agent)
-            await serve_until_signal(sup, server.run_stdio_async)
+            await serve_until_signal(sup, lambda: serve_stdio(server))
             return
         import uvicorn
 

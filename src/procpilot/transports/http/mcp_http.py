@@ -91,6 +91,7 @@ class _McpFace:
         self.daemon = daemon
         self.bus = _ScopedBus()
         self._legacy: dict[str, list[tuple[str, Any]]] = {}
+        self._legacy_prune_at = 256
         wrapped = [self._wrap(spec) for spec in tools]
         self.server = build_mcp_server(wrapped, scope=_agent)
         low = mcp_sdk.lowlevel_server(self.server)
@@ -164,9 +165,11 @@ class _McpFace:
         self._add_legacy(session_id, agent, ctx.session)
 
     def _add_legacy(self, session_id: str, agent: str, session: Any) -> None:
-        alive = {s.id for s in self.daemon.sup.all_sessions()}
-        for known in [k for k in self._legacy if k not in alive]:
-            del self._legacy[known]
+        if len(self._legacy) >= self._legacy_prune_at:  # pruned when doubled: no walk per call
+            alive = {s.id for s in self.daemon.sup.all_sessions()}
+            for known in [k for k in self._legacy if k not in alive]:
+                del self._legacy[known]
+            self._legacy_prune_at = max(256, 2 * len(self._legacy))
         listeners = self._legacy.setdefault(session_id, [])
         if not any(s is session for _a, s in listeners):
             listeners.append((agent, session))

@@ -1,0 +1,171 @@
+"""Warm shells (engine/warm.py): a session started on one behaves as a cold one would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from procpilot.config import Settings
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.trees import MARKER_ENV, SUPERVISOR_ENV
+from procpilot.engine.warm import waiting_fds, waiting_pids
+from procpilot.errors import StdinClosed
+
+A = "agent-a"
+
+# Everything a command can observe of how it was started, but its session's own names.
+PROBE = r"""
+env | grep -v -e '^PROCPILOT_SESSION=' -e '^PROCPILOT_SUPERVISOR=' | sort
+pwd; echo "0=$0 #=$# -=$-"; ls /proc/self/fd | sort -n | tr '\n' ' '; echo
+umask; trap; set | grep -c '^__pp' ; cat /proc/self/status | grep -e '^SigIgn' -e '^SigBlk'
+[ "$(ps -o sid= -p $$)" -eq $$ ] && echo leader
+read line && echo "stdin: $line"
+echo 'it'\''s' "a
+b" >&2
+exit 3
+"""
+
+
+@pytest.fixture
+async def warm(settings: Settings) -> AsyncIterator[Supervisor]:
+    async with Supervisor(settings, warm_shells=2) as sup:
+        yield sup
+
+
+@pytest.fixture
+async def cold(settings: Settings) -> AsyncIterator[Supervisor]:
+    async with Supervisor(settings, warm_shells=0) as sup:
+        yield sup
+
+
+def _fill(sup: Supervisor) -> None:
+    """Refill the pool now (it refills on its own once a session ends, or after 50 ms)."""
+    assert sup._warm is not None
+    sup._warm.fill()
+
+
+async def _observed(sup: Supervisor, spec: SpawnSpec) -> tuple[int | None, bytes, bytes]:
+    session = await sup.spawn(spec, scope=A)
+    with contextlib.suppress(StdinClosed):  # a command that reads nothing may be gone already
+        await sup.write(A, session.id, b"hello\n", eof=True)
+    await sup.wait(A, session.id, timeout=None)
+    return session.exit_code, session.output[Stream.STDOUT].read().data, session.output[Stream.STDERR].read().data
+
+
+async def test_a_command_sees_what_a_cold_start_gives_it(warm: Supervisor, cold: Supervisor, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    for spec in (
+        SpawnSpec(PROBE, cwd=workspace / "sub", workspace=workspace),
+        SpawnSpec(PROBE, env={"GREETING": "a 'quoted'\nvalue", "LANG": "C"}),
+    ):
+        _fill(warm)
+        started = warm.warm_shells()["sessions_started_warm"]
+        assert await _observed(warm, spec) == await _observed(cold, spec)
+        assert warm.warm_shells()["sessions_started_warm"] == started + 1
+    # argv commands go through the warm shell as an exec of the same argv
+    argv = SpawnSpec(("/bin/sh", "-c", 'echo "$0" "$@"', "x", "y z"))
+    _fill(warm)
+    assert await _observed(warm, argv) == await _observed(cold, argv)
+
+
+async def test_a_warm_session_is_its_own_tree(warm: Supervisor) -> None:
+    # A daemon that double-forks out of the session is in its cgroup all the same, and ends with it.
+    session = await warm.spawn(SpawnSpec("setsid sh -c 'sleep 60 & sleep 60' & echo started; sleep 60"), scope=A)
+    assert warm.warm_shells()["sessions_started_warm"] == 1
+    await warm.wait(A, session.id, timeout=10, pattern=re.compile("started"))
+    await warm.kill(A, session.id, signal.SIGTERM, wait=None)
+    assert session.state is SessionState.KILLED  # and the leak check finds none of the three sleeps
+
+
+async def test_warm_shells_carry_their_session_markers(warm: Supervisor) -> None:
+    session = await warm.run(SpawnSpec(f'echo "${MARKER_ENV} ${SUPERVISOR_ENV}"'), scope=A, yield_ms=None)
+    assert session.output[Stream.STDOUT].read().data.decode().split() == [session.id, warm.instance]
+
+
+async def test_a_command_not_found_reads_as_the_shell_says_it(warm: Supervisor) -> None:
+    session = await warm.run(SpawnSpec("x=$(echo 1) nosuchprog-xyz"), scope=A, yield_ms=None)
+    assert session.exit_code == 127
+    assert b"nosuchprog-xyz: not found" in session.output[Stream.STDERR].read().data
+
+
+async def test_a_stranger_cannot_hand_a_warm_shell_its_command(warm: Supervisor, tmp_path: Path) -> None:
+    # Another process of our user opens the shell's stdin through /proc and writes a
+    # command: without the token written when the shell started, the shell ends, running nothing.
+    pool = warm._warm
+    assert pool is not None
+    victim = pool._ready[0]
+    proof = tmp_path / "ran"
+    with open(f"/proc/{victim.pid}/fd/0", "wb") as pipe:
+        pipe.write(f"__pp_s= __pp_c='touch {proof}'\n".encode())
+    for _ in range(200):
+        if not victim.alive():
+            break
+        await asyncio.sleep(0.01)
+    assert not victim.alive()
+    # the pool passes over the dead shell: the next session runs warm on a live one, as itself
+    session = await warm.run(SpawnSpec("echo mine"), scope=A, yield_ms=None)
+    assert session.output[Stream.STDOUT].read().data == b"mine\n"
+    assert not proof.exists()
+
+
+async def test_a_refused_spawn_leaves_its_warm_shell_in_the_pool(warm: Supervisor) -> None:
+    pool = warm._warm
+    assert pool is not None
+    before = {shell.pid for shell in pool._ready}
+    with pytest.raises(Exception, match="not found"):
+        await warm.spawn(SpawnSpec("nosuchprog-xyz --flag"), scope=A)
+    assert {shell.pid for shell in pool._ready} >= before
+    assert all(shell.alive() for shell in pool._ready)
+
+
+async def test_what_a_warm_shell_cannot_do_the_same_way_starts_cold(warm: Supervisor) -> None:
+    for spec in (SpawnSpec("tty", pty=True), SpawnSpec("echo $IFS", env={"IFS": ":"}), SpawnSpec("true " * 4000)):
+        session = await warm.run(spec, scope=A, yield_ms=None)
+        assert session.finished
+    assert warm.warm_shells()["sessions_started_warm"] == 0
+
+
+async def test_closing_the_supervisor_ends_the_pool(settings: Settings) -> None:
+    sup = await Supervisor(settings, warm_shells=3).start()
+    pool = sup._warm
+    assert pool is not None and pool.ready == 3
+    pids = [shell.pid for shell in pool._ready]
+    await sup.aclose()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")  # reaped, not a zombie
+    assert sup.warm_shells()["ready"] == 0
+
+
+async def test_capabilities_report_the_pool_and_the_hosts_cgroup_option(warm: Supervisor) -> None:
+    found = warm.capabilities()["warm_shells"]
+    assert found["size"] == 2 and found["ready"] == 2
+    with open("/proc/self/mountinfo") as f:
+        cgroup2 = [line for line in f if " - cgroup2 " in line]
+    if warm.tree_mechanism != "cgroup2" or not cgroup2:
+        assert found["cgroup_favordynmods"] is None
+        return
+    # read, never set: whatever the host has is what is reported, with a pointer when it is off
+    assert found["cgroup_favordynmods"] == any("favordynmods" in line for line in cgroup2)
+    assert ("note" in found) is (found["cgroup_favordynmods"] is False)
+
+
+async def test_the_leak_check_spares_only_the_shells_an_open_pool_holds(settings: Settings) -> None:
+    sup = await Supervisor(settings, warm_shells=2).start()
+    assert sup._warm is not None
+    ready = {shell.pid for shell in sup._warm._ready}
+    assert ready <= waiting_pids() and len(ready) == 2
+    assert len(waiting_fds() & {shell.stdout_fd for shell in sup._warm._ready}) == 2
+    session = await sup.run(SpawnSpec("true"), scope=A, yield_ms=None)
+    assert session.pid not in waiting_pids()  # taken: a session now, no longer spared
+    await sup.aclose()
+    assert not ready & waiting_pids()
