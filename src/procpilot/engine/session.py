@@ -127,6 +127,14 @@ class Session:
         self._write_lock = asyncio.Lock()
         self._stdin_waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
+        # Called just before our stdin copy closes: another holder of it (engine/holder.py) must
+        # let go too, or the child would never see EOF.
+        self.on_stdin_close: Callable[[], None] | None = None
+        # Set for a session a previous server started (adopt): we are not its leader's parent, so
+        # its exit status comes from what its shell wrote, through this, or nowhere (LOST).
+        self.adopted = False
+        self._read_status: Callable[[], int | None] | None = None
+        self.extra_record: dict[str, Any] = {}  # what the supervisor keeps for the next server
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -204,6 +212,59 @@ class Session:
             self._poll_leader()
         if self.spec.timeout:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
+
+    def adopt(
+        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | None]
+    ) -> None:
+        """Take over a running session a previous server started (its descriptors came back from
+        the holder; a stream already at EOF has fd -1, a pidfd already spent is None).
+
+        ``read_status`` gives the leader's exit status as its shell recorded it, or None: then
+        the session ends LOST, never with an invented exit."""
+        self._spawned = spawned
+        self.pid = spawned.pid
+        self.adopted = True
+        self._read_status = read_status
+        self.started_at = started_at
+        self._t0 = time.monotonic() - max(0.0, time.time() - started_at)
+        self._set_state(SessionState.RUNNING)
+        self.stdin_open = spawned.stdin_fd is not None
+        for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
+            if fd is not None and fd >= 0:
+                self._open_streams += 1
+                self._loop.add_reader(fd, self._on_readable, fd, stream)
+        if self.spec.timeout:
+            left = self.spec.timeout - (time.time() - started_at)
+            self._timers.append(self._loop.call_later(max(0.0, left), self._on_timeout))
+        if leader_exited:
+            self._loop.call_soon(self._adopted_leader_gone)
+        elif spawned.pidfd is not None:
+            self._loop.add_reader(spawned.pidfd, self._adopted_leader_gone)
+        else:
+            self._poll_adopted_leader()
+
+    def _poll_adopted_leader(self) -> None:
+        if self.pid is not None and os.path.exists(f"/proc/{self.pid}"):
+            self._timers.append(self._loop.call_later(0.05, self._poll_adopted_leader))
+        else:
+            self._adopted_leader_gone()
+
+    def _adopted_leader_gone(self) -> None:
+        spawned = self._spawned
+        if spawned is None or self._leader_reaped:
+            return
+        self._leader_reaped = True  # reaped by whoever its parent is now, never by us
+        if spawned.pidfd is not None:
+            self._loop.remove_reader(spawned.pidfd)
+            os.close(spawned.pidfd)
+            spawned.pidfd = None
+        status = self._read_status() if self._read_status is not None else None
+        if status is None:
+            if self._requested_end is None:  # ended by our own signal: that is how it ended
+                self.error = self.error or "its leader exited while no server ran and its exit status was not recorded"
+        else:
+            self.exit_code = status
+        self._after_leader_exit()
 
     def fail_to_start(self, message: str, *, end: SessionState = SessionState.FAILED_TO_START) -> None:
         """End a session that never ran: it could not start, or was cancelled while queued (KILLED)."""
@@ -307,7 +368,8 @@ class Session:
             os.close(spawned.pidfd)
             spawned.pidfd = None
         code = os.waitstatus_to_exitcode(status)
-        spawned.popen.returncode = code  # keeps Popen.__del__ from waiting on a pid we reaped
+        if spawned.popen is not None:
+            spawned.popen.returncode = code  # keeps Popen.__del__ from waiting on a pid we reaped
         if code < 0:
             self.exit_signal = signal_name(-code)
         else:
@@ -359,6 +421,8 @@ class Session:
         oom = self.limit_report is not None and self.limit_report.oom_killed
         if self._requested_end is not None:
             end = self._requested_end
+        elif self.adopted and self.exit_code is None:
+            end = SessionState.LOST
         elif oom:  # even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`)
             end = SessionState.LIMIT_EXCEEDED
         elif self.exit_code == 0:
@@ -490,6 +554,8 @@ class Session:
         spawned = self._spawned
         self.stdin_open = False
         if spawned is not None and spawned.stdin_fd is not None:
+            if self.on_stdin_close is not None:
+                self.on_stdin_close()
             fd, spawned.stdin_fd = spawned.stdin_fd, None
             self._loop.remove_writer(fd)
             os.close(fd)
@@ -529,4 +595,5 @@ class Session:
             "exit_signal": self.exit_signal,
             "backgrounded": self.backgrounded,
             "error": self.error,
+            **self.extra_record,
         }

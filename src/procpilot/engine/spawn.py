@@ -77,7 +77,7 @@ class SpawnSpec:
 class Spawned:
     """A started child and the parent's ends of its stdio."""
 
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | None  # None for a session adopted from a previous server
     pid: int
     pidfd: int | None
     stdin_fd: int | None

@@ -25,13 +25,22 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import Settings, load_settings
+from procpilot.engine.adoption import Restarts, read_status, replay_spool, status_line
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.events import EventBus, Subscription
+from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
-from procpilot.engine.limits import LimitBackend, TreeSample, WatchdogLimits, probe_limits
+from procpilot.engine.limits import (
+    CgroupV1Limits,
+    CgroupV2Limits,
+    LimitBackend,
+    TreeSample,
+    WatchdogLimits,
+    probe_limits,
+)
 from procpilot.engine.session import ExitInfo, Session
-from procpilot.engine.spawn import SpawnSpec, build_env, spawn_process
+from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
@@ -66,6 +75,8 @@ _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of outp
 _LOW_SPACE_BYTES = 100 << 20  # under this (or 1% of the disk) doctor and capabilities warn
 _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
 _T = TypeVar("_T")
+# What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
+_ADOPTION_KEYS = ("owner", "max_log_bytes", "tree_root", "limit_mechanism", "limit_roots", "timeout", "notify_on_exit")
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -127,8 +138,14 @@ class Supervisor:
         limits: LimitBackend | None = None,
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
         write_filter: Callable[[str, Session, bytes], None] | None = None,
+        owner: str | None = None,
     ) -> None:
         self.settings = settings or load_settings()
+        # With an owner ("serve", "mcp:<agent>") the sessions outlive this server: a crash or a
+        # restart hands them to the next server of the same owner (engine/adoption.py).
+        self.owner = owner
+        self._restarts: Restarts | None = None
+        self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
@@ -161,6 +178,12 @@ class Supervisor:
         if self._started:
             return self
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        held: builtins.list[HeldSession] = []
+        if self.owner is not None:
+            # First of all: the lock (a second live server of this owner stops here), then what the
+            # holder kept. Its locks on dead servers' cgroups spare those trees from the sweep below.
+            self._restarts = Restarts(self.settings.state_dir, self.owner)
+            held = self._restarts.begin()
         if self._store is None:
             self._store = FileStore(self.settings.state_dir)
         name = self.instance
@@ -171,6 +194,8 @@ class Supervisor:
             v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
             self._limits = probe_limits(v2_root=v2_root, name=name)
         self._started = True
+        if self._restarts is not None:
+            self._adopt(held)
         self._spawn_task(self._housekeeping())
         return self
 
@@ -259,6 +284,8 @@ class Supervisor:
             reap_orphans(set())
             self._tree_backend.close()
             self._limit_backend.close()
+            if self._restarts is not None:
+                self._restarts.close()
             if self._store is not None:
                 self._store.close()
             self.exits.close()
@@ -414,6 +441,9 @@ class Supervisor:
                     raise SpawnFailed(f"could not set up limits with {limits.name}: {exc}") from exc
             if spec.limits is not None:
                 prelude += spec.limits.rlimit_lines()
+            restarts = self._restarts
+            if restarts and restarts.link.connected and isinstance(spec.command, str) and not spec.isolation:
+                prelude.append(status_line(restarts.exit_file(session.id), os.getpid()))
             spawned = await spawn_process(spec, env, prelude=prelude)
         except BaseException:
             if tree_prepared:
@@ -425,6 +455,8 @@ class Supervisor:
             raise
         self._sessions[session.id] = session
         session.attach(spawned)
+        if self._restarts is not None:
+            self._hand_to_holder(session, spawned)
         if spec.stdin_data is not None:
             self._spawn_task(self._feed_stdin(session, spec.stdin_data))
         if self._store is not None:
@@ -453,7 +485,128 @@ class Supervisor:
         with contextlib.suppress(ProcpilotError, OSError):
             await session.write(data, eof=True)
 
+    def _hand_to_holder(self, session: Session, spawned: Spawned) -> None:
+        """Copies of the new session's descriptors to the holder, and what the next server needs
+        in its record to adopt it: one sendmsg, nothing on disk."""
+        restarts = self._restarts
+        if restarts is None:
+            return
+        trees, limits = self._tree_backend, session.limit_backend
+        roots: builtins.list[str] = []
+        extra: dict[str, Any] = {"owner": restarts.owner, "max_log_bytes": self.settings.exec.max_log_bytes}
+        if isinstance(trees, CgroupTrees):
+            extra["tree_root"] = str(trees.root)
+            roots.append(str(trees.root))
+        if isinstance(limits, CgroupV1Limits | CgroupV2Limits):
+            paths = limits.roots if isinstance(limits, CgroupV1Limits) else {"v2": limits.root}
+            extra["limit_mechanism"] = limits.name
+            extra["limit_roots"] = {c: str(p) for c, p in paths.items()}
+            roots += [str(p) for p in paths.values()]
+        if session.spec.timeout:
+            extra["timeout"] = session.spec.timeout
+        if not session.spec.notify_on_exit:
+            extra["notify_on_exit"] = False
+        session.extra_record = extra
+        link = restarts.link
+        if link.add(session.id, spawned, session.output.directory / "outage.spool", extra["max_log_bytes"], roots):
+            session.on_stdin_close = lambda: link.stdin_closed(session.id)
+
+    def _adopt(self, held: builtins.list[HeldSession]) -> None:
+        """Take over every session of our owner that the journal says was running.
+
+        Held by the holder: adopted with its descriptors (output printed meanwhile replayed
+        from the spool first, so the logs keep arrival order). Not held and its tree gone: it
+        ended while no server ran; its status is what its shell recorded, else it is LOST. Not
+        held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST."""
+        restarts, store = self._restarts, self._store
+        if restarts is None or store is None:
+            return
+        by_id = {h.id: h for h in held}
+        for session_id, record in store.load().items():
+            if record.get("owner") != restarts.owner or record.get("state") not in ("running", "queued"):
+                continue
+            mine = by_id.pop(session_id, None)
+            try:
+                session = self._adopt_one(record, mine)
+            except (KeyError, TypeError, ValueError, OSError, ProcpilotError) as exc:
+                _log.warning("session %s could not be adopted: %s", session_id, exc)
+                session = None
+            if session is None:
+                if mine is not None:
+                    mine.close()
+                    restarts.link.forget(session_id)
+                continue
+            self.adopted.append(session_id)
+        for stray in by_id.values():  # held, but no journal record says whose: let it go
+            stray.close()
+            restarts.link.forget(stray.id)
+
+    def _adopt_one(self, record: dict[str, Any], held: HeldSession | None) -> Session | None:
+        restarts, store = self._restarts, self._store
+        if restarts is None or store is None:
+            return None
+        session_id = str(record["id"])
+        command = record["command"]
+        spec = SpawnSpec(
+            command if isinstance(command, str) else tuple(command),
+            cwd=Path(record["cwd"]) if record.get("cwd") else None,
+            pty=bool(record.get("pty")),
+            timeout=record.get("timeout"),
+            notify_on_exit=bool(record.get("notify_on_exit", True)),
+        )
+        directory = store.session_dir(session_id)
+        output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.settings.exec.max_log_bytes))
+        replay_spool(output, directory)
+        trees = restarts.trees_for(record.get("tree_root"), self._tree_backend)
+        session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish)
+        session.kill_grace = self.settings.exec.kill_grace_sec
+        session.created_at = float(record.get("created_at") or time.time())
+        session.backgrounded = True
+        session.extra_record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        session.limit_backend = restarts.limits_for(record)
+        self._sessions[session_id] = session
+        pid = record.get("pid")
+        if record.get("state") == "queued" or not isinstance(pid, int):
+            session.fail_to_start("the server stopped before this session could start")
+            return session
+        fds = held.fds if held is not None else {}
+        alive = bool(trees.pids(session_id, pid))
+        if held is None and alive:
+            # Its tree runs on, but its stdio died with the server: no output could be served.
+            trees.signal(session_id, pid, signal.SIGKILL, leader_alive=False)
+            fds = {}
+        stdin = fds.get("stdin")
+        spawned = Spawned(
+            None,
+            pid,
+            fds.get("pidfd"),
+            stdin,
+            fds.get("stdout", -1),
+            None if spec.pty else fds.get("stderr", -1),
+            f"pipe:[{os.fstat(stdin).st_ino}]" if stdin is not None and not spec.pty else None,
+        )
+        for fd in fds.values():
+            os.set_blocking(fd, False)
+        exited = held.exited if held is not None else True
+        exit_file = restarts.exit_file(session_id)
+        if held is None and alive:
+            session.error = "its output had nobody to hold it while no server ran, so it was ended"
+        session.adopt(
+            spawned,
+            started_at=float(record.get("started_at") or session.created_at),
+            leader_exited=exited or (not alive and "pidfd" not in fds),
+            read_status=lambda: read_status(exit_file),
+        )
+        link = restarts.link
+        session.on_stdin_close = lambda: link.stdin_closed(session_id)
+        return session
+
     def _on_finish(self, session: Session) -> None:
+        if self._restarts is not None:
+            self._restarts.link.forget(session.id)
+            if session.adopted:
+                with contextlib.suppress(OSError):
+                    self._restarts.exit_file(session.id).unlink()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})

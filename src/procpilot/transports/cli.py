@@ -118,7 +118,7 @@ def mcp(
     async def main() -> None:
         from procpilot.transports.serve import audit_file, build_tools, make_supervisor, record_audit
 
-        async with make_supervisor(settings) as sup:
+        async with make_supervisor(settings, owner=f"mcp:{agent}") as sup:
             tools, audit = build_tools(sup, settings)
             stop_audit = record_audit(audit, audit_file(settings))
             try:

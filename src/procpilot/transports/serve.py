@@ -83,11 +83,19 @@ def daemon_file(settings: Settings) -> Path:
     return settings.state_dir / "daemon.json"
 
 
-def make_supervisor(settings: Settings) -> Supervisor:
-    """The supervisor, with the per-agent policy on every spawn and every write to a stdin."""
+def make_supervisor(settings: Settings, *, owner: str | None = None) -> Supervisor:
+    """The supervisor, with the per-agent policy on every spawn and every write to a stdin.
+
+    ``owner`` names whose sessions these are across restarts ("serve", "mcp:<agent>"): the next
+    server of the same owner on this state directory adopts what this one leaves running."""
     from procpilot.policy.spawn_filter import make_spawn_filter, make_write_filter
 
-    return Supervisor(settings, spawn_filter=make_spawn_filter(settings), write_filter=make_write_filter(settings))
+    return Supervisor(
+        settings,
+        spawn_filter=make_spawn_filter(settings),
+        write_filter=make_write_filter(settings),
+        owner=owner,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +268,7 @@ async def serve(
     marker = daemon_file(settings)
     received: list[int] = []
     try:
-        async with make_supervisor(settings) as sup:
+        async with make_supervisor(settings, owner="serve") as sup:
             toolset = build_toolset(sup, settings)
             stop_audit = record_audit(toolset.audit, audit_file(settings))
             logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
