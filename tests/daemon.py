@@ -86,12 +86,18 @@ def write_config(
 
 
 def start_daemon(
-    root: Path, tokens: dict[str, str] | None = TOKENS, *args: str, extra: str = "", server: str = ""
+    root: Path,
+    tokens: dict[str, str] | None = TOKENS,
+    *args: str,
+    extra: str = "",
+    server: str = "",
+    log_name: str = "daemon.log",
 ) -> Served:
-    """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server]."""
+    """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server];
+    ``log_name`` a log of its own for a second daemon on the same root."""
     root.mkdir(parents=True, exist_ok=True)
     config = write_config(root, tokens, extra=extra, server=server)
-    log = root / "daemon.log"
+    log = root / log_name
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [PROCPILOT, "serve", "--config", str(config), *args],

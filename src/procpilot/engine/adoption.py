@@ -121,12 +121,17 @@ class Restarts:
                 self._limits[key] = CgroupV1Limits(paths)
         return self._limits[key]
 
-    def close(self) -> None:
-        """The server is done: every session it held has ended (or is left to the holder)."""
+    def close(self, *, detach: bool = False) -> None:
+        """The server is done: every session it held has ended, or (``detach``) is left to the
+        holder, running, in the cgroups it was in."""
         for trees in self._trees.values():
-            trees.close()
+            trees.detach() if detach else trees.close()
         for limits in self._limits.values():
-            limits.close()
+            detach_limits = getattr(limits, "detach", None)
+            if detach and detach_limits is not None:
+                detach_limits()
+            elif not detach:
+                limits.close()
         self._trees.clear()
         self._limits.clear()
         self.link.close()

@@ -448,6 +448,28 @@ class Session:
             return False
         return True
 
+    def detach(self) -> None:
+        """Let go of a running session without ending it: stop reading, close our descriptors
+        (the holder keeps its copies, stdin included: the child sees no EOF, no SIGPIPE)."""
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        spawned = self._spawned
+        if spawned is None or self._finished.is_set():
+            return
+        for name in ("stdout_fd", "stderr_fd", "pidfd"):
+            fd = getattr(spawned, name)
+            if fd is not None and fd >= 0:
+                self._loop.remove_reader(fd)
+                os.close(fd)
+                setattr(spawned, name, None if name == "pidfd" else -1)
+        if spawned.stdin_fd is not None:
+            fd, spawned.stdin_fd = spawned.stdin_fd, None
+            self._loop.remove_writer(fd)
+            os.close(fd)
+        self.stdin_open = False
+        self.output.mark_closed()
+
     # -- signals -------------------------------------------------------------------------------
 
     def _on_timeout(self) -> None:

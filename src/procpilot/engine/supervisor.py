@@ -274,6 +274,42 @@ class Supervisor:
             self._close_task = asyncio.ensure_future(self._close(sig, grace))
         await asyncio.shield(self._close_task)
 
+    @property
+    def can_detach(self) -> bool:
+        """True iff running sessions would survive :meth:`detach` (a holder has their stdio)."""
+        return self._restarts is not None and self._restarts.link.connected
+
+    async def detach(self) -> None:
+        """Stop without ending anything: every running session is left, running, to the holder
+        and to the next server of this owner (a planned restart, an upgrade, a stdio server
+        whose client went away). Without a holder this is :meth:`aclose`: nothing would keep
+        the sessions' output, so they are ended as before."""
+        if not self.can_detach:
+            await self.aclose()
+            return
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.ensure_future(self._detach())
+        await asyncio.shield(self._close_task)
+
+    async def _detach(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Our readers stop before the holder starts: the logs and the spool never interleave.
+        for session in self._sessions.values():
+            session.detach()
+        restarts = self._restarts
+        if restarts is not None:
+            restarts.close(detach=True)
+        for backend in (self._trees, self._limits):
+            release = getattr(backend, "detach", None)
+            if release is not None:
+                release()
+        if self._store is not None:
+            self._store.close()
+        self.exits.close()
+
     async def _close(self, sig: int, grace: float | None) -> None:
         try:
             await self._end_all(sig, grace)

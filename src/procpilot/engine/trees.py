@@ -259,6 +259,11 @@ class CgroupTrees:
                 # Busy: the kernel lags a moment behind the last exit in the group.
                 time.sleep(0.002)
 
+    def detach(self) -> None:
+        """Forget the directory without ending what runs in it (it is left to the next server)."""
+        release_instance(self._hold)
+        self._hold = None
+
     def close(self) -> None:
         if not self.root.exists():
             return

@@ -65,9 +65,10 @@ def _tool_choice(names: str | None, tools: str | None) -> dict[str, Any]:
 
 
 async def _serve_until_signal(
-    sup: Supervisor, serve: Callable[[], Awaitable[None]], stop: Callable[[], None] | None = None
+    sup: Supervisor, serve: Callable[[], Awaitable[None]], stop: Callable[[], None] | None = None, *, keep: bool = False
 ) -> None:
-    """Run ``serve``; on SIGTERM/SIGINT/SIGHUP/SIGQUIT end every session tree, then return."""
+    """Run ``serve``; on SIGTERM/SIGINT/SIGHUP/SIGQUIT end every session tree, then return.
+    With ``keep``, running sessions are left to the next server instead (Supervisor.detach)."""
     loop = asyncio.get_running_loop()
     received: list[int] = []
     task = asyncio.ensure_future(serve())
@@ -84,6 +85,8 @@ async def _serve_until_signal(
     finally:
         for sig in _SHUTDOWN_SIGNALS:
             loop.remove_signal_handler(sig)
+        if keep:
+            await sup.detach()
         # Forward the signal we got (as the spec's signal bridge does), then SIGKILL after grace.
         await sup.aclose(received[0] if received else signal.SIGTERM)
 
@@ -98,6 +101,10 @@ def mcp(
     workspace: _WorkspaceOption = None,
     tool_names: _ToolNamesOption = None,
     tools: _ToolsOption = None,
+    keep_sessions: Annotated[
+        bool,
+        typer.Option(help="When the client goes, leave running sessions to the next server of this agent."),
+    ] = False,
 ) -> None:
     """Serve the tools to an MCP client over stdio (default) or streamable HTTP."""
     try:
@@ -118,7 +125,10 @@ def mcp(
     async def main() -> None:
         from procpilot.transports.serve import audit_file, build_tools, make_supervisor, record_audit
 
-        async with make_supervisor(settings, owner=f"mcp:{agent}") as sup:
+        # Keeping sessions makes this agent's stdio servers one lineage: each adopts what the last
+        # one left (and two live at once are refused). Without it, nothing changes.
+        owner = f"mcp:{agent}" if keep_sessions else None
+        async with make_supervisor(settings, owner=owner) as sup:
             tools, audit = build_tools(sup, settings)
             stop_audit = record_audit(audit, audit_file(settings))
             try:
@@ -131,7 +141,7 @@ def mcp(
 
         if not http:
             server = build_mcp_server(tools, scope=agent)
-            await _serve_until_signal(sup, server.run_stdio_async)
+            await _serve_until_signal(sup, server.run_stdio_async, keep=keep_sessions)
             return
         import uvicorn
 
@@ -157,7 +167,7 @@ def mcp(
         server_ = uvicorn_server(config_)
         serving = functools.partial(server_.serve, sockets=sockets)
         try:
-            await _serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True))
+            await _serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True), keep=keep_sessions)
         finally:
             for listener in sockets:
                 listener.close()
@@ -193,6 +203,12 @@ def serve(
     tool_names: _ToolNamesOption = None,
     tools: _ToolsOption = None,
     agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
+    takeover: Annotated[
+        bool, typer.Option(help="Take every running session over from the daemon already on this state dir.")
+    ] = False,
+    keep_sessions: Annotated[
+        bool, typer.Option(help="On SIGTERM/SIGINT leave running sessions to the next server (SIGUSR2 always does).")
+    ] = False,
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
     from procpilot.transports.serve import serve as run_daemon
@@ -233,7 +249,11 @@ def serve(
             say(line)
 
     try:
-        asyncio.run(run_daemon(settings, open_agent=agent, tcp=tcp, announce=announce))
+        asyncio.run(
+            run_daemon(
+                settings, open_agent=agent, tcp=tcp, announce=announce, keep_sessions=keep_sessions, takeover=takeover
+            )
+        )
     except ProcpilotError as exc:
         _fail(exc, 2)
 

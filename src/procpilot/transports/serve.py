@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# Stop serving and leave every session running for the next server (``serve --takeover`` sends it).
+HANDOVER_SIGNAL = signal.SIGUSR2
+_TAKEOVER_WAIT = 60.0
 
 
 
@@ -256,14 +260,22 @@ async def serve(
     open_agent: str = "default",
     tcp: bool = True,
     announce: Callable[[DaemonAddress], None] | None = None,
+    keep_sessions: bool = False,
+    takeover: bool = False,
 ) -> int:
-    """Serve until a shutdown signal; returns the signal number that stopped it (0 if none)."""
+    """Serve until a shutdown signal; returns the signal number that stopped it (0 if none).
+
+    SIGUSR2 (and, with ``keep_sessions``, every shutdown signal) stops serving but leaves each
+    running session to the next server on this state directory. ``takeover`` first asks the
+    daemon that runs there (daemon.json) to do just that, and waits for it to go."""
     import uvicorn
 
     from procpilot.transports.http import WS_MAX_MESSAGE, create_app, daemon_of
 
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    if takeover:
+        await asyncio.to_thread(_take_over, daemon_file(settings))
     sockets, address = bind_listeners(settings.server, tcp=tcp)
     marker = daemon_file(settings)
     received: list[int] = []
@@ -299,7 +311,10 @@ async def serve(
 
             async def shut_down(sig: int) -> None:
                 await daemon.begin_shutdown()
-                await sup.aclose(sig)
+                if sig == HANDOVER_SIGNAL or keep_sessions:
+                    await sup.detach()
+                else:
+                    await sup.aclose(sig)
 
             def on_signal(sig: int) -> None:
                 if received:
@@ -309,7 +324,7 @@ async def serve(
                 stopping.append(asyncio.ensure_future(shut_down(sig)))
                 server.should_exit = True
 
-            for sig in SHUTDOWN_SIGNALS:
+            for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
                 loop.add_signal_handler(sig, on_signal, sig)
             try:
                 _write_marker(marker, address)
@@ -317,12 +332,12 @@ async def serve(
                     announce(address)
                 await server.serve(sockets=sockets)
             finally:
-                for sig in SHUTDOWN_SIGNALS:
+                for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
                     loop.remove_signal_handler(sig)
                 for future in stopping:
                     with contextlib.suppress(Exception):
                         await future
-            await sup.aclose(received[0] if received else signal.SIGTERM)
+            await sup.aclose(received[0] if received else signal.SIGTERM)  # a no-op after a detach
             stop_audit()
     finally:
         for sock in sockets:
@@ -334,6 +349,34 @@ async def serve(
             if json.loads(marker.read_text()).get("pid") == os.getpid():
                 marker.unlink()
     return received[0] if received else 0
+
+
+def _take_over(marker: Path) -> None:
+    """Ask the daemon named in ``marker`` to hand its sessions over, and wait until it is gone."""
+    try:
+        pid = int(json.loads(marker.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # nobody to take over from: a plain start
+    try:
+        os.kill(pid, HANDOVER_SIGNAL)
+    except ProcessLookupError:
+        return
+    except PermissionError as exc:
+        raise ServeRefused(f"cannot signal the running daemon (pid {pid}): {exc.strerror}") from None
+    deadline = time.monotonic() + _TAKEOVER_WAIT
+    while _running(pid):
+        if time.monotonic() > deadline:
+            raise ServeRefused(f"the running daemon (pid {pid}) did not hand over within {_TAKEOVER_WAIT:.0f} s")
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has let go of every port, socket and lock)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def _write_marker(path: Path, address: DaemonAddress) -> None:
