@@ -13,9 +13,8 @@ _ABOVE_THE_ENGINE = ("procpilot.faces", "procpilot.policy", "procpilot.transport
 FORBIDDEN = {
     # the error tree is the root: everything imports it, it imports nothing of ours
     "errors.py": ("procpilot.",),
-    # settings and text rendering sit beside the engine and serve every layer (config still asks
-    # the shell policy which variables are sensitive, until that check moves to the spawn path)
-    "config.py": ("procpilot.engine", "procpilot.faces", "procpilot.transports", "procpilot.client"),
+    # settings and text rendering sit beside the engine and serve every layer
+    "config.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
     "render.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
     "engine": _ABOVE_THE_ENGINE,
     # the policy reads the contract (tool specs, tiers), never a face

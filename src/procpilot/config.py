@@ -12,16 +12,21 @@ import difflib
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from procpilot.errors import ConfigError
 
 __all__ = [
     "AgentPolicy",
+    "BaseEnvSettings",
+    "EngineSettings",
+    "EnvSettings",
     "ExecSettings",
     "LaneSettings",
     "PolicySettings",
@@ -29,6 +34,7 @@ __all__ = [
     "ProcessToolSettings",
     "ServerSettings",
     "Settings",
+    "ToolsSettings",
     "load_settings",
 ]
 
@@ -48,6 +54,12 @@ _Bool = Annotated[bool, Field(strict=True)]
 _Cap = Annotated[int, Field(strict=True, ge=1)]
 
 
+# Paths a config file names are relative to that file, not to the cwd, so a config means the same
+# wherever it is loaded from (an environment variable's relative path is the cwd's, as usual).
+_RELATIVE_TO_FILE = object()
+_FilePath = Annotated[Path, _RELATIVE_TO_FILE]
+
+
 class LaneSettings(BaseModel):
     """Concurrency caps per lane. ``cron`` applies per job (``cron:<job>``); unknown lanes get ``default``."""
 
@@ -65,8 +77,16 @@ class LaneSettings(BaseModel):
         return {k: int(v) for k, v in self.model_dump().items() if k != "default"}
 
 
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
 class ExecSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """``[tools.exec]``: the exec tool's keys, in the specs' camelCase (the aliases) in TOML."""
+
+    # validate_by_name: Python keeps the snake_case names (``exec={"timeout_sec": 5}``).
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_camel, validate_by_name=True)
 
     background_ms: Annotated[_Int, _clamp(10, 120_000)] = 10_000
     timeout_sec: Annotated[int, Field(strict=True, ge=0)] = 1800  # 0 = no limit
@@ -74,7 +94,7 @@ class ExecSettings(BaseModel):
     notify_on_exit: _Bool = True
     max_output_chars: Annotated[_Int, _clamp(100, 200_000)] = 500
     result_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = 200_000
-    pending_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = 200_000
+    pending_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = Field(200_000, alias="pendingMaxOutputChars")
     max_log_bytes: Annotated[int, Field(strict=True, ge=64 * _KIB)] = 64 * _MIB
     kill_grace_sec: Annotated[float, Field(strict=True, ge=0, le=600)] = 5.0
     pty_cols: Annotated[int, Field(strict=True, ge=1, le=1000)] = 120
@@ -94,7 +114,7 @@ class ServerSettings(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    unix_socket: Path | None = None
+    unix_socket: Annotated[Path | None, _RELATIVE_TO_FILE] = None
     # token -> agent id (the scope). Kept out of repr so a logged settings object leaks no secret.
     tokens: Mapping[str, str] = Field(default_factory=dict, repr=False)
     # Agent ids that may decide approval requests (never their own); empty: nobody over the daemon.
@@ -184,31 +204,25 @@ def _default_state_dir(env: Mapping[str, str] | None = None) -> Path:
     return home / ".local" / "state" / "procpilot"
 
 
-class Settings(BaseModel):
+class ToolsSettings(BaseModel):
+    """``[tools]``: the tools' own sections, how their names are spelled, and which are served."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # absolute() rather than resolve() for state: a symlinked state dir is the user's choice to keep.
-    state_dir: Annotated[Path, AfterValidator(lambda p: p.expanduser().absolute())] = Field(
-        default_factory=_default_state_dir, validate_default=True
-    )
-    # Resolved, because workdir scope checks compare real paths and a symlink must not widen them.
-    workspace_root: Annotated[Path, AfterValidator(lambda p: p.expanduser().resolve())] = Field(
-        default_factory=Path.cwd, validate_default=True
-    )
-    # The file these settings were read from (None: defaults and environment only); an isolated
-    # box must not see it, since it holds every agent's token.
-    config_file: Path | None = None
-    # [tools] names: "underscore" serves process.run as process_run (OpenAI's function names allow
-    # no dots); serve: which tools (names, or a face: "exec", "process", "process.*"); None: all.
-    tool_names: Literal["dotted", "underscore"] = "dotted"
-    served_tools: tuple[str, ...] | None = None
     exec: ExecSettings = ExecSettings()
     process: ProcessToolSettings = ProcessToolSettings()
-    lanes: LaneSettings = LaneSettings()
-    server: ServerSettings = ServerSettings()
-    policy: PolicySettings = PolicySettings()
-    proc: ProcSettings = ProcSettings()
-    base_env_passthrough: tuple[str, ...] = (
+    # "underscore" serves process.run as process_run (OpenAI's function names allow no dots).
+    names: Literal["dotted", "underscore"] = "dotted"
+    # Which tools: names, or a face ("exec", "process", "process.*"); None: all.
+    serve: tuple[str, ...] | None = None
+
+
+class BaseEnvSettings(BaseModel):
+    """``[base_env]``: what every session's environment starts from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    passthrough: tuple[str, ...] = (
         "PATH",
         "HOME",
         "USER",
@@ -220,80 +234,119 @@ class Settings(BaseModel):
         "TMPDIR",
         "SHELL",
     )
-    base_env_set: Mapping[str, str] = Field(
+    set: Mapping[str, str] = Field(
         default_factory=lambda: {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
     )
-    protected_env: tuple[str, ...] = ("PATH", "HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
 
-    def is_protected(self, name: str) -> bool:
-        # Every LD_*/DYLD_* variable steers the dynamic loader, so no list of names can be complete.
-        # The shell's code hooks (BASH_ENV, ENV, BASH_FUNC_*, PS4 + SHELLOPTS...) run code before any
-        # command is checked, so they are never overridable either. PATH alone stays configurable:
-        # the command policy resolves programs on the session's own PATH.
-        from procpilot.policy.shell import sensitive_variable
 
-        return (
-            name in self.protected_env
-            or name.startswith(("LD_", "DYLD_"))
-            or (name != "PATH" and sensitive_variable(name))
+class EnvSettings(BaseModel):
+    """``[env]``: variables no call may override."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    protected: tuple[str, ...] = ("PATH", "HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """What the engine reads, and nothing else: no tokens, no face's section."""
+
+    state_dir: Path
+    max_log_bytes: int = 64 * _MIB
+    kill_grace_sec: float = 5.0
+    session_ttl_sec: float = 1800.0  # a finished session unread for this long is removed
+    lane_caps: Mapping[str, int] = field(default_factory=lambda: LaneSettings().caps())
+    default_lane_cap: int = 1
+    env_passthrough: tuple[str, ...] = BaseEnvSettings().passthrough
+    env_set: Mapping[str, str] = field(default_factory=lambda: dict(BaseEnvSettings().set))
+    protected_env: tuple[str, ...] = EnvSettings().protected  # never overridable by a call
+
+
+class Settings(BaseModel):
+    """Everything, shaped as the TOML file is: each section a model, each key a field (or its alias)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # absolute() rather than resolve() for state: a symlinked state dir is the user's choice to keep.
+    state_dir: Annotated[_FilePath, AfterValidator(lambda p: p.expanduser().absolute())] = Field(
+        default_factory=_default_state_dir, validate_default=True
+    )
+    # Resolved, because workdir scope checks compare real paths and a symlink must not widen them.
+    workspace_root: Annotated[_FilePath, AfterValidator(lambda p: p.expanduser().resolve())] = Field(
+        default_factory=Path.cwd, validate_default=True
+    )
+    # The file these settings were read from (None: defaults and environment only); an isolated
+    # box must not see it, since it holds every agent's token. Not a key of the file itself.
+    config_file: Path | None = Field(None, exclude=True)
+    tools: ToolsSettings = ToolsSettings()
+    lanes: LaneSettings = LaneSettings()
+    base_env: BaseEnvSettings = BaseEnvSettings()
+    env: EnvSettings = EnvSettings()
+    server: ServerSettings = ServerSettings()
+    policy: PolicySettings = PolicySettings()
+    proc: ProcSettings = ProcSettings()
+
+    # Shortcuts under the names Python callers knew before the models mirrored the file.
+    @property
+    def exec(self) -> ExecSettings:
+        return self.tools.exec
+
+    @property
+    def process(self) -> ProcessToolSettings:
+        return self.tools.process
+
+    @property
+    def tool_names(self) -> Literal["dotted", "underscore"]:
+        return self.tools.names
+
+    @property
+    def served_tools(self) -> tuple[str, ...] | None:
+        return self.tools.serve
+
+    @property
+    def engine(self) -> EngineSettings:
+        """The engine's part: the Supervisor reads this, never the rest."""
+        lanes = self.lanes.caps()
+        return EngineSettings(
+            state_dir=self.state_dir,
+            max_log_bytes=self.exec.max_log_bytes,
+            kill_grace_sec=self.exec.kill_grace_sec,
+            session_ttl_sec=self.exec.cleanup_ms / 1000,
+            lane_caps=lanes,
+            default_lane_cap=int(self.lanes.default),
+            env_passthrough=self.base_env.passthrough,
+            env_set=dict(self.base_env.set),
+            protected_env=self.env.protected,
         )
 
     def describe(self) -> dict[str, Any]:
         """The effective settings under their TOML names (what ``procpilot config`` shows)."""
-        exec_ = self.exec.model_dump()
-        return {
-            "state_dir": str(self.state_dir),
-            "workspace_root": str(self.workspace_root),
-            "tools": {
-                "exec": {toml: exec_[field] for toml, field in _EXEC_FIELDS.items()},
-                "process": {"enabled": self.process.enabled},
-                "names": self.tool_names,
-                "serve": list(self.served_tools) if self.served_tools is not None else None,
-            },
-            "lanes": self.lanes.model_dump(),
-            "base_env": {"passthrough": list(self.base_env_passthrough), "set": dict(self.base_env_set)},
-            "env": {"protected": list(self.protected_env)},
-            "server": {
-                "host": self.server.host,
-                "port": self.server.port,
-                "unix_socket": str(self.server.unix_socket) if self.server.unix_socket else None,
-                "tokens": f"{len(self.server.tokens)} configured",  # never print a secret
-                "approvers": list(self.server.approvers),
-            },
-            "policy": self.policy.model_dump(mode="json"),
-            "proc": self.proc.model_dump(mode="json"),
-        }
+        shown = self.model_dump(mode="json", by_alias=True)
+        server = shown["server"]
+        server["tokens"] = f"{len(self.server.tokens)} configured"  # never print a secret
+        return shown
 
 
-# [tools.exec] key in TOML (the specs' camelCase) -> ExecSettings field.
-_EXEC_FIELDS: dict[str, str] = {
-    "backgroundMs": "background_ms",
-    "timeoutSec": "timeout_sec",
-    "cleanupMs": "cleanup_ms",
-    "notifyOnExit": "notify_on_exit",
-    "maxOutputChars": "max_output_chars",
-    "resultMaxChars": "result_max_chars",
-    "pendingMaxOutputChars": "pending_max_chars",
-    "maxLogBytes": "max_log_bytes",
-    "killGraceSec": "kill_grace_sec",
-    "ptyCols": "pty_cols",
-    "ptyRows": "pty_rows",
-}
-_EXEC_TOML: dict[str, str] = {field: toml for toml, field in _EXEC_FIELDS.items()}
-# Environment variable -> ExecSettings field. Order matters: for one field the first set variable wins
+# Environment variable -> [tools.exec] key. Order matters: for one key the first set variable wins
 # (OPENCLAW_* is the current name, CLAWDBOT_* the old one).
 _ENV_EXEC: tuple[tuple[str, str], ...] = (
-    ("PI_BASH_YIELD_MS", "background_ms"),
-    ("PI_BASH_JOB_TTL_MS", "cleanup_ms"),
-    ("PI_BASH_MAX_OUTPUT_CHARS", "result_max_chars"),
-    ("OPENCLAW_BASH_PENDING_MAX_OUTPUT_CHARS", "pending_max_chars"),
-    ("CLAWDBOT_BASH_PENDING_MAX_OUTPUT_CHARS", "pending_max_chars"),
+    ("PI_BASH_YIELD_MS", "backgroundMs"),
+    ("PI_BASH_JOB_TTL_MS", "cleanupMs"),
+    ("PI_BASH_MAX_OUTPUT_CHARS", "resultMaxChars"),
+    ("OPENCLAW_BASH_PENDING_MAX_OUTPUT_CHARS", "pendingMaxOutputChars"),
+    ("CLAWDBOT_BASH_PENDING_MAX_OUTPUT_CHARS", "pendingMaxOutputChars"),
 )
 _ENV_PATHS: tuple[tuple[str, str], ...] = (
     ("PROCPILOT_STATE_DIR", "state_dir"),
     ("PROCPILOT_WORKSPACE", "workspace_root"),
 )
-_TOP_KEYS = ("state_dir", "workspace_root", "tools", "lanes", "base_env", "env", "server", "policy", "proc")
+# The Python shortcuts load_settings() takes as keywords -> where they live in the file.
+_SHORTCUTS: dict[str, tuple[str, ...]] = {
+    "exec": ("tools", "exec"),
+    "process": ("tools", "process"),
+    "tool_names": ("tools", "names"),
+    "served_tools": ("tools", "serve"),
+}
 
 Loc = tuple[int | str, ...]
 
@@ -305,42 +358,108 @@ def _dotted(parts: Iterable[int | str]) -> str:
     return out
 
 
-def _toml_key(loc: Loc) -> str:
-    """A model location as the TOML key: ('exec', 'background_ms') -> tools.exec.backgroundMs."""
-    head, rest = loc[0], loc[1:]
-    if head == "exec" and rest and rest[0] in _EXEC_TOML:
-        return _dotted(("tools", "exec", _EXEC_TOML[str(rest[0])], *rest[1:]))
-    renamed: dict[int | str, tuple[str, ...]] = {
-        "process": ("tools", "process"),
-        "tool_names": ("tools", "names"),
-        "served_tools": ("tools", "serve"),
-        "base_env_passthrough": ("base_env", "passthrough"),
-        "base_env_set": ("base_env", "set"),
-        "protected_env": ("env", "protected"),
-    }
-    return _dotted((*renamed.get(head, (str(head),)), *rest))
+def _keys(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A model's fields under their TOML keys (the alias where there is one)."""
+    return {info.alias or name: info for name, info in model.model_fields.items() if not info.exclude}
 
 
-def _unknown(key: str, name: str, known: Iterable[str], where: str, **details: Any) -> ConfigError:
-    known = sorted(known)
-    # Typos such as backgroundMS are the common case, so offer the nearest real key.
-    close = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(name, known, n=1)
-    guess = f" (did you mean {close[0]!r}?)" if close else ""
-    return ConfigError(
-        f"{key}: unknown key{guess}{where}",
-        hints={"known_keys": f"Valid keys here: {', '.join(known)}." if known else "This table takes no keys."},
-        key=key,
-        **details,
-    )
+def _nested(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The model a field holds, and whether it is a table of them keyed by name (policy.agents)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    args = get_args(annotation)
+    if get_origin(annotation) in (Mapping, dict) and len(args) == 2:
+        inner, _ = _nested(args[1])
+        return inner, inner is not None
+    return None, False
 
 
-def _parse_env_int(var: str, field: str, raw: str) -> int:
+def _model_at(loc: Loc) -> type[BaseModel] | None:
+    """The model that holds the keys at ``loc`` (a TOML path), if a model does."""
+    model: type[BaseModel] | None = Settings
+    parts = list(loc)
+    while parts and model is not None:
+        info = _keys(model).get(str(parts.pop(0)))
+        if info is None:
+            return None
+        model, keyed = _nested(info.annotation)
+        if keyed and parts:
+            parts.pop(0)  # the entry's own name (an agent id)
+        elif keyed:
+            return None
+    return model
+
+
+def _python_key(loc: Loc) -> str:
+    """A TOML path as the keyword arguments spell it: tools.exec.timeoutSec -> exec.timeout_sec."""
+    names: list[int | str] = []
+    model: type[BaseModel] | None = Settings
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        if model is None or isinstance(part, int):
+            names.append(part)
+            continue
+        info = _keys(model).get(part)
+        name = next((n for n, f in model.model_fields.items() if f is info), part)
+        names.append(name)
+        model, keyed = _nested(info.annotation) if info is not None else (None, False)
+        if keyed and parts:
+            names.append(parts.pop(0))
+    for short, path in _SHORTCUTS.items():
+        if tuple(names[: len(path)]) == path:
+            return _dotted((short, *names[len(path) :]))
+    return _dotted(names)
+
+
+def _python_names(model: type[BaseModel], data: Mapping[str, Any], loc: Loc = ()) -> dict[str, Any]:
+    """Keyword overrides (Python field names, or a section as a model) as TOML keys; a key that is
+    not a field's Python name is refused here, since as an alias it would pass validation."""
+    out: dict[str, Any] = {}
+    fields = model.model_fields
+    for key, given in data.items():
+        value = given.model_dump() if isinstance(given, BaseModel) else given  # validated again
+        info = fields.get(key)
+        if info is None:
+            if model.model_config.get("extra") == "allow":
+                out[key] = value
+                continue
+            name = f"{_python_key(loc)}.{key}" if loc else key
+            message, hints = _unknown(name, key, fields, " (keyword argument)")
+            raise ConfigError(message, hints=hints, key=name, source="override")
+        alias = info.alias or key
+        inner, keyed = _nested(info.annotation)
+        if inner is not None and isinstance(value, Mapping):
+            if keyed:
+                value = {k: _python_names(inner, v, (*loc, alias, k)) if isinstance(v, Mapping) else v
+                         for k, v in value.items()}
+            else:
+                value = _python_names(inner, value, (*loc, alias))
+        out[alias] = value
+    return out
+
+
+def _rebase_paths(model: type[BaseModel], data: dict[str, Any], base: Path) -> None:
+    """Make the file's relative paths relative to the file (see _FilePath), in place."""
+    for key, info in _keys(model).items():
+        value = data.get(key)
+        if _RELATIVE_TO_FILE in info.metadata and isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            data[key] = path if path.is_absolute() else base / path
+        inner, keyed = _nested(info.annotation)
+        if inner is not None and not keyed and isinstance(value, dict):
+            _rebase_paths(inner, value, base)
+
+
+def _parse_env_int(var: str, key: str, raw: str) -> int:
     try:
         return int(raw.strip())
     except ValueError:
-        key = f"{var} (tools.exec.{_EXEC_TOML[field]})"
         raise ConfigError(
-            f"{key}: expected an integer, got {raw!r} (environment variable)", key=var, value=raw, source="env"
+            f"{var} (tools.exec.{key}): expected an integer, got {raw!r} (environment variable)",
+            key=var,
+            value=raw,
+            source="env",
         ) from None
 
 
@@ -349,25 +468,27 @@ def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[Loc, str]]:
     layer: dict[str, Any] = {}
     exec_: dict[str, Any] = {}
     names: dict[Loc, str] = {}
-    for var, field in _ENV_EXEC:
+    for var, key in _ENV_EXEC:
         # An empty variable (`FOO= cmd`) is how shells unset for one command, so it counts as unset.
         raw = env.get(var, "")
-        if raw.strip() and field not in exec_:
-            exec_[field] = _parse_env_int(var, field, raw)
-            names[("exec", field)] = var
+        if raw.strip() and key not in exec_:
+            exec_[key] = _parse_env_int(var, key, raw)
+            names[("tools", "exec", key)] = var
     if exec_:
-        layer["exec"] = exec_
-    for var, field in _ENV_PATHS:
+        layer["tools"] = {"exec": exec_}
+    for var, key in _ENV_PATHS:
         if env.get(var):
-            layer[field] = Path(env[var])
-            names[(field,)] = var
+            layer[key] = Path(env[var])
+            names[(key,)] = var
     return layer, names
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _from_toml(path: Path) -> dict[str, Any]:
+    """The file's layer: its tables as they are (the models know every key), paths made
+    relative to the file."""
     try:
         with path.open("rb") as f:
-            return tomllib.load(f)
+            raw = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(
             f"config file not found: {path}",
@@ -378,106 +499,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"invalid TOML in config file {path}: {exc}", path=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}", path=str(path)) from None
-
-
-def _from_toml(path: Path) -> dict[str, Any]:
-    """The file's layer under the models' field names; structure and unknown keys are checked here,
-    where the TOML spelling is still at hand, values by the models afterwards."""
-    raw = _read_toml(path)
-    where = f" (in {path})"
-    base = path.absolute().parent
-
-    def fail(key: str, reason: str, value: Any) -> ConfigError:
-        return ConfigError(f"{key}: {reason}, got {value!r}{where}", key=key, value=value, path=str(path))
-
-    def table(value: Any, key: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise fail(key, "expected a table", value)
-        return value
-
-    def unknown(key: str, name: str, known: Iterable[str]) -> ConfigError:
-        return _unknown(key, name, known, where, path=str(path))
-
-    def local_path(value: Any, key: str) -> Path:
-        if not isinstance(value, str) or not value:
-            raise fail(key, "expected a path string", value)
-        # Relative to the file, not the cwd, so a config means the same wherever it is loaded from.
-        p = Path(value).expanduser()
-        return p if p.is_absolute() else base / p
-
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in ("state_dir", "workspace_root"):
-            out[key] = local_path(value, key)
-        elif key == "tools":
-            for section, body in table(value, "tools").items():
-                if section == "exec":
-                    exec_: dict[str, Any] = {}
-                    for name, item in table(body, "tools.exec").items():
-                        if name not in _EXEC_FIELDS:
-                            raise unknown(f"tools.exec.{name}", name, _EXEC_FIELDS)
-                        exec_[_EXEC_FIELDS[name]] = item
-                    out["exec"] = exec_
-                elif section == "process":
-                    process = table(body, "tools.process")
-                    for name in process:
-                        if name not in ProcessToolSettings.model_fields:
-                            raise unknown(f"tools.process.{name}", name, ProcessToolSettings.model_fields)
-                    out["process"] = process
-                elif section == "names":
-                    out["tool_names"] = body
-                elif section == "serve":
-                    out["served_tools"] = body
-                else:
-                    raise unknown(f"tools.{section}", section, ("exec", "process", "names", "serve"))
-        elif key == "lanes":
-            out["lanes"] = table(value, "lanes")  # any lane name is allowed; the model checks the caps
-        elif key == "base_env":
-            for name, item in table(value, "base_env").items():
-                if name == "passthrough":
-                    out["base_env_passthrough"] = item
-                elif name == "set":
-                    out["base_env_set"] = table(item, "base_env.set")
-                else:
-                    raise unknown(f"base_env.{name}", name, ("passthrough", "set"))
-        elif key == "env":
-            for name, item in table(value, "env").items():
-                if name != "protected":
-                    raise unknown(f"env.{name}", name, ("protected",))
-                out["protected_env"] = item
-        elif key == "server":
-            server = dict(table(value, "server"))
-            tokens = server.get("tokens", {})
-            # Checked here because the generic message would quote the value, and these values are secrets.
-            if not isinstance(tokens, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and k and v for k, v in tokens.items()
-            ):
-                raise ConfigError(
-                    f'server.tokens: expected a table of "token" = "agent-id"{where}',
-                    key="server.tokens",
-                    path=str(path),
-                )
-            if isinstance(server.get("unix_socket"), str):
-                server["unix_socket"] = local_path(server["unix_socket"], "server.unix_socket")
-            out["server"] = server  # other keys and values: the model, with errors named by key
-        elif key == "policy":
-            out["policy"] = table(value, "policy")
-        elif key == "proc":
-            proc = table(value, "proc")
-            for name in proc:
-                if name not in ProcSettings.model_fields:
-                    raise unknown(f"proc.{name}", name, ProcSettings.model_fields)
-            out["proc"] = proc
-        else:
-            raise unknown(key, key, _TOP_KEYS)
-    return out
+    _rebase_paths(Settings, raw, path.absolute().parent)
+    return raw
 
 
 def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in top.items():
         # base_env.set is one value (the variables to set), not a section: a new one replaces the old.
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping) and key != "base_env_set":
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping) and key != "set":
             merged[key] = _merge(merged[key], value)
         else:
             merged[key] = value
@@ -511,7 +541,7 @@ _REASONS: dict[str, str] = {
     "mapping_type": "expected a table",
     "model_type": "expected a table",
     "model_attributes_type": "expected a table",
-    "path_type": "expected a path",
+    "path_type": "expected a path string",
 }
 
 
@@ -534,10 +564,20 @@ def _reason(error: ErrorDetails) -> str:
     return str(error["msg"]).lower()
 
 
+def _unknown(key: str, name: str, known: Iterable[str], where: str) -> tuple[str, dict[str, str]]:
+    """The message for a key that is not there, with the nearest real key (typos such as
+    backgroundMS are the common case) and the valid ones as a hint."""
+    known = sorted(known)
+    close = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(name, known, n=1)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = f"Valid keys here: {', '.join(known)}." if known else "This table takes no keys."
+    return f"{key}: unknown key{guess}{where}", {"known_keys": hint}
+
+
 class _Source(NamedTuple):
     kind: str  # "override", "file" or "env": where a bad value came from
     layer: Mapping[str, Any]
-    name: Callable[[Loc], str]  # a model location as this source spells the key
+    name: Callable[[Loc], str]  # a location as this source spells the key
     where: str
     details: dict[str, Any]
 
@@ -552,48 +592,55 @@ def _config_error(exc: ValidationError, sources: list[_Source]) -> ConfigError:
             kind, key, where, details = source.kind, source.name(loc), source.where, source.details
             break
     value: Any = error.get("input")
-    if loc[:2] == ("server", "tokens"):
+    secret = loc[:2] == ("server", "tokens")
+    if secret:
         key, value = "server.tokens", "<redacted>"  # a token is a secret, and a bad entry's key is the token
     more = len(exc.errors()) - 1
     also = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    if error["type"] == "extra_forbidden":
-        message = f"{key}: unknown key{where}{also}"
+    hints: dict[str, str] = {}
+    if error["type"] == "extra_forbidden" and not secret:
+        model = _model_at(loc[:-1])
+        message, hints = _unknown(key, str(loc[-1]), _keys(model) if model else (), also + where)
+    elif secret:
+        message = f'server.tokens: expected a table of "token" = "agent-id"{also}{where}'
     else:
-        message = f"{key}: {_reason(error)}, got {value!r}{where}{also}"
-    return ConfigError(message, key=key, value=repr(value), source=kind, **details)
-
-
-def _plain(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    # A section passed as a model replaces that section and is validated again (so it is clamped too).
-    return {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in overrides.items()}
+        message = f"{key}: {_reason(error)}, got {value!r}{also}{where}"
+    return ConfigError(message, hints=hints or None, key=key, value=repr(value), source=kind, **details)
 
 
 def load_settings(config_file: Path | None = None, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Build the effective settings: defaults < ``env`` (None: os.environ) < ``config_file`` < ``overrides``.
 
-    ``overrides`` use the Python field names; a dict for a section (``exec={"timeout_sec": 5}``) merges
+    ``overrides`` use the Python field names (and the shortcuts ``exec``, ``process``,
+    ``tool_names``, ``served_tools``); a dict for a section (``exec={"timeout_sec": 5}``) merges
     into that section. Raises ConfigError, naming the key and value, for anything invalid.
     """
     env = os.environ if env is None else env
     defaults: dict[str, Any] = {"state_dir": _default_state_dir(env)}
     env_layer, env_names = _from_env(env)
+    shortcuts: dict[str, Any] = {}
+    for name, (section, key) in _SHORTCUTS.items():
+        if name in overrides:
+            shortcuts.setdefault(section, {})[key] = overrides.pop(name)
+    override_layer = _merge(_python_names(Settings, overrides), _python_names(Settings, shortcuts))
+    sources = [_Source("override", override_layer, _python_key, " (keyword argument)", {})]
     file_layer: dict[str, Any] = {}
-    override_layer = _plain(overrides)
-    sources = [_Source("override", override_layer, _dotted, " (keyword argument)", {})]
     if config_file is not None:
         path = Path(config_file)
         file_layer = _from_toml(path)
-        sources.append(_Source("file", file_layer, _toml_key, f" (in {path})", {"path": str(path)}))
+        sources.append(_Source("file", file_layer, _dotted, f" (in {path})", {"path": str(path)}))
 
     def env_key(loc: Loc) -> str:
-        var = env_names.get(loc[:2]) or env_names.get(loc[:1])
-        return f"{var} ({_toml_key(loc)})" if var else _toml_key(loc)
+        var = env_names.get(loc[:3]) or env_names.get(loc[:1])
+        return f"{var} ({_dotted(loc)})" if var else _dotted(loc)
 
     sources.append(_Source("env", env_layer, env_key, " (environment variable)", {}))
     merged = _merge(_merge(_merge(defaults, env_layer), file_layer), override_layer)
     if config_file is not None:
         merged["config_file"] = Path(config_file).absolute()
     try:
-        return Settings.model_validate(merged)
+        # By alias only: the file spells keys as the TOML does (timeoutSec, not timeout_sec), and
+        # the keyword arguments were put in those terms above.
+        return Settings.model_validate(merged, by_alias=True, by_name=False)
     except ValidationError as exc:
         raise _config_error(exc, sources) from None

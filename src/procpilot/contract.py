@@ -7,11 +7,12 @@ them needs another's module for it, and faces never see a wire format.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "audit_arguments",
     "call_summary",
     "error_result",
+    "fields_named",
     "parse_arguments",
     "redact_environment",
 ]
@@ -87,6 +89,20 @@ def error_result(exc: ProcpilotError) -> ToolResult:
     hints = "\n".join(f"- {name}: {text}" for name, text in exc.hints.items())
     text = f"{exc.code}: {exc.message}" + (f"\nWhat to do next:\n{hints}" if hints else "")
     return ToolResult(text, exc.to_dict(), is_error=True)
+
+
+@contextlib.contextmanager
+def fields_named(names: Mapping[str, str]) -> Iterator[None]:
+    """Errors of the engine's checks (made where every face builds its spec) name the engine's
+    field; as they leave a face they name that face's parameter instead (working_directory ->
+    workdir), so the agent is pointed at what it sent."""
+    try:
+        yield
+    except ProcpilotError as exc:
+        field = exc.details.get("field")
+        if isinstance(field, str) and field in names:
+            exc.details["field"] = names[field]
+        raise
 
 
 def parse_arguments(model: type[pydantic.BaseModel], arguments: Mapping[str, Any]) -> Any:

@@ -125,7 +125,8 @@ async def test_a_session_that_prints_nothing_leaves_no_directory(supervisor: Sup
 
 
 async def test_a_200_mb_burst_loses_nothing(settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    big = settings.model_copy(update={"exec": settings.exec.model_copy(update={"max_log_bytes": 512 << 20})})
+    tools = settings.tools.model_copy(update={"exec": settings.exec.model_copy(update={"max_log_bytes": 512 << 20})})
+    big = settings.model_copy(update={"tools": tools})
     # A deterministic, incompressible-enough pattern: each line carries its own number.
     script = "import sys\nw=sys.stdout.buffer.write\nfor i in range(2_500_000): w(b'%079d\\n' % i)\n"
     (tmp_path / "burst.py").write_text(script)

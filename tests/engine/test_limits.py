@@ -31,10 +31,10 @@ async def test_memory_hog_is_ended_and_reported(supervisor: Supervisor) -> None:
     spec = SpawnSpec(("python3", "-c", HOG), limits=Limits(memory_bytes=96 << 20), timeout=60)
     s = await supervisor.run(spec, scope=A, yield_ms=None)
     assert s.state is SessionState.LIMIT_EXCEEDED
-    assert s.limit_report is not None
-    assert s.limit_report.oom_killed
-    assert s.limit_report.memory_peak_bytes is not None
-    assert s.limit_report.memory_peak_bytes >= 64 << 20
+    assert s.accounting.limit_report is not None
+    assert s.accounting.limit_report.oom_killed
+    assert s.accounting.limit_report.memory_peak_bytes is not None
+    assert s.accounting.limit_report.memory_peak_bytes >= 64 << 20
 
 
 async def test_memory_hog_is_ended_by_the_watchdog(settings) -> None:  # type: ignore[no-untyped-def]
@@ -42,8 +42,8 @@ async def test_memory_hog_is_ended_by_the_watchdog(settings) -> None:  # type: i
         spec = SpawnSpec(("python3", "-c", HOG), limits=Limits(memory_bytes=96 << 20), timeout=60)
         s = await sup.run(spec, scope=A, yield_ms=None)
         assert s.state is SessionState.LIMIT_EXCEEDED
-        assert s.limit_report is not None
-        assert s.limit_report.oom_killed
+        assert s.accounting.limit_report is not None
+        assert s.accounting.limit_report.oom_killed
 
 
 async def test_the_watchdog_holds_cpu_to_its_share_by_stopping_the_tree(settings) -> None:  # type: ignore[no-untyped-def]
@@ -52,8 +52,8 @@ async def test_the_watchdog_holds_cpu_to_its_share_by_stopping_the_tree(settings
         t0 = time.monotonic()
         s = await sup.run(spec, scope=A, yield_ms=None)
         wall = time.monotonic() - t0
-        assert s.state is SessionState.EXITED_OK and s.rusage is not None
-        share = (s.rusage.ru_utime + s.rusage.ru_stime) / wall
+        assert s.state is SessionState.EXITED_OK and s.accounting.rusage is not None
+        share = (s.accounting.rusage.ru_utime + s.accounting.rusage.ru_stime) / wall
         assert 0.3 <= share <= 0.7, f"used {share:.2f} of a core"  # unthrottled, a busy loop takes ~1.0
 
 
@@ -62,7 +62,7 @@ async def test_the_watchdog_ends_a_fork_bomb_past_its_pids_limit(settings) -> No
         bomb = "for i in $(seq 1 200); do sleep 30 & done; echo spawned; sleep 30"
         s = await sup.run(SpawnSpec(bomb, limits=Limits(pids_max=20), timeout=60), scope=A, yield_ms=None)
         assert s.state is SessionState.LIMIT_EXCEEDED
-        assert s.limit_report is not None and s.limit_report.limit == "pids"
+        assert s.accounting.limit_report is not None and s.accounting.limit_report.limit == "pids"
 
 
 async def test_a_throttled_tree_still_ends_on_sigterm(settings) -> None:  # type: ignore[no-untyped-def]
@@ -89,8 +89,8 @@ async def test_cpu_limit_throttles_to_its_share(supervisor: Supervisor) -> None:
     s = await supervisor.run(spec, scope=A, yield_ms=None)
     wall = time.monotonic() - t0
     assert s.state is SessionState.EXITED_OK
-    assert s.rusage is not None
-    cpu = s.rusage.ru_utime + s.rusage.ru_stime
+    assert s.accounting.rusage is not None
+    cpu = s.accounting.rusage.ru_utime + s.accounting.rusage.ru_stime
     share = cpu / wall
     assert 0.5 * 0.85 <= share <= 0.5 * 1.15, f"used {share:.2f} of a core"
 
@@ -111,7 +111,7 @@ async def test_fork_bomb_is_contained_by_the_pids_limit(supervisor: Supervisor) 
 
 async def test_unlimited_sessions_need_no_limit_mechanism(supervisor: Supervisor) -> None:
     s = await supervisor.run(SpawnSpec("echo free"), scope=A, yield_ms=None)
-    assert s.limit_report is None
+    assert s.accounting.limit_report is None
     assert s.state is SessionState.EXITED_OK
     await asyncio.sleep(0)
 

@@ -386,7 +386,7 @@ async def test_pty_sessions_track_bracketed_paste_mode_from_their_output(supervi
     on = await supervisor.run(SpawnSpec(r"printf 'a\033[?1;2004hb'", pty=True), scope=A, yield_ms=None)
     off = await supervisor.run(SpawnSpec(r"printf '\033[?2004h x \033[?2004l'", pty=True), scope=A, yield_ms=None)
     pipe = await supervisor.run(SpawnSpec(r"printf '\033[?2004h'"), scope=A, yield_ms=None)
-    assert on.bracketed_paste and not off.bracketed_paste and not pipe.bracketed_paste
+    assert on.terminal.bracketed_paste and not off.terminal.bracketed_paste and not pipe.terminal.bracketed_paste
 
 
 async def test_wait_finds_a_pattern_across_a_scan_chunk_edge_inside_a_character(supervisor: Supervisor) -> None:

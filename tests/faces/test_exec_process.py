@@ -270,7 +270,8 @@ async def test_scope_isolation_across_servers(supervisor: Supervisor) -> None:
 
 
 async def test_process_tool_disabled_makes_exec_synchronous(settings: Settings) -> None:
-    sync_settings = settings.model_copy(update={"process": settings.process.model_copy(update={"enabled": False})})
+    tools = settings.tools.model_copy(update={"process": settings.process.model_copy(update={"enabled": False})})
+    sync_settings = settings.model_copy(update={"tools": tools})
     async with Supervisor(sync_settings) as sup:
         server = build_mcp_server(exec_process_tools(sup), scope="a")
         async with Client(server) as c:
@@ -411,7 +412,8 @@ async def test_paste_is_bracketed_only_when_the_program_enabled_bracketed_paste(
 
 
 async def test_with_the_process_tool_disabled_stdin_is_empty_and_process_is_not_offered(settings: Settings) -> None:
-    sync_settings = settings.model_copy(update={"process": settings.process.model_copy(update={"enabled": False})})
+    tools = settings.tools.model_copy(update={"process": settings.process.model_copy(update={"enabled": False})})
+    sync_settings = settings.model_copy(update={"tools": tools})
     async with Supervisor(sync_settings) as sup:
         specs = {spec.name: spec for spec in exec_process_tools(sup)}
         assert set(specs) == {"exec"}  # nothing to come back with: the tool is not advertised

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from procpilot.errors import InvalidArgument
 
 __all__ = [
     "PASTE_END",
     "PASTE_START",
+    "TerminalModes",
     "encode_hex",
     "encode_keys",
     "encode_literal",
@@ -34,6 +36,38 @@ __all__ = [
 
 PASTE_START = "\x1b[200~"
 PASTE_END = "\x1b[201~"
+
+# ESC [ ? <modes> h|l: a program setting (h) or resetting (l) terminal modes.
+_DEC_MODE = re.compile(rb"\x1b\[\?([0-9;]{1,32})([hl])")
+_DEC_MODE_MAX = 36
+
+
+@dataclass(slots=True)
+class TerminalModes:
+    """The DEC private modes a program under a pty set for its input, followed from its output
+    the way a terminal follows them.
+
+    ``bracketed_paste`` is true iff the program asked for bracketed paste (``ESC[?2004h``) and did
+    not take it back (``ESC[?2004l``) since: a paste is bracketed only then. ``app_cursor_keys``
+    is true iff it switched the cursor keys to application mode (DECCKM, ``ESC[?1h``).
+    """
+
+    bracketed_paste: bool = False
+    app_cursor_keys: bool = False
+    _carry: bytes = b""
+
+    def feed(self, data: bytes) -> None:
+        """Follow one chunk of output. A few bytes of the previous chunk are scanned again with
+        this one, so a sequence split across two reads is still seen; seeing one twice is
+        harmless, only the last one counts."""
+        text = self._carry + data
+        for found in _DEC_MODE.finditer(text):
+            modes, on = found.group(1).split(b";"), found.group(2) == b"h"
+            if b"2004" in modes:
+                self.bracketed_paste = on
+            if b"1" in modes:
+                self.app_cursor_keys = on
+        self._carry = text[-_DEC_MODE_MAX:]
 
 _SHIFT, _ALT, _CTRL = 1, 2, 4
 _MODIFIER_BITS = {"S": _SHIFT, "M": _ALT, "C": _CTRL}

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import errno
 import os
-import re
 import resource
 import signal
 import time
@@ -21,22 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.errors import ProcessAlreadyExited, StdinClosed
 
-__all__ = ["ExitInfo", "Session"]
+__all__ = ["ExitAccounting", "ExitInfo", "Session"]
 
 _READ_SIZE = 1 << 20
 # After the leader exits, descendants it left behind get this long before SIGKILL.
 _ORPHAN_GRACE = 1.0
 # ... and the pipes this much longer to reach EOF before we stop waiting for them.
 _DRAIN_DEADLINE = 3.0
-# ESC [ ? <modes> h|l: a program setting (h) or resetting (l) terminal modes.
-_DEC_MODE = re.compile(rb"\x1b\[\?([0-9;]{1,32})([hl])")
-_DEC_MODE_MAX = 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +49,23 @@ class ExitInfo:
     tail: str
     backgrounded: bool
     command: str
+
+
+@dataclass(slots=True)
+class ExitAccounting:
+    """What a session's tree leaves to account for its resources once it is over (usage.py reads
+    it): the leader's rusage from wait4, its I/O read as a zombie, and the limit backend's report."""
+
+    rusage: Any = None  # resource.struct_rusage of the leader, from wait4
+    # Our own peak RSS (KiB) when the child started: a vfork'd child inherits it into its
+    # ru_maxrss, so only an ru_maxrss above it is the tree's own peak.
+    spawner_maxrss_kb: int = 0
+    # (rchar, wchar) of the leader read as a zombie: its I/O plus every descendant it reaped.
+    exit_io: tuple[int, int] | None = None
+    # The backend holding this session's limits (None: no limit asked for), and what it reported
+    # when the session ended (an OOM kill, a peak).
+    limit_backend: LimitBackend | None = None
+    limit_report: LimitReport | None = None
 
 
 def signal_name(sig: int) -> str:
@@ -79,6 +93,8 @@ class Session:
         output: SessionOutput,
         trees: TreeBackend,
         on_finish: Callable[[Session], None],
+        *,
+        kill_grace: float = 5.0,
     ) -> None:
         self.id = session_id
         self.scope = scope
@@ -96,20 +112,10 @@ class Session:
         self.exit_signal: str | None = None
         self.error: str | None = None
         self.backgrounded = False
-        self.rusage: Any = None  # resource.struct_rusage of the leader, from wait4
-        # Our own peak RSS (KiB) when the child started: a vfork'd child inherits it into its
-        # ru_maxrss, so only an ru_maxrss above it is the tree's own peak.
-        self.spawner_maxrss_kb = 0
-        # (rchar, wchar) of the leader read as a zombie: its I/O plus every descendant it reaped.
-        self.exit_io: tuple[int, int] | None = None
+        self.accounting = ExitAccounting()
         self.stdin_open = False
-        # Under a pty: whether the program asked for bracketed paste (ESC[?2004h) and did not
-        # take it back (ESC[?2004l) since; a paste is bracketed only then.
-        self.bracketed_paste = False
-        # And whether it switched the cursor keys to application mode (DECCKM, ESC[?1h).
-        self.app_cursor_keys = False
+        self.terminal = TerminalModes()  # followed from the output under a pty only
         self.timed_out_waiting_for_input = False
-        self._mode_carry = b""
         self._trees = trees
         self._on_finish = on_finish
         self._spawned: Spawned | None = None
@@ -117,11 +123,9 @@ class Session:
         self._leader_reaped = False
         self._requested_end: SessionState | None = None
         self._reaper_armed = False
-        self.limit_backend: LimitBackend | None = None
-        self.limit_report: LimitReport | None = None
         self.left_orphans = False  # True iff processes outlived the leader (they are now ours to reap)
         self._signal_sent: str | None = None
-        self.kill_grace = 5.0
+        self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
         self._finished = asyncio.Event()
         self._write_lock = asyncio.Lock()
@@ -198,7 +202,7 @@ class Session:
         self._t0 = time.monotonic()
         self.started_at = time.time()
         self._set_state(SessionState.RUNNING)
-        self.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.accounting.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.stdin_open = spawned.stdin_fd is not None
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
         if spawned.stderr_fd is not None:
@@ -290,26 +294,10 @@ class Session:
             data = b""
         if data:
             if self.spec.pty:
-                self._track_terminal_modes(data)
+                self.terminal.feed(data)
             self.output.append(stream, data)
             return
         self._close_stream(fd)
-
-    def _track_terminal_modes(self, data: bytes) -> None:
-        """Follow DEC private modes 2004 (bracketed paste) and 1 (application cursor keys) as
-        the program sets and resets them.
-
-        A few bytes of the previous chunk are scanned again with this one, so a sequence split
-        across two reads is still seen; seeing one twice is harmless, only the last one counts.
-        """
-        text = self._mode_carry + data
-        for found in _DEC_MODE.finditer(text):
-            modes, on = found.group(1).split(b";"), found.group(2) == b"h"
-            if b"2004" in modes:
-                self.bracketed_paste = on
-            if b"1" in modes:
-                self.app_cursor_keys = on
-        self._mode_carry = text[-_DEC_MODE_MAX:]
 
     def _close_stream(self, fd: int) -> None:
         self._loop.remove_reader(fd)
@@ -349,7 +337,7 @@ class Session:
     def _on_leader_exit(self) -> None:
         # The pidfd is readable: the leader is a zombie, whose I/O counters are still there to read.
         if self._spawned is not None and not self._leader_reaped:
-            self.exit_io = _zombie_io(self._spawned.pid)
+            self.accounting.exit_io = _zombie_io(self._spawned.pid)
         self._reap()
 
     def _reap(self) -> bool:
@@ -374,7 +362,7 @@ class Session:
             self.exit_signal = signal_name(-code)
         else:
             self.exit_code = code
-        self.rusage = rusage
+        self.accounting.rusage = rusage
         self._after_leader_exit()
         return True
 
@@ -415,10 +403,11 @@ class Session:
             timer.cancel()
         self._timers.clear()
         self._close_stdin()
-        if self.limit_backend is not None:
-            self.limit_report = self.limit_backend.report(self.id)
-            self.limit_backend.release(self.id)
-        oom = self.limit_report is not None and self.limit_report.oom_killed
+        account = self.accounting
+        if account.limit_backend is not None:
+            account.limit_report = account.limit_backend.report(self.id)
+            account.limit_backend.release(self.id)
+        oom = account.limit_report is not None and account.limit_report.oom_killed
         if self._requested_end is not None:
             end = self._requested_end
         elif self.adopted and self.exit_code is None:

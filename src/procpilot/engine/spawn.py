@@ -28,7 +28,7 @@ from procpilot.engine.limits import Limits
 from procpilot.engine.precheck import check_command, check_size, check_timeout
 from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
-__all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "spawn_process"]
+__all__ = ["SpawnSpec", "Spawned", "build_env", "check_os_string", "resolve_workdir", "spawn_process"]
 
 _F_SETPIPE_SZ = 1031
 _PIPE_SIZE = 1 << 20
@@ -54,16 +54,20 @@ class SpawnSpec:
     limits: Limits | None = None
     isolation: Isolation | None = None
     elevated: bool = False  # asks to run outside the agent's box; the spawn filter decides
-    # The working directory must lie inside this one: checked on the very directory the child
-    # enters, so a path swapped for a symlink after any earlier check cannot lead it out.
+    # With a workspace, ``cwd`` is resolved against it (None: the workspace itself) and must lie
+    # inside it: checked here, and again on the very directory the child enters, so a path
+    # swapped for a symlink after this check cannot lead it out.
     workspace: Path | None = None
 
     def __post_init__(self) -> None:
         # Here, where every face builds its spec: nothing downstream (the policy's shell analysis
-        # included) ever reads a command the kernel could not run anyway.
+        # included) ever reads a command the kernel could not run anyway, or a directory outside
+        # the workspace.
         check_size(self.command)
         check_timeout(self.timeout)
-        if self.cwd is not None:
+        if self.workspace is not None:
+            object.__setattr__(self, "cwd", resolve_workdir(self.workspace, self.cwd))
+        elif self.cwd is not None:
             check_os_string("cwd", str(self.cwd))
 
     @property
@@ -182,6 +186,35 @@ async def spawn_process(
     finally:
         if cwd_fd is not None:
             os.close(cwd_fd)
+
+
+def resolve_workdir(workspace: Path, value: Path | str | None) -> Path:
+    """``value`` resolved against the workspace (``..`` collapsed, symlinks followed) and checked
+    to be an existing directory inside it; None is the workspace itself."""
+    root = workspace.resolve()
+    if value is None or str(value) == "":
+        return root
+    check_os_string("working_directory", str(value))
+    given = Path(value).expanduser()
+    try:
+        resolved = (given if given.is_absolute() else root / given).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise InvalidArgument(
+            f"working_directory {str(value)!r} cannot be resolved: {exc}", field="working_directory"
+        ) from None
+    if resolved != root and root not in resolved.parents:
+        raise PathOutOfScope(
+            f"working_directory {str(value)!r} resolves to {resolved}, outside the workspace root {root}",
+            working_directory=str(value),
+            workspace_root=str(root),
+        )
+    if not resolved.is_dir():
+        raise InvalidArgument(
+            f"working_directory {str(value)!r} does not exist or is not a directory",
+            hints={"fix_working_directory": "Pass an existing directory inside the workspace, or omit it."},
+            field="working_directory",
+        )
+    return resolved
 
 
 def _open_workdir(cwd: Path, workspace: Path | None) -> int:

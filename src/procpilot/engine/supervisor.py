@@ -24,9 +24,10 @@ from typing import Any, Literal, TypeVar
 
 import regex
 
-from procpilot.config import Settings, load_settings
+from procpilot.config import EngineSettings, Settings, load_settings
 from procpilot.engine.adoption import Restarts, read_status, replay_spool, status_line
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import isolation_capabilities
@@ -140,7 +141,9 @@ class Supervisor:
         write_filter: Callable[[str, Session, bytes], None] | None = None,
         owner: str | None = None,
     ) -> None:
+        # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
+        self.config: EngineSettings = self.settings.engine
         # With an owner ("serve", "mcp:<agent>") the sessions outlive this server: a crash or a
         # restart hands them to the next server of the same owner (engine/adoption.py).
         self.owner = owner
@@ -157,8 +160,7 @@ class Supervisor:
         self._write_filter = write_filter
         self._big_checks = asyncio.Semaphore(1)
         self._sessions: dict[str, Session] = {}
-        lanes = {k: int(v) for k, v in self.settings.lanes.model_dump().items()}
-        self._lanes = LaneScheduler(lanes, lanes.pop("default", 1))
+        self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
         # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
         # rather than in a registry keyed by supervisor.
@@ -177,15 +179,15 @@ class Supervisor:
     async def start(self) -> Supervisor:
         if self._started:
             return self
-        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
         held: builtins.list[HeldSession] = []
         if self.owner is not None:
             # First of all: the lock (a second live server of this owner stops here), then what the
             # holder kept. Its locks on dead servers' cgroups spare those trees from the sweep below.
-            self._restarts = Restarts(self.settings.state_dir, self.owner)
+            self._restarts = Restarts(self.config.state_dir, self.owner)
             held = self._restarts.begin()
         if self._store is None:
-            self._store = FileStore(self.settings.state_dir)
+            self._store = FileStore(self.config.state_dir)
         name = self.instance
         if self._trees is None:
             self._trees = probe_trees(name=name)
@@ -236,7 +238,7 @@ class Supervisor:
 
     def state_dir_space(self) -> dict[str, Any]:
         """Room left where output is stored: a full disk loses output (counted, never silently)."""
-        space = disk_space(self.settings.state_dir)
+        space = disk_space(self.config.state_dir)
         journal = self._store.write_error if isinstance(self._store, FileStore) else None
         if journal:
             written = f"the session journal could not be written ({journal})"
@@ -333,7 +335,7 @@ class Supervisor:
                     session.terminate(SessionState.KILLED, signal.SIGKILL, None)
 
     async def _end_all(self, sig: int, grace: float | None) -> None:
-        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        grace = self.config.kill_grace_sec if grace is None else grace
         running = [s for s in self._sessions.values() if not s.finished]
         for session in running:
             if session.state is SessionState.QUEUED:
@@ -380,7 +382,7 @@ class Supervisor:
             now = time.monotonic()
             for session in list(self._sessions.values()):
                 spec_limits = session.spec.limits
-                if session.limit_backend is not limits or not session.is_running or spec_limits is None:
+                if session.accounting.limit_backend is not limits or not session.is_running or spec_limits is None:
                     continue
                 if session.terminating:
                     self._resume_if_stopped(session)  # a stopped tree could not act on its signal
@@ -421,6 +423,8 @@ class Supervisor:
             await self.start()
         if self._closed or self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        # The engine's own fence, before any policy reads the spec: no face can skip it.
+        check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
             running = sum(1 for s in self._sessions.values() if s.scope == scope and not s.finished)
             spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
@@ -432,9 +436,9 @@ class Supervisor:
             )
         session_id = new_session_id()
         directory = self._store.session_dir(session_id)
-        output = SessionOutput(directory, self.settings.exec.max_log_bytes)
-        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish)
-        session.kill_grace = self.settings.exec.kill_grace_sec
+        output = SessionOutput(directory, self.config.max_log_bytes)
+        grace = self.config.kill_grace_sec
+        session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
         if spec.lane is None or self._lanes.try_acquire(spec.lane, scope):
             try:
                 await self._start(session)
@@ -456,8 +460,8 @@ class Supervisor:
         tree_prepared = False
         try:
             env = build_env(
-                self.settings.base_env_passthrough,
-                self.settings.base_env_set,
+                self.config.env_passthrough,
+                self.config.env_set,
                 spec.env,
                 markers={MARKER_ENV: session.id, SUPERVISOR_ENV: self.instance},
                 pty=spec.pty,
@@ -470,7 +474,7 @@ class Supervisor:
                 prelude.append(tree_line)
             if spec.limits is not None and not spec.limits.empty:
                 limits = self._limit_backend
-                session.limit_backend = limits
+                session.accounting.limit_backend = limits
                 try:
                     prelude += limits.prepare(session.id, spec.limits)
                 except OSError as exc:
@@ -484,8 +488,8 @@ class Supervisor:
         except BaseException:
             if tree_prepared:
                 self._tree_backend.release(session.id)
-            if session.limit_backend is not None:
-                session.limit_backend.release(session.id)
+            if session.accounting.limit_backend is not None:
+                session.accounting.limit_backend.release(session.id)
             if spec.lane is not None:
                 self._lanes.release(spec.lane, session.scope)
             raise
@@ -527,9 +531,9 @@ class Supervisor:
         restarts = self._restarts
         if restarts is None:
             return
-        trees, limits = self._tree_backend, session.limit_backend
+        trees, limits = self._tree_backend, session.accounting.limit_backend
         roots: builtins.list[str] = []
-        extra: dict[str, Any] = {"owner": restarts.owner, "max_log_bytes": self.settings.exec.max_log_bytes}
+        extra: dict[str, Any] = {"owner": restarts.owner, "max_log_bytes": self.config.max_log_bytes}
         if isinstance(trees, CgroupTrees):
             extra["tree_root"] = str(trees.root)
             roots.append(str(trees.root))
@@ -591,15 +595,15 @@ class Supervisor:
             notify_on_exit=bool(record.get("notify_on_exit", True)),
         )
         directory = store.session_dir(session_id)
-        output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.settings.exec.max_log_bytes))
+        output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.config.max_log_bytes))
         replay_spool(output, directory)
         trees = restarts.trees_for(record.get("tree_root"), self._tree_backend)
-        session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish)
-        session.kill_grace = self.settings.exec.kill_grace_sec
+        grace = self.config.kill_grace_sec
+        session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish, kill_grace=grace)
         session.created_at = float(record.get("created_at") or time.time())
         session.backgrounded = True
         session.extra_record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
-        session.limit_backend = restarts.limits_for(record)
+        session.accounting.limit_backend = restarts.limits_for(record)
         self._sessions[session_id] = session
         pid = record.get("pid")
         if record.get("state") == "queued" or not isinstance(pid, int):
@@ -725,7 +729,7 @@ class Supervisor:
         if session.state is SessionState.QUEUED:
             session.fail_to_start("killed while waiting for a lane slot", end=SessionState.KILLED)
             return session
-        grace = self.settings.exec.kill_grace_sec if grace is None else grace
+        grace = self.config.kill_grace_sec if grace is None else grace
         self._resume_if_stopped(session)
         session.terminate(SessionState.KILLED, sig, grace)
         if wait is None or wait > 0:
@@ -817,7 +821,7 @@ class Supervisor:
     def sweep(self, now: float | None = None) -> builtins.list[str]:
         """Remove finished sessions idle for longer than the TTL; returns their ids."""
         now = time.monotonic() if now is None else now
-        ttl = self.settings.exec.cleanup_ms / 1000
+        ttl = self.config.session_ttl_sec
         expired = [s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl]
         for session in expired:
             self._forget(session)

@@ -250,16 +250,17 @@ class UsageTracker:
         if track.final is not None:
             return track.final
         final = track.best
-        rusage = session.rusage
+        account = session.accounting
+        rusage = account.rusage
         if rusage is not None:
             leader_cpu = (rusage.ru_utime + rusage.ru_stime) * 1000
             # Above what the child inherited from us at spawn, ru_maxrss is the tree's own peak.
-            peak = rusage.ru_maxrss * 1024 if rusage.ru_maxrss > session.spawner_maxrss_kb else 0
+            peak = rusage.ru_maxrss * 1024 if rusage.ru_maxrss > account.spawner_maxrss_kb else 0
             final = final.max(Usage(cpu_ms=int(leader_cpu + track.credit_cpu), memory_peak_bytes=peak))
-        if session.exit_io is not None:
-            read, write = session.exit_io
+        if account.exit_io is not None:
+            read, write = account.exit_io
             final = final.max(Usage(io_read_bytes=read + track.credit_read, io_write_bytes=write + track.credit_write))
-        report = session.limit_report
+        report = account.limit_report
         if report is not None and report.memory_peak_bytes:
             final = final.max(Usage(memory_peak_bytes=report.memory_peak_bytes))
         track.final = final

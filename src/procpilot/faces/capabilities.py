@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from procpilot.config import Settings
 from procpilot.contract import (
     AuditEvent,
     PermissionTier,
@@ -50,7 +49,7 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.events import EventBus
 from procpilot.engine.limits import Limits
 from procpilot.engine.session import Session
-from procpilot.engine.spawn import SpawnSpec, check_os_string
+from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import (
@@ -58,11 +57,9 @@ from procpilot.errors import (
     InvalidFilter,
     InvalidStream,
     KillFailed,
-    PathOutOfScope,
     ProcessAlreadyExited,
     ProcessNotFound,
     ProcpilotError,
-    ProtectedVariable,
     ResourceLimitExceeded,
     SessionNotFound,
     SpawnFailed,
@@ -91,8 +88,6 @@ __all__ = [
     "audit_bus",
     "audited",
     "capability_tools",
-    "checked_environment",
-    "resolve_working_directory",
     "spec_exit_code",
     "spec_state",
 ]
@@ -180,49 +175,6 @@ def _spec_errors() -> Iterator[None]:
         if hints is not None:
             exc.hints = dict(hints)
         raise
-
-
-# -- shared checks (also used by the proc/* face) -----------------------------------------------
-
-
-def resolve_working_directory(settings: Settings, value: str | None) -> Path:
-    """``value`` resolved (``..`` collapsed, symlinks followed) and checked to be inside the workspace."""
-    root = settings.workspace_root.resolve()
-    if not value:
-        return root
-    check_os_string("working_directory", value)
-    given = Path(value).expanduser()
-    try:
-        resolved = (given if given.is_absolute() else root / given).resolve()
-    except (OSError, RuntimeError) as exc:  # a symlink loop
-        raise InvalidArgument(
-            f"working_directory {value!r} cannot be resolved: {exc}", field="working_directory"
-        ) from None
-    if resolved != root and root not in resolved.parents:
-        raise PathOutOfScope(
-            f"working_directory {value!r} resolves to {resolved}, outside the workspace root {root}",
-            working_directory=value,
-            workspace_root=str(root),
-        )
-    if not resolved.is_dir():
-        raise InvalidArgument(
-            f"working_directory {value!r} does not exist or is not a directory",
-            hints={"fix_working_directory": "Pass an existing directory inside the workspace, or omit it."},
-            field="working_directory",
-        )
-    return resolved
-
-
-def checked_environment(settings: Settings, environment: Mapping[str, str] | None) -> dict[str, str]:
-    """The overrides, refused if any names a protected variable (PATH, HOME, LD_*, BASH_ENV, ...)."""
-    env = dict(environment or {})
-    protected = sorted(name for name in env if settings.is_protected(name))
-    if protected:
-        raise ProtectedVariable(
-            "cannot override protected environment variable(s): " + ", ".join(protected),
-            variables=protected,
-        )
-    return env
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -426,8 +378,8 @@ class ProcessCapabilities:
     async def run(self, params: RunInput, scope: str) -> RunOutput:
         with _spec_errors():
             settings = self.sup.settings
-            cwd = resolve_working_directory(settings, params.working_directory)
-            env = checked_environment(settings, params.environment)
+            cwd = Path(params.working_directory) if params.working_directory else None
+            env = params.environment or {}
             command: str | tuple[str, ...] = (
                 (params.command, *params.args) if params.args is not None else params.command
             )
@@ -450,11 +402,12 @@ class ProcessCapabilities:
                     stdin_data=stdin_data,
                     limits=limits,
                 )
-            session = await self.sup.spawn(spec, scope=scope)
-            self.usage.watch(session)
             if params.background:
-                session.backgrounded = True
+                session = await self.sup.run(spec, scope=scope, yield_ms=0)  # handed over at once
+                self.usage.watch(session)
             else:
+                session = await self.sup.spawn(spec, scope=scope)
+                self.usage.watch(session)
                 try:
                     await session.wait_finished()
                 except asyncio.CancelledError:
@@ -735,7 +688,7 @@ def _raise_if_limit_exceeded(session: Session) -> None:
     if session.state is not SessionState.LIMIT_EXCEEDED:
         return
     limits = session.spec.limits
-    report = session.limit_report
+    report = session.accounting.limit_report
     peak = report.memory_peak_bytes if report is not None else None
     which = (report.limit if report is not None else None) or "memory"
     hints = {"read_output": f"process.logs with process_id={session.id} has its output up to the kill."}

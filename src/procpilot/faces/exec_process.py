@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 import signal as signal_module
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import regex
 from pydantic import BaseModel, ConfigDict, Field
 
-from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_named, parse_arguments
 from procpilot.engine.capture import Stream
 from procpilot.engine.keys import encode_hex, encode_keys, encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
@@ -25,7 +26,6 @@ from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
-from procpilot.faces.capabilities import checked_environment, resolve_working_directory
 from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
 
 __all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
@@ -296,31 +296,28 @@ class ExecProcessFace:
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
         check_os_string("command", params.command)
-        if params.workdir is not None:
-            check_os_string("workdir", params.workdir)
-        # The same fences as process.run: a workdir outside the workspace (.., absolute, a
-        # symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
-        cwd = resolve_working_directory(self.sup.settings, params.workdir)
-        env = checked_environment(self.sup.settings, params.env)
         # The configured default bounds foreground work; a run started in the background on
         # purpose (a dev server, a watcher) runs until it ends or is killed, unless it says.
         default = None if params.background else self.cfg.timeout_sec
         timeout = default if params.timeout is None else params.timeout
-        spec = SpawnSpec(
-            command=params.command,
-            cwd=cwd,
-            workspace=self.sup.settings.workspace_root,
-            env=env,
-            elevated=params.elevated,  # the agent's policy decides (spawn filter)
-            timeout=timeout or None,
-            pty=params.pty,
-            pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
-            lane=params.lane,
-            notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
-            # Without the process tool nothing could ever write to a stdin pipe: a prompt would
-            # hang until the timeout. /dev/null makes it read EOF at once instead.
-            stdin="pipe" if self.sup.settings.process.enabled else "null",
-        )
+        # The engine's fences, as for every face: a workdir outside the workspace (.., absolute,
+        # a symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
+        with fields_named({"working_directory": "workdir"}):
+            spec = SpawnSpec(
+                command=params.command,
+                cwd=Path(params.workdir) if params.workdir else None,
+                workspace=self.sup.settings.workspace_root,
+                env=params.env or {},
+                elevated=params.elevated,  # the agent's policy decides (spawn filter)
+                timeout=timeout or None,
+                pty=params.pty,
+                pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
+                lane=params.lane,
+                notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
+                # Without the process tool nothing could ever write to a stdin pipe: a prompt would
+                # hang until the timeout. /dev/null makes it read EOF at once instead.
+                stdin="pipe" if self.sup.settings.process.enabled else "null",
+            )
         if not self.sup.settings.process.enabled:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
         elif params.background:
@@ -534,7 +531,7 @@ class ExecProcessFace:
         if params.hex:
             payload += encode_hex(params.hex)
         if params.keys:
-            payload += encode_keys(params.keys, app_cursor=session.app_cursor_keys)
+            payload += encode_keys(params.keys, app_cursor=session.terminal.app_cursor_keys)
         return await self._send(session, params, scope, payload)
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
@@ -546,7 +543,7 @@ class ExecProcessFace:
         if params.text is None:
             raise InvalidArgument("paste needs text", field="text")
         # Markers reach a program that never enabled bracketed paste as literal ESC[200~ text.
-        payload = encode_paste(params.text, bracketed=session.spec.pty and session.bracketed_paste)
+        payload = encode_paste(params.text, bracketed=session.spec.pty and session.terminal.bracketed_paste)
         return await self._send(session, params, scope, payload)
 
     async def _kill(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import shutil
 import signal as signal_module
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,7 +58,7 @@ from procpilot.errors import (
     SessionNotFound,
     StdinClosed,
 )
-from procpilot.faces.capabilities import checked_environment, resolve_working_directory
+from procpilot.policy.shell import CommandDenied, CommandPolicy, UnanalyzableCommand
 from procpilot.render import complete_utf8_prefix
 
 __all__ = [
@@ -269,6 +267,8 @@ class ProcHandler:
         self.sup = supervisor
         self.scope = scope
         self.config = config or ProcConfig()
+        allowed = self.config.allowed_commands
+        self._allowed = None if allowed is None else CommandPolicy(allow=tuple(allowed))
         self._subscribers: list[EventCallback] = []
         self._pumps: dict[str, _Pump] = {}
         self._mine: set[str] = set()  # running processes spawned here (for max_procs)
@@ -404,24 +404,25 @@ class ProcHandler:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _check_allowed(self, program: str) -> ProcError | None:
-        allowed = self.config.allowed_commands
-        if allowed is None or program in allowed:
+    def _check_allowed(self, argv: list[str]) -> ProcError | None:
+        """The host's ``allowed_commands``, matched by the command policy (real paths, wrappers
+        unwrapped) like an agent's own allowlist; the agent's policy still applies after it."""
+        if self._allowed is None:
             return None
-        if os.path.isabs(program):
-            real = os.path.realpath(program)
-            for name in allowed:
-                found = shutil.which(name) if "/" not in name else name
-                if found is not None and os.path.realpath(found) == real:
-                    return None
-        return _error(
-            "command_not_allowed",
-            f"command {program!r} is not in this host's allowed_commands ({', '.join(allowed) or 'none'})",
-            {"use_allowed_command": "Run one of: " + (", ".join(allowed) or "(none)") + "."},
-        )
+        try:
+            self._allowed.check(tuple(argv), None)
+        except (CommandDenied, UnanalyzableCommand) as exc:
+            allowed = self.config.allowed_commands or []
+            return _error(
+                "command_not_allowed",
+                f"command {argv[0]!r} is not in this host's allowed_commands ({', '.join(allowed) or 'none'}): "
+                + exc.message,
+                {"use_allowed_command": "Run one of: " + (", ".join(allowed) or "(none)") + "."},
+            )
+        return None
 
     async def _spawn(self, req: ProcSpawnRequest) -> ProcSpawnResponse:
-        refused = self._check_allowed(req.cmd[0])
+        refused = self._check_allowed(req.cmd)
         if refused is not None:
             return ProcSpawnResponse(id=req.id, session_id=req.session_id, error=refused)
         self._mine = {proc_id for proc_id in self._mine if self._running(proc_id)}
@@ -437,15 +438,13 @@ class ProcHandler:
                 ),
             )
         settings = self.sup.settings
-        cwd: Path = resolve_working_directory(settings, req.cwd)
-        env = checked_environment(settings, req.env)
         timeout = req.timeout if req.timeout is not None else self.config.timeout
         isolation = Isolation(network=False) if self.config.network_disabled else None
         spec = SpawnSpec(
             tuple(req.cmd),
-            cwd=cwd,
+            cwd=Path(req.cwd) if req.cwd else None,
             workspace=settings.workspace_root,
-            env=env,
+            env=req.env or {},
             timeout=timeout,
             stdin=req.stdin_mode,
             isolation=isolation,

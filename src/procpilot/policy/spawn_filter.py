@@ -2,9 +2,10 @@
 
 The supervisor calls :func:`make_spawn_filter`'s filter with the caller's scope and the spec the
 face built; the filter refuses what the agent may not run (command allow/deny lists, too many
-running sessions, elevated without permission, a protected environment variable) and fills in the
-agent's box: its memory, CPU and pids limits and its network and filesystem isolation. The engine
-knows nothing of agents: it only calls the filter.
+running sessions, elevated without permission) and fills in the agent's box: its memory, CPU and
+pids limits and its network and filesystem isolation. The engine knows nothing of agents: it only
+calls the filter. (The working directory and the protected environment variables are the engine's
+own checks, made before any filter runs.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from procpilot.engine.isolation import Isolation
 from procpilot.engine.limits import Limits
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
-from procpilot.errors import ElevationDenied, LimitAboveAllocation, ProcLimit, ProtectedVariable
+from procpilot.errors import ElevationDenied, LimitAboveAllocation, ProcLimit
 from procpilot.policy.shell import CommandPolicy, UnanalyzableCommand
 
 __all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter", "make_write_filter"]
@@ -90,14 +91,6 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
             )
         if spec.elevated and not policy.elevated_allowed:
             raise ElevationDenied("elevated runs are not allowed for this agent")
-        protected = sorted(name for name in spec.env if settings.is_protected(name))
-        if protected:
-            # Here and not only in the faces: a face that forgets the check (exec did) must not
-            # open a way around it (LD_PRELOAD, BASH_ENV... run code before any command check).
-            raise ProtectedVariable(
-                "cannot override protected environment variable(s): " + ", ".join(protected),
-                variables=protected,
-            )
         if policy.allow is not None or policy.deny:
             path = dict(spec.env).get("PATH") or _base_path(settings)
             commands_for(scope, path).check(spec.command, spec.cwd)
@@ -151,4 +144,4 @@ def _base_path(settings: Settings) -> str:
     import os
 
     env: Mapping[str, str] = os.environ
-    return str(settings.base_env_set.get("PATH") or env.get("PATH", os.defpath))
+    return str(settings.base_env.set.get("PATH") or env.get("PATH", os.defpath))

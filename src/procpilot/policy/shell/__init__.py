@@ -29,8 +29,8 @@ substitutions), ``analysis`` (the commands a line runs), ``wrappers`` (programs 
 programs) and ``policy`` (the allow and deny lists, on resolved paths).
 """
 
+from procpilot.engine.environment import sensitive_variable
 from procpilot.errors import CommandDenied, UnanalyzableCommand
-from procpilot.policy.shell.analysis import sensitive_variable
 from procpilot.policy.shell.policy import CommandPolicy, programs_in
 
 __all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in", "sensitive_variable"]

@@ -7,6 +7,7 @@ import itertools
 import os
 import re
 
+from procpilot.engine.environment import sensitive_variable
 from procpilot.policy.shell import wrappers
 from procpilot.policy.shell.lexer import (
     _MAX_DEPTH,
@@ -29,20 +30,7 @@ _CASE_ENDS = frozenset({";;", ";&", ";;&"})
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# Variables that decide which program runs, what it loads, or what the shell runs by itself.
-_SENSITIVE = frozenset({
-    "PATH", "ENV", "BASH_ENV", "CDPATH", "SHELLOPTS", "BASHOPTS", "PS0", "PS1", "PS2", "PS3",
-    "PS4", "PROMPT_COMMAND", "EXECIGNORE", "FPATH", "ZDOTDIR", "GCONV_PATH", "BASH_LOADABLES_PATH",
-})  # fmt: skip
-_SENSITIVE_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_")
-
-
-def sensitive_variable(name: str) -> bool:
-    """Whether setting ``name`` can change which program runs, what it loads or what a shell runs."""
-    return name in _SENSITIVE or name.startswith(_SENSITIVE_PREFIXES)
-
-
-_sensitive = sensitive_variable
+_sensitive = sensitive_variable  # the engine's list: what runs code before any command
 
 
 def _analyze_text(text: str, scan: _Scan) -> None:
