@@ -29,7 +29,7 @@ from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
 from procpilot.engine.ownership import OwnerLock
 from procpilot.engine.trees import CgroupTrees, TreeBackend
 
-__all__ = ["Restarts", "read_status", "replay_spool", "status_line"]
+__all__ = ["Restarts", "leader_status", "read_status", "replay_spool", "status_line"]
 
 _EXIT_SUFFIX = ".exit"
 _LOCK_WAIT = 3.0
@@ -44,6 +44,18 @@ def status_line(exit_file: Path, server_pid: int) -> str:
     target = shlex.quote(str(exit_file))
     # $? first: the test itself would overwrite it. The trap leaves the shell's own status as it was.
     return f"trap 's=$?; [ -d /proc/{server_pid} ] || echo $s > {target}' EXIT"
+
+
+def leader_status(pid: int, exit_file: Path, *, own_child: bool) -> int | None:
+    """How an adopted session's leader ended, as ``os.waitstatus_to_exitcode`` says it (negative:
+    the signal): from ``wait`` where it is our own child (a supervisor that detached and one that
+    adopted in the same process), else from what its shell recorded; None if nobody knows."""
+    if own_child:
+        with contextlib.suppress(ChildProcessError):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+    return read_status(exit_file)
 
 
 def read_status(exit_file: Path) -> int | None:

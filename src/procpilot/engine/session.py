@@ -137,6 +137,7 @@ class Session:
         # Set for a session a previous server started (adopt): we are not its leader's parent, so
         # its exit status comes from what its shell wrote, through this, or nowhere (LOST).
         self.adopted = False
+        self.ended_in_outage = False  # adopted already ended: its exit was announced to nobody yet
         self._read_status: Callable[[], int | None] | None = None
         self.extra_record: dict[str, Any] = {}  # what the supervisor keeps for the next server
 
@@ -266,6 +267,8 @@ class Session:
         if status is None:
             if self._requested_end is None:  # ended by our own signal: that is how it ended
                 self.error = self.error or "its leader exited while no server ran and its exit status was not recorded"
+        elif status < 0:
+            self.exit_signal = signal_name(-status)
         else:
             self.exit_code = status
         self._after_leader_exit()
@@ -410,10 +413,12 @@ class Session:
         oom = account.limit_report is not None and account.limit_report.oom_killed
         if self._requested_end is not None:
             end = self._requested_end
-        elif self.adopted and self.exit_code is None:
-            end = SessionState.LOST
-        elif oom:  # even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`)
+        elif oom:
+            # Even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`), and
+            # even when an adopted session's shell died with it and recorded nothing (before LOST).
             end = SessionState.LIMIT_EXCEEDED
+        elif self.adopted and self.exit_code is None and self.exit_signal is None:
+            end = SessionState.LOST
         elif self.exit_code == 0:
             end = SessionState.EXITED_OK
         else:

@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
-from procpilot.engine.adoption import Restarts, read_status, replay_spool, status_line
+from procpilot.engine.adoption import Restarts, leader_status, replay_spool, status_line
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
@@ -76,8 +76,18 @@ _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of outp
 _LOW_SPACE_BYTES = 100 << 20  # under this (or 1% of the disk) doctor and capabilities warn
 _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
 _T = TypeVar("_T")
+_MAX_OUTAGE_EXITS = 1000  # per scope, kept until a stream of that scope takes them
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
-_ADOPTION_KEYS = ("owner", "max_log_bytes", "tree_root", "limit_mechanism", "limit_roots", "timeout", "notify_on_exit")
+_ADOPTION_KEYS = (
+    "owner",
+    "server_pid",
+    "max_log_bytes",
+    "tree_root",
+    "limit_mechanism",
+    "limit_roots",
+    "timeout",
+    "notify_on_exit",
+)
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -149,6 +159,9 @@ class Supervisor:
         self.owner = owner
         self._restarts: Restarts | None = None
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
+        # Exits of sessions that ended while no server ran, per scope, until a listener of that
+        # scope takes them (take_outage_exits): nobody was there to be told when they happened.
+        self._outage_exits: dict[str, builtins.list[ExitInfo]] = {}
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
@@ -533,7 +546,11 @@ class Supervisor:
             return
         trees, limits = self._tree_backend, session.accounting.limit_backend
         roots: builtins.list[str] = []
-        extra: dict[str, Any] = {"owner": restarts.owner, "max_log_bytes": self.config.max_log_bytes}
+        extra: dict[str, Any] = {
+            "owner": restarts.owner,
+            "max_log_bytes": self.config.max_log_bytes,
+            "server_pid": os.getpid(),  # its parent: the one that may still wait for it
+        }
         if isinstance(trees, CgroupTrees):
             extra["tree_root"] = str(trees.root)
             roots.append(str(trees.root))
@@ -628,6 +645,8 @@ class Supervisor:
         for fd in fds.values():
             os.set_blocking(fd, False)
         exited = held.exited if held is not None else True
+        if exited and spec.notify_on_exit:
+            session.ended_in_outage = True
         exit_file = restarts.exit_file(session_id)
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
@@ -635,7 +654,7 @@ class Supervisor:
             spawned,
             started_at=float(record.get("started_at") or session.created_at),
             leader_exited=exited or (not alive and "pidfd" not in fds),
-            read_status=lambda: read_status(exit_file),
+            read_status=lambda: leader_status(pid, exit_file, own_child=record.get("server_pid") == os.getpid()),
         )
         link = restarts.link
         session.on_stdin_close = lambda: link.stdin_closed(session_id)
@@ -654,6 +673,10 @@ class Supervisor:
             self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
+        if session.ended_in_outage:
+            pending = self._outage_exits.setdefault(session.scope, [])
+            if len(pending) < _MAX_OUTAGE_EXITS:
+                pending.append(session.exit_info(self.tail_text(session)))
         if session.spec.notify_on_exit and self.exits.has_listeners:
             self.exits.publish(session.exit_info(self.tail_text(session)))
 
@@ -828,6 +851,11 @@ class Supervisor:
         return [s.id for s in expired]
 
     # -- events --------------------------------------------------------------------------------
+
+    def take_outage_exits(self, scope: str) -> builtins.list[ExitInfo]:
+        """The exits of ``scope``'s sessions that ended while no server ran (once: a stream that
+        connects after a restart delivers them; later ones get only what happens from then on)."""
+        return self._outage_exits.pop(scope, [])
 
     def on_exit(self, callback: Callable[[ExitInfo], None]) -> Callable[[], None]:
         """Call ``callback`` once per session when it ends; returns the remover."""

@@ -1,0 +1,97 @@
+"""Adoption inside one process: a supervisor detaches (its sessions left running to the holder),
+the next one of the same owner takes them over; the owner lock; logs rebuilt from their files.
+The crash itself (kill -9 of a real server) is tests/transports/test_restarts.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from procpilot.config import Settings
+from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.ownership import OwnerLock
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import StateDirBusy
+
+A = "agent-a"
+
+
+def test_a_log_rebuilt_from_its_files_reads_and_grows_like_the_one_that_wrote_them(tmp_path: Path) -> None:
+    cap = 128 * 1024  # 16 KiB segments: 300 KiB rolls the tail past the cap
+    for size in (5_000, 300_000):
+        directory = tmp_path / str(size)
+        written = SessionOutput(directory, cap)
+        for i in range(size // 10):
+            written.append(Stream.STDOUT if i % 3 else Stream.STDERR, f"line{i:05d}\n".encode())
+        written.mark_closed()
+        rebuilt = SessionOutput.recover(directory, cap)
+        for stream in Stream:
+            old, new = written[stream], rebuilt[stream]
+            assert (new.size, new.dropped) == (old.size, old.dropped)
+            assert new.read(0).data == old.read(0).data
+            if not old.dropped:  # rolled segments took their line count with them (said in recover)
+                assert new.total_lines == old.total_lines
+                assert new.read_lines(7, 3).lines == old.read_lines(7, 3).lines
+        rebuilt.append(Stream.STDOUT, b"after\n")
+        view = rebuilt[Stream.COMBINED]
+        assert view.read(view.size - 6).data == b"after\n"
+        rebuilt.mark_closed()
+
+
+def test_one_live_server_per_owner(tmp_path: Path) -> None:
+    first = OwnerLock(tmp_path, "serve")
+    try:
+        with pytest.raises(StateDirBusy, match=f"pid {os.getpid()}") as refused:
+            OwnerLock(tmp_path, "serve")
+        assert refused.value.hints and refused.value.details["owner"] == "serve"
+        OwnerLock(tmp_path, "mcp:a/b c").release()  # another owner: no conflict (and any agent id)
+    finally:
+        first.release()
+    OwnerLock(tmp_path, "serve").release()  # free again once released (or its holder died)
+
+
+async def test_a_detached_supervisors_sessions_are_adopted_with_stdin_output_and_exit(settings: Settings) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    assert first.can_detach
+    printer = await first.spawn(SpawnSpec("for i in $(seq 1 30); do echo n$i; sleep 0.02; done; exit 5"), scope=A)
+    reader = await first.spawn(SpawnSpec("read x; echo got-$x; exit 3"), scope=A)
+    tty = await first.spawn(SpawnSpec("cat", pty=True), scope=A)
+    await first.wait(A, printer.id, timeout=10, pattern=re.compile("n3"))
+    await first.detach()
+    await asyncio.sleep(0.3)  # printing goes on into the holder's spool meanwhile
+    async with Supervisor(settings, owner="t") as second:
+        assert set(second.adopted) == {printer.id, reader.id, tty.id}
+        again = second.get(A, printer.id)
+        await second.wait(A, printer.id, timeout=10)
+        assert again.state is SessionState.EXITED_ERROR and again.exit_code == 5
+        text = again.output[Stream.COMBINED].read().data.decode()
+        assert text.split() == [f"n{i}" for i in range(1, 31)]  # every line, in order, once
+
+        await second.write(A, reader.id, b"it\n")
+        await second.wait(A, reader.id, timeout=10)
+        done = second.get(A, reader.id)
+        assert (done.state, done.exit_code) == (SessionState.EXITED_ERROR, 3)
+        assert b"got-it" in done.output[Stream.COMBINED].read().data
+
+        await second.write(A, tty.id, b"typed\r")
+        found = await second.wait(A, tty.id, timeout=10, pattern=re.compile("typed"))
+        assert found.reason == "pattern"
+    # Leaving the context ended the tty's cat: nothing is left (the leak check says so too).
+    assert all(s.finished for s in second.all_sessions())
+
+
+async def test_two_hundred_sessions_are_adopted_at_once(settings: Settings) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    started = [await first.spawn(SpawnSpec("sleep 60"), scope=A) for _ in range(200)]
+    await first.detach()
+    async with Supervisor(settings, owner="t") as second:
+        assert sorted(second.adopted) == sorted(s.id for s in started)
+        assert all(s.is_running for s in second.list(A))
+        one = await second.kill(A, started[0].id, wait=None)
+        assert one.state is SessionState.KILLED
