@@ -74,6 +74,8 @@ def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) 
         _until(lambda: not (state / f"{lost}.exit").exists() and not _alive_marked(lost), "the exec'd one to end")
 
         second = start_daemon(root, log_name="second.log")
+        # What ended in the outage was told to nobody: the agent's first event stream hears it.
+        assert _exit_events(second, 2) == {printer: 7, lost: None}
         with second.http() as c:
             listed = {s["sessionId"]: s for s in post(c, "process", action="list").json()["data"]["sessions"]}
             assert set(listed) == {printer, piped, tty, lost, long}
@@ -109,6 +111,22 @@ def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) 
                 _kill_9(daemon)
         if marked_processes():
             _end_all(root)
+
+
+def _exit_events(daemon: Served, count: int) -> dict[str, int | None]:
+    """The first ``count`` exit events of agent A's stream: session id -> exit code."""
+    found: dict[str, int | None] = {}
+    with daemon.http() as c, c.stream("GET", "/v1/events") as events:
+        kind = None
+        for line in events.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind == "exit":
+                event = json.loads(line[6:])
+                found[event["sessionId"]] = event["exitCode"]
+                if len(found) == count:
+                    return found
+    raise AssertionError(f"the stream ended after {found}")
 
 
 def _alive_marked(session_id: str) -> bool:

@@ -4,7 +4,7 @@ Why it exists: a session's output arrives through pipes (or a pty master) whose 
 server holds. If the server dies, the last read end closes and the next write gets SIGPIPE (a pty
 gets SIGHUP): the process dies with it. So every server hands the holder a duplicate of each
 session's descriptors (output read ends, the stdin write end, the pidfd) over a Unix socket with
-SCM_RIGHTS at spawn time: one ``sendmsg`` (~4 µs), no process per session. While the server's
+SCM_RIGHTS soon after spawn (batched: one ``sendmsg`` for many sessions), no process per session. While the server's
 connection is open the holder only keeps them, reading nothing. When that connection ends without
 the server having forgotten a session (a crash, ``kill -9``, a planned hand-over), the holder
 drains it: every chunk goes, in arrival order, into the session's spool file (``outage.spool``:
@@ -20,8 +20,9 @@ the package: it must start in tens of milliseconds and stay small (one per state
 
 Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached where said):
   server → holder  {"op": "hello", "owner": O}                 the reply: a "held" per session, then "end"
-                   {"op": "add", "id", "owner", "roles", "spool", "cap", "roots"} + one fd per role
-                   {"op": "forget", "id"}                      the session ended; close its copies
+                   {"op": "add", "owner", "sessions": [{"id", "roles", "spool", "cap", "roots"}...]}
+                                                               + one fd per role, in order
+                   {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
   holder → server  {"op": "held", "id", "roles", "eof", "exited"} + one fd per role still open
                    {"op": "end"}
@@ -47,7 +48,7 @@ SPOOL_NAME = "outage.spool"
 OUTPUT_ROLES = ("stdout", "stderr")
 _READ = 1 << 20
 _MAX_MSG = 64 * 1024
-_MAX_FDS = 8
+_MAX_FDS = 253  # SCM_MAX_FD: a batch of sessions' descriptors in one message
 _SEND_TIMEOUT = 10.0
 
 
@@ -130,14 +131,16 @@ class Holder:
                 os.close(fd)
             return
         if op == "add":
-            self._add(msg, fds)
+            self._add_all(msg, fds)
             return
         for fd in fds:  # no other message carries descriptors
             os.close(fd)
         if op == "hello":
             self._hello(conn, str(msg.get("owner")))
         elif op == "forget":
-            self._drop(str(msg.get("id")))
+            ids = msg.get("ids")
+            for sid in ids if isinstance(ids, list) else []:
+                self._drop(str(sid))
         elif op == "stdin_closed":
             held = self.sessions.get(str(msg.get("id")))
             if held is not None and "stdin" in held.fds:
@@ -156,7 +159,25 @@ class Holder:
 
     # -- sessions -----------------------------------------------------------------------------
 
-    def _add(self, msg: dict[str, object], fds: list[int]) -> None:
+    def _add_all(self, msg: dict[str, object], fds: list[int]) -> None:
+        """Several sessions in one message: their descriptors in order, each one's roles saying how many."""
+        sessions = msg.get("sessions")
+        owner = str(msg.get("owner"))
+        if not isinstance(sessions, list) or not all(
+            isinstance(one, dict) and isinstance(one.get("roles"), list) for one in sessions
+        ):
+            sessions = []
+        if not sessions or sum(len(one["roles"]) for one in sessions) != len(fds):
+            for fd in fds:
+                os.close(fd)
+            return
+        pos = 0
+        for one in sessions:
+            count = len(one["roles"])
+            self._add(one, owner, fds[pos : pos + count])
+            pos += count
+
+    def _add(self, msg: dict[str, object], owner: str, fds: list[int]) -> None:
         roles = msg.get("roles")
         if not isinstance(roles, list) or len(roles) != len(fds):
             for fd in fds:
@@ -168,7 +189,7 @@ class Holder:
         roots = msg.get("roots")
         held = Held(
             sid,
-            str(msg.get("owner")),
+            owner,
             dict(zip((str(r) for r in roles), fds, strict=True)),
             str(msg.get("spool")),
             cap if isinstance(cap, int) else 64 << 20,

@@ -402,6 +402,7 @@ class Session:
     def _finish(self) -> None:
         if self._finished.is_set():
             return
+        self.on_stdin_close = None  # ended: the supervisor tells the holder to forget all of it
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()

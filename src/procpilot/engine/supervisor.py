@@ -311,7 +311,10 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        # Our readers stop before the holder starts: the logs and the spool never interleave.
+        # Sessions still queued for the holder go now, while their descriptors are open; then our
+        # readers stop before the holder starts: the logs and the spool never interleave.
+        if self._restarts is not None:
+            self._restarts.link.flush()
         for session in self._sessions.values():
             session.detach()
         restarts = self._restarts
