@@ -35,15 +35,19 @@ _EXIT_SUFFIX = ".exit"
 _LOCK_WAIT = 3.0
 
 
-def status_line(exit_file: Path, server_pid: int) -> str:
+def status_line(exit_file: Path, server_pid: int, probe_fd: int, lock: Path) -> str:
     """The shell line that records the leader's exit status for a server that is not there.
 
-    ``/proc/PID`` is a stat in the shell (~µs); a file is written only in an outage, so a spawn
-    while the server lives costs nothing more on disk. An ``exec`` in the user's script replaces
-    the shell and its trap: such a session's exit in an outage is unknown (LOST), never guessed."""
+    "There" means: the server that started it still holds its owner lock at ``probe_fd`` (see
+    OwnerLock). That is false after a crash, a hand-over, while it is a zombie nobody reaped, and
+    for a stranger that got its pid. The test is two stats in the shell (~µs); a file is written
+    only then, so a spawn while the server lives costs nothing more on disk. An ``exec`` in the
+    user's script replaces the shell and its trap: such a session's exit in an outage is unknown
+    (LOST), never guessed."""
     target = shlex.quote(str(exit_file))
-    # $? first: the test itself would overwrite it. The trap leaves the shell's own status as it was.
-    return f"trap 's=$?; [ -d /proc/{server_pid} ] || echo $s > {target}' EXIT"
+    probe = shlex.quote(f"/proc/{server_pid}/fd/{probe_fd}")
+    # $s first: the test itself would overwrite $?. The trap leaves the shell's own status as it was.
+    return f"trap 's=$?; [ {probe} -ef {shlex.quote(str(lock))} ] || echo $s > {target}' EXIT"
 
 
 def leader_status(pid: int, exit_file: Path, *, own_child: bool) -> int | None:
@@ -105,6 +109,13 @@ class Restarts:
         self._lock = OwnerLock(self.state_dir, self.owner, wait=_LOCK_WAIT)
         self.sessions_root.mkdir(parents=True, exist_ok=True)
         return self.link.connect()
+
+    def status_line(self, session_id: str) -> str | None:
+        """The exit-recording shell line for a new session, None when we hold no lock."""
+        lock = self._lock
+        if lock is None or lock.probe_fd is None:
+            return None
+        return status_line(self.exit_file(session_id), os.getpid(), lock.probe_fd, lock.path)
 
     def exit_file(self, session_id: str) -> Path:
         return self.sessions_root / f"{session_id}{_EXIT_SUFFIX}"

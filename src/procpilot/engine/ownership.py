@@ -24,6 +24,7 @@ __all__ = ["OwnerLock"]
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _MAX_NAME = 120
 _RETRY = 0.05
+_PROBE_FD_MIN = 900
 
 
 def lock_name(owner: str) -> str:
@@ -56,10 +57,15 @@ class OwnerLock:
             # Who holds it, for the next one's message: the file is ours alone now.
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
+            # A second descriptor of the lock at a high, fixed-looking number: a session's shell
+            # asks "/proc/<server>/fd/<probe> is still this lock file?" to learn whether its server
+            # lives and owns it (false after a crash, a hand-over, as a zombie, or for a reused pid).
+            probe = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _PROBE_FD_MIN)
         except BaseException:
             os.close(fd)
             raise
         self._fd: int | None = fd
+        self.probe_fd: int | None = probe
 
     def _busy(self, fd: int) -> StateDirBusy:
         with contextlib.suppress(OSError, ValueError):
@@ -78,6 +84,9 @@ class OwnerLock:
         )
 
     def release(self) -> None:
+        if self.probe_fd is not None:
+            probe, self.probe_fd = self.probe_fd, None
+            os.close(probe)
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)

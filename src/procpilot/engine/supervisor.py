@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
-from procpilot.engine.adoption import Restarts, leader_status, replay_spool, status_line
+from procpilot.engine.adoption import Restarts, leader_status, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
@@ -499,7 +499,9 @@ class Supervisor:
                 prelude += spec.limits.rlimit_lines()
             restarts = self._restarts
             if restarts and restarts.link.connected and isinstance(spec.command, str) and not spec.isolation:
-                prelude.append(status_line(restarts.exit_file(session.id), os.getpid()))
+                line = restarts.status_line(session.id)
+                if line is not None:
+                    prelude.append(line)
             spawned = await spawn_process(spec, env, prelude=prelude)
         except BaseException:
             if tree_prepared:
