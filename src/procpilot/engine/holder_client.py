@@ -17,6 +17,7 @@ import select
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ _MAX_SOCKET_PATH = 107  # sun_path, with its NUL
 _START_TIMEOUT = 5.0
 _SEND_TIMEOUT = 2.0
 _MAX_MSG = 64 * 1024
+_REPLAY_CHUNK = 1 << 20
 _BATCH_DELAY = 0.05  # seconds a new session may wait to be handed to the holder
 _MAX_FDS_PER_MSG = 200  # SCM_RIGHTS takes at most 253 per message
 _MAX_IDS_PER_MSG = 1000  # 16-character ids: ~20 KB of JSON, within _MAX_MSG
@@ -245,24 +247,24 @@ class HolderLink:
             sock.close()
 
 
-def read_spool(path: Path) -> list[tuple[bytes, bytes | int]]:
+def read_spool(path: Path) -> Iterator[tuple[bytes, bytes | int]]:
     """The records of a spool file, in arrival order: (b"o"|b"e", data) or (b"d", bytes dropped).
-    A record cut short by a crash of the holder ends the list."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
+    Read a bounded piece at a time (a record's data in chunks of at most _REPLAY_CHUNK); a record
+    cut short by a crash of the holder ends it."""
     header = holder_module.SPOOL_HEADER
-    out: list[tuple[bytes, bytes | int]] = []
-    pos = 0
-    while pos + header.size <= len(data):
-        tag, size = header.unpack_from(data, pos)
-        pos += header.size
-        if tag == b"d":
-            out.append((tag, size))
-            continue
-        if pos + size > len(data):
-            break
-        out.append((tag, data[pos : pos + size]))
-        pos += size
-    return out
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - a generator holds it until exhausted or closed
+    except FileNotFoundError:
+        return
+    with f:
+        while len(head := f.read(header.size)) == header.size:
+            tag, size = header.unpack(head)
+            if tag == b"d":
+                yield tag, size
+                continue
+            while size > 0:
+                chunk = f.read(min(size, _REPLAY_CHUNK))
+                if not chunk:
+                    return
+                yield tag, chunk
+                size -= len(chunk)
