@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
 from procpilot.config import Settings
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.limits import Limits
 from procpilot.engine.ownership import OwnerLock
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -95,3 +97,26 @@ async def test_two_hundred_sessions_are_adopted_at_once(settings: Settings) -> N
         assert all(s.is_running for s in second.list(A))
         one = await second.kill(A, started[0].id, wait=None)
         assert one.state is SessionState.KILLED
+
+
+HOG = "import time\nchunks=[]\nwhile True:\n    chunks.append(bytearray(8 << 20))\n    time.sleep(0.005)\n"
+
+
+async def test_a_session_its_memory_limit_ends_while_no_server_runs_is_limit_exceeded(settings: Settings) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    if first.limit_mechanism == "watchdog":
+        await first.aclose()
+        pytest.skip("no cgroup enforces memory here: the watchdog does not outlive its server")
+    spec = SpawnSpec(f"sleep 0.3; python3 -c {shlex.quote(HOG)}", limits=Limits(memory_bytes=96 << 20))
+    hog = await first.spawn(spec, scope=A)
+    await first.detach()
+    exit_file = settings.state_dir / "sessions" / f"{hog.id}.exit"
+    for _ in range(400):  # the kernel's OOM killer ends it while nobody serves it
+        if exit_file.exists():
+            break
+        await asyncio.sleep(0.05)
+    async with Supervisor(settings, owner="t") as second:
+        await second.wait(A, hog.id, timeout=10)
+        ended = second.get(A, hog.id)
+        assert ended.state is SessionState.LIMIT_EXCEEDED
+        assert ended.accounting.limit_report is not None and ended.accounting.limit_report.oom_killed

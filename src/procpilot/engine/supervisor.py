@@ -78,7 +78,10 @@ _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a
 _T = TypeVar("_T")
 _MAX_OUTAGE_EXITS = 1000  # per scope, kept until a stream of that scope takes them
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
+# What this version writes for the next server and can read back; a newer one is left alone.
+_RECORD_FORMAT = 1
 _ADOPTION_KEYS = (
+    "format",
     "owner",
     "server_pid",
     "max_log_bytes",
@@ -552,6 +555,7 @@ class Supervisor:
         trees, limits = self._tree_backend, session.accounting.limit_backend
         roots: builtins.list[str] = []
         extra: dict[str, Any] = {
+            "format": _RECORD_FORMAT,
             "owner": restarts.owner,
             "max_log_bytes": self.config.max_log_bytes,
             "server_pid": os.getpid(),  # its parent: the one that may still wait for it
@@ -586,6 +590,19 @@ class Supervisor:
         by_id = {h.id: h for h in held}
         for session_id, record in store.load().items():
             if record.get("owner") != restarts.owner or record.get("state") not in ("running", "queued"):
+                continue
+            if not isinstance(record.get("format"), int) or record["format"] > _RECORD_FORMAT:
+                # Written by a newer procpilot: neither adopted nor touched, and said so.
+                _log.warning(
+                    "session %s was started by a newer procpilot (record format %r, this one reads %d):"
+                    " left alone; stop this server and start the newer one",
+                    session_id,
+                    record.get("format"),
+                    _RECORD_FORMAT,
+                )
+                newer = by_id.pop(session_id, None)
+                if newer is not None:
+                    newer.close()  # our copies only: the holder keeps its own for the newer server
                 continue
             mine = by_id.pop(session_id, None)
             try:
