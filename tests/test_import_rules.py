@@ -10,9 +10,12 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "procpilot"
 _ABOVE_THE_ENGINE = ("procpilot.faces", "procpilot.policy", "procpilot.transports", "procpilot.client")
+_BESIDE_THE_ENGINE = ("procpilot.config", "procpilot.render", "procpilot.contract", "procpilot.sync")
 FORBIDDEN = {
     # the error tree is the root: everything imports it, it imports nothing of ours
     "errors.py": ("procpilot.",),
+    # reading shell text sits just above it: the engine, the policy and render all read shell here
+    "shell": ("procpilot.engine", *_BESIDE_THE_ENGINE, *_ABOVE_THE_ENGINE),
     # settings and text rendering sit beside the engine and serve every layer
     "config.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
     "render.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
@@ -20,6 +23,8 @@ FORBIDDEN = {
     # the policy reads the contract (tool specs, tiers), never a face
     "policy": ("procpilot.faces", "procpilot.transports", "procpilot.client"),
     "contract.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
+    # the synchronous facade wraps the supervisor and nothing above it
+    "sync.py": _ABOVE_THE_ENGINE,
     "faces": ("procpilot.transports", "procpilot.client"),
     # the client talks to a daemon over the wire; it never runs the engine itself
     "client.py": ("procpilot.engine", "procpilot.policy", "procpilot.transports"),
@@ -61,3 +66,13 @@ def test_a_layer_imports_nothing_above_it(layer: str) -> None:
         for module in imported_modules(path):
             allowed = module in ALLOWED.get(layer, ())
             assert allowed or not module.startswith(FORBIDDEN[layer]), f"{path.relative_to(SRC)} imports {module}"
+
+
+def test_every_module_is_under_a_rule() -> None:
+    """A new module or package is placed in the layering on purpose, not by omission."""
+    ruled = [SRC / layer for layer in FORBIDDEN]
+    for path in sorted(SRC.rglob("*.py")):
+        if path == SRC / "__init__.py":  # the public API: it re-exports every layer
+            continue
+        assert any(path == rule or rule in path.parents for rule in ruled), f"{path.relative_to(SRC)} has no rule"
+

@@ -8,10 +8,10 @@ would otherwise crowd its context.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 
 from procpilot.errors import InvalidArgument
+from procpilot.shell.lexer import simple_commands
 
 __all__ = [
     "MAX_NAME_CHARS",
@@ -164,8 +164,6 @@ def complete_utf8_prefix(data: bytes) -> int:
 MAX_NAME_CHARS = 40
 
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-_FD_BEFORE_REDIRECT = re.compile(r"(?<![\w$])\d+(?=[<>])")
-_OPERATOR_CHARS = frozenset("();<>|&")
 
 # Commands that only prepare the environment for the one that matters in "cd app && make".
 _SETUP_VERBS = frozenset(
@@ -242,39 +240,6 @@ _MAX_DEPTH = 4
 def _basename(word: str) -> str:
     stripped = word.rstrip("/")
     return stripped.rpartition("/")[2] or word
-
-
-def _split_words(command: str) -> list[str]:
-    # A newline ends a command in a shell, and a backslash-newline continues it.
-    command = command.replace("\\\n", " ").replace("\n", " ; ")
-    # "2>&1" and "2>/dev/null": the digits are a file descriptor, not an argument.
-    command = _FD_BEFORE_REDIRECT.sub("", command)
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    try:
-        return list(lexer)
-    except ValueError:
-        # Unbalanced quotes: a display name is still better than an error for a command the
-        # shell itself may accept (the agent may have quoted for another layer).
-        return re.findall(r"[^\s();<>|&]+|[();<>|&]+", command)
-
-
-def _split_segments(words: list[str]) -> list[list[str]]:
-    segments: list[list[str]] = [[]]
-    skip_next = False
-    for word in words:
-        if skip_next:
-            skip_next = False
-            continue
-        if word and set(word) <= _OPERATOR_CHARS:
-            if "<" in word or ">" in word:
-                # A redirection: drop it and its file so "make > log" does not target "log".
-                skip_next = True
-            else:
-                segments.append([])
-            continue
-        segments[-1].append(word)
-    return [segment for segment in segments if segment]
 
 
 def _is_option(word: str) -> bool:
@@ -398,11 +363,8 @@ def _name_segment(words: Sequence[str], depth: int) -> tuple[str, str | None] | 
 
 
 def _name_command(command: str | Sequence[str], depth: int) -> tuple[str, str | None] | None:
-    if isinstance(command, str):
-        segments = _split_segments(_split_words(command))
-    else:
-        # An argv is not shell syntax: "&&" in it is an argument, not an operator.
-        segments = [list(command)] if command else []
+    # An argv is not shell syntax: "&&" in it is an argument, not an operator.
+    segments = simple_commands(command) if isinstance(command, str) else [list(command)]
     first: tuple[str, str | None] | None = None
     for segment in segments:
         named = _name_segment(segment, depth)

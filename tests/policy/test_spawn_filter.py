@@ -21,7 +21,7 @@ from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ProtectedVariable
 from procpilot.faces.proc_protocol import ProcHandler
-from procpilot.policy.shell import CommandDenied
+from procpilot.policy.commands import CommandDenied
 from procpilot.policy.spawn_filter import ElevationDenied, LimitAboveAllocation, ProcLimit, make_spawn_filter
 from procpilot.transports.serve import build_tools, make_supervisor
 

@@ -1,5 +1,8 @@
 """Bearer tokens decide the agent: no token or a wrong one is a bare 401 everywhere, and one agent's
-token can never see, poll, write to or kill another agent's session through any endpoint."""
+token can never see, poll, write to or kill another agent's session through any endpoint.
+
+REST is tested on the app in this process (tests/inprocess.py); the log, MCP, SSE and WebSocket
+on a real daemon."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from mcp import Client
 
 from procpilot.transports.http import TokenAuth
 from tests.daemon import TOKEN_A, TOKEN_B, TOKENS, Served, start_daemon
+from tests.inprocess import InProcess, in_process_daemon
 
 ENDPOINTS = [
     ("GET", "/v1/tools", None),
@@ -36,12 +40,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     assert daemon.stop() == 0, daemon.log_text()
 
 
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
+    with in_process_daemon(tmp_path_factory.mktemp("auth-app")) as inproc:
+        yield inproc
+
+
 @pytest.mark.parametrize(
     "authorization", [None, "", "Bearer", "Bearer wrong", f"Basic {TOKEN_A}", f"Bearer {TOKEN_A}x"]
 )
-def test_missing_or_wrong_token_is_a_bare_401_everywhere(served: Served, authorization: str | None) -> None:
+def test_missing_or_wrong_token_is_a_bare_401_everywhere(app: InProcess, authorization: str | None) -> None:
     headers = {"Authorization": authorization} if authorization is not None else {}
-    with httpx2.Client(base_url=served.url, timeout=30) as c:
+    with app.http(None) as c:
         for method, path, body in ENDPOINTS:
             r = c.request(method, path, json=body, headers=headers)
             assert r.status_code == 401, (method, path, r.status_code)
@@ -77,8 +87,8 @@ def _post(c: httpx2.Client, tool: str, **args: Any) -> httpx2.Response:
     return c.post(f"/v1/tools/{tool}", json=args)
 
 
-def test_agent_b_cannot_touch_agent_a_sessions_over_rest(served: Served) -> None:
-    with served.http(TOKEN_A) as a, served.http(TOKEN_B) as b:
+def test_agent_b_cannot_touch_agent_a_sessions_over_rest(app: InProcess) -> None:
+    with app.http(TOKEN_A) as a, app.http(TOKEN_B) as b:
         sid = _post(a, "exec", command="cat", background=True).json()["data"]["sessionId"]
         ghost = "aaaaaaaaaaaaaaaa"
         for action, extra in [

@@ -1,4 +1,5 @@
-"""`procpilot serve` as a real subprocess on a free loopback port: REST, OpenAPI, SSE, MCP, shutdown."""
+"""The daemon: REST and OpenAPI on its app in this process (tests/inprocess.py); the Unix socket,
+SSE, MCP and shutdown on `procpilot serve` as a real subprocess on a free loopback port."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ from tests.daemon import (
     start_daemon,
     write_config,
 )
+from tests.inprocess import InProcess, in_process_daemon
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
+    with in_process_daemon(tmp_path_factory.mktemp("app")) as inproc:
+        yield inproc
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +50,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 # -- REST --------------------------------------------------------------------------------------
 
 
-def test_exec_and_process_over_rest(served: Served) -> None:
-    with served.http() as c:
+def test_exec_and_process_over_rest(app: InProcess) -> None:
+    with app.http() as c:
         r = post(c, "exec", command="echo hello; echo oops >&2; exit 3")
         assert r.status_code == 200
         body = r.json()
@@ -65,11 +73,11 @@ def test_exec_and_process_over_rest(served: Served) -> None:
         cleanup(c)
 
 
-def test_audit_events_are_appended_to_the_state_dir(served: Served) -> None:
-    with served.http() as c:
+def test_audit_events_are_appended_to_the_state_dir(app: InProcess) -> None:
+    with app.http() as c:
         done = post(c, "exec", command="echo for-the-record").json()["data"]
         post(c, "process", action="remove", sessionId=done["sessionId"])
-    path = served.root / "state" / "audit.jsonl"
+    path = app.root / "state" / "audit.jsonl"
     text = path.read_text()
     events = [json.loads(line) for line in text.splitlines()]
     assert any(e["scope"] == "agent-a" and e["tool"] == "exec" and "for-the-record" in e["summary"] for e in events)
@@ -77,8 +85,8 @@ def test_audit_events_are_appended_to_the_state_dir(served: Served) -> None:
     assert (path.stat().st_mode & 0o777) == 0o600
 
 
-def test_empty_body_is_no_arguments(served: Served) -> None:
-    with served.http() as c:
+def test_empty_body_is_no_arguments(app: InProcess) -> None:
+    with app.http() as c:
         r = c.post("/v1/tools/exec")
         assert r.status_code == 422
         assert r.json()["error"] == "InvalidArgument"
@@ -95,8 +103,8 @@ def test_empty_body_is_no_arguments(served: Served) -> None:
         ({"action": "list", "bogus": 1}, 422, "InvalidArgument"),
     ],
 )
-def test_typed_errors_have_statuses(served: Served, arguments: dict[str, Any], status: int, code: str) -> None:
-    with served.http() as c:
+def test_typed_errors_have_statuses(app: InProcess, arguments: dict[str, Any], status: int, code: str) -> None:
+    with app.http() as c:
         r = post(c, "process", **arguments)
         assert r.status_code == status, r.text
         body = r.json()
@@ -105,8 +113,8 @@ def test_typed_errors_have_statuses(served: Served, arguments: dict[str, Any], s
         assert body["text"].startswith(code)
 
 
-def test_state_errors_are_409_and_spawn_errors_422(served: Served) -> None:
-    with served.http() as c:
+def test_state_errors_are_409_and_spawn_errors_422(app: InProcess) -> None:
+    with app.http() as c:
         done = post(c, "exec", command="true").json()["data"]["sessionId"]
         r = post(c, "process", action="write", sessionId=done, data="x")
         assert (r.status_code, r.json()["error"]) == (409, "ProcessAlreadyExited")
@@ -124,8 +132,8 @@ def test_state_errors_are_409_and_spawn_errors_422(served: Served) -> None:
         cleanup(c)
 
 
-def test_bad_requests(served: Served) -> None:
-    with served.http() as c:
+def test_bad_requests(app: InProcess) -> None:
+    with app.http() as c:
         r = c.post("/v1/tools/nope", json={})
         assert (r.status_code, r.json()["error"]) == (404, "UnknownTool")
         r = c.post("/v1/tools/exec", content=b"command=ls", headers={"Content-Type": "text/plain"})
@@ -136,11 +144,11 @@ def test_bad_requests(served: Served) -> None:
         assert (r.status_code, r.json()["error"]) == (422, "InvalidArgument")
 
 
-def test_dns_rebinding_and_cross_site_requests_are_refused(served: Served) -> None:
-    with served.http() as c:
+def test_dns_rebinding_and_cross_site_requests_are_refused(app: InProcess) -> None:
+    with app.http() as c:
         assert c.get("/v1/tools", headers={"Host": "evil.example"}).status_code == 403
         assert c.get("/v1/tools", headers={"Origin": "http://evil.example"}).status_code == 403
-        assert c.get("/v1/tools", headers={"Origin": f"{served.url}"}).status_code == 200
+        assert c.get("/v1/tools", headers={"Origin": f"{app.url}"}).status_code == 200
 
 
 def test_unix_socket(served: Served) -> None:
@@ -161,8 +169,8 @@ def _validator(doc: dict[str, Any], ref: str) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
-def test_openapi_matches_behaviour(served: Served) -> None:
-    with served.http() as c:
+def test_openapi_matches_behaviour(app: InProcess) -> None:
+    with app.http() as c:
         doc = c.get("/openapi.json").json()
         tools = c.get("/v1/tools").json()["tools"]
         assert doc["openapi"].startswith("3.1")
@@ -196,10 +204,10 @@ def test_openapi_matches_behaviour(served: Served) -> None:
         cleanup(c)
 
 
-def test_refusals_match_the_openapi_document(served: Served) -> None:
+def test_refusals_match_the_openapi_document(app: InProcess) -> None:
     """The auth middleware's 401 and 403 bodies validate against the served Error schema, and every
     route's document lists the statuses it really answers."""
-    with served.http() as c:
+    with app.http() as c:
         doc = c.get("/openapi.json").json()
     error = _validator(doc, "#/components/schemas/Error")
     probes = [
@@ -211,7 +219,7 @@ def test_refusals_match_the_openapi_document(served: Served) -> None:
         ("GET", "/mcp", "get"),
         ("DELETE", "/mcp", "delete"),
     ]
-    with httpx2.Client(base_url=served.url, timeout=30) as anon, served.http() as c:
+    with app.http(None) as anon, app.http() as c:
         for method, path, op in probes:
             responses = doc["paths"][path][op]["responses"]
             for client, headers, status in [

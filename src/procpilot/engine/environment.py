@@ -2,9 +2,9 @@
 
 Some variables run code or pick programs before any command of the session is read: the dynamic
 loader's (``LD_*``, ``DYLD_*``), the shell's start-up hooks (``ENV``, ``BASH_ENV``, exported
-functions ``BASH_FUNC_*``, ``PS4`` with ``SHELLOPTS=xtrace``...) and the search paths. The engine
-starts every command through ``/bin/sh``, so it is the engine that knows them; the command policy
-reads the same list when a command line assigns one itself (``BASH_ENV=x sh -c ...``).
+functions ``BASH_FUNC_*``, ``PS4`` with ``SHELLOPTS=xtrace``...) and the search paths
+(``procpilot.shell.variables`` lists them; the command policy reads the same list when a command
+line assigns one itself, ``BASH_ENV=x sh -c ...``).
 """
 
 from __future__ import annotations
@@ -12,21 +12,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from procpilot.errors import ProtectedVariable
+from procpilot.shell.variables import sensitive_variable
 
-__all__ = ["check_overrides", "is_protected", "sensitive_variable"]
-
-# Variables that decide which program runs, what it loads, or what the shell runs by itself.
-_SENSITIVE = frozenset({
-    "PATH", "ENV", "BASH_ENV", "CDPATH", "SHELLOPTS", "BASHOPTS", "PS0", "PS1", "PS2", "PS3",
-    "PS4", "PROMPT_COMMAND", "EXECIGNORE", "FPATH", "ZDOTDIR", "GCONV_PATH", "BASH_LOADABLES_PATH",
-})  # fmt: skip
-_SENSITIVE_PREFIXES = ("LD_", "DYLD_", "BASH_FUNC_")
-
-
-def sensitive_variable(name: str) -> bool:
-    """Whether setting ``name`` can change which program runs, what it loads or what a shell runs."""
-    return name in _SENSITIVE or name.startswith(_SENSITIVE_PREFIXES)
-
+__all__ = ["check_overrides", "is_protected"]
 
 def is_protected(name: str, protected: Collection[str]) -> bool:
     """Whether a call may not override ``name``: the configured names, and always every variable

@@ -192,6 +192,9 @@ class ExecProcessFace:
         self._wait_cursors: dict[str, dict[Stream, int]] = {}
         # Per session and view: where the last poll stopped (face state, not the engine's).
         self._poll_cursors: dict[str, dict[Stream, int]] = {}
+        # Per session: its display name, derived once (reading a 100 KB command line takes tens
+        # of ms, and list and poll show the name on every call).
+        self._names: dict[str, str] = {}
 
     def _exit_is_announced(self, session: Session) -> bool:
         """Whether anything will tell the caller this session ended: the transport says so, or,
@@ -205,6 +208,12 @@ class ExecProcessFace:
 
     # -- shared pieces -------------------------------------------------------------------------
 
+    def _name(self, session: Session) -> str:
+        name = self._names.get(session.id)
+        if name is None:
+            name = self._names[session.id] = derive_name(session.command)
+        return name
+
     def _summary(self, session: Session) -> dict[str, Any]:
         data: dict[str, Any] = {
             "sessionId": session.id,
@@ -216,7 +225,7 @@ class ExecProcessFace:
             "durationMs": session.duration_ms,
             "cwd": str(session.spec.cwd) if session.spec.cwd else None,
             "command": session.command,
-            "name": derive_name(session.command),
+            "name": self._name(session),
         }
         if session.error:
             data["error"] = session.error
@@ -384,7 +393,7 @@ class ExecProcessFace:
 
     def _prune(self) -> None:
         """Forget per-session state of sessions that are gone (removed, cleared, expired)."""
-        tables: tuple[dict[str, Any], ...] = (self._empty_polls, self._wait_cursors, self._poll_cursors)
+        tables: tuple[dict[str, Any], ...] = (self._empty_polls, self._wait_cursors, self._poll_cursors, self._names)
         if not any(tables):
             return
         live = {s.id for s in self.sup.all_sessions()}

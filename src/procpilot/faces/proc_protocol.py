@@ -58,7 +58,7 @@ from procpilot.errors import (
     SessionNotFound,
     StdinClosed,
 )
-from procpilot.policy.shell import CommandDenied, CommandPolicy, UnanalyzableCommand
+from procpilot.policy.commands import CommandDenied, CommandPolicy, UnanalyzableCommand
 from procpilot.render import complete_utf8_prefix
 
 __all__ = [

@@ -20,7 +20,7 @@ from procpilot.engine.limits import Limits
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.errors import ElevationDenied, LimitAboveAllocation, ProcLimit
-from procpilot.policy.shell import CommandPolicy, UnanalyzableCommand
+from procpilot.policy.commands import CommandPolicy, UnanalyzableCommand
 
 __all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter", "make_write_filter"]
 

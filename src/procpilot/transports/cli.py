@@ -8,7 +8,7 @@ import functools
 import json
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -36,7 +36,6 @@ def _root() -> None:
     """procpilot: run commands for agents, inside limits, with nothing lost and nothing left behind."""
 
 
-_SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _WorkspaceOption = Annotated[
     Path | None,
     typer.Option(help="The agents' workspace: default working directory and the bound of every workdir."),
@@ -62,33 +61,6 @@ def _tool_choice(names: str | None, tools: str | None) -> dict[str, Any]:
     if tools is not None:
         chosen["served_tools"] = tuple(name.strip() for name in tools.split(",") if name.strip())
     return chosen
-
-
-async def _serve_until_signal(
-    sup: Supervisor, serve: Callable[[], Awaitable[None]], stop: Callable[[], None] | None = None, *, keep: bool = False
-) -> None:
-    """Run ``serve``; on SIGTERM/SIGINT/SIGHUP/SIGQUIT end every session tree, then return.
-    With ``keep``, running sessions are left to the next server instead (Supervisor.detach)."""
-    loop = asyncio.get_running_loop()
-    received: list[int] = []
-    task = asyncio.ensure_future(serve())
-
-    def on_signal(sig: int) -> None:
-        received.append(sig)
-        (stop or task.cancel)()
-
-    for sig in _SHUTDOWN_SIGNALS:
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    finally:
-        for sig in _SHUTDOWN_SIGNALS:
-            loop.remove_signal_handler(sig)
-        if keep:
-            await sup.detach()
-        # Forward the signal we got (as the spec's signal bridge does), then SIGKILL after grace.
-        await sup.aclose(received[0] if received else signal.SIGTERM)
 
 
 @app.command()
@@ -138,10 +110,11 @@ def mcp(
 
     async def serve_tools(sup: Supervisor, tools: list[ToolSpec]) -> None:
         from procpilot.transports.mcp import build_mcp_server
+        from procpilot.transports.serve import serve_until_signal
 
         if not http:
             server = build_mcp_server(tools, scope=agent)
-            await _serve_until_signal(sup, server.run_stdio_async, keep=keep_sessions)
+            await serve_until_signal(sup, server.run_stdio_async, keep=keep_sessions)
             return
         import uvicorn
 
@@ -167,7 +140,8 @@ def mcp(
         server_ = uvicorn_server(config_)
         serving = functools.partial(server_.serve, sockets=sockets)
         try:
-            await _serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True), keep=keep_sessions)
+            stop = lambda: setattr(server_, "should_exit", True)  # noqa: E731
+            await serve_until_signal(sup, serving, stop, keep=keep_sessions)
         finally:
             for listener in sockets:
                 listener.close()

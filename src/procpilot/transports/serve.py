@@ -18,7 +18,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -254,6 +254,87 @@ def uvicorn_server(config: Any) -> Any:
     return Server(config)
 
 
+@contextlib.asynccontextmanager
+async def daemon_app(supervisor: Supervisor, settings: Settings, *, open_agent: str = "default") -> AsyncIterator[Any]:
+    """The daemon's ASGI app over ``supervisor``: every face's tools behind the gate, the audit
+    log in the state directory, the proc/* handler. What ``serve`` binds to its sockets, and what
+    an in-process client (tests, an embedding program) drives directly."""
+    from procpilot.transports.http import create_app
+
+    toolset = build_toolset(supervisor, settings)
+    stop_audit = record_audit(toolset.audit, audit_file(settings))
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
+    try:
+        yield create_app(
+            supervisor,
+            toolset.tools,
+            settings,
+            audit=toolset.audit,
+            open_agent=open_agent,
+            proc_handler=proc_handler_factory(settings),
+            gate=toolset.gate,
+        )
+    finally:
+        stop_audit()
+
+
+async def serve_until_signal(
+    sup: Supervisor,
+    serve: Callable[[], Awaitable[None]],
+    stop: Callable[[], None] | None = None,
+    *,
+    prepare: Callable[[], Awaitable[None]] | None = None,
+    keep: bool = False,
+) -> int:
+    """Run ``serve`` until it returns or a shutdown signal comes; returns the signal (0 if none).
+
+    On the first SIGTERM/SIGINT/SIGHUP/SIGQUIT: ``stop()`` (default: cancel ``serve``) and, at
+    once, ``prepare()`` (refuse new work) and the end of every session tree with that signal,
+    SIGKILL after the grace period, while ``serve`` winds down. Later signals change nothing: the
+    shutdown is already bounded by the grace period. Every server procpilot runs (the daemon,
+    ``procpilot mcp`` over stdio or HTTP) stops this one way.
+
+    SIGUSR2, and with ``keep`` every way of stopping (a signal, or ``serve`` returning: a stdio
+    client that went away), leaves the running sessions to the next server instead
+    (``Supervisor.detach``; where no holder keeps them, they end as before).
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(serve())
+    received: list[int] = []
+    stopping: list[asyncio.Future[None]] = []
+
+    async def shut_down(sig: int) -> None:
+        if prepare is not None:
+            await prepare()
+        if keep or sig == HANDOVER_SIGNAL:
+            await sup.detach()
+        else:
+            await sup.aclose(sig)
+
+    def on_signal(sig: int) -> None:
+        if received:
+            return
+        received.append(sig)
+        stopping.append(asyncio.ensure_future(shut_down(sig)))
+        (stop or task.cancel)()
+
+    for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
+            loop.remove_signal_handler(sig)
+        for future in stopping:
+            with contextlib.suppress(Exception):
+                await future
+        if keep:
+            await sup.detach()
+        await sup.aclose(received[0] if received else signal.SIGTERM)  # a no-op after a detach
+    return received[0] if received else 0
+
+
 async def serve(
     settings: Settings,
     *,
@@ -270,7 +351,7 @@ async def serve(
     daemon that runs there (daemon.json) to do just that, and waits for it to go."""
     import uvicorn
 
-    from procpilot.transports.http import WS_MAX_MESSAGE, create_app, daemon_of
+    from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -278,21 +359,12 @@ async def serve(
         await asyncio.to_thread(_take_over, daemon_file(settings))
     sockets, address = bind_listeners(settings.server, tcp=tcp)
     marker = daemon_file(settings)
-    received: list[int] = []
+    stopped_by = 0
     try:
-        async with make_supervisor(settings, owner="serve") as sup:
-            toolset = build_toolset(sup, settings)
-            stop_audit = record_audit(toolset.audit, audit_file(settings))
-            logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK logs each session at INFO
-            app = create_app(
-                sup,
-                toolset.tools,
-                settings,
-                audit=toolset.audit,
-                open_agent=open_agent,
-                proc_handler=proc_handler_factory(settings),
-                gate=toolset.gate,
-            )
+        async with (
+            make_supervisor(settings, owner="serve") as sup,
+            daemon_app(sup, settings, open_agent=open_agent) as app,
+        ):
             daemon = daemon_of(app)
             grace = settings.exec.kill_grace_sec
             config = uvicorn.Config(
@@ -306,39 +378,20 @@ async def serve(
                 ws_max_size=WS_MAX_MESSAGE,
             )
             server = uvicorn_server(config)
-            loop = asyncio.get_running_loop()
-            stopping: list[asyncio.Future[None]] = []
 
-            async def shut_down(sig: int) -> None:
-                await daemon.begin_shutdown()
-                if sig == HANDOVER_SIGNAL or keep_sessions:
-                    await sup.detach()
-                else:
-                    await sup.aclose(sig)
-
-            def on_signal(sig: int) -> None:
-                if received:
-                    return  # already stopping; the shutdown is bounded by the grace period
-
-                received.append(sig)
-                stopping.append(asyncio.ensure_future(shut_down(sig)))
-                server.should_exit = True
-
-            for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
-                loop.add_signal_handler(sig, on_signal, sig)
-            try:
+            async def serving() -> None:
                 _write_marker(marker, address)
                 if announce is not None:
                     announce(address)
                 await server.serve(sockets=sockets)
-            finally:
-                for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
-                    loop.remove_signal_handler(sig)
-                for future in stopping:
-                    with contextlib.suppress(Exception):
-                        await future
-            await sup.aclose(received[0] if received else signal.SIGTERM)  # a no-op after a detach
-            stop_audit()
+
+            stopped_by = await serve_until_signal(
+                sup,
+                serving,
+                lambda: setattr(server, "should_exit", True),
+                prepare=daemon.begin_shutdown,
+                keep=keep_sessions,
+            )
     finally:
         for sock in sockets:
             sock.close()
@@ -348,7 +401,7 @@ async def serve(
         with contextlib.suppress(OSError):
             if json.loads(marker.read_text()).get("pid") == os.getpid():
                 marker.unlink()
-    return received[0] if received else 0
+    return stopped_by
 
 
 def _take_over(marker: Path) -> None:

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from procpilot.errors import InvalidArgument
+from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH
 
 # ---------------------------------------------------------------------------------------------
 # Tokens
 
-_MAX_SUBSTITUTIONS = 100  # $( $( ... ) ): no real command comes near; each level costs stack
 _MAX_DEPTH = 12  # sh -c 'sh -c "..."' nesting; deeper is refused rather than followed forever
 
 
@@ -67,13 +67,13 @@ class _Scan:
     substitutions: int = 0  # $( ) open around the lexer now
 
     def enter_substitution(self) -> None:
-        """One more $( ) deep. Past _MAX_SUBSTITUTIONS the text is malformed input, not a command
+        """One more $( ) deep. Past MAX_SUBSTITUTION_DEPTH the text is malformed input, not a command
         to judge: a typed error long before Python's recursion limit."""
         self.substitutions += 1
-        if self.substitutions > _MAX_SUBSTITUTIONS:
+        if self.substitutions > MAX_SUBSTITUTION_DEPTH:
             self.substitutions -= 1
             raise InvalidArgument(
-                f"command: $( ) nested more than {_MAX_SUBSTITUTIONS} deep",
+                f"command: $( ) nested more than {MAX_SUBSTITUTION_DEPTH} deep",
                 field="command",
                 hints={"simplify": "Write the inner steps as separate commands or a script file."},
             )
@@ -473,3 +473,30 @@ def _arith_end(t: str, i: int) -> int:
     return -1
 
 
+
+
+def simple_commands(text: str) -> list[list[str]]:
+    """The words of each simple command in ``text``, after quote removal, in order: operators
+    (``;`` ``&&`` ``||`` ``|`` ``&`` newline, parentheses) separate commands, and redirections are
+    dropped with their targets (``make > log`` is ``make``). Substitutions are not entered; a word
+    that expands keeps its text as written. For naming and display, not for deciding anything:
+    text the shell would refuse (an unfinished quote) still gives its words, as typed."""
+    scan = _Scan(realpath_of=lambda _word: None)
+    try:
+        tokens = _Lexer(text, scan, []).run()
+    except InvalidArgument:  # nested past the bound: there is nothing sensible to show
+        return []
+    as_typed = bool(scan.problems)  # the agent may have quoted for another layer: show it as sent
+    commands: list[list[str]] = [[]]
+    redirected = False
+    for tok in tokens:
+        if isinstance(tok, _Redir):
+            redirected = True
+        elif isinstance(tok, _Op):
+            commands.append([])
+            redirected = False
+        elif redirected:
+            redirected = False  # the redirection's target, not an argument
+        elif not tok.fd_var:
+            commands[-1].append(tok.raw if as_typed else tok.text)
+    return [words for words in commands if words]

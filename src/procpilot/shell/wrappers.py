@@ -8,8 +8,8 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from procpilot.policy.shell import analysis  # analysis imports this module too: names at call time
-from procpilot.policy.shell.lexer import _Program, _Scan, _show, _snippet, _Word
+from procpilot.shell import analysis  # analysis imports this module too: names at call time
+from procpilot.shell.lexer import _Program, _Scan, _show, _snippet, _Word
 
 # ---------------------------------------------------------------------------------------------
 # Wrappers: programs whose arguments name another program to run

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from procpilot.errors import InvalidArgument, ProcpilotError
-from procpilot.policy.shell import CommandDenied, CommandPolicy, UnanalyzableCommand, programs_in
+from procpilot.policy.commands import CommandDenied, CommandPolicy, UnanalyzableCommand, programs_in
 
 PATH = "/usr/bin:/bin"
 LS = os.path.realpath(shutil.which("ls", path=PATH) or "/usr/bin/ls")

@@ -7,9 +7,8 @@ import itertools
 import os
 import re
 
-from procpilot.engine.environment import sensitive_variable
-from procpilot.policy.shell import wrappers
-from procpilot.policy.shell.lexer import (
+from procpilot.shell import wrappers
+from procpilot.shell.lexer import (
     _MAX_DEPTH,
     _Lexer,
     _Op,
@@ -21,6 +20,7 @@ from procpilot.policy.shell.lexer import (
     _Token,
     _Word,
 )
+from procpilot.shell.variables import sensitive_variable
 
 # ---------------------------------------------------------------------------------------------
 # Commands
@@ -30,7 +30,7 @@ _CASE_ENDS = frozenset({";;", ";&", ";;&"})
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-_sensitive = sensitive_variable  # the engine's list: what runs code before any command
+_sensitive = sensitive_variable
 
 
 def _analyze_text(text: str, scan: _Scan) -> None:

@@ -1,5 +1,32 @@
-"""The policy: allowlists and denylists matched on the real path of every program a command
-would run."""
+"""Command allowlists and denylists, matched on the programs a command line would really run.
+
+An agent's policy may name the programs it may run (an allowlist) or must not run (a denylist). A
+shell command line hides programs in many places: after ``;`` ``&&`` ``|`` ``&`` or a newline, in
+``$(...)`` and backticks, behind wrappers (``env``, ``sh -c``, ``xargs``, ``find -exec``, ``timeout``
+...), behind quoting (``"r"m``, ``r\\m``) and behind paths (``/bin/rm``, a copy in ``/tmp``). So this
+module reads the text the way ``sh`` and ``bash`` would (a small lexer for POSIX sh plus the
+bash-isms agents write), finds every command word, unwraps the wrappers, and resolves each program
+to the real path of the file that would run (PATH lookup, then every symlink followed). A program
+is allowed iff its real path is the real path of an allowlist entry: a copy of ``rm`` named ``ls``
+is refused, a symlink to ``/usr/bin/ls`` is allowed.
+
+Where ``sh`` (dash) and ``bash`` read a line differently (``&>``, ``[[ a || b ]]``, ``$'...'``) the
+reading that finds more commands wins. What cannot be known before the line runs (a command word
+built from a variable, ``eval``, ``source``, a command substitution, a function definition...) is
+refused under an allowlist as :class:`UnanalyzableCommand`: when we cannot know what will run,
+refusing is the only safe answer. Refusals name what was refused and why, so an agent can rewrite.
+
+An allowlist is not a sandbox. An allowed program that runs other programs runs them unchecked:
+allowing a shell (to read a script or stdin), an interpreter (python, node, perl, awk...) or a tool
+with its own command hooks (git aliases and hooks, make, npm scripts, vim, less...) allows
+everything. Programs that take a command as an argument are unwrapped only for the wrappers listed
+in ``wrappers.WRAPPERS``; any other (ssh, su, script, unshare, chroot, parallel...) must itself be allowed,
+and allowing it allows what it runs. Use isolation (read-only root, no network, a separate user) to
+limit what programs can do; use the allowlist to keep an agent to the tools it was meant to use.
+
+The reading itself is ``procpilot.shell``'s (lexer, analysis, wrappers); this module resolves
+what it found and decides.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from procpilot.errors import CommandDenied, UnanalyzableCommand
-from procpilot.policy.shell.analysis import _analyze_argv, _analyze_text
-from procpilot.policy.shell.lexer import _Scan, _snippet, _Word
-from procpilot.policy.shell.wrappers import MULTICALL, SHELLS
+from procpilot.shell.analysis import _analyze_argv, _analyze_text
+from procpilot.shell.lexer import _Scan, _snippet, _Word
+from procpilot.shell.wrappers import MULTICALL, SHELLS
+
+__all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in"]
 
 # ---------------------------------------------------------------------------------------------
 # The policy

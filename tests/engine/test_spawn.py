@@ -1,0 +1,92 @@
+"""engine/spawn.py on its own: the environment a child starts with, the working directory a spec
+resolves to, and a real spawn's stdio."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from procpilot.engine.spawn import SpawnSpec, build_env, resolve_workdir, spawn_process
+from procpilot.engine.trees import MARKER_ENV
+from procpilot.errors import InvalidArgument, PathOutOfScope, ProtectedVariable
+
+MARKERS = {MARKER_ENV: "s1"}
+
+
+def test_the_environment_starts_clean_and_ends_with_the_markers() -> None:
+    source = {"PATH": "/bin", "HOME": "/h", "SECRET_TOKEN": "x", MARKER_ENV: "forged"}
+    env = build_env(
+        ("PATH", "HOME"), {"PAGER": "cat"}, {"FOO": "1"}, markers=MARKERS, pty=False, pty_size=(80, 24), source=source
+    )
+    assert env == {"PATH": "/bin", "HOME": "/h", "PAGER": "cat", "TERM": "dumb", "FOO": "1", MARKER_ENV: "s1"}
+
+
+def test_a_pty_gets_a_terminal_and_its_size() -> None:
+    env = build_env((), {}, {}, markers=MARKERS, pty=True, pty_size=(132, 43), source={})
+    assert (env["TERM"], env["COLUMNS"], env["LINES"]) == ("xterm-256color", "132", "43")
+    assert env["PATH"] == os.defpath  # none passed through: the default search path, never none
+
+
+def test_a_marker_cannot_be_overridden() -> None:
+    with pytest.raises(ProtectedVariable):
+        build_env((), {}, {MARKER_ENV: "other"}, markers=MARKERS, pty=False, pty_size=(80, 24), source={})
+
+
+@pytest.mark.parametrize(("overrides", "field"), [({"A=B": "1"}, "env"), ({"": "1"}, "env"), ({"X": "a\0b"}, "env")])
+def test_names_and_values_the_os_cannot_take_are_invalid(overrides: dict[str, str], field: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        build_env((), {}, overrides, markers=MARKERS, pty=False, pty_size=(80, 24), source={})
+    assert info.value.details["field"] == field
+
+
+def test_the_working_directory_resolves_inside_the_workspace(tmp_path: Path) -> None:
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    root = tmp_path.resolve()
+    assert resolve_workdir(tmp_path, None) == root
+    assert resolve_workdir(tmp_path, "src/pkg") == root / "src" / "pkg"
+    assert resolve_workdir(tmp_path, "src/pkg/..") == root / "src"
+    assert resolve_workdir(tmp_path, str(root / "src")) == root / "src"
+    assert SpawnSpec("true", cwd=Path("src"), workspace=tmp_path).cwd == root / "src"
+    assert SpawnSpec("true", workspace=tmp_path).cwd == root
+
+
+@pytest.mark.parametrize("value", ["..", "/", "src/../.."])
+def test_a_working_directory_outside_the_workspace_is_out_of_scope(tmp_path: Path, value: str) -> None:
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    with pytest.raises(PathOutOfScope):
+        SpawnSpec("true", cwd=Path(value), workspace=ws)
+
+
+def test_a_symlink_out_of_the_workspace_is_out_of_scope(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "out").symlink_to(tmp_path)
+    with pytest.raises(PathOutOfScope):
+        resolve_workdir(ws, "out")
+
+
+def test_a_missing_working_directory_is_an_invalid_argument(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        resolve_workdir(tmp_path, "nope")
+    assert info.value.details["field"] == "working_directory"
+
+
+async def test_a_spawned_child_writes_to_its_pipes_and_reads_its_stdin(tmp_path: Path) -> None:
+    spec = SpawnSpec(("/bin/sh", "-c", "read x; echo out:$x; echo err >&2"), workspace=tmp_path)
+    env = build_env(("PATH",), {}, {}, markers=MARKERS, pty=False, pty_size=(80, 24))
+    spawned = await spawn_process(spec, env, prelude=[])
+    try:
+        assert spawned.stdin_fd is not None and spawned.stderr_fd is not None
+        os.set_blocking(spawned.stdout_fd, True)
+        os.set_blocking(spawned.stderr_fd, True)
+        os.write(spawned.stdin_fd, b"hi\n")
+        assert os.read(spawned.stdout_fd, 100) == b"out:hi\n"
+        assert os.read(spawned.stderr_fd, 100) == b"err\n"
+        assert spawned.popen.wait(10) == 0
+    finally:
+        for fd in (spawned.stdin_fd, spawned.stdout_fd, spawned.stderr_fd, spawned.pidfd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
