@@ -140,7 +140,7 @@ def mcp(
         server_ = uvicorn_server(config_)
         serving = functools.partial(server_.serve, sockets=sockets)
         try:
-            stop = lambda: setattr(server_, "should_exit", True)  # noqa: E731
+            stop = functools.partial(setattr, server_, "should_exit", True)
             await serve_until_signal(sup, serving, stop, keep=keep_sessions)
         finally:
             for listener in sockets:
