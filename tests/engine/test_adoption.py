@@ -60,7 +60,7 @@ def test_one_live_server_per_owner(tmp_path: Path) -> None:
 
 async def test_a_detached_supervisors_sessions_are_adopted_with_stdin_output_and_exit(settings: Settings) -> None:
     first = await Supervisor(settings, owner="t").start()
-    assert first.can_detach
+    assert first.can_detach and first.capabilities()["restarts"]["survive"]
     printer = await first.spawn(SpawnSpec("for i in $(seq 1 30); do echo n$i; sleep 0.02; done; exit 5"), scope=A)
     reader = await first.spawn(SpawnSpec("read x; echo got-$x; exit 3"), scope=A)
     tty = await first.spawn(SpawnSpec("cat", pty=True), scope=A)

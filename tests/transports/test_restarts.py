@@ -77,6 +77,7 @@ def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) 
         # What ended in the outage was told to nobody: the agent's first event stream hears it.
         assert _exit_events(second, 2) == {printer: 7, lost: None}
         with second.http() as c:
+            assert c.get("/v1/capabilities").json()["restarts"]["survive"] is True
             listed = {s["sessionId"]: s for s in post(c, "process", action="list").json()["data"]["sessions"]}
             assert set(listed) == {printer, piped, tty, lost, long}
             assert listed[long]["status"] == "running" and listed[piped]["status"] == "running"

@@ -243,7 +243,17 @@ class Supervisor:
             "isolation": isolation_capabilities(),
             "pidfd": hasattr(os, "pidfd_open"),
             "state_dir": self.state_dir_space(),
+            "restarts": self._restart_capability(),
         }
+
+    def _restart_capability(self) -> dict[str, Any]:
+        """Whether running sessions would outlive this server, and if not, why not."""
+        restarts = self._restarts
+        if restarts is None:
+            return {"survive": False, "why": "no owner: sessions end with this supervisor (procpilot serve has one)"}
+        if not restarts.link.connected:
+            return {"survive": False, "owner": restarts.owner, "why": restarts.link.problem}
+        return {"survive": True, "owner": restarts.owner, "holder": restarts.link.path}
 
     @property
     def usage(self) -> UsageTracker:
