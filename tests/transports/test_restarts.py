@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -174,14 +175,37 @@ def test_a_second_live_server_on_one_state_dir_is_refused(tmp_path: Path) -> Non
         assert first.stop() == 0
 
 
-def test_takeover_hands_every_running_session_to_the_new_daemon(tmp_path: Path) -> None:
+def test_takeover_under_a_client_polling_throughout(tmp_path: Path) -> None:
     root = tmp_path / "d"
     first = start_daemon(root)
     second: Served | None = None
+    seen: list[str] = []
+    refused = 0
+    done = threading.Event()
     try:
         with first.http() as c:
             printer = _exec(c, PRINTER)
             _until(lambda: "line3" in _log(c, printer), "the printer to start")
+        assert first.unix_socket is not None
+
+        def poll_throughout() -> None:
+            # Over the Unix socket both daemons serve in turn: between them it is refused, never
+            # a SessionNotFound, never a session that ended without its exit.
+            nonlocal refused
+            transport = httpx2.HTTPTransport(uds=first.unix_socket)
+            with httpx2.Client(transport=transport, base_url="http://localhost", headers=first.headers()) as c:
+                while not done.is_set():
+                    try:
+                        body = post(c, "process", action="poll", sessionId=printer).json()
+                    except httpx2.TransportError:
+                        refused += 1
+                        time.sleep(0.01)
+                        continue
+                    seen.append(body["data"].get("status") or body["data"].get("error"))
+                    time.sleep(0.02)
+
+        poller = threading.Thread(target=poll_throughout)
+        poller.start()
         second = start_daemon(root, TOKENS, "--takeover", log_name="second.log")
         assert first.proc.wait(timeout=30) == 0  # it handed over and left
         with second.http() as c:
@@ -189,9 +213,14 @@ def test_takeover_hands_every_running_session_to_the_new_daemon(tmp_path: Path) 
             assert (ended["status"], ended["exitCode"]) == ("error", 7)
             lines = [ln for ln in _log(c, printer).splitlines() if ln.startswith("line")]
             assert lines == [f"line{i}" for i in range(1, 41)]
+            _until(lambda: "error" in seen, "the poller to see the exit")
+            done.set()
+            poller.join(30)
+            assert set(seen) <= {"running", "error"}, seen  # running until its exit: nothing lost
             cleanup(c)
         assert second.stop() == 0
     finally:
+        done.set()
         for daemon in (first, second):
             if daemon is not None and daemon.proc.poll() is None:
                 _kill_9(daemon)
