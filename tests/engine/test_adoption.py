@@ -8,11 +8,13 @@ import asyncio
 import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from procpilot.config import Settings
+from procpilot.engine.adoption import status_line
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.limits import Limits
 from procpilot.engine.ownership import OwnerLock
@@ -120,3 +122,18 @@ async def test_a_session_its_memory_limit_ends_while_no_server_runs_is_limit_exc
         ended = second.get(A, hog.id)
         assert ended.state is SessionState.LIMIT_EXCEEDED
         assert ended.accounting.limit_report is not None and ended.accounting.limit_report.oom_killed
+
+
+def test_the_exit_trap_writes_only_once_its_server_no_longer_owns_the_state_dir(tmp_path: Path) -> None:
+    odd = tmp_path / "a dir with 'quotes' and $signs"
+    lock = OwnerLock(odd, "serve")
+    assert lock.probe_fd is not None
+    exit_file = odd / "s.exit"
+    line = status_line(exit_file, os.getpid(), lock.probe_fd, lock.path)
+    try:
+        ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
+        assert ran.returncode == 3 and not exit_file.exists()  # its server is there: it waits for it
+    finally:
+        lock.release()
+    ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
+    assert ran.returncode == 3 and exit_file.read_text() == "3\n"  # nobody holds the lock: recorded

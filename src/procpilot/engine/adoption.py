@@ -44,10 +44,10 @@ def status_line(exit_file: Path, server_pid: int, probe_fd: int, lock: Path) -> 
     only then, so a spawn while the server lives costs nothing more on disk. An ``exec`` in the
     user's script replaces the shell and its trap: such a session's exit in an outage is unknown
     (LOST), never guessed."""
-    target = shlex.quote(str(exit_file))
-    probe = shlex.quote(f"/proc/{server_pid}/fd/{probe_fd}")
+    q = shlex.quote
     # $s first: the test itself would overwrite $?. The trap leaves the shell's own status as it was.
-    return f"trap 's=$?; [ {probe} -ef {shlex.quote(str(lock))} ] || echo $s > {target}' EXIT"
+    action = f"s=$?; [ {q(f'/proc/{server_pid}/fd/{probe_fd}')} -ef {q(str(lock))} ] || echo $s > {q(str(exit_file))}"
+    return f"trap {q(action)} EXIT"
 
 
 def leader_status(pid: int, exit_file: Path, *, own_child: bool) -> int | None:
