@@ -202,6 +202,21 @@ class Supervisor:
             # holder kept. Its locks on dead servers' cgroups spare those trees from the sweep below.
             self._restarts = Restarts(self.config.state_dir, self.owner)
             held = self._restarts.begin()
+        try:
+            self._probe()
+        except BaseException:
+            for copy in held:  # nothing taken over: the holder keeps them for the next server
+                copy.close()
+            if self._restarts is not None:
+                self._restarts.close(detach=True)
+            raise
+        self._started = True
+        if self._restarts is not None:
+            self._adopt(held)
+        self._spawn_task(self._housekeeping())
+        return self
+
+    def _probe(self) -> None:
         if self._store is None:
             self._store = FileStore(self.config.state_dir)
         name = self.instance
@@ -211,11 +226,6 @@ class Supervisor:
             # Where sessions are grouped by cgroup v2, limits go in the same directories.
             v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
             self._limits = probe_limits(v2_root=v2_root, name=name)
-        self._started = True
-        if self._restarts is not None:
-            self._adopt(held)
-        self._spawn_task(self._housekeeping())
-        return self
 
     async def __aenter__(self) -> Supervisor:
         return await self.start()
