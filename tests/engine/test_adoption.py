@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,26 @@ def test_the_exit_trap_writes_only_once_its_server_no_longer_owns_the_state_dir(
         lock.release()
     ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
     assert ran.returncode == 3 and exit_file.read_text() == "3\n"  # nobody holds the lock: recorded
+
+
+async def test_a_holder_of_another_protocol_is_left_alone_and_said_so(settings: Settings) -> None:
+    """After an upgrade the old holder still runs: a server that cannot speak its protocol serves
+    without it (its own sessions end with it) and neither adopts nor ends what that holder keeps."""
+    from procpilot.engine import holder
+
+    settings.state_dir.mkdir(parents=True)
+    sock = settings.state_dir / "holder.sock"
+    older = f"import sys; sys.path.insert(0, {os.path.dirname(holder.__file__)!r}); import holder\n"
+    older += f"holder.PROTOCOL = 0\nsys.exit(holder.main({str(sock)!r}))\n"
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", older], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.read(1) == b"R"
+        async with Supervisor(settings, owner="t") as sup:
+            restarts = sup.capabilities()["restarts"]
+            assert restarts["survive"] is False and "protocol 0" in restarts["why"]
+            ran = await sup.run(SpawnSpec("echo still-serves"), scope=A, yield_ms=None)
+            assert ran.state is SessionState.EXITED_OK
+    finally:
+        proc.wait(timeout=10)  # it held nothing and its only server left: it went by itself
+        if proc.stdout is not None:
+            proc.stdout.close()

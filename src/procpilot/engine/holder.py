@@ -25,7 +25,7 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                    {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
   holder → server  {"op": "held", "id", "roles", "eof", "exited"} + one fd per role still open
-                   {"op": "end"}
+                   {"op": "end", "protocol": PROTOCOL}
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ from dataclasses import dataclass, field
 # One spool record: a tag (b"o" stdout, b"e" stderr, b"d" bytes dropped past the cap) and a length.
 SPOOL_HEADER = struct.Struct(">cQ")
 SPOOL_NAME = "outage.spool"
+# The protocol below. A holder outlives upgrades of the servers it serves (it is started once per
+# state directory), so each side says its version: a server that cannot speak the holder's runs
+# without it (its sessions end with it) rather than guess.
+PROTOCOL = 1
 OUTPUT_ROLES = ("stdout", "stderr")
 _READ = 1 << 20
 _MAX_MSG = 64 * 1024
@@ -246,7 +250,7 @@ class Holder:
                 roles = [r for r in held.fds if r != "pidfd" or not held.exited]
                 body = {"op": "held", "id": held.id, "roles": roles, "eof": sorted(held.eof), "exited": held.exited}
                 socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
-            conn.sendall(json.dumps({"op": "end"}).encode())
+            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL}).encode())
         except OSError:
             self._disconnect(conn)
 

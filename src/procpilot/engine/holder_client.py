@@ -38,6 +38,10 @@ _MAX_FDS_PER_MSG = 200  # SCM_RIGHTS takes at most 253 per message
 _MAX_IDS_PER_MSG = 1000  # 16-character ids: ~20 KB of JSON, within _MAX_MSG
 
 
+class HolderMismatch(Exception):
+    """The running holder speaks another protocol version (it was started by another procpilot)."""
+
+
 @dataclass(slots=True)
 class HeldSession:
     """Descriptors of a session the holder kept for us, by role (stdout, stderr, stdin, pidfd)."""
@@ -62,6 +66,7 @@ class HolderLink:
         self.owner = owner
         self._sock: socket.socket | None = None
         self.problem: str | None = None  # why sessions would not survive a crash, if they would not
+        self.mismatch = False  # True iff a holder runs but speaks another protocol: it keeps its sessions
         self._pending_adds: dict[str, tuple[Spawned, dict[str, object]]] = {}
         self._pending_forgets: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -81,6 +86,11 @@ class HolderLink:
                 continue
             try:
                 held = self._hello(sock)
+            except HolderMismatch as exc:
+                sock.close()
+                self.problem = str(exc)
+                self.mismatch = True
+                break
             except OSError:
                 sock.close()
                 continue  # a holder that was exiting as we came: start another
@@ -146,6 +156,11 @@ class HolderLink:
                     raise ConnectionResetError("the holder closed the connection")
                 msg = json.loads(data)
                 if msg.get("op") == "end":
+                    if msg.get("protocol") != holder_module.PROTOCOL:
+                        raise HolderMismatch(
+                            f"the holder at {self.path} speaks protocol {msg.get('protocol')!r}, this procpilot"
+                            f" {holder_module.PROTOCOL}: restart it when no session runs"
+                        )
                     return held
                 roles = [str(r) for r in msg.get("roles", [])]
                 if len(roles) != len(fds):

@@ -607,6 +607,10 @@ class Supervisor:
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
             return
+        if restarts.link.mismatch:
+            # Another procpilot's holder keeps them: neither adopted nor ended here.
+            _log.warning("running sessions left as they are: %s", restarts.link.problem)
+            return
         by_id = {h.id: h for h in held}
         for session_id, record in store.load().items():
             if record.get("owner") != restarts.owner or record.get("state") not in ("running", "queued"):
