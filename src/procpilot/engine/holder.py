@@ -54,6 +54,7 @@ _READ = 1 << 20
 _MAX_MSG = 64 * 1024
 _MAX_FDS = 253  # SCM_MAX_FD: a batch of sessions' descriptors in one message
 _SEND_TIMEOUT = 10.0
+_IDLE_EXIT = 10.0
 
 
 @dataclass
@@ -95,7 +96,12 @@ class Holder:
 
     def run(self) -> None:
         while True:
-            for key, _ in self.sel.select(timeout=None):
+            # Idle (nothing held, nobody connected) only before the first server connects, or if
+            # the one that started us died first: then wait a while for one, and go.
+            events = self.sel.select(timeout=_IDLE_EXIT if not self.conns and not self.sessions else None)
+            if not events and not self.conns and not self.sessions:
+                return
+            for key, _ in events:
                 kind, obj = key.data
                 if kind == "accept":
                     self._accept()
