@@ -253,3 +253,28 @@ async def test_per_call_stdio_servers_of_one_agent_keep_their_sessions(tmp_path:
         for pid in marked_processes():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_keep_sessions_makes_sigterm_hand_over_instead_of_ending(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    first = start_daemon(root, TOKENS, "--keep-sessions")
+    second: Served | None = None
+    try:
+        with first.http() as c:
+            sleeper = _exec(c, "read line; echo got-$line")
+            time.sleep(0.2)  # past the holder's batch window
+        assert first.stop(signal.SIGTERM) == 0
+        assert _alive_marked(sleeper)  # SIGTERM left it running, its stdin open
+        second = start_daemon(root, log_name="second.log")
+        with second.http() as c:
+            post(c, "process", action="write", sessionId=sleeper, data="x\n")
+            done = post(c, "process", action="wait", sessionId=sleeper, timeout=10_000).json()["data"]
+            assert (done["status"], done["exitCode"]) == ("done", 0)
+            assert "got-x" in _log(c, sleeper)
+        assert second.stop() == 0
+    finally:
+        for daemon in (first, second):
+            if daemon is not None and daemon.proc.poll() is None:
+                _kill_9(daemon)
+        if marked_processes():
+            _end_all(root)
