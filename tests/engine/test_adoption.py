@@ -22,6 +22,7 @@ from procpilot.engine.ownership import OwnerLock
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.trees import ScanTrees
 from procpilot.errors import StateDirBusy
 
 A = "agent-a"
@@ -161,3 +162,66 @@ async def test_a_holder_of_another_protocol_is_left_alone_and_said_so(settings: 
         proc.wait(timeout=10)  # it held nothing and its only server left: it went by itself
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+CRASHING_SCAN = """
+import asyncio, sys
+from pathlib import Path
+from procpilot.config import load_settings
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.trees import ScanTrees
+
+async def main():
+    settings = load_settings(env={}, state_dir=Path(sys.argv[1]), workspace_root=Path(sys.argv[2]))
+    sup = await Supervisor(settings, owner="t", trees=ScanTrees()).start()
+    s = await sup.spawn(SpawnSpec("setsid sleep 300 & echo up; sleep 300"), scope="agent-a")
+    await sup.wait("agent-a", s.id, timeout=10, pattern=__import__("re").compile("up"))
+    await asyncio.sleep(0.2)  # past the holder's batch window
+    print(s.id, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+async def test_without_cgroups_an_adopted_tree_is_found_and_ended_whole(settings: Settings, tmp_path: Path) -> None:
+    """The /proc scan fallback: the crashed server's setsid'd grandchild went to init, not to us;
+    the marker in its environment still makes it the session's, and the kill reaches it."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_SCAN)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(settings.state_dir), str(settings.workspace_root)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    try:
+        assert child.stdout is not None
+        session_id = (await asyncio.to_thread(child.stdout.readline)).decode().strip()
+    finally:
+        child.kill()  # SIGKILL: the crash
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    async with Supervisor(settings, owner="t", trees=ScanTrees()) as sup:
+        assert sup.adopted == [session_id]
+        assert len(_carrying(session_id)) >= 3  # sh, its sleep, the setsid'd one
+        adopted = await sup.kill(A, session_id, wait=None)
+        assert adopted.state is SessionState.KILLED
+        assert not _carrying(session_id)
+
+
+def _carrying(session_id: str) -> list[int]:
+    """Live processes whose environment names the session."""
+    marker = f"PROCPILOT_SESSION={session_id}".encode()
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    with open(f"/proc/{name}/stat", "rb") as st:
+                        if st.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                            found.append(int(name))
+        except OSError:
+            continue
+    return found

@@ -27,7 +27,7 @@ from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession, HolderLink, read_spool
 from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
 from procpilot.engine.ownership import OwnerLock
-from procpilot.engine.trees import CgroupTrees, TreeBackend
+from procpilot.engine.trees import AdoptedScanTrees, CgroupTrees, ScanTrees, TreeBackend
 
 __all__ = ["Restarts", "leader_status", "read_status", "replay_spool", "status_line"]
 
@@ -102,6 +102,7 @@ class Restarts:
         self._lock: OwnerLock | None = None
         self.link = HolderLink(state_dir, owner)
         self._trees: dict[str, CgroupTrees] = {}
+        self._scan: AdoptedScanTrees | None = None
         self._limits: dict[tuple[str, ...], LimitBackend] = {}
 
     def begin(self) -> list[HeldSession]:
@@ -123,6 +124,10 @@ class Restarts:
     def trees_for(self, root: str | None, current: TreeBackend) -> TreeBackend:
         """The tree backend of an adopted session: ours if it lives in our cgroup directory (or no
         cgroup), else one over the directory of the server that started it."""
+        if not root and isinstance(current, ScanTrees):
+            if self._scan is None:
+                self._scan = AdoptedScanTrees()
+            return self._scan
         if not root or (isinstance(current, CgroupTrees) and str(current.root) == root):
             return current
         if not Path(root).is_dir():
