@@ -708,6 +708,8 @@ async def _probe_capabilities() -> dict[str, Any]:
             settings = load_settings(None, {}, state_dir=tmp, workspace_root=tmp)
         async with Supervisor(settings) as sup:
             found = sup.capabilities()
+    # Whether sessions outlive a server is the daemon's to say (its own holder), not this probe's.
+    found.pop("restarts", None)
     # The state directory a daemon started here would use, not the throw-away one probed.
     with contextlib.suppress(ProcpilotError):
         found["state_dir"] = disk_space(load_settings(None).state_dir)
