@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from procpilot.config import Settings
+from procpilot.config import Settings, load_settings
 from procpilot.engine.adoption import status_line
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.limits import Limits
@@ -225,3 +225,25 @@ def _carrying(session_id: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+async def test_output_past_the_cap_while_no_server_runs_is_counted_not_kept(tmp_path: Path) -> None:
+    cap = 64 << 10
+    settings = load_settings(env={}, state_dir=tmp_path / "state", workspace_root=tmp_path, exec={"max_log_bytes": cap})
+    first = await Supervisor(settings, owner="t").start()
+    talker = await first.spawn(SpawnSpec("sleep 0.2; head -c 300000 /dev/zero; echo end"), scope=A)
+    await first.detach()  # it prints once no server runs: 300 KB against a spool of 64 KiB
+    exit_file = settings.state_dir / "sessions" / f"{talker.id}.exit"
+    for _ in range(200):
+        if exit_file.exists():
+            break
+        await asyncio.sleep(0.05)
+    async with Supervisor(settings, owner="t") as second:
+        await second.wait(A, talker.id, timeout=10)
+        done = second.get(A, talker.id)
+        assert (done.state, done.exit_code) == (SessionState.EXITED_OK, 0)  # never blocked, never killed
+        view = done.output[Stream.COMBINED]
+        assert view.size == 300_004  # every byte is accounted for at its offset...
+        assert view.lost == 300_004 - cap  # ...and what the holder could not keep is counted
+        note = done.output.lost_note()
+        assert note is not None and "while no server ran" in note

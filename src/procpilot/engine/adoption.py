@@ -17,6 +17,7 @@ A supervisor without an owner (the library's default) does none of this: nothing
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shlex
 from pathlib import Path
@@ -81,8 +82,6 @@ def replay_spool(output: SessionOutput, directory: Path) -> int:
     total = 0
     for tag, item in read_spool(path):
         if isinstance(item, int):
-            import errno
-
             output.lose(Stream.STDOUT, item, OSError(errno.EFBIG, "past the outage spool's cap"))
             continue
         output.append(Stream.STDOUT if tag == b"o" else Stream.STDERR, item)
@@ -166,17 +165,3 @@ class Restarts:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-
-def spool_dir(output: SessionOutput) -> Path:
-    return output.directory
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -379,7 +379,12 @@ class SessionOutput:
         view = self.views[Stream.COMBINED]
         if not view.lost:
             return None
-        why = "the state directory's disk is full" if view.lost_reason == "ENOSPC" else "the disk refused them"
+        if view.lost_reason == "EFBIG":  # see adoption.replay_spool
+            why = "they were printed while no server ran, past what the holder keeps (the log cap)"
+        elif view.lost_reason == "ENOSPC":
+            why = "the state directory's disk is full"
+        else:
+            why = "the disk refused them"
         return f"{view.lost} bytes of output were lost: {why} ({view.lost_reason})"
 
     def append(self, stream: Stream, data: bytes) -> None:
