@@ -247,3 +247,17 @@ async def test_output_past_the_cap_while_no_server_runs_is_counted_not_kept(tmp_
         assert view.lost == 300_004 - cap  # ...and what the holder could not keep is counted
         note = done.output.lost_note()
         assert note is not None and "while no server ran" in note
+
+
+async def test_owners_share_a_state_dir_and_its_holder_but_adopt_only_their_own(settings: Settings) -> None:
+    daemon = await Supervisor(settings, owner="serve").start()
+    stdio = await Supervisor(settings, owner="mcp:a").start()
+    mine = await stdio.spawn(SpawnSpec("sleep 30"), scope=A)
+    theirs = await daemon.spawn(SpawnSpec("sleep 30"), scope=A)
+    await stdio.detach()
+    try:
+        async with Supervisor(settings, owner="mcp:a") as next_stdio:
+            assert next_stdio.adopted == [mine.id]  # the daemon's session is not its to take
+            assert daemon.get(A, theirs.id).is_running  # and the daemon's own went on undisturbed
+    finally:
+        await daemon.aclose()
