@@ -23,7 +23,7 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import ScanTrees
-from procpilot.errors import StateDirBusy
+from procpilot.errors import ProcpilotError, StateDirBusy
 
 A = "agent-a"
 
@@ -261,3 +261,18 @@ async def test_owners_share_a_state_dir_and_its_holder_but_adopt_only_their_own(
             assert daemon.get(A, theirs.id).is_running  # and the daemon's own went on undisturbed
     finally:
         await daemon.aclose()
+
+
+async def test_waits_in_flight_when_a_server_hands_over_end_with_a_retry_error(settings: Settings) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    sleeper = await first.spawn(SpawnSpec("sleep 30"), scope=A)
+    plain = asyncio.ensure_future(first.wait(A, sleeper.id, timeout=None))
+    pattern = asyncio.ensure_future(first.wait(A, sleeper.id, timeout=None, pattern=re.compile("never")))
+    await asyncio.sleep(0.05)
+    await first.detach()
+    for waiting in (plain, pattern):
+        with pytest.raises(ProcpilotError, match="handed session") as handed:
+            await asyncio.wait_for(waiting, 5)  # at once, not when the session ends
+        assert "retry" in handed.value.hints
+    async with Supervisor(settings, owner="t") as second:
+        assert second.get(A, sleeper.id).is_running

@@ -165,6 +165,7 @@ class Supervisor:
         # Exits of sessions that ended while no server ran, per scope, until a listener of that
         # scope takes them (take_outage_exits): nobody was there to be told when they happened.
         self._outage_exits: dict[str, builtins.list[ExitInfo]] = {}
+        self._handed_over = asyncio.Event()  # set once detach() has left every session to the next server
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
@@ -331,6 +332,7 @@ class Supervisor:
         await asyncio.shield(self._close_task)
 
     async def _detach(self) -> None:
+        self._handed_over.set()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -857,13 +859,31 @@ class Supervisor:
                     await asyncio.sleep(0)  # a long backlog must not starve the other sessions
             if session.finished:
                 return WaitOutcome("exited")
+            if self._handed_over.is_set():
+                raise ProcpilotError(
+                    f"this server handed session {session_id} over to the next one while waiting",
+                    hints={"retry": "Call again: the next server has the session (same id)."},
+                )
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return WaitOutcome("timeout")
-            if matcher is None:
+            if matcher is None and self._restarts is None:
                 await session.wait_finished(remaining)
+            elif matcher is None:
+                await self._finished_or_handed_over(session, remaining)
             else:
-                await session.output.wait_for_change(remaining)
+                await session.output.wait_for_change(remaining)  # a detach closes the output: it wakes
+
+    async def _finished_or_handed_over(self, session: Session, timeout: float | None) -> None:
+        """``session.wait_finished``, cut short when this server hands its sessions over (a wait
+        must not hold the old server's exit up: its caller retries on the next one)."""
+        finished = asyncio.ensure_future(session.wait_finished(timeout))
+        handed = asyncio.ensure_future(self._handed_over.wait())
+        try:
+            await asyncio.wait({finished, handed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+            handed.cancel()
 
     def clear(self, scope: str, session_id: str) -> None:
         """Forget a finished session and delete its files."""
