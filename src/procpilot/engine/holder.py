@@ -4,8 +4,8 @@ Why it exists: a session's output arrives through pipes (or a pty master) whose 
 server holds. If the server dies, the last read end closes and the next write gets SIGPIPE (a pty
 gets SIGHUP): the process dies with it. So every server hands the holder a duplicate of each
 session's descriptors (output read ends, the stdin write end, the pidfd) over a Unix socket with
-SCM_RIGHTS soon after spawn (batched: one ``sendmsg`` for many sessions), no process per session. While the server's
-connection is open the holder only keeps them, reading nothing. When that connection ends without
+SCM_RIGHTS soon after spawn (batched: one ``sendmsg`` for many sessions), no process per session.
+While the server's connection is open the holder only keeps them, reading nothing. When that connection ends without
 the server having forgotten a session (a crash, ``kill -9``, a planned hand-over), the holder
 drains it: every chunk goes, in arrival order, into the session's spool file (``outage.spool``:
 a 9-byte header per chunk, then the bytes), so the combined view's order survives. The next server
