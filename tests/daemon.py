@@ -99,12 +99,13 @@ def start_daemon(
     extra: str = "",
     server: str = "",
     exec_: str = "",
+    log_name: str = "daemon.log",
 ) -> Served:
     """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server], ``exec_``
-    inside [tools.exec]."""
+    inside [tools.exec]; ``log_name`` a log of its own for a second daemon on the same root."""
     root.mkdir(parents=True, exist_ok=True)
     config = write_config(root, tokens, extra=extra, server=server, exec_=exec_)
-    log = root / "daemon.log"
+    log = root / log_name
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [PROCPILOT, "serve", "--config", str(config), *args],

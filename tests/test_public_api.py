@@ -47,6 +47,7 @@ PUBLIC = {
     "SpawnError",
     "SpawnFailed",
     "SpawnSpec",
+    "StateDirBusy",
     "StdinClosed",
     "Stream",
     "Supervisor",

@@ -43,6 +43,7 @@ from procpilot.errors import (
     SessionStillRunning,
     SpawnError,
     SpawnFailed,
+    StateDirBusy,
     StdinClosed,
     UnanalyzableCommand,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "SpawnError",
     "SpawnFailed",
     "SpawnSpec",
+    "StateDirBusy",
     "StdinClosed",
     "Stream",
     "Supervisor",

@@ -47,6 +47,7 @@
     ├── TooManyConnections                   429                    the agent holds as many sessions as it may
     ├── UnsupportedMediaType                 415                    a body that is not JSON
     ├── ServeRefused                         500                    the daemon will not start (address, tokens)
+    │   └── StateDirBusy                     409                    another live server owns these sessions
     ├── DaemonNotRunning                     503                    the client found no daemon to talk to
     └── DaemonConnectionLost                 503                    the daemon stopped answering mid-request
 
@@ -100,6 +101,7 @@ __all__ = [
     "SessionStillRunning",
     "SpawnError",
     "SpawnFailed",
+    "StateDirBusy",
     "StdinClosed",
     "TooManyConnections",
     "UnanalyzableCommand",
@@ -467,6 +469,17 @@ class ServeRefused(ProcpilotError):
     http_status: ClassVar[int] = 500
     default_hints: ClassVar[dict[str, str]] = {
         "add_tokens": 'Add [server.tokens] ("token" = "agent-id") to the config, or bind 127.0.0.1.',
+    }
+
+
+class StateDirBusy(ServeRefused):
+    """A live server already owns the sessions of this state directory (for this server kind
+    and agent): a second one would adopt the same processes twice, so it is refused."""
+
+    http_status: ClassVar[int] = 409
+    default_hints: ClassVar[dict[str, str]] = {
+        "use_it": "Talk to the running server (procpilot ps / daemon.json), or stop it first.",
+        "separate": "Or give this server a state_dir of its own.",
     }
 
 

@@ -84,6 +84,41 @@ class SegmentedLog:
         self.lost = 0
         self.lost_reason: str | None = None  # the errno name of the last refusal, e.g. "ENOSPC"
 
+    @classmethod
+    def recover(cls, directory: Path, name: str, cap_bytes: int) -> SegmentedLog:
+        """The view as a previous server left it on disk, ready for more writes at its end.
+
+        Sizes and line counts come from the segment files themselves (the files are the truth).
+        Segments already rolled out past the cap held lines nobody can count any more: line
+        numbers after the gap shift down by that many (byte offsets do not move)."""
+        log = cls(directory, name, cap_bytes)
+        indexes = sorted(
+            int(p.name.rsplit(".", 1)[1]) for p in directory.glob(f"{name}.*") if p.name.rsplit(".", 1)[1].isdigit()
+        )
+        if not indexes:
+            return log
+        last = indexes[-1]
+        present = set(indexes)
+        for index in range(last + 1):
+            log._lines_before.append(log.lines)
+            if index in present:
+                log.lines += log._count_newlines(index)
+        last_size = (directory / f"{name}.{last:06d}").stat().st_size
+        log.size = last * log.segment_size + last_size
+        oldest_kept_tail = last - _TAIL_SEGMENTS + 1
+        if oldest_kept_tail > _HEAD_SEGMENTS:
+            log._tail_start = oldest_kept_tail * log.segment_size
+        log._last_byte_newline = last_size == 0 or log._pread(last, last_size - 1, 1) == b"\n"
+        return log
+
+    def _count_newlines(self, index: int) -> int:
+        count = 0
+        within = 0
+        while chunk := self._pread(index, within, _SCAN_CHUNK):
+            count += chunk.count(b"\n")
+            within += len(chunk)
+        return count
+
     # -- writing -------------------------------------------------------------------------------
 
     def _path(self, index: int) -> Path:
@@ -322,6 +357,20 @@ class SessionOutput:
         self._listeners: list[OutputListener] = []
         self.closed = False
 
+    @classmethod
+    def recover(cls, directory: Path, cap_bytes: int) -> SessionOutput:
+        """A running session's output as a previous server left it (see SegmentedLog.recover)."""
+        output = cls(directory, cap_bytes)
+        for stream in Stream:
+            output.views[stream] = SegmentedLog.recover(directory, stream.value, cap_bytes)
+        return output
+
+    def lose(self, stream: Stream, size: int, reason: OSError) -> None:
+        """``size`` bytes of ``stream`` that were printed but cannot be stored: a counted gap."""
+        for view in (self.views[stream], self.views[Stream.COMBINED]):
+            view._lose(size, reason)
+            view.size += size
+
     def __getitem__(self, stream: Stream) -> SegmentedLog:
         return self.views[stream]
 
@@ -330,7 +379,12 @@ class SessionOutput:
         view = self.views[Stream.COMBINED]
         if not view.lost:
             return None
-        why = "the state directory's disk is full" if view.lost_reason == "ENOSPC" else "the disk refused them"
+        if view.lost_reason == "EFBIG":  # see adoption.replay_spool
+            why = "they were printed while no server ran, past what the holder keeps (the log cap)"
+        elif view.lost_reason == "ENOSPC":
+            why = "the state directory's disk is full"
+        else:
+            why = "the disk refused them"
         return f"{view.lost} bytes of output were lost: {why} ({view.lost_reason})"
 
     def append(self, stream: Stream, data: bytes) -> None:

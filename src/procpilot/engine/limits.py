@@ -158,6 +158,12 @@ class CgroupV1Limits:
             if d.exists():
                 _rmdir(d)
 
+    def detach(self) -> None:
+        """Forget the directories without ending what runs in them (left to the next server)."""
+        for hold in self._holds:
+            release_instance(hold)
+        self._holds = []
+
     def close(self) -> None:
         for root in self.roots.values():
             if root.exists():
@@ -210,6 +216,11 @@ class CgroupV2Limits:
             with contextlib.suppress(OSError):
                 _write(d / "cgroup.kill", "1")
             _rmdir(d)
+
+    def detach(self) -> None:
+        """Forget the directory without ending what runs in it (left to the next server)."""
+        release_instance(self._hold)
+        self._hold = None
 
     def close(self) -> None:
         if self.root.exists():

@@ -140,6 +140,15 @@ class Session:
         self._next_run: asyncio.TimerHandle | None = None
         self._respawning = False
         self.restart_hook: Callable[[Session], None] | None = None
+        # Called just before our stdin copy closes: another holder of it (engine/holder.py) must
+        # let go too, or the child would never see EOF.
+        self.on_stdin_close: Callable[[], None] | None = None
+        # Set for a session a previous server started (adopt): we are not its leader's parent, so
+        # its exit status comes from what its shell wrote, through this, or nowhere (LOST).
+        self.adopted = False
+        self.ended_in_outage = False  # adopted already ended: its exit was announced to nobody yet
+        self._read_status: Callable[[], int | None] | None = None
+        self.extra_record: dict[str, Any] = {}  # what the supervisor keeps for the next server
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -239,6 +248,61 @@ class Session:
             self._poll_leader()
         if self.spec.timeout:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
+
+    def adopt(
+        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | None]
+    ) -> None:
+        """Take over a running session a previous server started (its descriptors came back from
+        the holder; a stream already at EOF has fd -1, a pidfd already spent is None).
+
+        ``read_status`` gives the leader's exit status as its shell recorded it, or None: then
+        the session ends LOST, never with an invented exit."""
+        self._spawned = spawned
+        self.pid = spawned.pid
+        self.adopted = True
+        self._read_status = read_status
+        self.started_at = started_at
+        self._t0 = time.monotonic() - max(0.0, time.time() - started_at)
+        self._set_state(SessionState.RUNNING)
+        self.stdin_open = spawned.stdin_fd is not None
+        for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
+            if fd is not None and fd >= 0:
+                self._open_streams += 1
+                self._loop.add_reader(fd, self._on_readable, fd, stream)
+        if self.spec.timeout:
+            left = self.spec.timeout - (time.time() - started_at)
+            self._timers.append(self._loop.call_later(max(0.0, left), self._on_timeout))
+        if leader_exited:
+            self._loop.call_soon(self._adopted_leader_gone)
+        elif spawned.pidfd is not None:
+            self._loop.add_reader(spawned.pidfd, self._adopted_leader_gone)
+        else:
+            self._poll_adopted_leader()
+
+    def _poll_adopted_leader(self) -> None:
+        if self.pid is not None and os.path.exists(f"/proc/{self.pid}"):
+            self._timers.append(self._loop.call_later(0.05, self._poll_adopted_leader))
+        else:
+            self._adopted_leader_gone()
+
+    def _adopted_leader_gone(self) -> None:
+        spawned = self._spawned
+        if spawned is None or self._leader_reaped:
+            return
+        self._leader_reaped = True  # reaped by whoever its parent is now, never by us
+        if spawned.pidfd is not None:
+            self._loop.remove_reader(spawned.pidfd)
+            os.close(spawned.pidfd)
+            spawned.pidfd = None
+        status = self._read_status() if self._read_status is not None else None
+        if status is None:
+            if self._requested_end is None:  # ended by our own signal: that is how it ended
+                self.error = self.error or "its leader exited while no server ran and its exit status was not recorded"
+        elif status < 0:
+            self.exit_signal = signal_name(-status)
+        else:
+            self.exit_code = status
+        self._after_leader_exit()
 
     def fail_to_start(self, message: str, *, end: SessionState = SessionState.FAILED_TO_START) -> None:
         """End a session that never ran: it could not start, or was cancelled while queued (KILLED)."""
@@ -369,6 +433,7 @@ class Session:
     def _finish(self) -> None:
         if self._finished.is_set():
             return
+        self.on_stdin_close = None  # ended: the supervisor tells the holder to forget all of it
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -383,8 +448,12 @@ class Session:
             return
         if self._requested_end is not None:
             end = self._requested_end
-        elif oom:  # even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`)
+        elif oom:
+            # Even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`), and
+            # even when an adopted session's shell died with it and recorded nothing (before LOST).
             end = SessionState.LIMIT_EXCEEDED
+        elif self.adopted and self.exit_code is None and self.exit_signal is None:
+            end = SessionState.LOST
         elif self.exit_code == 0:
             end = SessionState.EXITED_OK
         else:
@@ -407,6 +476,28 @@ class Session:
         except TimeoutError:
             return False
         return True
+
+    def detach(self) -> None:
+        """Let go of a running session without ending it: stop reading, close our descriptors
+        (the holder keeps its copies, stdin included: the child sees no EOF, no SIGPIPE)."""
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        spawned = self._spawned
+        if spawned is None or self._finished.is_set():
+            return
+        for name in ("stdout_fd", "stderr_fd", "pidfd"):
+            fd = getattr(spawned, name)
+            if fd is not None and fd >= 0:
+                self._loop.remove_reader(fd)
+                os.close(fd)
+                setattr(spawned, name, None if name == "pidfd" else -1)
+        if spawned.stdin_fd is not None:
+            fd, spawned.stdin_fd = spawned.stdin_fd, None
+            self._loop.remove_writer(fd)
+            os.close(fd)
+        self.stdin_open = False
+        self.output.mark_closed()
 
     # -- signals -------------------------------------------------------------------------------
 
@@ -581,6 +672,8 @@ class Session:
         spawned = self._spawned
         self.stdin_open = False
         if spawned is not None and spawned.stdin_fd is not None:
+            if self.on_stdin_close is not None:
+                self.on_stdin_close()
             fd, spawned.stdin_fd = spawned.stdin_fd, None
             self._loop.remove_writer(fd)
             os.close(fd)
@@ -622,4 +715,5 @@ class Session:
             "error": self.error,
             "name": self.name,
             "restarts": self.restarts,
+            **self.extra_record,
         }

@@ -96,7 +96,7 @@ class SpawnSpec:
 class Spawned:
     """A started child and the parent's ends of its stdio."""
 
-    popen: subprocess.Popen[bytes] | None  # None: started by a warm shell (engine/warm.py)
+    popen: subprocess.Popen[bytes] | None  # None: started by a warm shell (engine/warm.py), or adopted
     pid: int
     pidfd: int | None
     stdin_fd: int | None

@@ -1,8 +1,12 @@
 """The session lifecycle as an explicit state machine. No dependencies.
 
-    QUEUED ──► RUNNING ──► EXITED_OK | EXITED_ERROR | KILLED | TIMED_OUT | LIMIT_EXCEEDED
+    QUEUED ──► RUNNING ──► EXITED_OK | EXITED_ERROR | KILLED | TIMED_OUT | LIMIT_EXCEEDED | LOST
        │
        └─────► FAILED_TO_START  (also reachable from QUEUED when the lane slot is cancelled)
+
+LOST is what a restarted server says of a session it cannot vouch for: its tree vanished while no
+server ran and nobody recorded how it ended (the session's ``error`` says why). Never guessed to be
+an exit.
 
 A session enters exactly one end state, once. Faces map these names to their own vocabularies
 (spec 002 ``done``/``error``/``killed``, spec 000 ``completed``/``killed``/``timed_out``, spec 003
@@ -25,6 +29,7 @@ class SessionState(enum.Enum):
     TIMED_OUT = "timed_out"
     LIMIT_EXCEEDED = "limit_exceeded"  # ended by its memory limit (the kernel's OOM killer or the watchdog)
     FAILED_TO_START = "failed_to_start"
+    LOST = "lost"  # a restarted server found it gone, with no recorded exit (see Session.error)
 
     @property
     def is_end(self) -> bool:
@@ -39,6 +44,7 @@ END_STATES = frozenset(
         SessionState.TIMED_OUT,
         SessionState.LIMIT_EXCEEDED,
         SessionState.FAILED_TO_START,
+        SessionState.LOST,
     }
 )
 

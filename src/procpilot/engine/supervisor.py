@@ -26,12 +26,21 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
+from procpilot.engine.adoption import Restarts, leader_status, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
+from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
-from procpilot.engine.limits import LimitBackend, TreeSample, WatchdogLimits, probe_limits
+from procpilot.engine.limits import (
+    CgroupV1Limits,
+    CgroupV2Limits,
+    LimitBackend,
+    TreeSample,
+    WatchdogLimits,
+    probe_limits,
+)
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.states import SessionState
@@ -71,6 +80,21 @@ _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of outp
 _LOW_SPACE_BYTES = 100 << 20  # under this (or 1% of the disk) doctor and capabilities warn
 _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
 _T = TypeVar("_T")
+_MAX_OUTAGE_EXITS = 1000  # per scope, kept until a stream of that scope takes them
+# What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
+# What this version writes for the next server and can read back; a newer one is left alone.
+_RECORD_FORMAT = 1
+_ADOPTION_KEYS = (
+    "format",
+    "owner",
+    "server_pid",
+    "max_log_bytes",
+    "tree_root",
+    "limit_mechanism",
+    "limit_roots",
+    "timeout",
+    "notify_on_exit",
+)
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -164,10 +188,20 @@ class Supervisor:
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
         write_filter: Callable[[str, Session, bytes], None] | None = None,
         warm_shells: int | None = None,
+        owner: str | None = None,
     ) -> None:
         # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
         self.config: EngineSettings = self.settings.engine
+        # With an owner ("serve", "mcp:<agent>") the sessions outlive this server: a crash or a
+        # restart hands them to the next server of the same owner (engine/adoption.py).
+        self.owner = owner
+        self._restarts: Restarts | None = None
+        self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
+        # Exits of sessions that ended while no server ran, per scope, until a listener of that
+        # scope takes them (take_outage_exits): nobody was there to be told when they happened.
+        self._outage_exits: dict[str, builtins.list[ExitInfo]] = {}
+        self._handed_over = asyncio.Event()  # set once detach() has left every session to the next server
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
@@ -209,6 +243,30 @@ class Supervisor:
         if self._started:
             return self
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        held: builtins.list[HeldSession] = []
+        if self.owner is not None:
+            # First of all: the lock (a second live server of this owner stops here), then what the
+            # holder kept. Its locks on dead servers' cgroups spare those trees from the sweep below.
+            self._restarts = Restarts(self.config.state_dir, self.owner)
+            held = self._restarts.begin()
+        try:
+            self._probe()
+        except BaseException:
+            for copy in held:  # nothing taken over: the holder keeps them for the next server
+                copy.close()
+            if self._restarts is not None:
+                self._restarts.close(detach=True)
+            raise
+        self._started = True
+        if self._restarts is not None:
+            self._adopt(held)
+        if self._warm_size > 0:
+            self._warm = WarmPool(self._tree_backend, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
+            self._warm.fill()
+        self._spawn_task(self._housekeeping())
+        return self
+
+    def _probe(self) -> None:
         if self._store is None:
             self._store = FileStore(self.config.state_dir)
         name = self.instance
@@ -218,12 +276,6 @@ class Supervisor:
             # Where sessions are grouped by cgroup v2, limits go in the same directories.
             v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
             self._limits = probe_limits(v2_root=v2_root, name=name)
-        self._started = True
-        if self._warm_size > 0:
-            self._warm = WarmPool(self._trees, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
-            self._warm.fill()
-        self._spawn_task(self._housekeeping())
-        return self
 
     def _warm_env(self, session_id: str) -> dict[str, str]:
         return self._env(session_id, SpawnSpec("true"))
@@ -265,6 +317,7 @@ class Supervisor:
             "pidfd": hasattr(os, "pidfd_open"),
             "warm_shells": self.warm_shells(),
             "state_dir": self.state_dir_space(),
+            "restarts": self._restart_capability(),
         }
 
     def warm_shells(self) -> dict[str, Any]:
@@ -287,6 +340,15 @@ class Supervisor:
                 "see docs/performance.md"
             )
         return found
+
+    def _restart_capability(self) -> dict[str, Any]:
+        """Whether running sessions would outlive this server, and if not, why not."""
+        restarts = self._restarts
+        if restarts is None:
+            return {"survive": False, "why": "no owner: sessions end with this supervisor (procpilot serve has one)"}
+        if not restarts.link.connected:
+            return {"survive": False, "owner": restarts.owner, "why": restarts.link.problem}
+        return {"survive": True, "owner": restarts.owner, "holder": restarts.link.path}
 
     @property
     def usage(self) -> UsageTracker:
@@ -335,6 +397,48 @@ class Supervisor:
             self._close_task = asyncio.ensure_future(self._close(sig, grace))
         await asyncio.shield(self._close_task)
 
+    @property
+    def can_detach(self) -> bool:
+        """True iff running sessions would survive :meth:`detach` (a holder has their stdio)."""
+        return self._restarts is not None and self._restarts.link.connected
+
+    async def detach(self) -> None:
+        """Stop without ending anything: every running session is left, running, to the holder
+        and to the next server of this owner (a planned restart, an upgrade, a stdio server
+        whose client went away). Without a holder this is :meth:`aclose`: nothing would keep
+        the sessions' output, so they are ended as before."""
+        if not self.can_detach:
+            await self.aclose()
+            return
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.ensure_future(self._detach())
+        await asyncio.shield(self._close_task)
+
+    async def _detach(self) -> None:
+        self._handed_over.set()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Sessions still queued for the holder go now, while their descriptors are open; then our
+        # readers stop before the holder starts: the logs and the spool never interleave.
+        if self._restarts is not None:
+            self._restarts.link.flush()
+        if self._warm is not None:
+            self._warm.close()  # shells with no command yet: nothing for the next server
+        for session in self._sessions.values():
+            session.detach()
+        restarts = self._restarts
+        if restarts is not None:
+            restarts.close(detach=True)
+        for backend in (self._trees, self._limits):
+            release = getattr(backend, "detach", None)
+            if release is not None:
+                release()
+        if self._store is not None:
+            self._store.close()
+        self.exits.close()
+
     async def _close(self, sig: int, grace: float | None) -> None:
         try:
             await self._end_all(sig, grace)
@@ -347,6 +451,8 @@ class Supervisor:
             reap_orphans(set())
             self._tree_backend.close()
             self._limit_backend.close()
+            if self._restarts is not None:
+                self._restarts.close()
             if self._store is not None:
                 self._store.close()
             self.exits.close()
@@ -532,9 +638,15 @@ class Supervisor:
         try:
             env = self._env(session.id, spec)
             prelude: list[str] = []
+            # The exit trap for an outage (engine/adoption.py), run by the shell that is the
+            # leader: a warm shell as much as a cold one.
+            restarts = self._restarts
+            status = None
+            if restarts and restarts.link.connected and isinstance(spec.command, str) and not spec.isolation:
+                status = restarts.status_line(session.id)
             if warm is not None:
                 try:
-                    spawned = await spawn_process(spec, env, launch=warm.launch)
+                    spawned = await spawn_process(spec, env, prelude=[status] if status else [], launch=warm.launch)
                 except WarmShellGone:
                     if self._warm is not None:
                         self._warm.discard(warm, keep_cgroup=True)
@@ -556,6 +668,8 @@ class Supervisor:
                     raise SpawnFailed(f"could not set up limits with {limits.name}: {exc}") from exc
             if spec.limits is not None:
                 prelude += spec.limits.rlimit_lines()
+            if status is not None:
+                prelude.append(status)
             spawned = await spawn_process(spec, env, prelude=prelude)
         except BaseException:
             if warm is not None and self._warm is not None:
@@ -573,6 +687,8 @@ class Supervisor:
         spec = session.spec
         self._register(session)
         session.attach(spawned)
+        if self._restarts is not None:
+            self._hand_to_holder(session, spawned)
         if spec.stdin_data is not None:
             self._spawn_task(self._feed_stdin(session, spec.stdin_data))
         if self._store is not None:
@@ -605,6 +721,146 @@ class Supervisor:
         self._sessions[session.id] = session
         self._unfinished.setdefault(session.scope, set()).add(session.id)
 
+    def _hand_to_holder(self, session: Session, spawned: Spawned) -> None:
+        """Copies of the new session's descriptors to the holder, and what the next server needs
+        in its record to adopt it: one sendmsg, nothing on disk."""
+        restarts = self._restarts
+        if restarts is None:
+            return
+        trees, limits = self._tree_backend, session.accounting.limit_backend
+        roots: builtins.list[str] = []
+        extra: dict[str, Any] = {
+            "format": _RECORD_FORMAT,
+            "owner": restarts.owner,
+            "max_log_bytes": self.config.max_log_bytes,
+            "server_pid": os.getpid(),  # its parent: the one that may still wait for it
+        }
+        if isinstance(trees, CgroupTrees):
+            extra["tree_root"] = str(trees.root)
+            roots.append(str(trees.root))
+        if isinstance(limits, CgroupV1Limits | CgroupV2Limits):
+            paths = limits.roots if isinstance(limits, CgroupV1Limits) else {"v2": limits.root}
+            extra["limit_mechanism"] = limits.name
+            extra["limit_roots"] = {c: str(p) for c, p in paths.items()}
+            roots += [str(p) for p in paths.values()]
+        if session.spec.timeout:
+            extra["timeout"] = session.spec.timeout
+        if not session.spec.notify_on_exit:
+            extra["notify_on_exit"] = False
+        session.extra_record = extra
+        link = restarts.link
+        if link.add(session.id, spawned, session.output.directory / "outage.spool", extra["max_log_bytes"], roots):
+            session.on_stdin_close = lambda: link.stdin_closed(session.id)
+
+    def _adopt(self, held: builtins.list[HeldSession]) -> None:
+        """Take over every session of our owner that the journal says was running.
+
+        Held by the holder: adopted with its descriptors (output printed meanwhile replayed
+        from the spool first, so the logs keep arrival order). Not held and its tree gone: it
+        ended while no server ran; its status is what its shell recorded, else it is LOST. Not
+        held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST."""
+        restarts, store = self._restarts, self._store
+        if restarts is None or store is None:
+            return
+        if restarts.link.mismatch:
+            # Another procpilot's holder keeps them: neither adopted nor ended here.
+            _log.warning("running sessions left as they are: %s", restarts.link.problem)
+            return
+        by_id = {h.id: h for h in held}
+        for session_id, record in store.load().items():
+            if record.get("owner") != restarts.owner or record.get("state") not in ("running", "queued"):
+                continue
+            if not isinstance(record.get("format"), int) or record["format"] > _RECORD_FORMAT:
+                # Written by a newer procpilot: neither adopted nor touched, and said so.
+                _log.warning(
+                    "session %s was started by a newer procpilot (record format %r, this one reads %d):"
+                    " left alone; stop this server and start the newer one",
+                    session_id,
+                    record.get("format"),
+                    _RECORD_FORMAT,
+                )
+                newer = by_id.pop(session_id, None)
+                if newer is not None:
+                    newer.close()  # our copies only: the holder keeps its own for the newer server
+                continue
+            mine = by_id.pop(session_id, None)
+            try:
+                session = self._adopt_one(record, mine)
+            except (KeyError, TypeError, ValueError, OSError, ProcpilotError) as exc:
+                _log.warning("session %s could not be adopted: %s", session_id, exc)
+                session = None
+            if session is None:
+                if mine is not None:
+                    mine.close()
+                    restarts.link.forget(session_id)
+                continue
+            self.adopted.append(session_id)
+        for stray in by_id.values():  # held, but no journal record says whose: let it go
+            stray.close()
+            restarts.link.forget(stray.id)
+
+    def _adopt_one(self, record: dict[str, Any], held: HeldSession | None) -> Session | None:
+        restarts, store = self._restarts, self._store
+        if restarts is None or store is None:
+            return None
+        session_id = str(record["id"])
+        command = record["command"]
+        spec = SpawnSpec(
+            command if isinstance(command, str) else tuple(command),
+            cwd=Path(record["cwd"]) if record.get("cwd") else None,
+            pty=bool(record.get("pty")),
+            timeout=record.get("timeout"),
+            notify_on_exit=bool(record.get("notify_on_exit", True)),
+        )
+        directory = store.session_dir(session_id)
+        output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.config.max_log_bytes))
+        replay_spool(output, directory)
+        trees = restarts.trees_for(record.get("tree_root"), self._tree_backend)
+        grace = self.config.kill_grace_sec
+        session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish, kill_grace=grace)
+        session.created_at = float(record.get("created_at") or time.time())
+        session.backgrounded = True
+        session.extra_record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        session.accounting.limit_backend = restarts.limits_for(record)
+        self._register(session)
+        pid = record.get("pid")
+        if record.get("state") == "queued" or not isinstance(pid, int):
+            session.fail_to_start("the server stopped before this session could start")
+            return session
+        fds = held.fds if held is not None else {}
+        alive = bool(trees.pids(session_id, pid))
+        if held is None and alive:
+            # Its tree runs on, but its stdio died with the server: no output could be served.
+            trees.signal(session_id, pid, signal.SIGKILL, leader_alive=False)
+            fds = {}
+        stdin = fds.get("stdin")
+        spawned = Spawned(
+            None,
+            pid,
+            fds.get("pidfd"),
+            stdin,
+            fds.get("stdout", -1),
+            None if spec.pty else fds.get("stderr", -1),
+            f"pipe:[{os.fstat(stdin).st_ino}]" if stdin is not None and not spec.pty else None,
+        )
+        for fd in fds.values():
+            os.set_blocking(fd, False)
+        exited = held.exited if held is not None else True
+        if exited and spec.notify_on_exit:
+            session.ended_in_outage = True
+        exit_file = restarts.exit_file(session_id)
+        if held is None and alive:
+            session.error = "its output had nobody to hold it while no server ran, so it was ended"
+        session.adopt(
+            spawned,
+            started_at=float(record.get("started_at") or session.created_at),
+            leader_exited=exited or (not alive and "pidfd" not in fds),
+            read_status=lambda: leader_status(pid, exit_file, own_child=record.get("server_pid") == os.getpid()),
+        )
+        link = restarts.link
+        session.on_stdin_close = lambda: link.stdin_closed(session_id)
+        return session
+
     def _on_finish(self, session: Session) -> None:
         unfinished = self._unfinished.get(session.scope)
         if unfinished is not None:
@@ -613,6 +869,11 @@ class Supervisor:
                 del self._unfinished[session.scope]
         if self._warm is not None:
             self._warm.refill_soon()
+        if self._restarts is not None:
+            self._restarts.link.forget(session.id)
+            if session.adopted:
+                with contextlib.suppress(OSError):
+                    self._restarts.exit_file(session.id).unlink()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
@@ -620,6 +881,10 @@ class Supervisor:
             self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
+        if session.ended_in_outage:
+            pending = self._outage_exits.setdefault(session.scope, [])
+            if len(pending) < _MAX_OUTAGE_EXITS:
+                pending.append(session.exit_info(self.tail_text(session)))
         if session.spec.notify_on_exit and self.exits.has_listeners:
             self.exits.publish(session.exit_info(self.tail_text(session)))
 
@@ -778,13 +1043,31 @@ class Supervisor:
                     await asyncio.sleep(0)  # a long backlog must not starve the other sessions
             if session.finished:
                 return WaitOutcome("exited")
+            if self._handed_over.is_set():
+                raise ProcpilotError(
+                    f"this server handed session {session_id} over to the next one while waiting",
+                    hints={"retry": "Call again: the next server has the session (same id)."},
+                )
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return WaitOutcome("timeout")
-            if matcher is None:
+            if matcher is None and self._restarts is None:
                 await session.wait_finished(remaining)
+            elif matcher is None:
+                await self._finished_or_handed_over(session, remaining)
             else:
-                await session.output.wait_for_change(remaining)
+                await session.output.wait_for_change(remaining)  # a detach closes the output: it wakes
+
+    async def _finished_or_handed_over(self, session: Session, timeout: float | None) -> None:
+        """``session.wait_finished``, cut short when this server hands its sessions over (a wait
+        must not hold the old server's exit up: its caller retries on the next one)."""
+        finished = asyncio.ensure_future(session.wait_finished(timeout))
+        handed = asyncio.ensure_future(self._handed_over.wait())
+        try:
+            await asyncio.wait({finished, handed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+            handed.cancel()
 
     def clear(self, scope: str, session_id: str) -> None:
         """Forget a finished session and delete its files."""
@@ -818,6 +1101,11 @@ class Supervisor:
         return [s.id for s in expired]
 
     # -- events --------------------------------------------------------------------------------
+
+    def take_outage_exits(self, scope: str) -> builtins.list[ExitInfo]:
+        """The exits of ``scope``'s sessions that ended while no server ran (once: a stream that
+        connects after a restart delivers them; later ones get only what happens from then on)."""
+        return self._outage_exits.pop(scope, [])
 
     def on_exit(self, callback: Callable[[ExitInfo], None]) -> Callable[[], None]:
         """Call ``callback`` once per session when it ends; returns the remover."""

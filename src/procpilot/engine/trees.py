@@ -33,6 +33,7 @@ from typing import Protocol
 __all__ = [
     "MARKER_ENV",
     "SUPERVISOR_ENV",
+    "AdoptedScanTrees",
     "CgroupTrees",
     "ScanTrees",
     "TreeBackend",
@@ -202,6 +203,20 @@ class ScanTrees:
         return None
 
 
+class AdoptedScanTrees(ScanTrees):
+    """:class:`ScanTrees` for sessions a previous supervisor started (engine/adoption.py): what
+    their trees orphaned went to whoever was subreaper then (init, most likely), not to us, so
+    every process carrying the session's marker counts, wherever it hangs. A full scan of
+    /proc environments per call: the fallback's price, paid only for adopted sessions."""
+
+    def pids(self, session_id: str, leader: int | None) -> set[int]:
+        members = super().pids(session_id, leader)
+        for pid in _all_pids():
+            if pid not in members and pid != self._me and _marker_of(pid) == session_id:
+                members.add(pid)
+        return members
+
+
 class CgroupTrees:
     """A cgroup v2 directory per session under one directory of our own."""
 
@@ -258,6 +273,11 @@ class CgroupTrees:
             except OSError:
                 # Busy: the kernel lags a moment behind the last exit in the group.
                 time.sleep(0.002)
+
+    def detach(self) -> None:
+        """Forget the directory without ending what runs in it (it is left to the next server)."""
+        release_instance(self._hold)
+        self._hold = None
 
     def close(self) -> None:
         if not self.root.exists():

@@ -9,6 +9,7 @@ State vocabulary (spec 000), from the engine's :class:`SessionState`:
     EXITED_OK, EXITED_ERROR     -> "completed"    (exit_code is the process's own; null if a signal
                                                     nobody sent through procpilot ended it)
     FAILED_TO_START             -> "completed"    (listing only; process.run raises SpawnFailed)
+    LOST                        -> "completed"    (exit_code null: gone while no server ran, unrecorded)
     KILLED                      -> "killed"       (exit_code null)
     TIMED_OUT                   -> "timed_out"    (exit_code null; partial output kept)
     LIMIT_EXCEEDED              -> "killed"       (listing only; process.run and process.monitor raise
@@ -110,6 +111,7 @@ _STATES: dict[SessionState, State] = {
     SessionState.KILLED: "killed",
     SessionState.TIMED_OUT: "timed_out",
     SessionState.LIMIT_EXCEEDED: "killed",
+    SessionState.LOST: "completed",
 }
 # How long process.kill waits for the tree to be gone once no escalation is due.
 _KILL_SETTLE_SEC = 2.0

@@ -273,6 +273,8 @@ class ExecProcessFace:
             return f"ended by its memory limit after {session.duration_ms} ms"
         if session.state is SessionState.FAILED_TO_START:
             return f"failed to start: {session.error}"
+        if session.state is SessionState.LOST:
+            return f"lost: {session.error}"
         how = f"exit code {session.exit_code}" if session.exit_code is not None else f"{session.exit_signal}"
         missing = _shell_not_found(session)
         if missing is not None:

@@ -23,6 +23,7 @@ engine error's name in snake case (``command_not_found``, ``path_out_of_scope``,
     EXITED_ERROR      -> CRASHED     (non-zero exit, or death by a signal nobody asked for)
     FAILED_TO_START   -> CRASHED
     LIMIT_EXCEEDED    -> CRASHED     (ended by its memory limit)
+    LOST              -> CRASHED     (gone while no server ran, with no recorded exit)
     TIMED_OUT         -> TIMEDOUT
 
 Output events carry raw text (decoded UTF-8, a character split across reads kept whole; nothing
@@ -100,6 +101,7 @@ PROC_STATE_OF: dict[SessionState, ProcState] = {
     SessionState.FAILED_TO_START: ProcState.CRASHED,
     SessionState.LIMIT_EXCEEDED: ProcState.CRASHED,
     SessionState.TIMED_OUT: ProcState.TIMEDOUT,
+    SessionState.LOST: ProcState.CRASHED,
 }
 
 
@@ -232,6 +234,7 @@ LOG_PAGE = 256 * 1024
 
 def _log_error(rid: Any, code: str, message: str) -> dict[str, Any]:
     return {"type": "proc/log/resp", "id": rid, "error": {"code": code, "message": message, "hints": {}}}
+
 
 EventCallback = Callable[[dict[str, Any]], None]
 

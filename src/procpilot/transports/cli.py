@@ -82,6 +82,10 @@ def mcp(
     tool_names: _ToolNamesOption = None,
     tools: _ToolsOption = None,
     profile: _ProfileOption = None,
+    keep_sessions: Annotated[
+        bool,
+        typer.Option(help="When the client goes, leave running sessions to the next server of this agent."),
+    ] = False,
 ) -> None:
     """Serve the tools to an MCP client over stdio (default) or streamable HTTP."""
     try:
@@ -102,7 +106,10 @@ def mcp(
     async def main() -> None:
         from procpilot.transports.serve import audit_file, build_tools, make_supervisor, record_audit
 
-        async with make_supervisor(settings) as sup:
+        # Keeping sessions makes this agent's stdio servers one lineage: each adopts what the last
+        # one left (and two live at once are refused). Without it, nothing changes.
+        owner = f"mcp:{agent}" if keep_sessions else None
+        async with make_supervisor(settings, owner=owner) as sup:
             tools, audit = build_tools(sup, settings)
             stop_audit = record_audit(audit, audit_file(settings))
             try:
@@ -118,7 +125,7 @@ def mcp(
             from procpilot.transports.mcp_stdio import serve_stdio
 
             server = build_mcp_server(tools, scope=agent)
-            await serve_until_signal(sup, lambda: serve_stdio(server))
+            await serve_until_signal(sup, lambda: serve_stdio(server), keep=keep_sessions)
             return
         import uvicorn
 
@@ -144,7 +151,8 @@ def mcp(
         server_ = uvicorn_server(config_)
         serving = functools.partial(server_.serve, sockets=sockets)
         try:
-            await serve_until_signal(sup, serving, lambda: setattr(server_, "should_exit", True))
+            stop = functools.partial(setattr, server_, "should_exit", True)
+            await serve_until_signal(sup, serving, stop, keep=keep_sessions)
         finally:
             for listener in sockets:
                 listener.close()
@@ -181,6 +189,12 @@ def serve(
     tools: _ToolsOption = None,
     profile: _ProfileOption = None,
     agent: Annotated[str, typer.Option(help="Every caller's agent when no tokens are configured.")] = "default",
+    takeover: Annotated[
+        bool, typer.Option(help="Take every running session over from the daemon already on this state dir.")
+    ] = False,
+    keep_sessions: Annotated[
+        bool, typer.Option(help="On SIGTERM/SIGINT leave running sessions to the next server (SIGUSR2 always does).")
+    ] = False,
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
     from procpilot.transports.serve import serve as run_daemon
@@ -224,7 +238,11 @@ def serve(
             say(line)
 
     try:
-        asyncio.run(run_daemon(settings, open_agent=agent, tcp=tcp, announce=announce))
+        asyncio.run(
+            run_daemon(
+                settings, open_agent=agent, tcp=tcp, announce=announce, keep_sessions=keep_sessions, takeover=takeover
+            )
+        )
     except ProcpilotError as exc:
         _fail(exc, 2)
 
@@ -761,6 +779,8 @@ async def _probe_capabilities() -> dict[str, Any]:
             settings = load_settings(None, {}, state_dir=tmp, workspace_root=tmp)
         async with Supervisor(settings) as sup:
             found = sup.capabilities()
+    # Whether sessions outlive a server is the daemon's to say (its own holder), not this probe's.
+    found.pop("restarts", None)
     # The state directory a daemon started here would use, not the throw-away one probed.
     with contextlib.suppress(ProcpilotError):
         found["state_dir"] = disk_space(load_settings(None).state_dir)

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import stat
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# Stop serving and leave every session running for the next server (``serve --takeover`` sends it).
+HANDOVER_SIGNAL = signal.SIGUSR2
+_TAKEOVER_WAIT = 60.0
 
 
 
@@ -83,11 +87,19 @@ def daemon_file(settings: Settings) -> Path:
     return settings.state_dir / "daemon.json"
 
 
-def make_supervisor(settings: Settings) -> Supervisor:
-    """The supervisor, with the per-agent policy on every spawn and every write to a stdin."""
+def make_supervisor(settings: Settings, *, owner: str | None = None) -> Supervisor:
+    """The supervisor, with the per-agent policy on every spawn and every write to a stdin.
+
+    ``owner`` names whose sessions these are across restarts ("serve", "mcp:<agent>"): the next
+    server of the same owner on this state directory adopts what this one leaves running."""
     from procpilot.policy.spawn_filter import make_spawn_filter, make_write_filter
 
-    return Supervisor(settings, spawn_filter=make_spawn_filter(settings), write_filter=make_write_filter(settings))
+    return Supervisor(
+        settings,
+        spawn_filter=make_spawn_filter(settings),
+        write_filter=make_write_filter(settings),
+        owner=owner,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +284,7 @@ async def serve_until_signal(
     stop: Callable[[], None] | None = None,
     *,
     prepare: Callable[[], Awaitable[None]] | None = None,
+    keep: bool = False,
 ) -> int:
     """Run ``serve`` until it returns or a shutdown signal comes; returns the signal (0 if none).
 
@@ -280,6 +293,10 @@ async def serve_until_signal(
     SIGKILL after the grace period, while ``serve`` winds down. Later signals change nothing: the
     shutdown is already bounded by the grace period. Every server procpilot runs (the daemon,
     ``procpilot mcp`` over stdio or HTTP) stops this one way.
+
+    SIGUSR2, and with ``keep`` every way of stopping (a signal, or ``serve`` returning: a stdio
+    client that went away), leaves the running sessions to the next server instead
+    (``Supervisor.detach``; where no holder keeps them, they end as before).
     """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(serve())
@@ -289,7 +306,10 @@ async def serve_until_signal(
     async def shut_down(sig: int) -> None:
         if prepare is not None:
             await prepare()
-        await sup.aclose(sig)
+        if keep or sig == HANDOVER_SIGNAL:
+            await sup.detach()
+        else:
+            await sup.aclose(sig)
 
     def on_signal(sig: int) -> None:
         if received:
@@ -298,18 +318,20 @@ async def serve_until_signal(
         stopping.append(asyncio.ensure_future(shut_down(sig)))
         (stop or task.cancel)()
 
-    for sig in SHUTDOWN_SIGNALS:
+    for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     finally:
-        for sig in SHUTDOWN_SIGNALS:
+        for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
             loop.remove_signal_handler(sig)
         for future in stopping:
             with contextlib.suppress(Exception):
                 await future
-        await sup.aclose(received[0] if received else signal.SIGTERM)
+        if keep:
+            await sup.detach()
+        await sup.aclose(received[0] if received else signal.SIGTERM)  # a no-op after a detach
     return received[0] if received else 0
 
 
@@ -319,19 +341,30 @@ async def serve(
     open_agent: str = "default",
     tcp: bool = True,
     announce: Callable[[DaemonAddress], None] | None = None,
+    keep_sessions: bool = False,
+    takeover: bool = False,
 ) -> int:
-    """Serve until a shutdown signal; returns the signal number that stopped it (0 if none)."""
+    """Serve until a shutdown signal; returns the signal number that stopped it (0 if none).
+
+    SIGUSR2 (and, with ``keep_sessions``, every shutdown signal) stops serving but leaves each
+    running session to the next server on this state directory. ``takeover`` first asks the
+    daemon that runs there (daemon.json) to do just that, and waits for it to go."""
     import uvicorn
 
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    if takeover:
+        await asyncio.to_thread(_take_over, daemon_file(settings))
     sockets, address = bind_listeners(settings.server, tcp=tcp)
     marker = daemon_file(settings)
     stopped_by = 0
     try:
-        async with make_supervisor(settings) as sup, daemon_app(sup, settings, open_agent=open_agent) as app:
+        async with (
+            make_supervisor(settings, owner="serve") as sup,
+            daemon_app(sup, settings, open_agent=open_agent) as app,
+        ):
             daemon = daemon_of(app)
             grace = settings.exec.kill_grace_sec
             config = uvicorn.Config(
@@ -353,7 +386,11 @@ async def serve(
                 await server.serve(sockets=sockets)
 
             stopped_by = await serve_until_signal(
-                sup, serving, lambda: setattr(server, "should_exit", True), prepare=daemon.begin_shutdown
+                sup,
+                serving,
+                lambda: setattr(server, "should_exit", True),
+                prepare=daemon.begin_shutdown,
+                keep=keep_sessions,
             )
     finally:
         for sock in sockets:
@@ -365,6 +402,34 @@ async def serve(
             if json.loads(marker.read_text()).get("pid") == os.getpid():
                 marker.unlink()
     return stopped_by
+
+
+def _take_over(marker: Path) -> None:
+    """Ask the daemon named in ``marker`` to hand its sessions over, and wait until it is gone."""
+    try:
+        pid = int(json.loads(marker.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # nobody to take over from: a plain start
+    try:
+        os.kill(pid, HANDOVER_SIGNAL)
+    except ProcessLookupError:
+        return
+    except PermissionError as exc:
+        raise ServeRefused(f"cannot signal the running daemon (pid {pid}): {exc.strerror}") from None
+    deadline = time.monotonic() + _TAKEOVER_WAIT
+    while _running(pid):
+        if time.monotonic() > deadline:
+            raise ServeRefused(f"the running daemon (pid {pid}) did not hand over within {_TAKEOVER_WAIT:.0f} s")
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has let go of every port, socket and lock)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def _write_marker(path: Path, address: DaemonAddress) -> None:

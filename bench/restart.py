@@ -1,0 +1,196 @@
+"""What surviving a restart costs: spawn with and without an owner, adopting N running sessions
+after a kill -9 of their server, and output drained by the holder while no server runs.
+
+Run: ``.venv/bin/python bench/restart.py [--quick]`` (~20 s; quick ~8 s). Nothing is asserted;
+every figure is printed beside a raw baseline measured in the same run. Every process it starts
+is ended before it returns (the last supervisor ends every session; the holder then exits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from procpilot.config import Settings, load_settings
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+
+MIB = 1 << 20
+CRASHING = """
+import asyncio, json, sys
+from pathlib import Path
+from procpilot.config import load_settings
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+
+async def main():
+    root, n, command, cap = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    settings = load_settings(env={}, state_dir=root / "state", workspace_root=root, exec={"max_log_bytes": cap})
+    sup = await Supervisor(settings, owner="bench").start()
+    ids = [(await sup.spawn(SpawnSpec(command), scope="b")).id for _ in range(n)]
+    await asyncio.sleep(0.2)  # past the holder's batch window (50 ms): every session is handed over
+    print(json.dumps(ids), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def settings_for(root: Path, cap: int = 64 * MIB) -> Settings:
+    return load_settings(env={}, state_dir=root / "state", workspace_root=root, exec={"max_log_bytes": cap})
+
+
+def crash_with(root: Path, n: int, command: str, cap: int = 64 * MIB) -> list[str]:
+    """A supervisor in a child process starts ``n`` sessions of ``command``, then is killed -9."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASHING, str(root), str(n), command, str(cap)], stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    ids: list[str] = json.loads(child.stdout.readline())
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    return ids
+
+
+def holder_rss(root: Path) -> int:
+    sock = str(root / "state" / "holder.sock")
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if sock.encode() in f.read():
+                    with open(f"/proc/{name}/status") as status:
+                        for line in status:
+                            if line.startswith("VmRSS:"):
+                                return int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return 0
+
+
+async def bench_spawn(root: Path, n: int) -> None:
+    async with (
+        Supervisor(settings_for(root / "plain")) as plain,
+        Supervisor(settings_for(root / "owned"), owner="bench") as owned,
+    ):
+        assert owned.can_detach
+
+        async def raw() -> None:
+            subprocess.run(["/bin/sh", "-c", "true"], check=True)  # noqa: ASYNC221 - the baseline
+
+        async def without() -> None:
+            s = await plain.run(SpawnSpec("true"), scope="b", yield_ms=None)
+            assert s.state is SessionState.EXITED_OK
+            plain.clear("b", s.id)
+
+        async def with_owner() -> None:
+            s = await owned.run(SpawnSpec("true"), scope="b", yield_ms=None)
+            assert s.state is SessionState.EXITED_OK
+            owned.clear("b", s.id)
+
+        methods = {"raw": raw, "without": without, "owner": with_owner}
+        walls: dict[str, list[float]] = {k: [] for k in methods}
+        cpu = dict.fromkeys(methods, 0.0)
+        for method in methods.values():
+            for _ in range(10):
+                await method()
+        for block in range(6):  # interleaved blocks: drift hits every method alike
+            for name, method in methods.items():
+                c0 = time.process_time()
+                for _ in range(n // 6 + (block < n % 6)):
+                    t0 = time.perf_counter()
+                    await method()
+                    walls[name].append(time.perf_counter() - t0)
+                cpu[name] += time.process_time() - c0
+    raw_med = statistics.median(walls["raw"])
+    print(f"1. exec true x{n}, interleaved with the raw baseline subprocess.run(['/bin/sh', '-c', 'true'])")
+    labels = {"raw": "raw baseline", "without": "Supervisor.run, no owner", "owner": "Supervisor.run, owner"}
+    for name, label in labels.items():
+        med = statistics.median(walls[name])
+        print(
+            f"   {label:28s} median {med * 1e3:6.3f} ms  ({med / raw_med:4.2f}x raw)"
+            f"   parent CPU/call {cpu[name] / len(walls[name]) * 1e6:5.0f} µs"
+        )
+    ratio = statistics.median(walls["owner"]) / statistics.median(walls["without"])
+    print(f"   owner / no owner: {ratio:.2f}x (the holder's sendmsg and the exit trap)")
+
+
+async def bench_adopt(root: Path, n: int) -> None:
+    ids = crash_with(root, n, "sleep 600")
+    t0 = time.perf_counter()
+    sup = await Supervisor(settings_for(root), owner="bench").start()
+    adopt = time.perf_counter() - t0
+    running = sum(1 for s in sup.all_sessions() if s.is_running)
+    rss = holder_rss(root)
+    t1 = time.perf_counter()
+    await sup.aclose()
+    close = time.perf_counter() - t1
+    empty = Path(tempfile.mkdtemp(dir=root))
+    t2 = time.perf_counter()
+    base = await Supervisor(settings_for(empty), owner="bench").start()
+    baseline = time.perf_counter() - t2
+    await base.aclose()
+    print(f"2. {n} x sleep 600, their server killed -9, then a new server on the same state dir")
+    print(f"   start with adoption       {adopt:6.3f} s   ({running} of {len(ids)} adopted running)")
+    per = (adopt - baseline) / n * 1e3
+    print(f"   baseline: start, nothing to adopt {baseline:6.3f} s   (adoption adds {per:.2f} ms per session)")
+    print(f"   end them all (aclose)     {close:6.3f} s")
+    print(f"   holder RSS while holding {n}: {rss / MIB:.1f} MiB")
+
+
+async def bench_outage_output(root: Path, size: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    sink = root / "raw.out"
+    t0 = time.perf_counter()
+    subprocess.run(["sh", "-c", f"head -c {size} /dev/zero > {sink}"], check=True)  # noqa: ASYNC221 - baseline
+    raw = time.perf_counter() - t0
+    sink.unlink()
+    # The session waits a moment so every byte of it flows while no server runs.
+    ids = crash_with(root, 1, f"sleep 0.5; head -c {size} /dev/zero", cap=size + MIB)
+    t1 = time.perf_counter()
+    exit_file = root / "state" / "sessions" / f"{ids[0]}.exit"
+    while not exit_file.exists():  # noqa: ASYNC110 - a file another process writes: nothing to await
+        await asyncio.sleep(0.005)
+    drained = time.perf_counter() - t1 - 0.3  # the child slept 0.5 s, 0.2 s of it before the kill
+    t2 = time.perf_counter()
+    sup = await Supervisor(settings_for(root, cap=size + MIB), owner="bench").start()
+    replay = time.perf_counter() - t2
+    session = sup.all_sessions()[0]
+    await session.wait_finished(30)
+    stored = session.output.views[next(iter(session.output.views))].size
+    await sup.aclose()
+    print(f"3. {size // MIB} MiB printed while no server ran (head -c from /dev/zero)")
+    print(f"   through the holder into its spool  {size / MIB / drained:7.0f} MiB/s")
+    print(f"   raw baseline: head > file          {size / MIB / raw:7.0f} MiB/s")
+    print(f"   replayed into the logs at adoption {replay:.2f} s ({stored // MIB} MiB, exit {session.exit_code})")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="pp-restart-"))
+    try:
+        await bench_spawn(root / "spawn", 60 if args.quick else 300)
+        await bench_adopt(root / "adopt", 200 if args.quick else 1000)
+        await bench_outage_output(root / "output", (64 if args.quick else 256) * MIB)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        os.kill(os.getpid(), signal.SIGINT)

@@ -1,0 +1,167 @@
+"""What a server needs to outlive itself: its owner lock, its holder link, the exit status its
+sessions' shells record while no server runs, and the cgroups of servers gone before it.
+
+A supervisor with an ``owner`` (``procpilot serve``: "serve"; ``procpilot mcp --agent A``:
+"mcp:A") keeps its sessions across a crash or a restart:
+
+* at spawn, the session's descriptors go to the holder (engine/holder.py), and the session's
+  first shell lines include :func:`status_line`: an EXIT trap that writes ``$?`` to
+  ``sessions/<id>.exit`` only if the server that started it is gone by then (while it lives, it
+  reaps the leader itself and nothing is written);
+* at start, the next server of the same owner takes the lock (:class:`OwnerLock`), takes back the
+  descriptors, and adopts every session its journal says is running (Supervisor._adopt).
+
+A supervisor without an owner (the library's default) does none of this: nothing changes for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.holder import SPOOL_NAME
+from procpilot.engine.holder_client import HeldSession, HolderLink, read_spool
+from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
+from procpilot.engine.ownership import OwnerLock
+from procpilot.engine.trees import AdoptedScanTrees, CgroupTrees, ScanTrees, TreeBackend
+
+__all__ = ["Restarts", "leader_status", "read_status", "replay_spool", "status_line"]
+
+_EXIT_SUFFIX = ".exit"
+_LOCK_WAIT = 3.0
+
+
+def status_line(exit_file: Path, server_pid: int, probe_fd: int, lock: Path) -> str:
+    """The shell line that records the leader's exit status for a server that is not there.
+
+    "There" means: the server that started it still holds its owner lock at ``probe_fd`` (see
+    OwnerLock). That is false after a crash, a hand-over, while it is a zombie nobody reaped, and
+    for a stranger that got its pid. The test is two stats in the shell (~µs); a file is written
+    only then, so a spawn while the server lives costs nothing more on disk. An ``exec`` in the
+    user's script replaces the shell and its trap: such a session's exit in an outage is unknown
+    (LOST), never guessed."""
+    q = shlex.quote
+    # $s first: the test itself would overwrite $?. The trap leaves the shell's own status as it was.
+    action = f"s=$?; [ {q(f'/proc/{server_pid}/fd/{probe_fd}')} -ef {q(str(lock))} ] || echo $s > {q(str(exit_file))}"
+    return f"trap {q(action)} EXIT"
+
+
+def leader_status(pid: int, exit_file: Path, *, own_child: bool) -> int | None:
+    """How an adopted session's leader ended, as ``os.waitstatus_to_exitcode`` says it (negative:
+    the signal): from ``wait`` where it is our own child (a supervisor that detached and one that
+    adopted in the same process), else from what its shell recorded; None if nobody knows."""
+    if own_child:
+        with contextlib.suppress(ChildProcessError):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+    return read_status(exit_file)
+
+
+def read_status(exit_file: Path) -> int | None:
+    try:
+        text = exit_file.read_text()
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        exit_file.unlink()
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def replay_spool(output: SessionOutput, directory: Path) -> int:
+    """Append what the holder kept during an outage, in its arrival order; returns the bytes."""
+    path = directory / SPOOL_NAME
+    total = 0
+    for tag, item in read_spool(path):
+        if isinstance(item, int):
+            output.lose(Stream.STDOUT, item, OSError(errno.EFBIG, "past the outage spool's cap"))
+            continue
+        output.append(Stream.STDOUT if tag == b"o" else Stream.STDERR, item)
+        total += len(item)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return total
+
+
+class Restarts:
+    """One owner's restart machinery on one state directory."""
+
+    def __init__(self, state_dir: Path, owner: str) -> None:
+        self.state_dir = state_dir
+        self.owner = owner
+        self.sessions_root = state_dir / "sessions"
+        self._lock: OwnerLock | None = None
+        self.link = HolderLink(state_dir, owner)
+        self._trees: dict[str, CgroupTrees] = {}
+        self._scan: AdoptedScanTrees | None = None
+        self._limits: dict[tuple[str, ...], LimitBackend] = {}
+
+    def begin(self) -> list[HeldSession]:
+        """Take the owner's lock (StateDirBusy if a live server has it), then the holder's copies."""
+        self._lock = OwnerLock(self.state_dir, self.owner, wait=_LOCK_WAIT)
+        self.sessions_root.mkdir(parents=True, exist_ok=True)
+        return self.link.connect()
+
+    def status_line(self, session_id: str) -> str | None:
+        """The exit-recording shell line for a new session, None when we hold no lock."""
+        lock = self._lock
+        if lock is None or lock.probe_fd is None:
+            return None
+        return status_line(self.exit_file(session_id), os.getpid(), lock.probe_fd, lock.path)
+
+    def exit_file(self, session_id: str) -> Path:
+        return self.sessions_root / f"{session_id}{_EXIT_SUFFIX}"
+
+    def trees_for(self, root: str | None, current: TreeBackend) -> TreeBackend:
+        """The tree backend of an adopted session: ours if it lives in our cgroup directory (or no
+        cgroup), else one over the directory of the server that started it."""
+        if not root and isinstance(current, ScanTrees):
+            if self._scan is None:
+                self._scan = AdoptedScanTrees()
+            return self._scan
+        if not root or (isinstance(current, CgroupTrees) and str(current.root) == root):
+            return current
+        if not Path(root).is_dir():
+            return current
+        if root not in self._trees:
+            self._trees[root] = CgroupTrees(Path(root))
+        return self._trees[root]
+
+    def limits_for(self, record: dict[str, Any]) -> LimitBackend | None:
+        roots = record.get("limit_roots")
+        if not isinstance(roots, dict) or not roots:
+            return None
+        key = tuple(sorted(f"{c}={p}" for c, p in roots.items()))
+        if key not in self._limits:
+            paths = {str(c): Path(p) for c, p in roots.items()}
+            if record.get("limit_mechanism") == "cgroup2":
+                self._limits[key] = CgroupV2Limits(next(iter(paths.values())))
+            else:
+                self._limits[key] = CgroupV1Limits(paths)
+        return self._limits[key]
+
+    def close(self, *, detach: bool = False) -> None:
+        """The server is done: every session it held has ended, or (``detach``) is left to the
+        holder, running, in the cgroups it was in."""
+        for trees in self._trees.values():
+            trees.detach() if detach else trees.close()
+        for limits in self._limits.values():
+            detach_limits = getattr(limits, "detach", None)
+            if detach and detach_limits is not None:
+                detach_limits()
+            elif not detach:
+                limits.close()
+        self._trees.clear()
+        self._limits.clear()
+        self.link.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

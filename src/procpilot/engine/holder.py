@@ -1,0 +1,377 @@
+"""The holder: one small process per state directory that keeps sessions' stdio alive between servers.
+
+Why it exists: a session's output arrives through pipes (or a pty master) whose read ends the
+server holds. If the server dies, the last read end closes and the next write gets SIGPIPE (a pty
+gets SIGHUP): the process dies with it. So every server hands the holder a duplicate of each
+session's descriptors (output read ends, the stdin write end, the pidfd) over a Unix socket with
+SCM_RIGHTS soon after spawn (batched: one ``sendmsg`` for many sessions), no process per session.
+While the server's connection is open the holder only keeps them, reading nothing. When that connection ends without
+the server having forgotten a session (a crash, ``kill -9``, a planned hand-over), the holder
+drains it: every chunk goes, in arrival order, into the session's spool file (``outage.spool``:
+a 9-byte header per chunk, then the bytes), so the combined view's order survives. The next server
+of the same owner says hello and gets the descriptors back; it replays the spool into the logs.
+
+A session that ends while no server runs (EOF on its output and its leader gone) is let go: its
+spool and the exit status its shell wrote are on disk for the next server. The holder exits when
+it holds nothing and no server is connected.
+
+Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
+the package: it must start in tens of milliseconds and stay small (one per state directory).
+
+Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached where said):
+  server → holder  {"op": "hello", "owner": O}                 the reply: a "held" per session, then "end"
+                   {"op": "add", "owner", "sessions": [{"id", "roles", "spool", "cap", "roots"}...]}
+                                                               + one fd per role, in order
+                   {"op": "forget", "ids": [...]}              these ended; close their copies
+                   {"op": "stdin_closed", "id"}                close our copy of its stdin
+  holder → server  {"op": "held", "id", "roles", "eof", "exited"} + one fd per role still open
+                   {"op": "end", "protocol": PROTOCOL}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+from dataclasses import dataclass, field
+
+# One spool record: a tag (b"o" stdout, b"e" stderr, b"d" bytes dropped past the cap) and a length.
+SPOOL_HEADER = struct.Struct(">cQ")
+SPOOL_NAME = "outage.spool"
+# The protocol below. A holder outlives upgrades of the servers it serves (it is started once per
+# state directory), so each side says its version: a server that cannot speak the holder's runs
+# without it (its sessions end with it) rather than guess.
+PROTOCOL = 1
+OUTPUT_ROLES = ("stdout", "stderr")
+_READ = 1 << 20
+_MAX_MSG = 64 * 1024
+_MAX_FDS = 253  # SCM_MAX_FD: a batch of sessions' descriptors in one message
+_SEND_TIMEOUT = 10.0
+_IDLE_EXIT = 10.0
+
+
+@dataclass
+class Held:
+    """One session's descriptors, by role: stdout, stderr (absent under a pty), stdin, pidfd."""
+
+    id: str
+    owner: str
+    fds: dict[str, int]
+    spool: str
+    cap: int
+    eof: set[str] = field(default_factory=set)
+    exited: bool = False
+    draining: bool = False
+    spooled: int = 0
+    dropped: int = 0
+    spool_fd: int | None = None
+    roots: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        outputs = [r for r in OUTPUT_ROLES if r in self.fds or r in self.eof]
+        return self.exited and all(r in self.eof for r in outputs)
+
+
+class Holder:
+    def __init__(self, listener: socket.socket) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.listener = listener
+        self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
+        self.conns: dict[socket.socket, str | None] = {}
+        self.sessions: dict[str, Held] = {}
+        # Cgroup directories of the servers whose sessions we hold, each with a shared flock and a
+        # count of sessions in it: a starting supervisor ends the trees of a dead one's directory
+        # unless somebody holds that lock, and these trees are waiting for their next server.
+        self.roots: dict[str, tuple[int, int]] = {}
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            # Idle (nothing held, nobody connected) only before the first server connects, or if
+            # the one that started us died first: then wait a while for one, and go.
+            events = self.sel.select(timeout=_IDLE_EXIT if not self.conns and not self.sessions else None)
+            if not events and not self.conns and not self.sessions:
+                return
+            for key, _ in events:
+                kind, obj = key.data
+                if kind == "accept":
+                    self._accept()
+                elif kind == "conn":
+                    self._on_message(obj)
+                elif kind == "out":
+                    self._on_output(*obj)
+                elif kind == "pidfd":
+                    self._on_exit(obj)
+            if not self.conns and not self.sessions:
+                return
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        conn.settimeout(_SEND_TIMEOUT)
+        self.conns[conn] = None
+        self.sel.register(conn, selectors.EVENT_READ, ("conn", conn))
+
+    def _on_message(self, conn: socket.socket) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, _MAX_MSG, _MAX_FDS)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            self._disconnect(conn)
+            return
+        try:
+            msg = json.loads(data)
+            op = msg["op"]
+        except (ValueError, KeyError, TypeError):
+            for fd in fds:
+                os.close(fd)
+            return
+        if op == "add":
+            self._add_all(msg, fds)
+            return
+        for fd in fds:  # no other message carries descriptors
+            os.close(fd)
+        if op == "hello":
+            self._hello(conn, str(msg.get("owner")))
+        elif op == "forget":
+            ids = msg.get("ids")
+            for sid in ids if isinstance(ids, list) else []:
+                self._drop(str(sid))
+        elif op == "stdin_closed":
+            held = self.sessions.get(str(msg.get("id")))
+            if held is not None and "stdin" in held.fds:
+                os.close(held.fds.pop("stdin"))
+
+    def _disconnect(self, conn: socket.socket) -> None:
+        owner = self.conns.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        conn.close()
+        if owner is None or owner in self.conns.values():
+            return
+        # The server is gone without forgetting these: from now on their output is ours to keep.
+        for held in [h for h in self.sessions.values() if h.owner == owner]:
+            self._drain(held)
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def _add_all(self, msg: dict[str, object], fds: list[int]) -> None:
+        """Several sessions in one message: their descriptors in order, each one's roles saying how many."""
+        sessions = msg.get("sessions")
+        owner = str(msg.get("owner"))
+        if not isinstance(sessions, list) or not all(
+            isinstance(one, dict) and isinstance(one.get("roles"), list) for one in sessions
+        ):
+            sessions = []
+        if not sessions or sum(len(one["roles"]) for one in sessions) != len(fds):
+            for fd in fds:
+                os.close(fd)
+            return
+        pos = 0
+        for one in sessions:
+            count = len(one["roles"])
+            self._add(one, owner, fds[pos : pos + count])
+            pos += count
+
+    def _add(self, msg: dict[str, object], owner: str, fds: list[int]) -> None:
+        roles = msg.get("roles")
+        if not isinstance(roles, list) or len(roles) != len(fds):
+            for fd in fds:
+                os.close(fd)
+            return
+        sid = str(msg.get("id"))
+        self._drop(sid)  # never two sets of copies of one session
+        cap = msg.get("cap")
+        roots = msg.get("roots")
+        held = Held(
+            sid,
+            owner,
+            dict(zip((str(r) for r in roles), fds, strict=True)),
+            str(msg.get("spool")),
+            cap if isinstance(cap, int) else 64 << 20,
+        )
+        for root in roots if isinstance(roots, list) else []:
+            if self._hold_root(str(root)):
+                held.roots.append(str(root))
+        self.sessions[sid] = held
+
+    def _hold_root(self, path: str) -> bool:
+        if path in self.roots:
+            fd, count = self.roots[path]
+            self.roots[path] = (fd, count + 1)
+            return True
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            os.close(fd)
+            return False
+        self.roots[path] = (fd, 1)
+        return True
+
+    def _release_roots(self, held: Held) -> None:
+        for path in held.roots:
+            fd, count = self.roots.pop(path)
+            if count > 1:
+                self.roots[path] = (fd, count - 1)
+            else:
+                os.close(fd)
+        held.roots.clear()
+
+    def _drop(self, sid: str) -> None:
+        held = self.sessions.pop(sid, None)
+        if held is None:
+            return
+        for fd in held.fds.values():
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(fd)
+            os.close(fd)
+        held.fds.clear()
+        self._close_spool(held)
+        self._release_roots(held)
+
+    def _hello(self, conn: socket.socket, owner: str) -> None:
+        self.conns[conn] = owner
+        mine = [h for h in self.sessions.values() if h.owner == owner]
+        try:
+            for held in mine:
+                self._stop_draining(held)
+                roles = [r for r in held.fds if r != "pidfd" or not held.exited]
+                body = {"op": "held", "id": held.id, "roles": roles, "eof": sorted(held.eof), "exited": held.exited}
+                socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
+            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL}).encode())
+        except OSError:
+            self._disconnect(conn)
+
+    def _drain(self, held: Held) -> None:
+        held.draining = True
+        for role in OUTPUT_ROLES:
+            if role in held.fds:
+                self.sel.register(held.fds[role], selectors.EVENT_READ, ("out", (held, role)))
+        if "pidfd" in held.fds:
+            self.sel.register(held.fds["pidfd"], selectors.EVENT_READ, ("pidfd", held))
+        elif not any(r in held.fds for r in OUTPUT_ROLES):
+            held.exited = True
+        self._maybe_done(held)
+
+    def _stop_draining(self, held: Held) -> None:
+        """A server takes the session back: whatever we read so far is on disk before it replays."""
+        if held.draining:
+            for role in (*OUTPUT_ROLES, "pidfd"):
+                if role in held.fds:
+                    with contextlib.suppress(KeyError, ValueError):
+                        self.sel.unregister(held.fds[role])
+            held.draining = False
+        self._close_spool(held)
+
+    def _on_output(self, held: Held, role: str) -> None:
+        fd = held.fds[role]
+        try:
+            data = os.read(fd, _READ)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EIO:  # a pty master reads EIO once the terminal has no holder: EOF
+                raise
+            data = b""
+        if data:
+            self._spool(held, b"o" if role == "stdout" else b"e", data)
+            return
+        self.sel.unregister(fd)
+        os.close(held.fds.pop(role))
+        held.eof.add(role)
+        self._maybe_done(held)
+
+    def _on_exit(self, held: Held) -> None:
+        fd = held.fds.pop("pidfd")
+        self.sel.unregister(fd)
+        os.close(fd)
+        held.exited = True
+        self._maybe_done(held)
+
+    def _maybe_done(self, held: Held) -> None:
+        if held.done:
+            # Its spool and its exit status are on disk: the next server reads them from there.
+            self._drop(held.id)
+
+    # -- the spool ----------------------------------------------------------------------------
+
+    def _spool(self, held: Held, tag: bytes, data: bytes) -> None:
+        room = max(0, held.cap - held.spooled)
+        keep, lose = data[:room], len(data) - min(room, len(data))
+        held.dropped += lose  # bounded: past the cap we count what we cannot keep, never block the writer
+        if not keep:
+            return
+        try:
+            if held.spool_fd is None:
+                os.makedirs(os.path.dirname(held.spool), exist_ok=True)
+                held.spool_fd = os.open(held.spool, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            os.write(held.spool_fd, SPOOL_HEADER.pack(tag, len(keep)) + keep)
+            held.spooled += len(keep)
+        except OSError:
+            held.dropped += len(keep)
+
+    def _close_spool(self, held: Held) -> None:
+        if held.dropped:
+            with contextlib.suppress(OSError):
+                if held.spool_fd is None:
+                    os.makedirs(os.path.dirname(held.spool), exist_ok=True)
+                    held.spool_fd = os.open(held.spool, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                os.write(held.spool_fd, SPOOL_HEADER.pack(b"d", held.dropped))
+            held.dropped = 0
+        if held.spool_fd is not None:
+            os.close(held.spool_fd)
+            held.spool_fd = None
+
+
+def main(path: str) -> int:
+    # One holder per state directory: the lock decides, the socket is (re)bound only by its owner.
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another holder serves this directory already
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    # Ready: the server that started us waits for this byte before it connects.
+    with contextlib.suppress(OSError):
+        os.write(1, b"R")
+        os.close(1)
+        os.open(os.devnull, os.O_WRONLY)
+    try:
+        Holder(listener).run()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        listener.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,285 @@
+"""The server's side of the holder (engine/holder.py): start it if none runs, say hello, hand it
+each session's descriptors at spawn, and take back the ones a previous server left with it.
+
+Everything here is best effort by design: a holder that cannot be started or reached costs a
+session its survival of a server crash, never its start. The link says why once, and the
+supervisor reports it (``capabilities()["restarts"]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import select
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from procpilot.engine import holder as holder_module
+from procpilot.engine.spawn import Spawned
+
+__all__ = ["HeldSession", "HolderLink", "read_spool"]
+
+_log = logging.getLogger(__name__)
+_SOCKET = "holder.sock"
+_MAX_SOCKET_PATH = 107  # sun_path, with its NUL
+_START_TIMEOUT = 5.0
+_SEND_TIMEOUT = 2.0
+_MAX_MSG = 64 * 1024
+_REPLAY_CHUNK = 1 << 20
+_BATCH_DELAY = 0.05  # seconds a new session may wait to be handed to the holder
+_MAX_FDS_PER_MSG = 200  # SCM_RIGHTS takes at most 253 per message
+_MAX_IDS_PER_MSG = 1000  # 16-character ids: ~20 KB of JSON, within _MAX_MSG
+
+
+class HolderMismatch(Exception):
+    """The running holder speaks another protocol version (it was started by another procpilot)."""
+
+
+@dataclass(slots=True)
+class HeldSession:
+    """Descriptors of a session the holder kept for us, by role (stdout, stderr, stdin, pidfd)."""
+
+    id: str
+    fds: dict[str, int]
+    eof: set[str]
+    exited: bool
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+
+class HolderLink:
+    """One server's connection to its state directory's holder."""
+
+    def __init__(self, state_dir: Path, owner: str) -> None:
+        self.path = str(state_dir / _SOCKET)
+        self.owner = owner
+        self._sock: socket.socket | None = None
+        self.problem: str | None = None  # why sessions would not survive a crash, if they would not
+        self.mismatch = False  # True iff a holder runs but speaks another protocol: it keeps its sessions
+        self._pending_adds: dict[str, tuple[Spawned, dict[str, object]]] = {}
+        self._pending_forgets: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def connect(self) -> list[HeldSession]:
+        """Reach the holder (starting one if none runs) and take back what it holds for our owner."""
+        if len(self.path) >= _MAX_SOCKET_PATH:
+            self.problem = f"the state directory's path is too long for a Unix socket ({self.path})"
+            return []
+        for _ in range(3):
+            sock = self._try_connect() or (self._start() and self._try_connect())
+            if not sock:
+                continue
+            try:
+                held = self._hello(sock)
+            except HolderMismatch as exc:
+                sock.close()
+                self.problem = str(exc)
+                self.mismatch = True
+                break
+            except OSError:
+                sock.close()
+                continue  # a holder that was exiting as we came: start another
+            self._sock = sock
+            self.problem = None
+            return held
+        self.problem = self.problem or f"could not start or reach the holder at {self.path}"
+        _log.warning("sessions will not survive a crash of this server: %s", self.problem)
+        return []
+
+    def _try_connect(self) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            return None
+        sock.settimeout(_SEND_TIMEOUT)
+        return sock
+
+    def _start(self) -> bool:
+        """Start a holder, detached in a session of its own, and wait until it listens."""
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            script = holder_module.__file__
+            env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+            pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-I", "-S", script, self.path],
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, w, 1),
+                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                ],
+                setsid=True,
+            )
+        except OSError as exc:
+            self.problem = f"could not start the holder: {exc.strerror}"
+            os.close(r)
+            os.close(w)
+            return False
+        os.close(w)
+        try:
+            ready, _, _ = select.select([r], [], [], _START_TIMEOUT)
+            started = bool(ready) and os.read(r, 1) == b"R"
+        finally:
+            os.close(r)
+        if not started:
+            # Either another holder won the race (it exits 0 at once) or it failed; reap it if gone.
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        return True
+
+    def _hello(self, sock: socket.socket) -> list[HeldSession]:
+        sock.sendall(json.dumps({"op": "hello", "owner": self.owner}).encode())
+        held: list[HeldSession] = []
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:
+                data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 8)
+                if not data:
+                    raise ConnectionResetError("the holder closed the connection")
+                msg = json.loads(data)
+                if msg.get("op") == "end":
+                    if msg.get("protocol") != holder_module.PROTOCOL:
+                        raise HolderMismatch(
+                            f"the holder at {self.path} speaks protocol {msg.get('protocol')!r}, this procpilot"
+                            f" {holder_module.PROTOCOL}: restart it when no session runs"
+                        )
+                    return held
+                roles = [str(r) for r in msg.get("roles", [])]
+                if len(roles) != len(fds):
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                fd_of = dict(zip(roles, fds, strict=True))
+                held.append(HeldSession(str(msg["id"]), fd_of, set(msg["eof"]), bool(msg["exited"])))
+        except BaseException:
+            for h in held:
+                h.close()
+            raise
+        raise TimeoutError("the holder did not finish its hello")
+
+    # -- per session --------------------------------------------------------------------------
+    #
+    # Handing a session over and forgetting it are batched: each sendmsg wakes the holder, and on
+    # a busy 2-core machine that wake costs the sender ~100 µs. A command that ends within the
+    # batch window (most exec calls) never reaches the holder at all; a longer one is handed over
+    # at most _BATCH_DELAY after its start, with whatever descriptors it still has then.
+
+    def add(self, session_id: str, spawned: Spawned, spool: Path, cap: int, roots: list[str]) -> bool:
+        """Queue copies of a new session's descriptors for the holder; False without a holder."""
+        if self._sock is None:
+            return False
+        body: dict[str, object] = {"id": session_id, "spool": str(spool), "cap": cap, "roots": roots}
+        self._pending_adds[session_id] = (spawned, body)
+        self._schedule()
+        return True
+
+    def forget(self, session_id: str) -> None:
+        if self._pending_adds.pop(session_id, None) is None and self._sock is not None:
+            self._pending_forgets.append(session_id)
+            self._schedule()
+
+    def stdin_closed(self, session_id: str) -> None:
+        """Must reach the holder now: the child sees EOF only once every copy is closed."""
+        if session_id in self._pending_adds:
+            return  # its copy was never sent; the flush takes what is open then
+        self.flush()
+        self._send({"op": "stdin_closed", "id": session_id})
+
+    def _schedule(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(_BATCH_DELAY, self.flush)
+
+    def flush(self) -> None:
+        """Send what is queued: every pending session's descriptors as they are now, then the forgets."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        adds, self._pending_adds = self._pending_adds, {}
+        forgets, self._pending_forgets = self._pending_forgets, []
+        batch: list[dict[str, object]] = []
+        fds: list[int] = []
+        for spawned, body in adds.values():
+            roles: list[str] = []
+            for role, fd in (
+                ("stdout", spawned.stdout_fd),
+                ("stderr", spawned.stderr_fd),
+                ("stdin", spawned.stdin_fd),
+                ("pidfd", spawned.pidfd),
+            ):
+                if fd is not None and fd >= 0:
+                    roles.append(role)
+                    fds.append(fd)
+            batch.append({**body, "roles": roles})
+            if len(fds) > _MAX_FDS_PER_MSG - 4:
+                self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
+                batch, fds = [], []
+        if batch:
+            self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
+        for first in range(0, len(forgets), _MAX_IDS_PER_MSG):
+            self._send({"op": "forget", "ids": forgets[first : first + _MAX_IDS_PER_MSG]})
+
+    def _send(self, body: dict[str, object], fds: list[int] | None = None) -> bool:
+        sock = self._sock
+        if sock is None:
+            return False
+        try:
+            socket.send_fds(sock, [json.dumps(body).encode()], fds or [])
+        except OSError as exc:
+            self.problem = f"lost the holder: {exc.strerror or exc}"
+            _log.warning("sessions will not survive a crash of this server: %s", self.problem)
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        """Disconnect. Whatever we did not forget, the holder now drains and keeps for the next server
+        (call :meth:`flush` first, while the sessions' descriptors are still open)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._pending_adds.clear()
+        self._pending_forgets.clear()
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            sock.close()
+
+
+def read_spool(path: Path) -> Iterator[tuple[bytes, bytes | int]]:
+    """The records of a spool file, in arrival order: (b"o"|b"e", data) or (b"d", bytes dropped).
+    Read a bounded piece at a time (a record's data in chunks of at most _REPLAY_CHUNK); a record
+    cut short by a crash of the holder ends it."""
+    header = holder_module.SPOOL_HEADER
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - a generator holds it until exhausted or closed
+    except FileNotFoundError:
+        return
+    with f:
+        while len(head := f.read(header.size)) == header.size:
+            tag, size = header.unpack(head)
+            if tag == b"d":
+                yield tag, size
+                continue
+            while size > 0:
+                chunk = f.read(min(size, _REPLAY_CHUNK))
+                if not chunk:
+                    return
+                yield tag, chunk
+                size -= len(chunk)

@@ -1,0 +1,280 @@
+"""Sessions outlive the server: a real daemon killed outright (or handing over), then a new one on
+the same state directory, which adopts every session with its output, its stdin and its exit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.conftest import marked_processes
+from tests.daemon import PROCPILOT, TOKENS, Served, cleanup, daemon_env, post, start_daemon, write_config
+
+PRINTER = "for i in $(seq 1 40); do echo line$i; sleep 0.05; done; echo to-stderr >&2; exit 7"
+
+
+def _exec(c: httpx2.Client, command: str, **kw: Any) -> str:
+    data = post(c, "exec", command=command, background=True, **kw).json()["data"]
+    assert data["status"] == "running", data
+    return str(data["sessionId"])
+
+
+def _until(check: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def _log(c: httpx2.Client, sid: str) -> str:
+    return str(post(c, "process", action="log", sessionId=sid, offset=0, limit=1000).json()["data"]["output"])
+
+
+def _kill_9(daemon: Served) -> None:
+    daemon.proc.kill()
+    daemon.proc.wait()
+
+
+def _end_all(root: Path) -> None:
+    """After a failure, nothing may outlive the test: a last daemon adopts and ends the rest."""
+    with contextlib.suppress(Exception):
+        last = start_daemon(root, log_name="cleanup.log")
+        with last.http() as c:
+            cleanup(c)
+        last.stop()
+    for pid in marked_processes():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    state = root / "state" / "sessions"
+    first = start_daemon(root)
+    try:
+        with first.http() as c:
+            printer = _exec(c, PRINTER)
+            piped = _exec(c, "cat")  # reads a stdin that must stay open through the outage
+            tty = _exec(c, "cat", pty=True)
+            lost = _exec(c, "sleep 0.2; exec sleep 0.3")  # exec drops the shell that records the exit
+            long = _exec(c, "setsid sleep 300 & sleep 300")
+            _until(lambda: "line3" in _log(c, printer), "the printer to start")
+        _kill_9(first)
+        # The outage: the printer prints its last lines and exits, with no server at all.
+        _until((state / f"{printer}.exit").exists, "the printer to end during the outage")
+        _until(lambda: not (state / f"{lost}.exit").exists() and not _alive_marked(lost), "the exec'd one to end")
+
+        second = start_daemon(root, log_name="second.log")
+        # What ended in the outage was told to nobody: the agent's first event stream hears it.
+        assert _exit_events(second, 2) == {printer: 7, lost: None}
+        with second.http() as c:
+            assert c.get("/v1/capabilities").json()["restarts"]["survive"] is True
+            listed = {s["sessionId"]: s for s in post(c, "process", action="list").json()["data"]["sessions"]}
+            assert set(listed) == {printer, piped, tty, lost, long}
+            assert listed[long]["status"] == "running" and listed[piped]["status"] == "running"
+
+            ended = post(c, "process", action="wait", sessionId=printer, timeout=10_000).json()["data"]
+            assert (ended["status"], ended["exitCode"]) == ("error", 7)  # the exit it made during the outage
+            lines = _log(c, printer).splitlines()
+            assert [ln for ln in lines if ln.startswith("line")] == [f"line{i}" for i in range(1, 41)]
+            assert lines[-1] == "to-stderr"
+
+            gone = post(c, "process", action="wait", sessionId=lost, timeout=10_000).json()["data"]
+            assert gone["state"] == "lost" and gone["exitCode"] is None  # said, never invented
+            assert "not recorded" in post(c, "process", action="poll", sessionId=lost).json()["text"]
+
+            for sid, typed in ((piped, "after-the-crash"), (tty, "typed-in-a-tty")):
+                post(c, "process", action="write", sessionId=sid, data=typed + "\n")
+                found = post(c, "process", action="wait", sessionId=sid, pattern=typed, timeout=10_000).json()
+                assert found["data"]["reason"] == "pattern", found
+
+            # The tree kill still reaches everything, the setsid'd grandchild included.
+            killed = post(c, "process", action="kill", sessionId=long).json()["data"]
+            assert killed["sessionId"] == long
+            post(c, "process", action="wait", sessionId=long, timeout=10_000)
+            assert not _alive_marked(long)
+            cleanup(c)
+        assert second.stop() == 0
+        # Nothing held any more and no server: the holder went too.
+        _until(lambda: not (root / "state" / "holder.sock").exists(), "the holder to exit")
+    finally:
+        for daemon in (first,):
+            if daemon.proc.poll() is None:
+                _kill_9(daemon)
+        if marked_processes():
+            _end_all(root)
+
+
+def _exit_events(daemon: Served, count: int) -> dict[str, int | None]:
+    """The first ``count`` exit events of agent A's stream: session id -> exit code."""
+    found: dict[str, int | None] = {}
+    with daemon.http() as c, c.stream("GET", "/v1/events") as events:
+        kind = None
+        for line in events.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind == "exit":
+                event = json.loads(line[6:])
+                found[event["sessionId"]] = event["exitCode"]
+                if len(found) == count:
+                    return found
+    raise AssertionError(f"the stream ended after {found}")
+
+
+def _alive_marked(session_id: str) -> bool:
+    """A live process carrying the session's marker."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+        except OSError:
+            continue
+        if f"PROCPILOT_SESSION={session_id}".encode() in env.split(b"\0"):
+            return True
+    return False
+
+
+def test_a_second_live_server_on_one_state_dir_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    first = start_daemon(root)
+    try:
+        other = tmp_path / "other"
+        config = write_config(other, TOKENS)
+        text = config.read_text().replace('state_dir = "state"', f'state_dir = "{root / "state"}"')
+        config.write_text(text)
+        refused = subprocess.run(
+            [PROCPILOT, "serve", "--config", str(config)],
+            check=False,
+            env=daemon_env(other),
+            cwd=other,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2
+        assert "StateDirBusy" in refused.stderr and str(first.proc.pid) in refused.stderr
+        assert "Traceback" not in refused.stderr
+        with first.http() as c:  # the first one never noticed
+            assert post(c, "exec", command="echo still-mine").json()["data"]["output"] == "still-mine\n"
+    finally:
+        assert first.stop() == 0
+
+
+def test_takeover_under_a_client_polling_throughout(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    first = start_daemon(root)
+    second: Served | None = None
+    seen: list[str] = []
+    refused = 0
+    done = threading.Event()
+    try:
+        with first.http() as c:
+            printer = _exec(c, PRINTER)
+            _until(lambda: "line3" in _log(c, printer), "the printer to start")
+        assert first.unix_socket is not None
+
+        def poll_throughout() -> None:
+            # Over the Unix socket both daemons serve in turn: between them it is refused, never
+            # a SessionNotFound, never a session that ended without its exit.
+            nonlocal refused
+            transport = httpx2.HTTPTransport(uds=first.unix_socket)
+            with httpx2.Client(transport=transport, base_url="http://localhost", headers=first.headers()) as c:
+                while not done.is_set():
+                    try:
+                        body = post(c, "process", action="poll", sessionId=printer).json()
+                    except httpx2.TransportError:
+                        refused += 1
+                        time.sleep(0.01)
+                        continue
+                    seen.append(body["data"].get("status") or body["data"].get("error"))
+                    time.sleep(0.02)
+
+        poller = threading.Thread(target=poll_throughout)
+        poller.start()
+        second = start_daemon(root, TOKENS, "--takeover", log_name="second.log")
+        assert first.proc.wait(timeout=30) == 0  # it handed over and left
+        with second.http() as c:
+            ended = post(c, "process", action="wait", sessionId=printer, timeout=20_000).json()["data"]
+            assert (ended["status"], ended["exitCode"]) == ("error", 7)
+            lines = [ln for ln in _log(c, printer).splitlines() if ln.startswith("line")]
+            assert lines == [f"line{i}" for i in range(1, 41)]
+            _until(lambda: "error" in seen, "the poller to see the exit")
+            done.set()
+            poller.join(30)
+            assert set(seen) <= {"running", "error"}, seen  # running until its exit: nothing lost
+            cleanup(c)
+        assert second.stop() == 0
+    finally:
+        done.set()
+        for daemon in (first, second):
+            if daemon is not None and daemon.proc.poll() is None:
+                _kill_9(daemon)
+        if marked_processes():
+            _end_all(root)
+
+
+async def test_per_call_stdio_servers_of_one_agent_keep_their_sessions(tmp_path: Path) -> None:
+    """LangChain's MCP adapters start a fresh server for every call: with --keep-sessions a
+    background exec in one call is there to poll in the next."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PROCPILOT_STATE_DIR": str(tmp_path / "state"),
+        "PROCPILOT_WORKSPACE": str(tmp_path),
+    }
+    params = StdioServerParameters(command=PROCPILOT, args=["mcp", "--agent", "lc", "--keep-sessions"], env=env)
+    async with Client(params) as client:
+        started = await client.call_tool("exec", {"command": "read x; echo got-$x; exit 4", "background": True})
+        sid = (started.structured_content or {})["sessionId"]
+    try:
+        async with Client(params) as client:
+            await client.call_tool("process", {"action": "write", "sessionId": sid, "data": "it\n"})
+            waited = await client.call_tool("process", {"action": "wait", "sessionId": sid, "timeout": 10_000})
+            data = waited.structured_content or {}
+            assert (data["status"], data["exitCode"]) == ("error", 4), json.dumps(data)
+            log = await client.call_tool("process", {"action": "log", "sessionId": sid})
+            assert "got-it" in (log.structured_content or {})["output"]
+    finally:
+        for pid in marked_processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_keep_sessions_makes_sigterm_hand_over_instead_of_ending(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    first = start_daemon(root, TOKENS, "--keep-sessions")
+    second: Served | None = None
+    try:
+        with first.http() as c:
+            sleeper = _exec(c, "read line; echo got-$line")
+            time.sleep(0.2)  # past the holder's batch window
+        assert first.stop(signal.SIGTERM) == 0
+        assert _alive_marked(sleeper)  # SIGTERM left it running, its stdin open
+        second = start_daemon(root, log_name="second.log")
+        with second.http() as c:
+            post(c, "process", action="write", sessionId=sleeper, data="x\n")
+            done = post(c, "process", action="wait", sessionId=sleeper, timeout=10_000).json()["data"]
+            assert (done["status"], done["exitCode"]) == ("done", 0)
+            assert "got-x" in _log(c, sleeper)
+        assert second.stop() == 0
+    finally:
+        for daemon in (first, second):
+            if daemon is not None and daemon.proc.poll() is None:
+                _kill_9(daemon)
+        if marked_processes():
+            _end_all(root)
