@@ -112,6 +112,7 @@ class Session:
         self.exit_signal: str | None = None
         self.error: str | None = None
         self.backgrounded = False
+        self.node: str | None = None  # the cluster node that runs it; None: this host
         self.accounting = ExitAccounting()
         self.stdin_open = False
         self.terminal = TerminalModes()  # followed from the output under a pty only

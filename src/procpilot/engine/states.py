@@ -4,6 +4,8 @@
        │
        └─────► FAILED_TO_START  (also reachable from QUEUED when the lane slot is cancelled)
 
+    QUEUED | RUNNING ──► LOST  (the node running it is gone: its end is unknowable)
+
 A session enters exactly one end state, once. Faces map these names to their own vocabularies
 (spec 002 ``done``/``error``/``killed``, spec 000 ``completed``/``killed``/``timed_out``, spec 003
 ``STOPPED``/``CRASHED``/``TIMEDOUT``); the mapping lives with each face.
@@ -25,6 +27,7 @@ class SessionState(enum.Enum):
     TIMED_OUT = "timed_out"
     LIMIT_EXCEEDED = "limit_exceeded"  # ended by its memory limit (the kernel's OOM killer or the watchdog)
     FAILED_TO_START = "failed_to_start"
+    LOST = "lost"  # the cluster node that ran it died: how it ended is not known, never reported as done
 
     @property
     def is_end(self) -> bool:
@@ -39,11 +42,14 @@ END_STATES = frozenset(
         SessionState.TIMED_OUT,
         SessionState.LIMIT_EXCEEDED,
         SessionState.FAILED_TO_START,
+        SessionState.LOST,
     }
 )
 
 _ALLOWED: dict[SessionState, frozenset[SessionState]] = {
-    SessionState.QUEUED: frozenset({SessionState.RUNNING, SessionState.FAILED_TO_START, SessionState.KILLED}),
+    SessionState.QUEUED: frozenset(
+        {SessionState.RUNNING, SessionState.FAILED_TO_START, SessionState.KILLED, SessionState.LOST}
+    ),
     SessionState.RUNNING: END_STATES - {SessionState.FAILED_TO_START},
 }
 

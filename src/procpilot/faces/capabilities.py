@@ -108,6 +108,7 @@ _STATES: dict[SessionState, State] = {
     SessionState.KILLED: "killed",
     SessionState.TIMED_OUT: "timed_out",
     SessionState.LIMIT_EXCEEDED: "killed",
+    SessionState.LOST: "killed",  # its cluster node died (spec 000 has no word for it; error says node_lost)
 }
 # How long process.kill waits for the tree to be gone once no escalation is due.
 _KILL_SETTLE_SEC = 2.0

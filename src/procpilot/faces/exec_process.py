@@ -68,6 +68,7 @@ _STATUS = {
     SessionState.LIMIT_EXCEEDED: "error",
     SessionState.FAILED_TO_START: "error",
     SessionState.KILLED: "killed",
+    SessionState.LOST: "lost",  # its cluster node died: how it ended is unknown (error says node_lost)
 }
 
 
@@ -226,6 +227,8 @@ class ExecProcessFace:
             "command": session.command,
             "name": self._name(session),
         }
+        if session.node is not None:
+            data["node"] = session.node  # on a cluster: the Ray node that runs it
         if session.error:
             data["error"] = session.error
         if lost := session.output[Stream.COMBINED].lost:
@@ -248,6 +251,8 @@ class ExecProcessFace:
             return f"ended by its memory limit after {session.duration_ms} ms"
         if session.state is SessionState.FAILED_TO_START:
             return f"failed to start: {session.error}"
+        if session.state is SessionState.LOST:
+            return f"lost after {session.duration_ms} ms ({session.error})"
         how = f"exit code {session.exit_code}" if session.exit_code is not None else f"{session.exit_signal}"
         missing = _shell_not_found(session)
         if missing is not None:

@@ -100,6 +100,7 @@ PROC_STATE_OF: dict[SessionState, ProcState] = {
     SessionState.FAILED_TO_START: ProcState.CRASHED,
     SessionState.LIMIT_EXCEEDED: ProcState.CRASHED,
     SessionState.TIMED_OUT: ProcState.TIMEDOUT,
+    SessionState.LOST: ProcState.CRASHED,  # its cluster node died
 }
 
 

@@ -87,7 +87,13 @@ def make_supervisor(settings: Settings) -> Supervisor:
     """The supervisor, with the per-agent policy on every spawn and every write to a stdin."""
     from procpilot.policy.spawn_filter import make_spawn_filter, make_write_filter
 
-    return Supervisor(settings, spawn_filter=make_spawn_filter(settings), write_filter=make_write_filter(settings))
+    spawn_filter, write_filter = make_spawn_filter(settings), make_write_filter(settings)
+    if settings.cluster.backend == "ray":
+        # Imported only here: the single-host daemon never loads Ray.
+        from procpilot.cluster import ClusterSupervisor
+
+        return ClusterSupervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter)
+    return Supervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter)
 
 
 @dataclass(frozen=True, slots=True)

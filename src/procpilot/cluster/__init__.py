@@ -1,0 +1,18 @@
+"""procpilot on a Ray cluster (``[cluster] backend = "ray"``): one supervisor per node, one daemon.
+
+    daemon (procpilot serve)                      each Ray node
+    faces ─► ClusterSupervisor ──spawn/kill/write──► NodeAgent actor ─► Supervisor (the engine)
+                 ▲  RemoteSession (a Session)                              │ session files
+                 └────── one output stream per session ◄───────────────────┘
+
+Modules: ``supervisor`` (the daemon side), ``remote`` (a session on another node), ``node`` (the
+actor's body), ``placement`` (which node), ``replies`` (errors across the wire) and
+``ray_backend``, the one module that imports Ray. Only ``serve.make_supervisor`` imports this
+package, and only for the ray backend.
+"""
+
+from __future__ import annotations
+
+from procpilot.cluster.supervisor import ClusterSupervisor
+
+__all__ = ["ClusterSupervisor"]
