@@ -7,12 +7,7 @@
 
 Modules: ``supervisor`` (the daemon side), ``remote`` (a session on another node), ``node`` (the
 actor's body), ``placement`` (which node), ``replies`` (errors across the wire) and
-``ray_backend``, the one module that imports Ray. Only ``serve.make_supervisor`` imports this
-package, and only for the ray backend.
+``ray_backend``, the one module that imports Ray (so this package itself imports nothing: its
+pure parts, placement and replies, load without Ray). Only ``serve.make_supervisor`` imports
+``procpilot.cluster.supervisor``, and only for the ray backend.
 """
-
-from __future__ import annotations
-
-from procpilot.cluster.supervisor import ClusterSupervisor
-
-__all__ = ["ClusterSupervisor"]

@@ -90,7 +90,7 @@ def make_supervisor(settings: Settings) -> Supervisor:
     spawn_filter, write_filter = make_spawn_filter(settings), make_write_filter(settings)
     if settings.cluster.backend == "ray":
         # Imported only here: the single-host daemon never loads Ray.
-        from procpilot.cluster import ClusterSupervisor
+        from procpilot.cluster.supervisor import ClusterSupervisor
 
         return ClusterSupervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter)
     return Supervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter)
