@@ -68,10 +68,27 @@ def _ours(supervisor: bytes) -> bool:
     return _descends_from_us(pid) or not os.path.exists(f"/proc/{pid}")
 
 
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def marked_processes() -> list[int]:
     """Pids of live processes started by this test run's supervisors. Those of any other
-    supervisor on the machine (a daemon serving real agents) are none of a test's business."""
-    return [pid for pid, supervisor in _supervisors_of_marked().items() if _ours(supervisor)]
+    supervisor on the machine (a daemon serving real agents) are none of a test's business.
+
+    A supervisor in another pid namespace (the cluster tests' nodes, or anyone's container)
+    names itself by a pid of that namespace, which means nothing here: its processes are ours
+    iff they descend from this run."""
+    own = _pid_namespace("self")
+    found = []
+    for pid, supervisor in _supervisors_of_marked().items():
+        elsewhere = _pid_namespace(pid) not in (own, None)
+        if (_descends_from_us(pid) if elsewhere else _ours(supervisor)):
+            found.append(pid)
+    return found
 
 
 def open_fds() -> set[int]:
