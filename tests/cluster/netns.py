@@ -82,6 +82,13 @@ class Cluster:
         except psutil.NoSuchProcess:
             return []
 
+    def daemon(self) -> psutil.Process:
+        """The `procpilot serve` inside the namespace."""
+        found = [p for p in self.processes() if p.cmdline()[1:3] == [str(BIN / "procpilot"), "serve"]
+                 or p.cmdline()[:2] == [str(BIN / "procpilot"), "serve"]]
+        assert len(found) == 1, [p.cmdline() for p in self.processes()]
+        return found[0]
+
     def kill_worker_node(self) -> int:
         """What a dead host looks like: the worker's raylet and every process under it, SIGKILLed."""
         raylets = [p for p in self.processes() if p.name() == "raylet" and WORKER_RESOURCE in " ".join(p.cmdline())]

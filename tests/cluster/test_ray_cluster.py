@@ -3,13 +3,14 @@
 One cluster for the module (its start is most of the cost): a head offering ``ws_a`` and a
 worker offering ``ws_b``, both on 127.0.0.1 inside a private network and pid namespace, with
 the daemon joined to it; the tests speak REST to the daemon over its Unix socket, as an agent
-would. The test that kills the worker runs last.
+would. The test that kills the worker runs next to last, the daemon's shutdown last.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -62,6 +63,8 @@ def node_of(cluster: Cluster) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _remove_sessions(cluster: Cluster) -> Iterator[None]:
     yield
+    if not os.path.exists(cluster.socket):  # the daemon was stopped by the test
+        return
     for token in TOKENS:
         with cluster.http(token) as h:
             for row in tool(h, "process", action="list")["data"]["sessions"]:
@@ -183,7 +186,7 @@ def test_scopes_hold_across_nodes(cluster: Cluster) -> None:
 def test_a_dead_worker_ends_its_sessions_lost_and_the_daemon_serves_on(
     cluster: Cluster, node_of: dict[str, str]
 ) -> None:
-    """Last in the module: the worker node does not come back."""
+    """Next to last in the module: the worker node does not come back."""
     with cluster.http(TOKEN_A) as a, cluster.http(TOKEN_PINNED) as p:
         spread = [background(a, "while :; do echo tick; sleep 0.1; done") for _ in range(4)]
         pinned = [background(p, "sleep 300") for _ in range(2)]
@@ -207,3 +210,19 @@ def test_a_dead_worker_ends_its_sessions_lost_and_the_daemon_serves_on(
         assert refused["status_code"] == 503 and refused["error"] == "NodeUnavailable", refused
         nodes = a.get("/v1/capabilities").json()["cluster"]["nodes"]
         assert [n["node"] for n in nodes] == [node_of[HEAD_RESOURCE]]
+
+
+def test_the_daemon_stops_on_sigterm_and_ends_its_sessions_on_the_nodes(cluster: Cluster) -> None:
+    """Last in the module: the daemon does not come back."""
+    with cluster.http(TOKEN_A) as a:
+        running = [background(a, "sleep 300") for _ in range(2)]
+    deadline = time.monotonic() + 20
+    while any(not marked(s["sessionId"]) for s in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(marked(s["sessionId"]) for s in running)
+    daemon = cluster.daemon()
+    daemon.send_signal(signal.SIGTERM)
+    daemon.wait(60)  # not our child: psutil waits until it is gone
+    log = (cluster.root / "daemon.log").read_text(errors="replace")
+    assert "Traceback" not in log, log
+    assert [marked(s["sessionId"]) for s in running] == [[], []]
