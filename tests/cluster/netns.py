@@ -11,6 +11,7 @@ Kept small for a 2-core machine: one CPU per node, no dashboard, a 100 MB object
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -50,8 +51,8 @@ def unavailable() -> str | None:
         import ray  # noqa: F401
     except ImportError:
         return "Ray is not installed (pip install 'procpilot[ray]'; make test installs it where it can)"
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return "unshare and ip (util-linux, iproute2) are needed for a private network namespace"
+    if not all(shutil.which(tool) for tool in ("unshare", "nsenter", "ip")):
+        return "unshare, nsenter and ip (util-linux, iproute2) are needed for a private network namespace"
     probe = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", "ip link set lo up"],
         capture_output=True,
@@ -67,6 +68,7 @@ class Cluster:
     proc: subprocess.Popen[bytes]
     root: Path
     socket: str
+    env: dict[str, str]
 
     def http(self, token: str) -> httpx2.Client:
         transport = httpx2.HTTPTransport(uds=self.socket)
@@ -84,19 +86,40 @@ class Cluster:
 
     def daemon(self) -> psutil.Process:
         """The `procpilot serve` inside the namespace."""
-        found = [p for p in self.processes() if p.cmdline()[1:3] == [str(BIN / "procpilot"), "serve"]
-                 or p.cmdline()[:2] == [str(BIN / "procpilot"), "serve"]]
-        assert len(found) == 1, [p.cmdline() for p in self.processes()]
+        serve = [str(BIN / "procpilot"), "serve"]
+        found = [p for p, cmd in self._cmdlines() if serve in (cmd[:2], cmd[1:3])]
+        assert len(found) == 1, [cmd for _, cmd in self._cmdlines()]
         return found[0]
+
+    def _cmdlines(self) -> list[tuple[psutil.Process, list[str]]]:
+        found = []
+        for p in self.processes():
+            try:
+                found.append((p, p.cmdline()))
+            except psutil.Error:  # gone, or a zombie of the killed node
+                continue
+        return found
 
     def kill_worker_node(self) -> int:
         """What a dead host looks like: the worker's raylet and every process under it, SIGKILLed."""
-        raylets = [p for p in self.processes() if p.name() == "raylet" and WORKER_RESOURCE in " ".join(p.cmdline())]
-        assert len(raylets) == 1, [p.cmdline() for p in self.processes() if p.name() == "raylet"]
+        raylets = [p for p, cmd in self._cmdlines() if p.name() == "raylet" and WORKER_RESOURCE in " ".join(cmd)]
+        assert len(raylets) == 1, [cmd for _, cmd in self._cmdlines()]
         doomed = [raylets[0], *raylets[0].children(recursive=True)]
         for p in doomed:
             p.send_signal(signal.SIGKILL)
         return len(doomed)
+
+    def add_worker(self, resource: str) -> None:
+        """Start one more worker node inside the namespace (nsenter into its network, pids, mounts)."""
+        init = psutil.Process(self.proc.pid).children()[0]
+        env = {**self.env, "BIN": str(BIN)}
+        subprocess.run(
+            ["nsenter", "--target", str(init.pid), "--net", "--pid", "--mount", "--",
+             str(BIN / "ray"), "start", "--address", "127.0.0.1:6379", "--node-ip-address", "127.0.0.1",
+             "--num-cpus", "1", "--object-store-memory", "100000000", "--disable-usage-stats",
+             "--resources", json.dumps({resource: 1})],
+            env=env, check=True, capture_output=True, timeout=120,
+        )
 
     def stop(self) -> None:
         # The namespace's init first (its death SIGKILLs everything inside), then unshare itself.
@@ -127,13 +150,13 @@ def start_cluster(root: Path, config: str) -> Cluster:
             text = log.read_text(errors="replace") if log.exists() else ""
             sock = re.search(r"unix socket (\S+)", text)
             if sock and "state:" in text:
-                return Cluster(proc, root, sock.group(1))
+                return Cluster(proc, root, sock.group(1), env)
             if proc.poll() is not None:
                 break
             time.sleep(0.2)
         raise AssertionError(f"the cluster did not start:\n{_logs(root)}")
     except BaseException:
-        cluster = Cluster(proc, root, "")
+        cluster = Cluster(proc, root, "", env)
         cluster.stop()
         raise
 

@@ -211,6 +211,15 @@ def test_a_dead_worker_ends_its_sessions_lost_and_the_daemon_serves_on(
         nodes = a.get("/v1/capabilities").json()["cluster"]["nodes"]
         assert [n["node"] for n in nodes] == [node_of[HEAD_RESOURCE]]
 
+        # A node that joins is used: a new worker offering the resource takes the placed agent.
+        cluster.add_worker(WORKER_RESOURCE)
+        deadline = time.monotonic() + 60
+        while len(a.get("/v1/capabilities").json()["cluster"]["nodes"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        back = tool(p, "exec", command="echo placed again", yieldMs=30_000)["data"]
+        assert (back["status"], back["output"]) == ("done", "placed again\n")
+        assert back["node"] not in node_of.values()
+
 
 def test_the_daemon_stops_on_sigterm_and_ends_its_sessions_on_the_nodes(cluster: Cluster) -> None:
     """Last in the module: the daemon does not come back."""
