@@ -33,13 +33,18 @@ def _environ(pid: int) -> dict[bytes, bytes] | None:
     return dict(item.partition(b"=")[::2] for item in env.split(b"\0") if item)
 
 
-def _supervisors_of_marked() -> dict[int, bytes]:
-    """Every live process that some procpilot supervisor started, with that supervisor's name."""
+def _marked() -> dict[int, dict[bytes, bytes]]:
+    """Every live process that some procpilot supervisor started, with its environment."""
     found = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (env := _environ(int(name))) is not None and MARKER_ENV.encode() in env:
-            found[int(name)] = env.get(SUPERVISOR_ENV.encode(), b"")
+            found[int(name)] = env
     return found
+
+
+def _supervisors_of_marked() -> dict[int, bytes]:
+    """Every live process that some procpilot supervisor started, with that supervisor's name."""
+    return {pid: env.get(SUPERVISOR_ENV.encode(), b"") for pid, env in _marked().items()}
 
 
 def _descends_from_us(pid: int) -> bool:
@@ -58,14 +63,30 @@ def _descends_from_us(pid: int) -> bool:
 _FOREIGN = set(_supervisors_of_marked().values())
 
 
-def _ours(supervisor: bytes) -> bool:
-    """A supervisor of this test run: this process, a live descendant (a daemon a test started), or
-    one that is gone but was not running before the suite (a daemon a test killed outright)."""
+# This run's temporary directory: every daemon a test starts has its HOME there (tests/daemon.py),
+# and so have the sessions it starts.
+_RUN_TEMP: list[bytes] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _RUN_TEMP.append(str(tmp_path_factory.getbasetemp()).encode() + b"/")
+
+
+def _ours(env: dict[bytes, bytes]) -> bool:
+    """A process of this test run's supervisors: this process or a live descendant (a daemon a
+    test started), or one that is gone but was not running before the suite and whose daemon
+    lived in this run's temporary directory (a daemon a test killed outright; another test run
+    on the machine may kill daemons of its own at the same time)."""
+    supervisor = env.get(SUPERVISOR_ENV.encode(), b"")
     match = re.fullmatch(rb"procpilot-([0-9]+)-[0-9a-f]+", supervisor)
     if match is None or supervisor in _FOREIGN:
         return False
     pid = int(match[1])
-    return _descends_from_us(pid) or not os.path.exists(f"/proc/{pid}")
+    if _descends_from_us(pid):
+        return True
+    home = env.get(b"HOME", b"") + b"/"
+    return not os.path.exists(f"/proc/{pid}") and any(home.startswith(temp) for temp in _RUN_TEMP)
 
 
 def _pid_namespace(pid: int | str) -> str | None:
@@ -84,9 +105,9 @@ def marked_processes() -> list[int]:
     iff they descend from this run."""
     own = _pid_namespace("self")
     found = []
-    for pid, supervisor in _supervisors_of_marked().items():
+    for pid, env in _marked().items():
         elsewhere = _pid_namespace(pid) not in (own, None)
-        if (_descends_from_us(pid) if elsewhere else _ours(supervisor)):
+        if _descends_from_us(pid) if elsewhere else _ours(env):
             found.append(pid)
     return found
 
