@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from procpilot.client import Client, ProcsClient
 from tests.cluster.netns import BIN, HEAD_RESOURCE, WORKER_RESOURCE, Cluster, start_cluster, tool, unavailable
 
 _WHY = unavailable()
@@ -40,6 +41,8 @@ unix_socket = "daemon.sock"
 {chr(10).join(f'"{t}" = "{a}"' for t, a in TOKENS.items())}
 [policy.agents.pinned]
 placement = "{WORKER_RESOURCE}"
+[policy.agents.agent-b]
+allow = ["echo"]
 """
 
 
@@ -181,6 +184,34 @@ def test_scopes_hold_across_nodes(cluster: Cluster) -> None:
         assert {row["sessionId"] for row in tool(a, "process", action="list")["data"]["sessions"]} == {
             s["sessionId"] for s in mine
         }
+
+
+def test_the_agent_policy_holds_before_any_node_is_asked(cluster: Cluster) -> None:
+    with cluster.http(TOKEN_B) as b:
+        refused = tool(b, "exec", command="ls /", yieldMs=30_000)
+        assert (refused["status_code"], refused["error"]) == (403, "CommandDenied"), refused
+        allowed = tool(b, "exec", command="echo allowed", yieldMs=30_000)["data"]
+        assert (allowed["status"], allowed["output"]) == ("done", "allowed\n")
+        assert allowed["node"]
+
+
+def test_exit_events_reach_the_python_client(cluster: Cluster) -> None:
+    """The SSE stream (what MCP exit notifications and `procpilot` watchers hear) for remote exits."""
+    with Client(f"unix://{cluster.socket}", TOKEN_A) as client:
+        events = client.events()
+        assert next(events)["type"] == "ready"
+        started = client.exec("sleep 0.3; echo bye; exit 5", yieldMs=0)
+        ended = next(e for e in events if e.get("sessionId") == started["sessionId"])
+        assert (ended["status"], ended["exitCode"]) == ("error", 5)
+        assert "bye" in ended["tail"]
+
+
+async def test_proc_protocol_streams_remote_output(cluster: Cluster) -> None:
+    async with ProcsClient(f"unix://{cluster.socket}", TOKEN_A) as procs:
+        proc = await procs.spawn("echo via-proc; sleep 0.2; echo err >&2; exit 4")
+        ended = await proc.wait(60)
+    assert (ended.state, ended.exit_code) == ("CRASHED", 4)
+    assert (proc.stdout, proc.stderr) == ("via-proc\n", "err\n")
 
 
 def test_a_dead_worker_ends_its_sessions_lost_and_the_daemon_serves_on(
