@@ -202,7 +202,7 @@ def test_exit_events_reach_the_python_client(cluster: Cluster) -> None:
         assert next(events)["type"] == "ready"
         started = client.exec("sleep 0.3; echo bye; exit 5", yieldMs=0)
         ended = next(e for e in events if e.get("sessionId") == started["sessionId"])
-        assert (ended["status"], ended["exitCode"]) == ("error", 5)
+        assert (ended["status"], ended["exitCode"], ended["node"]) == ("error", 5, started["node"])
         assert "bye" in ended["tail"]
 
 

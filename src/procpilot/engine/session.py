@@ -49,6 +49,7 @@ class ExitInfo:
     tail: str
     backgrounded: bool
     command: str
+    node: str | None = None  # on a cluster, the node that ran it
 
 
 @dataclass(slots=True)
@@ -500,6 +501,7 @@ class Session:
             tail=tail,
             backgrounded=self.backgrounded,
             command=self.command,
+            node=self.node,
         )
 
     def record(self) -> dict[str, Any]:
