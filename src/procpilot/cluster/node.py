@@ -2,9 +2,8 @@
 
 The engine runs unchanged (its own state directory, trees, limits and isolation of this host);
 the daemon ran the policy before the spec got here, so this supervisor has no filters. Output
-stays in this node's files: ``follow`` reads them forward for the daemon (each view from the
-offset reached, at most one chunk per item, so what is in flight is bounded by the stream's
-backpressure, never by how fast a command prints) and ``page`` reads any part on demand.
+stays in this node's files: ``follow`` reads them forward for the daemon (``follow.py``: each
+byte once, in arrival order) and ``page`` reads any part on demand.
 
 Nothing here imports Ray: ``procpilot.cluster.ray_backend`` wraps this class as an actor.
 Replies are plain dicts, and errors travel as their code and message (``ProcpilotError``'s
@@ -19,6 +18,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
+from procpilot.cluster.follow import FOLLOW_CHUNK, follow_output
 from procpilot.cluster.replies import error_reply
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
@@ -27,10 +27,7 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ProcpilotError, SessionNotFound
 
-__all__ = ["FOLLOW_CHUNK", "NodeAgent", "session_record"]
-
-FOLLOW_CHUNK = 1 << 20  # bytes per streamed item: one capture read's worth
-_VIEWS = (Stream.COMBINED, Stream.STDOUT, Stream.STDERR)
+__all__ = ["NodeAgent", "session_record"]
 
 
 def session_record(session: Session) -> dict[str, Any]:
@@ -84,32 +81,16 @@ class NodeAgent:
         return {"record": session_record(session)}
 
     async def follow(self, scope: str, session_id: str) -> AsyncIterator[tuple[Any, ...]]:
-        """("out", view, offset, bytes) items in each view's order, then ("end", record).
-
-        A view is read from where the last item stopped, so however fast a command prints,
-        the stream holds at most one chunk per item in flight; the end comes only after every
-        view was read to its last byte ("finished" is reaped *and* drained, as on one host)."""
+        """The session's output items (``cluster/follow.py``), then ("end", record): the end
+        comes only after the last byte ("finished" is reaped *and* drained, as on one host)."""
         try:
             session = self.sup.get(scope, session_id)
         except SessionNotFound as exc:
             yield ("error", error_reply(exc))
             return
-        offsets = dict.fromkeys(_VIEWS, 0)
-        while True:
-            finished = session.finished  # read before the views: their end is final once it is set
-            moved = False
-            for stream in _VIEWS:
-                view = session.output[stream]
-                if view.size > offsets[stream]:
-                    chunk = view.read(offsets[stream], FOLLOW_CHUNK)
-                    offsets[stream] = chunk.end
-                    moved = True
-                    yield ("out", stream.value, chunk.start, chunk.data)
-            if finished and not moved:
-                yield ("end", session_record(session))
-                return
-            if not moved:
-                await session.output.wait_for_change(None)  # woken by output and by the end
+        async for item in follow_output(session):
+            yield item
+        yield ("end", session_record(session))
 
     async def write(self, scope: str, session_id: str, data: bytes, eof: bool, timeout: float | None) -> dict[str, Any]:
         try:

@@ -175,7 +175,10 @@ class ClusterSupervisor(Supervisor):
         """Mirror the node's stream of one session until its end (or the node's)."""
         try:
             async for item in node.actor.follow(session.scope, session.id):
-                if item[0] == "out":
+                if item[0] == "both":  # one stretch of stdout or stderr, and where it sits in combined
+                    mirror(session.output, Stream(item[1]), item[2], item[4])
+                    mirror(session.output, Stream.COMBINED, item[3], item[4])
+                elif item[0] == "out":  # one view on its own
                     mirror(session.output, Stream(item[1]), item[2], item[3])
                 elif item[0] == "end":
                     session.apply_end(item[1])
