@@ -11,6 +11,7 @@ Kept small for a 2-core machine: one CPU per node, no dashboard, a 100 MB object
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -106,7 +107,8 @@ class Cluster:
         assert len(raylets) == 1, [cmd for _, cmd in self._cmdlines()]
         doomed = [raylets[0], *raylets[0].children(recursive=True)]
         for p in doomed:
-            p.send_signal(signal.SIGKILL)
+            with contextlib.suppress(psutil.NoSuchProcess):  # one that ended as we listed them
+                p.send_signal(signal.SIGKILL)
         return len(doomed)
 
     def add_worker(self, resource: str) -> None:

@@ -172,6 +172,20 @@ def test_kill_ends_the_whole_tree_on_its_node(cluster: Cluster) -> None:
             assert marked(s["sessionId"]) == []
 
 
+def test_a_session_killed_while_queued_on_its_node_never_starts(cluster: Cluster) -> None:
+    with cluster.http(TOKEN_PINNED) as h:  # both on the worker, behind its lane's one slot
+        first = tool(h, "exec", command="sleep 60", yieldMs=0, lane="main")["data"]
+        second = tool(h, "exec", command="touch ran-after-kill", yieldMs=0, lane="main")["data"]
+        assert (first["status"], second["status"]) == ("running", "queued")
+        killed = tool(h, "process", action="kill", sessionId=second["sessionId"])["data"]
+        assert killed["status"] == "killed"
+        tool(h, "process", action="remove", sessionId=first["sessionId"])  # frees the node's slot
+        # A session the node still held would start now: give it the time a start takes.
+        then = tool(h, "exec", command="echo after", yieldMs=30_000, lane="main")["data"]
+        assert then["status"] == "done"
+        assert not (cluster.root / "ws" / "ran-after-kill").exists()
+
+
 def test_scopes_hold_across_nodes(cluster: Cluster) -> None:
     with cluster.http(TOKEN_A) as a, cluster.http(TOKEN_B) as b:
         mine = [background(a, "sleep 60") for _ in range(2)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -117,15 +118,24 @@ class RemoteSession(Session):
 
     # -- to the node ---------------------------------------------------------------------------
 
+    def fail_to_start(self, message: str, *, end: SessionState = SessionState.FAILED_TO_START) -> None:
+        """Killed while it waited for a lane slot: the node, where it waits, must drop it too."""
+        if end is SessionState.KILLED:
+            self._in_background(self._send("kill", int(signal.SIGTERM), 0))
+        super().fail_to_start(message, end=end)
+
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
     def terminate(self, end: SessionState, sig: int, grace: float | None) -> None:
         if self.finished or not self.is_running:
             raise ProcessAlreadyExited(f"session {self.id} has already ended ({self.state.value})")
         if self._requested_end is None:
             self._requested_end = end
         self._signal_sent = signal_name(sig)
-        task = asyncio.ensure_future(self._send("kill", int(sig), grace))
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
+        self._in_background(self._send("kill", int(sig), grace))
 
     async def _send(self, kind: str, *args: Any) -> None:
         # The kill's outcome arrives as the session's end, streamed like any other; a node that

@@ -175,6 +175,8 @@ class ClusterSupervisor(Supervisor):
         """Mirror the node's stream of one session until its end (or the node's)."""
         try:
             async for item in node.actor.follow(session.scope, session.id):
+                if session.finished:  # ended here first (killed while queued): its copy is closed
+                    return
                 if item[0] == "both":  # one stretch of stdout or stderr, and where it sits in combined
                     mirror(session.output, Stream(item[1]), item[2], item[4])
                     mirror(session.output, Stream.COMBINED, item[3], item[4])
