@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +95,22 @@ def test_a_resource_no_node_offers_is_node_unavailable() -> None:
     assert "ws_a" in caught.value.hints["placement"] and "node:" not in caught.value.hints["placement"]
     with pytest.raises(NodeUnavailable):
         choose_node([], None)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (the ray extra)")
+def test_serve_refuses_at_once_when_no_cluster_answers(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "procpilot.toml"
+    config.write_text(
+        f'state_dir = "state"\nworkspace_root = "."\n[cluster]\nbackend = "ray"\naddress = "127.0.0.1:{port}"\n'
+        '[server]\nport = 0\n'
+    )
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "procpilot"), "serve", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "HOME": str(tmp_path)},
+    )
+    assert done.returncode != 0
+    assert "ServeRefused: no Ray cluster answers at" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ _MAX_CONCURRENCY = 20_000
 # Items a follow stream may have in flight before the node waits for the daemon to take them:
 # what bounds the object store's share of one session's output (8 x 1 MiB).
 _STREAM_BACKLOG = 8
+_CONNECT_TIMEOUT = 5.0  # to see that something listens at the head's address
 _CALL_TIMEOUT = 60.0  # a node that takes longer to answer a call is treated as gone
 NodeGone = RayActorError  # the actor (its process, its node) died, or cannot be reached
 
@@ -43,6 +45,11 @@ def join(address: str) -> None:
     """Connect this process to the cluster as a driver (blocking: call it off the event loop)."""
     if ray.is_initialized():
         return
+    hint = {"start_cluster": "Start one with `ray start --head`, or set [cluster] address to its HOST:PORT."}
+    refused = _unreachable(address)
+    if refused is not None:
+        # Said at once: ray.init would retry a head that is not there for a minute or more.
+        raise ServeRefused(f"no Ray cluster answers at {address!r}: {refused}", hints=hint)
     try:
         ray.init(
             address=address,
@@ -51,10 +58,19 @@ def join(address: str) -> None:
             logging_level=logging.WARNING,
         )
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ServeRefused(
-            f"could not join the Ray cluster at {address!r}: {exc}",
-            hints={"start_cluster": "Start one with `ray start --head`, or set [cluster] address to its HOST:PORT."},
-        ) from None
+        raise ServeRefused(f"could not join the Ray cluster at {address!r}: {exc}", hints=hint) from None
+
+
+def _unreachable(address: str) -> str | None:
+    """Why nothing takes a connection at HOST:PORT, or None (also for "auto": Ray looks it up)."""
+    if address == "auto":
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT):
+            return None
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
 
 
 def leave() -> None:
