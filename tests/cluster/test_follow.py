@@ -69,3 +69,19 @@ async def test_a_reader_far_behind_falls_back_to_each_view(
     same_views(session.output, copy)
     assert kinds["out"] > session.output[Stream.COMBINED].size  # the views, each on its own
     await supervisor.remove("t", session.id)
+
+
+async def test_a_stream_followed_again_adds_nothing_twice(supervisor: Supervisor, tmp_path: Path) -> None:
+    """After a lost connection the daemon follows the stream again from the start."""
+    session = await supervisor.run(SpawnSpec("seq 1 2000; seq 1 500 >&2"), scope="t", yield_ms=None)
+    copy = SessionOutput(tmp_path / "copy", 64 << 20)
+    heard: list[bytes] = []
+    copy.subscribe(lambda stream, data: heard.append(data))
+    for _ in range(2):
+        async for item in follow.follow_output(session):
+            if item[0] == "out":
+                mirror(copy, Stream(item[1]), item[2], item[3])
+    copy.mark_closed()
+    same_views(session.output, copy)
+    assert sum(map(len, heard)) == session.output[Stream.COMBINED].size
+    await supervisor.remove("t", session.id)

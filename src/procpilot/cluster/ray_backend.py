@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from procpilot.cluster.node import NodeAgent
 from procpilot.config import Settings
 from procpilot.errors import NodeUnavailable, ServeRefused
 
-__all__ = ["NodeActor", "NodeGone", "NodeInfo", "alive_nodes", "join", "leave"]
+__all__ = ["NodeActor", "NodeGone", "NodeInfo", "NodeUnreachable", "alive_nodes", "join", "leave"]
 
 # A node runs one follow stream per live session plus the calls: far above Ray's default of
 # 1,000 concurrent calls to an async actor.
@@ -32,6 +32,7 @@ _STREAM_BACKLOG = 8
 _CONNECT_TIMEOUT = 5.0  # to see that something listens at the head's address
 _CALL_TIMEOUT = 60.0  # a node that takes longer to answer a call is treated as gone
 NodeGone = RayActorError  # the actor (its process, its node) died, or cannot be reached
+NodeUnreachable = ActorUnavailableError  # cannot be reached now: perhaps dead, perhaps a blip
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,18 +33,20 @@ _log = logging.getLogger(__name__)
 def mirror(output: SessionOutput, stream: Stream, offset: int, data: bytes) -> None:
     """Write one streamed chunk of a view at the offset the node had it at, and wake readers.
 
-    Each view is streamed on its own (the node's ``combined`` keeps the true arrival order), so
-    the daemon's copy has the node's offsets byte for byte. Listeners hear stdout and stderr,
-    as they do from a local session's ``append``."""
+    The daemon's copy keeps the node's offsets byte for byte: bytes it already has (a stream
+    followed again after a lost connection starts from 0) are skipped, and a range the node's
+    cap dropped before it was sent reads as zeros here (the node's own log says what was
+    dropped). Listeners hear new stdout and stderr bytes once, as from a local ``append``."""
     view = output[stream]
     if offset > view.size:
-        # The node's cap dropped bytes the daemon had not read yet: keep offsets true (the gap
-        # reads as zeros here; the node's own log says what was dropped).
         view.write(bytes(offset - view.size))
-    view.write(data[view.size - offset :] if offset < view.size else data)
+    fresh = data[view.size - offset :]
+    if not fresh:
+        return
+    view.write(fresh)
     if stream is not Stream.COMBINED:
         for listener in list(output._listeners):  # the engine's own hook, as append() calls it
-            listener(stream, data)
+            listener(stream, fresh)
     output.wake()
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from procpilot.cluster.placement import NodeView, choose_node
-from procpilot.cluster.ray_backend import NodeActor, NodeGone, NodeInfo, alive_nodes, join, leave
+from procpilot.cluster.ray_backend import NodeActor, NodeGone, NodeInfo, NodeUnreachable, alive_nodes, join, leave
 from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
@@ -36,7 +36,9 @@ __all__ = ["ClusterSupervisor"]
 
 _log = logging.getLogger(__name__)
 _WATCH_INTERVAL = 2.0  # seconds between two looks at the cluster's membership (a control-plane call)
-_JOIN_TIMEOUT = 120.0  # a node actor's start: its worker process, the engine's probes
+_JOIN_TIMEOUT = 120.0
+_FOLLOW_RETRIES = 3  # a stream that broke while Ray still counts its node alive is followed again
+_FOLLOW_RETRY_DELAY = 1.0  # a node actor's start: its worker process, the engine's probes
 
 
 @dataclass(slots=True)
@@ -172,30 +174,53 @@ class ClusterSupervisor(Supervisor):
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: never logged
 
     async def _pump(self, session: RemoteSession, node: _Node) -> None:
-        """Mirror the node's stream of one session until its end (or the node's)."""
-        try:
-            async for item in node.actor.follow(session.scope, session.id):
-                if session.finished:  # ended here first (killed while queued): its copy is closed
+        """Mirror the node's stream of one session until its end (or the node's).
+
+        A node that cannot be reached but that Ray still counts alive is followed again (from
+        the start: the copy skips what it has) a few times, a second apart; a node Ray reports
+        dead, or one still unreachable after that, is lost with all its sessions."""
+        for attempt in range(_FOLLOW_RETRIES + 1):
+            try:
+                await self._follow(session, node)
+                return
+            except NodeUnreachable as exc:
+                if attempt == _FOLLOW_RETRIES or not await self._counted_alive(node):
+                    self._node_lost(node.info.node_id, type(exc).__name__)
                     return
-                if item[0] == "both":  # one stretch of stdout or stderr, and where it sits in combined
-                    mirror(session.output, Stream(item[1]), item[2], item[4])
-                    mirror(session.output, Stream.COMBINED, item[3], item[4])
-                elif item[0] == "out":  # one view on its own
-                    mirror(session.output, Stream(item[1]), item[2], item[3])
-                elif item[0] == "end":
-                    session.apply_end(item[1])
-                    return
-                else:
-                    session.lose(f"node {node.info.node_id[:12]} no longer has it ({item[1]['message']})")
-                    return
-            session.lose(f"node {node.info.node_id[:12]} ended its stream early")
-        except NodeGone as exc:
-            self._node_lost(node.info.node_id, type(exc).__name__)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            _log.exception("the stream of session %s failed", session.id)
-            session.lose(f"its stream from node {node.info.node_id[:12]} failed ({type(exc).__name__})")
+                await asyncio.sleep(_FOLLOW_RETRY_DELAY)
+            except NodeGone as exc:
+                self._node_lost(node.info.node_id, type(exc).__name__)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                _log.exception("the stream of session %s failed", session.id)
+                session.lose(f"its stream from node {node.info.node_id[:12]} failed ({type(exc).__name__})")
+                return
+
+    async def _follow(self, session: RemoteSession, node: _Node) -> None:
+        async for item in node.actor.follow(session.scope, session.id):
+            if session.finished:  # ended here first (killed while queued): its copy is closed
+                return
+            if item[0] == "both":  # one stretch of stdout or stderr, and where it sits in combined
+                mirror(session.output, Stream(item[1]), item[2], item[4])
+                mirror(session.output, Stream.COMBINED, item[3], item[4])
+            elif item[0] == "out":  # one view on its own
+                mirror(session.output, Stream(item[1]), item[2], item[3])
+            elif item[0] == "end":
+                session.apply_end(item[1])
+                return
+            else:
+                session.lose(f"node {node.info.node_id[:12]} no longer has it ({item[1]['message']})")
+                return
+        session.lose(f"node {node.info.node_id[:12]} ended its stream early")
+
+    async def _counted_alive(self, node: _Node) -> bool:
+        if node.info.node_id not in self._nodes:
+            return False
+        with contextlib.suppress(Exception):
+            return any(n.node_id == node.info.node_id for n in await asyncio.to_thread(alive_nodes))
+        return False
 
     # -- what the base class does for local sessions -------------------------------------------
 
