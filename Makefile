@@ -25,11 +25,14 @@ $(STAMP): pyproject.toml
 
 # What `make test` adds: the `dev` extra (pytest, mypy, ruff, playwright), qemu, which boots the
 # guest in which the tests meet a real cgroup v2 hierarchy, and Debian's chromium, the browser the
-# console's tests drive (Playwright's own browser download is not used).
+# console's tests drive (Playwright's own browser download is not used), and the `ray` extra
+# (optional, as qemu is) for the tests on a real two-node Ray cluster.
 $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@$(call apt_optional,qemu-system-x86_64,qemu-system-x86,the cgroup v2 tests in a VM will be skipped)
 	@$(call apt_optional,chromium,chromium,the console's browser tests will be skipped)
+	@$(BIN)/python -m pip install -q -e '.[ray]' >/dev/null 2>&1 || \
+		echo "note: the ray extra is not installed: the tests on a two-node Ray cluster will be skipped"
 	touch $(DEV_STAMP)
 
 install: $(DEV_STAMP)

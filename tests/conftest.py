@@ -90,11 +90,28 @@ def _ours(env: dict[bytes, bytes]) -> bool:
     return not os.path.exists(f"/proc/{pid}") and any(home.startswith(temp) for temp in _RUN_TEMP)
 
 
+def _pid_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def marked_processes() -> list[int]:
     """Pids of live processes started by this test run's supervisors. Those of any other
     supervisor on the machine (a daemon serving real agents) are none of a test's business, and
-    neither is the pool of warm shells of a daemon that outlives one test (a module's fixture)."""
-    return [pid for pid, env in _marked().items() if _ours(env) and not _pool_of_live_daemon(pid, env)]
+    neither is the pool of warm shells of a daemon that outlives one test (a module's fixture).
+
+    A supervisor in another pid namespace (the cluster tests' nodes, or anyone's container)
+    names itself by a pid of that namespace, which means nothing here: its processes are ours
+    iff they descend from this run."""
+    own = _pid_namespace("self")
+    found = []
+    for pid, env in _marked().items():
+        elsewhere = _pid_namespace(pid) not in (own, None)
+        if (_descends_from_us(pid) if elsewhere else _ours(env)) and not _pool_of_live_daemon(pid, env):
+            found.append(pid)
+    return found
 
 
 def _pool_of_live_daemon(pid: int, env: dict[bytes, bytes]) -> bool:

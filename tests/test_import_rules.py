@@ -20,6 +20,8 @@ FORBIDDEN = {
     "config.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
     "render.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),
     "engine": _ABOVE_THE_ENGINE,
+    # the cluster is the engine spread over nodes: it reads the engine and the settings, no layer above
+    "cluster": _ABOVE_THE_ENGINE,
     # the policy reads the contract (tool specs, tiers), never a face
     "policy": ("procpilot.faces", "procpilot.transports", "procpilot.client"),
     "contract.py": ("procpilot.engine", *_ABOVE_THE_ENGINE),

@@ -25,6 +25,7 @@ from procpilot.errors import ConfigError
 __all__ = [
     "AgentPolicy",
     "BaseEnvSettings",
+    "ClusterSettings",
     "EngineSettings",
     "EnvSettings",
     "ExecSettings",
@@ -185,6 +186,9 @@ class AgentPolicy(BaseModel):
     pids_max: int | None = Field(None, ge=1)
     # RLIMIT_AS per process, only when asked for: it breaks runtimes that reserve address space.
     address_space_limit: int | None = Field(None, ge=1 << 20)
+    # On a cluster ([cluster] backend = "ray"): the Ray custom resource a node must offer to run
+    # this agent's sessions (the node that holds its workspace). None: the least busy node.
+    placement: str | None = Field(None, min_length=1, max_length=128)
 
     @property
     def network_allowed(self) -> bool:
@@ -259,6 +263,16 @@ class EnvSettings(BaseModel):
     protected: tuple[str, ...] = ("PATH", "HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 
+class ClusterSettings(BaseModel):
+    """``[cluster]``: where sessions run. ``local`` (the default) is this host, and Ray is never
+    imported; ``ray`` joins the Ray cluster at ``address`` and runs one supervisor per node."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["local", "ray"] = "local"
+    address: str = Field("auto", min_length=1, max_length=256)  # "HOST:PORT" of the head, or "auto"
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     """What the engine reads, and nothing else: no tokens, no face's section."""
@@ -298,6 +312,7 @@ class Settings(BaseModel):
     server: ServerSettings = ServerSettings()
     policy: PolicySettings = PolicySettings()
     proc: ProcSettings = ProcSettings()
+    cluster: ClusterSettings = ClusterSettings()
 
     # Shortcuts under the names Python callers knew before the models mirrored the file.
     @property
@@ -657,6 +672,21 @@ def load_settings(config_file: Path | None = None, env: Mapping[str, str] | None
     try:
         # By alias only: the file spells keys as the TOML does (timeoutSec, not timeout_sec), and
         # the keyword arguments were put in those terms above.
-        return Settings.model_validate(merged, by_alias=True, by_name=False)
+        settings = Settings.model_validate(merged, by_alias=True, by_name=False)
     except ValidationError as exc:
         raise _config_error(exc, sources) from None
+    _check_cluster(settings.cluster)
+    return settings
+
+
+def _check_cluster(cluster: ClusterSettings) -> None:
+    """The ray backend needs the optional extra; find_spec looks for it without importing it."""
+    import importlib.util
+
+    if cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            'cluster.backend = "ray" needs Ray, which is not installed',
+            hints={"install": "pip install 'procpilot[ray]'", "fix_config": 'Or set cluster.backend = "local".'},
+            key="cluster.backend",
+            value="'ray'",
+        )

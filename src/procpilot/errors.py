@@ -49,6 +49,7 @@
     ├── ServeRefused                         500                    the daemon will not start (address, tokens)
     │   └── StateDirBusy                     409                    another live server owns these sessions
     ├── DaemonNotRunning                     503                    the client found no daemon to talk to
+    ├── NodeUnavailable                      503                    no live cluster node can run the session
     └── DaemonConnectionLost                 503                    the daemon stopped answering mid-request
 
 Every class carries a stable ``code`` (its name, what agents see), ``hints`` (what to do next),
@@ -81,6 +82,7 @@ __all__ = [
     "IsolationUnavailable",
     "KillFailed",
     "LimitAboveAllocation",
+    "NodeUnavailable",
     "NotSupported",
     "OperatorForbidden",
     "PathOutOfScope",
@@ -487,6 +489,17 @@ class DaemonNotRunning(ProcpilotError):
     default_hints: ClassVar[dict[str, str]] = {
         "start_daemon": "Start it with `procpilot serve` (or `make run` in a procpilot checkout).",
         "other_address": "Point at another daemon with --url or PROCPILOT_URL (http://HOST:PORT or unix:///PATH).",
+    }
+
+
+class NodeUnavailable(ProcpilotError):
+    """On a cluster: no live node offers the agent's placement resource, or the node went away
+    while the call was on its way to it. Nothing was started."""
+
+    http_status: ClassVar[int] = 503
+    default_hints: ClassVar[dict[str, str]] = {
+        "check_nodes": "See the nodes and their resources with `procpilot doctor` (or GET /v1/capabilities).",
+        "retry": "Call again once a node offering the resource has joined the cluster.",
     }
 
 

@@ -13,6 +13,7 @@ ALLOWED = {
     (S.QUEUED, S.RUNNING),
     (S.QUEUED, S.FAILED_TO_START),  # the lane slot was cancelled, or the spawn failed
     (S.QUEUED, S.KILLED),  # killed while it waited for its lane
+    (S.QUEUED, S.LOST),  # on a cluster: its node died while it waited there
     *((S.RUNNING, end) for end in END_STATES - {S.FAILED_TO_START}),
 }
 

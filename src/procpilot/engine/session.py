@@ -49,6 +49,7 @@ class ExitInfo:
     tail: str
     backgrounded: bool
     command: str
+    node: str | None = None  # on a cluster, the node that ran it
 
 
 @dataclass(slots=True)
@@ -112,6 +113,7 @@ class Session:
         self.exit_signal: str | None = None
         self.error: str | None = None
         self.backgrounded = False
+        self.node: str | None = None  # the cluster node that runs it; None: this host
         self.accounting = ExitAccounting()
         self.stdin_open = False
         self.terminal = TerminalModes()  # followed from the output under a pty only
@@ -694,6 +696,7 @@ class Session:
             tail=tail,
             backgrounded=self.backgrounded,
             command=self.command,
+            node=self.node,
         )
 
     def record(self) -> dict[str, Any]:

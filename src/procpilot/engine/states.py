@@ -4,9 +4,11 @@
        │
        └─────► FAILED_TO_START  (also reachable from QUEUED when the lane slot is cancelled)
 
-LOST is what a restarted server says of a session it cannot vouch for: its tree vanished while no
-server ran and nobody recorded how it ended (the session's ``error`` says why). Never guessed to be
-an exit.
+    QUEUED | RUNNING ──► LOST
+
+LOST is said of a session nobody can vouch for: a restarted server found its tree gone while no
+server ran with no recorded exit, or the cluster node running it died (the session's ``error``
+says which). Never guessed to be an exit.
 
 A session enters exactly one end state, once. Faces map these names to their own vocabularies
 (spec 002 ``done``/``error``/``killed``, spec 000 ``completed``/``killed``/``timed_out``, spec 003
@@ -29,7 +31,7 @@ class SessionState(enum.Enum):
     TIMED_OUT = "timed_out"
     LIMIT_EXCEEDED = "limit_exceeded"  # ended by its memory limit (the kernel's OOM killer or the watchdog)
     FAILED_TO_START = "failed_to_start"
-    LOST = "lost"  # a restarted server found it gone, with no recorded exit (see Session.error)
+    LOST = "lost"  # how it ended is not known (a server outage, a dead node: see Session.error)
 
     @property
     def is_end(self) -> bool:
@@ -49,7 +51,9 @@ END_STATES = frozenset(
 )
 
 _ALLOWED: dict[SessionState, frozenset[SessionState]] = {
-    SessionState.QUEUED: frozenset({SessionState.RUNNING, SessionState.FAILED_TO_START, SessionState.KILLED}),
+    SessionState.QUEUED: frozenset(
+        {SessionState.RUNNING, SessionState.FAILED_TO_START, SessionState.KILLED, SessionState.LOST}
+    ),
     SessionState.RUNNING: END_STATES - {SessionState.FAILED_TO_START},
 }
 

@@ -546,8 +546,9 @@ class Supervisor:
         async with self._big_checks:
             return await _in_passing_thread(check, *args)
 
-    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
-        """Start ``spec`` (or queue it behind its lane) and return its session at once."""
+    async def _admit(self, spec: SpawnSpec, scope: str) -> SpawnSpec:
+        """The checks every spawn passes before anything starts, and the spec the policy returns:
+        the same for a session started here and one a cluster starts on another node."""
         if not self._started:
             await self.start()
         if self._closed or self._store is None:
@@ -563,6 +564,13 @@ class Supervisor:
                 "elevated runs need an agent policy that allows them, and this supervisor has none",
                 hints={"drop_option": "Call again without elevated."},
             )
+        return spec
+
+    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
+        """Start ``spec`` (or queue it behind its lane) and return its session at once."""
+        spec = await self._admit(spec, scope)
+        if self._store is None:  # _admit refused this already; said again for the type checker
+            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
         if spec.name is not None:
             self._take_name(scope, spec.name)
         try:

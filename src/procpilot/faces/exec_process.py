@@ -82,7 +82,12 @@ def exit_event(info: ExitInfo, profile: Profile = PROCPILOT) -> dict[str, Any]:
         "command": info.command,
         "tail": info.tail,
         "uri": f"proc://{info.session_id}",
-    }
+    } | _node(info.node)
+
+
+def _node(node: str | None) -> dict[str, Any]:
+    """On a cluster, where the session runs (the Ray node id); nothing on one host."""
+    return {} if node is None else {"node": node}
 
 
 def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]:
@@ -97,7 +102,7 @@ def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]
         "command": session.command,
         "pid": session.pid,
         "tail": supervisor.tail_text(session),
-    }
+    } | _node(session.node)
 
 
 class ExecParams(BaseModel):
@@ -249,6 +254,7 @@ class ExecProcessFace:
         }
         if session.spec.restart is not None:
             data["restarts"] = session.restarts
+        data |= _node(session.node)
         if session.error:
             data["error"] = session.error
         if lost := session.output[Stream.COMBINED].lost:
@@ -614,13 +620,15 @@ class ExecProcessFace:
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         self.sup.clear(scope, session.id)
-        return ToolResult(f"cleared session {session.id}", {"sessionId": session.id, "cleared": True})
+        data = {"sessionId": session.id, "cleared": True} | _node(session.node)
+        return ToolResult(f"cleared session {session.id}", data)
 
     async def _remove(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         was_running = not session.finished
         await self.sup.remove(scope, session.id)
         text = f"{'killed and ' if was_running else ''}removed session {session.id}"
-        return ToolResult(text, {"sessionId": session.id, "removed": True, "wasRunning": was_running})
+        data = {"sessionId": session.id, "removed": True, "wasRunning": was_running} | _node(session.node)
+        return ToolResult(text, data)
 
     async def _wait(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         pattern = None

@@ -39,7 +39,7 @@ _STATUS = {
     SessionState.LIMIT_EXCEEDED: "error",
     SessionState.FAILED_TO_START: "error",
     SessionState.KILLED: "killed",
-    SessionState.LOST: "error",  # never "done": nobody saw how it ended
+    SessionState.LOST: "lost",  # never "done": nobody saw how it ended (error says why)
 }
 
 EXEC_DESCRIPTION = (

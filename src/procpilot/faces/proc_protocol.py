@@ -101,7 +101,7 @@ PROC_STATE_OF: dict[SessionState, ProcState] = {
     SessionState.FAILED_TO_START: ProcState.CRASHED,
     SessionState.LIMIT_EXCEEDED: ProcState.CRASHED,
     SessionState.TIMED_OUT: ProcState.TIMEDOUT,
-    SessionState.LOST: ProcState.CRASHED,
+    SessionState.LOST: ProcState.CRASHED,  # a server outage or a dead cluster node: its end is unknown
 }
 
 

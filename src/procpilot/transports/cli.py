@@ -758,7 +758,11 @@ def doctor(
     _out.print(_capabilities_table("This host (probed here)", local))
     if "capabilities" in daemon:
         _out.print(f"[green]daemon reachable[/green] at {escape(daemon['url'])}")
-        _out.print(_capabilities_table("The daemon's host", daemon["capabilities"]))
+        caps = dict(daemon["capabilities"])
+        cluster = caps.pop("cluster", None)
+        _out.print(_capabilities_table("The daemon's host", caps))
+        if cluster is not None:
+            _out.print(_nodes_table(cluster))
     elif daemon["reachable"]:
         _out.print(f"[yellow]daemon at {escape(daemon['url'])} answered: {daemon['error']}[/yellow]")
         _out.print(f"  {escape(daemon['message'])}")
@@ -785,6 +789,21 @@ async def _probe_capabilities() -> dict[str, Any]:
     with contextlib.suppress(ProcpilotError):
         found["state_dir"] = disk_space(load_settings(None).state_dir)
     return found
+
+
+def _nodes_table(cluster: Mapping[str, Any]) -> Any:
+    """The daemon's cluster nodes (``[cluster] backend = "ray"``): one row per live node."""
+    from rich.table import Table
+
+    title = f"Cluster nodes ({cluster.get('backend')} at {cluster.get('address')})"
+    table = Table("NODE", "SESSIONS", "RESOURCES", "TREE KILL", "LIMITS", "ISOLATION", box=None,
+                  title=escape(title), title_justify="left")
+    for node in cluster.get("nodes", []):
+        resources = ", ".join(f"{k}={v:g}" for k, v in sorted(node["resources"].items()) if "memory" not in k)
+        isolation = ", ".join(k for k, v in (node.get("isolation") or {}).items() if v) or "none"
+        table.add_row(escape(node["node"][:16]), str(node["sessions"]), escape(resources),
+                      escape(str(node["tree_kill"])), escape(str(node["limits"])), escape(isolation))
+    return table
 
 
 def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:

@@ -94,12 +94,13 @@ def make_supervisor(settings: Settings, *, owner: str | None = None) -> Supervis
     server of the same owner on this state directory adopts what this one leaves running."""
     from procpilot.policy.spawn_filter import make_spawn_filter, make_write_filter
 
-    return Supervisor(
-        settings,
-        spawn_filter=make_spawn_filter(settings),
-        write_filter=make_write_filter(settings),
-        owner=owner,
-    )
+    spawn_filter, write_filter = make_spawn_filter(settings), make_write_filter(settings)
+    if settings.cluster.backend == "ray":
+        # Imported only here: the single-host daemon never loads Ray.
+        from procpilot.cluster.supervisor import ClusterSupervisor
+
+        return ClusterSupervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter)
+    return Supervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter, owner=owner)
 
 
 @dataclass(frozen=True, slots=True)

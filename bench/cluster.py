@@ -1,0 +1,159 @@
+"""procpilot serve on a two-node Ray cluster against the same daemon on one host, in the same run.
+
+Run: ``.venv/bin/python bench/cluster.py [--quick]`` (needs the ``ray`` extra, unshare and ip).
+
+It starts the tests' cluster (tests/cluster/netns.py: a head and a worker on 127.0.0.1 in a
+private network and pid namespace, the daemon joined to it) and a plain one-host daemon, and
+drives both over their Unix sockets with the same REST calls an agent makes:
+
+- ``exec true`` (sequential, yieldMs long enough to end): one host vs a session on the worker
+  node (an agent placed there) vs a session on the head node (the daemon's own host, still
+  through its node actor);
+- 100 MB of output (``head -c``) in a background session, until the daemon has seen its end
+  (every byte mirrored to the daemon first);
+- sessions started per second: ``sleep`` sessions started by 8 concurrent clients.
+
+Nothing is asserted; read the ratio column (cluster / one host). Traffic stays on loopback and
+in the namespace; the cluster and the daemon are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.cluster.netns import Cluster, start_cluster, unavailable
+from tests.daemon import start_daemon
+
+CONFIG = """state_dir = "state"
+workspace_root = "ws"
+[cluster]
+backend = "ray"
+address = "127.0.0.1:6379"
+[server]
+port = 0
+unix_socket = "daemon.sock"
+[server.tokens]
+"tok-local-0123456789" = "a"
+"tok-worker-012345678" = "on-worker"
+"tok-head-0123456789" = "on-head"
+[policy.agents.on-worker]
+placement = "ws_b"
+[policy.agents.on-head]
+placement = "ws_a"
+"""
+
+
+def client(socket: str, token: str) -> httpx2.Client:
+    return httpx2.Client(transport=httpx2.HTTPTransport(uds=socket), base_url="http://localhost",
+                         headers={"Authorization": f"Bearer {token}"}, timeout=300)
+
+
+def call(h: httpx2.Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    body: dict[str, Any] = h.post(f"/v1/tools/{tool}", json=arguments).json()
+    if "data" not in body:
+        raise RuntimeError(body)
+    data: dict[str, Any] = body["data"]
+    return data
+
+
+def exec_true(h: httpx2.Client, n: int) -> float:
+    for _ in range(5):
+        call(h, "exec", command="true", yieldMs=30_000)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        done = call(h, "exec", command="true", yieldMs=30_000)
+        times.append(time.perf_counter() - t)
+        assert done["status"] == "done", done
+    for row in call(h, "process", action="list")["sessions"]:
+        call(h, "process", action="remove", sessionId=row["sessionId"])
+    return statistics.median(times)
+
+
+def big_output(h: httpx2.Client, size: int) -> float:
+    t = time.perf_counter()
+    s = call(h, "exec", command=f"head -c {size} /dev/zero", yieldMs=0)
+    done = call(h, "process", action="wait", sessionId=s["sessionId"], timeout=300_000)
+    elapsed = time.perf_counter() - t
+    assert (done["reason"], done["status"]) == ("exited", "done"), done
+    call(h, "process", action="remove", sessionId=s["sessionId"])
+    return size / elapsed / 1e6
+
+
+async def start_rate(socket: str, token: str, n: int) -> float:
+    transport = httpx2.AsyncHTTPTransport(uds=socket)
+    async with httpx2.AsyncClient(transport=transport, base_url="http://localhost",
+                                  headers={"Authorization": f"Bearer {token}"}, timeout=300) as h:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(n):
+            queue.put_nowait(i)
+        ids: list[str] = []
+
+        async def worker() -> None:
+            while not queue.empty():
+                queue.get_nowait()
+                r = await h.post("/v1/tools/exec", json={"command": "sleep 60", "yieldMs": 0})
+                ids.append(r.json()["data"]["sessionId"])
+
+        t = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(8)))
+        rate = n / (time.perf_counter() - t)
+        for sid in ids:
+            await h.post("/v1/tools/process", json={"action": "remove", "sessionId": sid})
+        return rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    why = unavailable()
+    if why:
+        print(f"skipped: {why}")
+        return 0
+    n, size, starts = (20, 20_000_000, 40) if args.quick else (100, 100_000_000, 200)
+    with tempfile.TemporaryDirectory(prefix="procpilot-bench-cluster-") as tmp:
+        root = Path(tmp)
+        local = start_daemon(root / "local", {"tok-local-0123456789": "a"})
+        cluster: Cluster | None = None
+        try:
+            cluster = start_cluster(root / "cluster", CONFIG)
+            assert local.unix_socket
+            rows: list[tuple[str, float, float, str]] = []
+            with client(local.unix_socket, "tok-local-0123456789") as lh, \
+                    client(cluster.socket, "tok-worker-012345678") as wh, \
+                    client(cluster.socket, "tok-head-0123456789") as hh:
+                base = exec_true(lh, n)
+                rows.append(("exec true, p50 ms: worker node", exec_true(wh, n) * 1e3, base * 1e3, "x"))
+                rows.append(("exec true, p50 ms: head node", exec_true(hh, n) * 1e3, base * 1e3, "x"))
+                base_mb = big_output(lh, size)
+                rows.append((f"{size // 1_000_000} MB output, MB/s: worker node", big_output(wh, size), base_mb, "%"))
+                rows.append((f"{size // 1_000_000} MB output, MB/s: head node", big_output(hh, size), base_mb, "%"))
+            base_rate = asyncio.run(start_rate(local.unix_socket, "tok-local-0123456789", starts))
+            rate = asyncio.run(start_rate(cluster.socket, "tok-local-0123456789", starts))
+            rows.append((f"sessions started/s (8 clients, {starts}): 2 nodes", rate, base_rate, "%"))
+        finally:
+            if cluster is not None:
+                cluster.stop()
+            local.proc.terminate()
+            local.proc.wait(30)
+    print(f"{'':48} {'cluster':>10} {'one host':>10} {'ratio':>8}")
+    for name, value, baseline, kind in rows:
+        ratio = f"{value / baseline:.2f}x" if kind == "x" else f"{100 * value / baseline:.0f}%"
+        print(f"{name:48} {value:10.2f} {baseline:10.2f} {ratio:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

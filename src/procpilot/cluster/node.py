@@ -1,0 +1,126 @@
+"""The node side: a plain procpilot Supervisor on one Ray node, run as an actor pinned there.
+
+The engine runs unchanged (its own state directory, trees, limits and isolation of this host);
+the daemon ran the policy before the spec got here, so this supervisor has no filters. Output
+stays in this node's files: ``follow`` reads them forward for the daemon (``follow.py``: each
+byte once, in arrival order) and ``page`` reads any part on demand.
+
+Nothing here imports Ray: ``procpilot.cluster.ray_backend`` wraps this class as an actor.
+Replies are plain dicts, and errors travel as their code and message (``ProcpilotError``'s
+keyword details would not survive Ray's exception wrapping) for the daemon to raise again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+from procpilot.cluster.follow import FOLLOW_CHUNK, follow_output
+from procpilot.cluster.replies import error_reply
+from procpilot.config import Settings
+from procpilot.engine.capture import Stream
+from procpilot.engine.session import Session
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import ProcpilotError, SessionNotFound
+
+__all__ = ["NodeAgent", "session_record"]
+
+
+def session_record(session: Session) -> dict[str, Any]:
+    """What the daemon mirrors of a session besides its output."""
+    return {
+        "id": session.id,
+        "state": session.state.value,
+        "pid": session.pid,
+        "exit_code": session.exit_code,
+        "exit_signal": session.exit_signal,
+        "error": session.error,
+        "started_at": session.started_at,
+        "ended_at": session.ended_at,
+        "duration_ms": session.duration_ms,
+        "signal_sent": session.signal_sent,
+        "timed_out_waiting_for_input": session.timed_out_waiting_for_input,
+        "stdin_open": session.stdin_open,
+    }
+
+
+class NodeAgent:
+    """One node's supervisor. Every call names the scope, and the engine's scoping applies."""
+
+    def __init__(self, settings: Settings, node_id: str) -> None:
+        # One state directory per node: on one host (the tests' two-node cluster) two nodes must
+        # not share session directories or a journal.
+        state_dir = settings.state_dir / "nodes" / node_id[:16]
+        self.node_id = node_id
+        self._settings = settings.model_copy(update={"state_dir": state_dir})
+        self._sup: Supervisor | None = None
+
+    @property
+    def sup(self) -> Supervisor:
+        if self._sup is None:
+            raise RuntimeError("NodeAgent.start() has not been called")
+        return self._sup
+
+    async def start(self) -> dict[str, Any]:
+        if self._sup is None:
+            self._sup = await Supervisor(self._settings).start()
+        return {"node": self.node_id, "pid": os.getpid(), "capabilities": self.sup.capabilities()}
+
+    async def sessions(self) -> int:
+        return sum(1 for s in self.sup.all_sessions() if not s.finished)
+
+    async def spawn(self, scope: str, spec: SpawnSpec) -> dict[str, Any]:
+        try:
+            session = await self.sup.spawn(spec, scope=scope)
+        except ProcpilotError as exc:
+            return error_reply(exc)
+        return {"record": session_record(session)}
+
+    async def follow(self, scope: str, session_id: str) -> AsyncIterator[tuple[Any, ...]]:
+        """The session's output items (``cluster/follow.py``), then ("end", record): the end
+        comes only after the last byte ("finished" is reaped *and* drained, as on one host)."""
+        try:
+            session = self.sup.get(scope, session_id)
+        except SessionNotFound as exc:
+            yield ("error", error_reply(exc))
+            return
+        async for item in follow_output(session):
+            yield item
+        yield ("end", session_record(session))
+
+    async def write(self, scope: str, session_id: str, data: bytes, eof: bool, timeout: float | None) -> dict[str, Any]:
+        try:
+            session = self.sup.get(scope, session_id)
+            return {"written": await session.write(data, eof=eof, timeout=timeout)}
+        except ProcpilotError as exc:
+            return error_reply(exc)
+
+    async def kill(self, scope: str, session_id: str, sig: int, grace: float | None) -> dict[str, Any]:
+        try:
+            await self.sup.kill(scope, session_id, signal.Signals(sig), grace=grace, wait=0)
+        except ProcpilotError as exc:
+            return error_reply(exc)
+        return {"ok": True}
+
+    async def page(self, scope: str, session_id: str, stream: str, offset: int, limit: int) -> dict[str, Any]:
+        """Bytes of a view as this node's files hold them (the log stays here)."""
+        try:
+            view = self.sup.get(scope, session_id).output[Stream(stream)]
+        except ProcpilotError as exc:
+            return error_reply(exc)
+        chunk = view.read(offset, min(limit, FOLLOW_CHUNK))
+        return {"data": chunk.data, "start": chunk.start, "end": chunk.end, "dropped": chunk.dropped,
+                "total": chunk.total}
+
+    async def forget(self, scope: str, session_id: str) -> None:
+        with contextlib.suppress(ProcpilotError):  # already gone: forgetting is idempotent
+            await self.sup.remove(scope, session_id)
+
+    async def close(self) -> None:
+        """End every tree this node runs (SIGTERM, SIGKILL after the grace period)."""
+        if self._sup is not None:
+            await self._sup.aclose()

@@ -1,0 +1,154 @@
+"""A session that runs on another node, as the daemon's faces see it.
+
+It *is* a ``Session`` (so every face, typed against the engine, takes it unchanged): its output
+is the daemon's copy of the node's files, written as the node streams them, so reads, waits,
+polls and patterns work exactly as on one host; its state, exit code and signal come from the
+node's record. What acts on the process (a signal, bytes for stdin) goes to the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from procpilot.cluster.replies import raise_reply
+from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.session import Session, signal_name
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.trees import TreeBackend
+from procpilot.errors import ProcessAlreadyExited
+
+__all__ = ["NODE_LOST", "RemoteSession", "mirror"]
+
+NODE_LOST = "node_lost"
+_log = logging.getLogger(__name__)
+
+
+def mirror(output: SessionOutput, stream: Stream, offset: int, data: bytes) -> None:
+    """Write one streamed chunk of a view at the offset the node had it at, and wake readers.
+
+    The daemon's copy keeps the node's offsets byte for byte: bytes it already has (a stream
+    followed again after a lost connection starts from 0) are skipped, and a range the node's
+    cap dropped before it was sent reads as zeros here (the node's own log says what was
+    dropped). Listeners hear new stdout and stderr bytes once, as from a local ``append``."""
+    view = output[stream]
+    if offset > view.size:
+        view.write(bytes(offset - view.size))
+    fresh = data[view.size - offset :]
+    if not fresh:
+        return
+    view.write(fresh)
+    if stream is not Stream.COMBINED:
+        for listener in list(output._listeners):  # the engine's own hook, as append() calls it
+            listener(stream, fresh)
+    output.wake()
+
+
+class RemoteSession(Session):
+    """A session on ``node``; ``call(kind, *args)`` sends one action to that node's actor."""
+
+    def __init__(
+        self,
+        record: dict[str, Any],
+        scope: str,
+        spec: SpawnSpec,
+        output: SessionOutput,
+        trees: TreeBackend,
+        on_finish: Callable[[Session], None],
+        *,
+        node: str,
+        call: Callable[..., Awaitable[dict[str, Any]]],
+        kill_grace: float = 5.0,
+    ) -> None:
+        super().__init__(record["id"], scope, spec, output, trees, on_finish, kill_grace=kill_grace)
+        self.node = node
+        self._call = call
+        self._calls: set[asyncio.Task[None]] = set()
+        self.pid = record["pid"]
+        self.started_at = record["started_at"]
+        self.stdin_open = bool(record["stdin_open"])
+        if record["state"] == SessionState.RUNNING.value:
+            self._set_state(SessionState.RUNNING)
+
+    @property
+    def waiting_for_input(self) -> bool:
+        return False  # only the node could tell (its /proc); not asked on every result
+
+    @property
+    def log_files(self) -> list[str]:
+        return sorted(str(p) for p in self.output.directory.glob("combined.*"))
+
+    # -- from the node -------------------------------------------------------------------------
+
+    def apply_end(self, record: dict[str, Any]) -> None:
+        """The node's record of the end: the state, the exit, and when."""
+        if self.finished:
+            return
+        self.pid = record["pid"]
+        self.exit_code = record["exit_code"]
+        self.exit_signal = record["exit_signal"]
+        self.error = record["error"]
+        self._signal_sent = record["signal_sent"] or self._signal_sent
+        self.timed_out_waiting_for_input = bool(record["timed_out_waiting_for_input"])
+        self.started_at = record["started_at"] or self.started_at
+        self._end(SessionState(record["state"]), duration_ms=record["duration_ms"])
+
+    def lose(self, why: str) -> None:
+        """The node is gone: the session ends ``lost`` (never a false ``done``) with the reason."""
+        if self.finished:
+            return
+        self.error = f"{NODE_LOST}: {why}"
+        self._end(SessionState.LOST, duration_ms=None)
+
+    def _end(self, state: SessionState, *, duration_ms: int | None) -> None:
+        if self.state is SessionState.QUEUED and state not in (SessionState.LOST, SessionState.KILLED):
+            self._set_state(SessionState.RUNNING)  # it started and ended between two records
+        self._set_state(state)
+        now = time.monotonic()
+        self._t_end = now if duration_ms is None else self._t0 + duration_ms / 1000
+        self.ended_at = time.time()
+        self.stdin_open = False
+        self.output.mark_closed()
+        self._finished.set()
+        self._on_finish(self)
+
+    # -- to the node ---------------------------------------------------------------------------
+
+    def fail_to_start(self, message: str, *, end: SessionState = SessionState.FAILED_TO_START) -> None:
+        """Killed while it waited for a lane slot: the node, where it waits, must drop it too."""
+        if end is SessionState.KILLED:
+            self._in_background(self._send("kill", int(signal.SIGTERM), 0))
+        super().fail_to_start(message, end=end)
+
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    def terminate(self, end: SessionState, sig: int, grace: float | None) -> None:
+        if self.finished or not self.is_running:
+            raise ProcessAlreadyExited(f"session {self.id} has already ended ({self.state.value})")
+        if self._requested_end is None:
+            self._requested_end = end
+        self._signal_sent = signal_name(sig)
+        self._in_background(self._send("kill", int(sig), grace))
+
+    async def _send(self, kind: str, *args: Any) -> None:
+        # The kill's outcome arrives as the session's end, streamed like any other; a node that
+        # died on the way ends it `lost` through the same stream.
+        with contextlib.suppress(Exception):
+            reply = await self._call(kind, self.scope, self.id, *args)
+            if "error" in reply and reply["error"] != "ProcessAlreadyExited":
+                _log.warning("node %s refused %s of %s: %s", self.node, kind, self.id, reply["message"])
+
+    async def write(self, data: bytes, eof: bool = False, *, timeout: float | None = None) -> int:
+        reply = await self._call("write", self.scope, self.id, data, eof, timeout)
+        raise_reply(reply)
+        written: int = reply["written"]
+        return written
