@@ -109,7 +109,10 @@ def marked_processes() -> list[int]:
     found = []
     for pid, env in _marked().items():
         elsewhere = _pid_namespace(pid) not in (own, None)
-        if (_descends_from_us(pid) if elsewhere else _ours(env)) and not _pool_of_live_daemon(pid, env):
+        # Elsewhere, the pool of a node's supervisor (alive while its module's cluster is) waits
+        # on: its name says nothing here, but a shell still reading its token ran nothing.
+        spared = _waiting_warm_shell(pid) if elsewhere else _pool_of_live_daemon(pid, env)
+        if (_descends_from_us(pid) if elsewhere else _ours(env)) and not spared:
             found.append(pid)
     return found
 
@@ -124,6 +127,11 @@ def _pool_of_live_daemon(pid: int, env: dict[bytes, bytes]) -> bool:
         return pid in waiting_pids()
     if match is None or not os.path.exists(f"/proc/{int(match[1])}"):
         return False
+    return _waiting_warm_shell(pid)
+
+
+def _waiting_warm_shell(pid: int) -> bool:
+    """A warm shell that has not been handed a command: it reads its token from a pipe."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             waiting = b"read -r __pp_t" in f.read()
