@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,37 +28,9 @@ import time
 from pathlib import Path
 
 import httpx2
+from load import start_daemon
 
-PROCPILOT = str(Path(sys.executable).parent / "procpilot")
 LINES = 16_000_000
-
-
-def start_daemon(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    (root / "ws").mkdir(parents=True)
-    config = root / "procpilot.toml"
-    lines = ['state_dir = "state"', 'workspace_root = "ws"', "[tools.exec]", "maxLogBytes = 314572800"]
-    lines += ["[server]", 'host = "127.0.0.1"', "port = 0"]
-    config.write_text("\n".join(lines) + "\n")
-    log = root / "daemon.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [PROCPILOT, "serve", "--config", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"},
-        )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        found = re.search(r"daemon on (http://127\.0\.0\.1:\d+)", text)
-        if found and "state:" in text:
-            return proc, found.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    raise SystemExit(f"the daemon did not start:\n{log.read_text(errors='replace')}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -123,7 +93,7 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=100)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pp-console-bench-") as tmp:
-        proc, url = start_daemon(Path(tmp))
+        proc, url = start_daemon(Path(tmp), exec_keys=("maxLogBytes = 314572800",))
         try:
             with httpx2.Client(base_url=url, timeout=300) as c:
                 r = c.post("/v1/tools/exec", json={"command": f"seq -f '%012.0f' 1 {LINES}", "yieldMs": 120_000})

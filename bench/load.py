@@ -50,11 +50,16 @@ class Stats:
         return sum(len(v) for v in self.latencies.values())
 
 
-def start_daemon(root: Path, tokens: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+def start_daemon(
+    root: Path, tokens: dict[str, str] | None = None, exec_keys: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A `procpilot serve` on a free loopback port over ``root`` (``exec_keys``: [tools.exec] lines)."""
     (root / "ws").mkdir(parents=True)
     config = root / "procpilot.toml"
-    lines = ['state_dir = "state"', 'workspace_root = "ws"', "[server]", 'host = "127.0.0.1"', "port = 0"]
-    lines += ["[server.tokens]", *(f'"{t}" = "{a}"' for t, a in tokens.items())]
+    lines = ['state_dir = "state"', 'workspace_root = "ws"', "[tools.exec]", *exec_keys]
+    lines += ["[server]", 'host = "127.0.0.1"', "port = 0"]
+    if tokens:
+        lines += ["[server.tokens]", *(f'"{t}" = "{a}"' for t, a in tokens.items())]
     config.write_text("\n".join(lines) + "\n")
     log = root / "daemon.log"
     with open(log, "wb") as out:
