@@ -21,7 +21,6 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
