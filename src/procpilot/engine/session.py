@@ -16,7 +16,7 @@ import resource
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from procpilot.engine.capture import SessionOutput, Stream
@@ -27,7 +27,7 @@ from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.errors import ProcessAlreadyExited, StdinClosed
 
-__all__ = ["ExitAccounting", "ExitInfo", "Session"]
+__all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
 
 _READ_SIZE = 1 << 20
 # After the leader exits, descendants it left behind get this long before SIGKILL.
@@ -67,6 +67,19 @@ class ExitAccounting:
     # when the session ended (an OOM kill, a peak).
     limit_backend: LimitBackend | None = None
     limit_report: LimitReport | None = None
+
+
+@dataclass(slots=True)
+class RestartCycle:
+    """Where a session with a restart policy is between its runs: short runs in a row (for the
+    backoff), when the current run started, the timer of the next one, whether one is due, and
+    who starts it (the supervisor)."""
+
+    quick_failures: int = 0
+    run_t0: float = field(default_factory=time.monotonic)
+    next_run: asyncio.TimerHandle | None = None
+    respawning: bool = False
+    hook: Callable[[Session], None] | None = None
 
 
 def signal_name(sig: int) -> str:
@@ -134,14 +147,8 @@ class Session:
         self._write_lock = asyncio.Lock()
         self._stdin_waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
-        # Restarts (spec.restart): how many so far, short runs in a row (for the backoff), when
-        # the current run started, the timer of the next one, and who starts it (the supervisor).
-        self.restarts = 0
-        self._quick_failures = 0
-        self._run_t0 = time.monotonic()
-        self._next_run: asyncio.TimerHandle | None = None
-        self._respawning = False
-        self.restart_hook: Callable[[Session], None] | None = None
+        self.restarts = 0  # runs after the first (spec.restart)
+        self.cycle = RestartCycle()
         # Called just before our stdin copy closes: another holder of it (engine/holder.py) must
         # let go too, or the child would never see EOF.
         self.on_stdin_close: Callable[[], None] | None = None
@@ -228,14 +235,14 @@ class Session:
         the session, its times and its output go on)."""
         self._spawned = spawned
         self.pid = spawned.pid
-        self._run_t0 = time.monotonic()
+        self.cycle.run_t0 = time.monotonic()
         if self.state is not SessionState.RUNNING:
-            self._t0 = self._run_t0
+            self._t0 = self.cycle.run_t0
             self.started_at = time.time()
             self._set_state(SessionState.RUNNING)
         else:  # a restart: the last run's ending is the log's now
             self.exit_code = self.exit_signal = None
-        self._respawning = False
+        self.cycle.respawning = False
         self.accounting.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.stdin_open = spawned.stdin_fd is not None
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
@@ -521,12 +528,12 @@ class Session:
         if self._requested_end is None:
             self._requested_end = end
         self._signal_sent = signal_name(sig)
-        if self._next_run is not None:
-            self._next_run.cancel()
-            self._next_run = None
+        if self.cycle.next_run is not None:
+            self.cycle.next_run.cancel()
+            self.cycle.next_run = None
             self._finish()
             return
-        if self._respawning:
+        if self.cycle.respawning:
             return
         self._trees.signal(self.id, self.pid, sig, leader_alive=not self._leader_reaped)
         if sig != signal.SIGKILL and grace:  # grace 0 or None: no escalation asked for
@@ -544,7 +551,7 @@ class Session:
         policy = self.spec.restart
         return (
             policy is not None
-            and self.restart_hook is not None
+            and self.cycle.hook is not None
             and self.restarts < policy.max_restarts
             and policy.wants(self.exit_code, self.exit_signal)
         )
@@ -556,9 +563,9 @@ class Session:
         if policy is None:  # _restart_due said there is one
             return
         self._trees.release(self.id)
-        ran = time.monotonic() - self._run_t0
-        self._quick_failures = 0 if ran >= policy.stable_after else self._quick_failures + 1
-        delay = policy.delay(self._quick_failures)
+        ran = time.monotonic() - self.cycle.run_t0
+        self.cycle.quick_failures = 0 if ran >= policy.stable_after else self.cycle.quick_failures + 1
+        delay = policy.delay(self.cycle.quick_failures)
         self.restarts += 1
         how = f"exit code {self.exit_code}" if self.exit_signal is None else f"signal {self.exit_signal}"
         view = self.output[Stream.COMBINED]
@@ -572,13 +579,13 @@ class Session:
         self.left_orphans = False
         self._leader_reaped = False
         self._reaper_armed = False
-        self._respawning = True
-        self._next_run = self._loop.call_later(delay, self._start_next_run)
+        self.cycle.respawning = True
+        self.cycle.next_run = self._loop.call_later(delay, self._start_next_run)
 
     def _start_next_run(self) -> None:
-        self._next_run = None
-        if self.restart_hook is not None:
-            self.restart_hook(self)
+        self.cycle.next_run = None
+        if self.cycle.hook is not None:
+            self.cycle.hook(self)
 
     def restarted(self) -> None:
         """The supervisor attached the next run: an end asked for while it was starting applies now."""
@@ -589,9 +596,9 @@ class Session:
     def restart_failed(self, message: str) -> None:
         """The next run could not be started: the session ends as its last run did, saying why."""
         self.error = message
-        self._respawning = False
+        self.cycle.respawning = False
         self._leader_reaped = True
-        self.restart_hook = None  # no further attempt
+        self.cycle.hook = None  # no further attempt
         self._finish()
 
     # -- stdin ---------------------------------------------------------------------------------

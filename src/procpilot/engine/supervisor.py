@@ -599,7 +599,7 @@ class Supervisor:
         grace = self.config.kill_grace_sec
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
         if spec.restart is not None:
-            session.restart_hook = self._restart_soon
+            session.cycle.hook = self._restart_soon
         if starts_now:
             try:
                 await self._start(session, warm)
