@@ -85,24 +85,16 @@ async def _claimed_stdio() -> AsyncIterator[tuple[int, int]]:
         os.close(wire_out)
 
 
-async def _readable(fd: int) -> None:
+async def _ready(fd: int, *, write: bool = False) -> None:
+    """Until ``fd`` can be read (or, with ``write``, written) without blocking."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
-    loop.add_reader(fd, ready.set_result, None)
+    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
+    add(fd, ready.set_result, None)
     try:
         await ready
     finally:
-        loop.remove_reader(fd)
-
-
-async def _writable(fd: int) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_writer(fd, ready.set_result, None)
-    try:
-        await ready
-    finally:
-        loop.remove_writer(fd)
+        remove(fd)
 
 
 async def _read_lines(fd: int, sink: Any) -> None:
@@ -114,7 +106,7 @@ async def _read_lines(fd: int, sink: Any) -> None:
             try:
                 chunk = os.read(fd, _READ)
             except BlockingIOError:
-                await _readable(fd)
+                await _ready(fd)
                 continue
             if not chunk:
                 return  # the client closed stdin: the server ends
@@ -147,6 +139,6 @@ async def _write_replies(fd: int, source: Any) -> None:
                 try:
                     view = view[os.write(fd, view) :]
                 except BlockingIOError:
-                    await _writable(fd)  # the client reads slowly: wait, holding one reply only
+                    await _ready(fd, write=True)  # the client reads slowly: wait, holding one reply only
                 except BrokenPipeError:
                     return  # the client is gone; the read side ends the server
