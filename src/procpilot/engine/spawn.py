@@ -30,7 +30,18 @@ from procpilot.engine.precheck import check_command, check_size, check_timeout
 from procpilot.engine.restart import RestartPolicy
 from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
 
-__all__ = ["Launcher", "SpawnSpec", "Spawned", "build_env", "check_os_string", "resolve_workdir", "spawn_process"]
+__all__ = [
+    "Launcher",
+    "SpawnSpec",
+    "Spawned",
+    "build_env",
+    "check_os_string",
+    "make_pipe",
+    "open_pidfd",
+    "resolve_workdir",
+    "shell_argv",
+    "spawn_process",
+]
 
 _F_SETPIPE_SZ = 1031
 _PIPE_SIZE = 1 << 20
@@ -159,7 +170,7 @@ def check_os_string(name: str, value: str, *, field: str | None = None) -> None:
         ) from None
 
 
-def _argv(command: str | tuple[str, ...], prelude: list[str], prefix: list[str]) -> list[str]:
+def shell_argv(command: str | tuple[str, ...], prelude: list[str], prefix: list[str]) -> list[str]:
     """The child's argv: our shell lines (cgroup joins, pty) first, then the isolation prefix, then
     the user's command. Joins must happen outside the isolation, where /sys is still writable."""
     if isinstance(command, str) and not prefix:
@@ -174,7 +185,7 @@ def _argv(command: str | tuple[str, ...], prelude: list[str], prefix: list[str])
     return [_SHELL, "-c", "\n".join([*prelude, 'exec "$@"']), "procpilot", *inner]
 
 
-def _pipe() -> tuple[int, int]:
+def make_pipe() -> tuple[int, int]:
     r, w = os.pipe2(os.O_CLOEXEC)
     # Capped by /proc/sys/fs/pipe-max-size for non-root: the default 64 KiB works too.
     with contextlib.suppress(OSError):
@@ -312,21 +323,21 @@ def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str], c
             stdout_fd, stderr_fd = master, None
         else:
             if spec.stdin == "pipe":
-                r_in, w_in = _pipe()
+                r_in, w_in = make_pipe()
                 to_close.append(r_in)
                 parent_fds.append(w_in)
                 stdin, stdin_fd = r_in, w_in
                 stdin_target = f"pipe:[{os.fstat(r_in).st_ino}]"
             else:
                 stdin, stdin_fd, stdin_target = subprocess.DEVNULL, None, None
-            r_out, w_out = _pipe()
-            r_err, w_err = _pipe()
+            r_out, w_out = make_pipe()
+            r_err, w_err = make_pipe()
             to_close += [w_out, w_err]
             parent_fds += [r_out, r_err]
             stdout, stderr = w_out, w_err
             stdout_fd, stderr_fd = r_out, r_err
         popen = subprocess.Popen(
-            _argv(spec.command, prelude, prefix),
+            shell_argv(spec.command, prelude, prefix),
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
@@ -345,11 +356,16 @@ def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str], c
         os.close(fd)
     for fd in parent_fds:
         os.set_blocking(fd, False)
+    return Spawned(popen, popen.pid, open_pidfd(popen.pid), stdin_fd, stdout_fd, stderr_fd, stdin_target)
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (readable when it exits), or None where the kernel or Python has none:
+    the session then polls for the exit."""
     try:
-        pidfd: int | None = os.pidfd_open(popen.pid)
+        return os.pidfd_open(pid)
     except (OSError, AttributeError):
-        pidfd = None
-    return Spawned(popen, popen.pid, pidfd, stdin_fd, stdout_fd, stderr_fd, stdin_target)
+        return None
 
 
 def _set_winsize(fd: int, size: tuple[int, int]) -> None:

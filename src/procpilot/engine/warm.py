@@ -46,9 +46,7 @@ from pathlib import Path
 from procpilot.engine.isolation import isolation_prefix
 
 # The cold path's own pipe and argv makers: a warm session must get exactly what a cold one gets.
-from procpilot.engine.spawn import Spawned, SpawnSpec
-from procpilot.engine.spawn import _argv as shell_argv
-from procpilot.engine.spawn import _pipe as make_pipe
+from procpilot.engine.spawn import Spawned, SpawnSpec, make_pipe, open_pidfd, shell_argv
 from procpilot.engine.trees import TreeBackend
 
 __all__ = ["WarmPool", "WarmShell", "WarmShellGone", "favordynmods", "waiting_fds", "waiting_pids"]
@@ -318,12 +316,8 @@ class WarmPool:
         os.write(w_in, f"{token}\n".encode())  # an empty pipe: never blocks
         for fd in parent:
             os.set_blocking(fd, False)
-        try:
-            pidfd: int | None = os.pidfd_open(popen.pid)
-        except (OSError, AttributeError):
-            pidfd = None
         stdin_target = f"pipe:[{os.fstat(w_in).st_ino}]"
-        return WarmShell(session_id, popen, pidfd, w_in, r_out, r_err, stdin_target, env, token)
+        return WarmShell(session_id, popen, open_pidfd(popen.pid), w_in, r_out, r_err, stdin_target, env, token)
 
     def discard(self, shell: WarmShell, *, keep_cgroup: bool = False) -> None:
         """End a shell that will run nothing; its cgroup goes with it, unless a cold start of the
