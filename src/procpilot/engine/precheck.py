@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from procpilot.errors import CommandNotFound, InvalidArgument, SpawnFailed
-from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH, first_program, substitution_depth
+from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH, first_program, nested_too_deep, substitution_depth
 
 __all__ = [
     "MAX_ARGV_BYTES",
@@ -54,12 +54,7 @@ def check_size(command: str | tuple[str, ...]) -> None:
                 limit=MAX_COMMAND_BYTES,
             )
         if substitution_depth(command) > MAX_SUBSTITUTION_DEPTH:
-            raise InvalidArgument(
-                f"command: $( ) nested more than {MAX_SUBSTITUTION_DEPTH} deep",
-                field="command",
-                hints={"simplify": "Write the inner steps as separate commands or a script file."},
-                limit=MAX_SUBSTITUTION_DEPTH,
-            )
+            raise nested_too_deep()
         return
     if len(command) > MAX_ARGV_WORDS:
         raise InvalidArgument(

@@ -13,10 +13,22 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MAX_SUBSTITUTION_DEPTH", "SHELL_WORDS", "first_program", "substitution_depth"]
+from procpilot.errors import InvalidArgument
+
+__all__ = ["MAX_SUBSTITUTION_DEPTH", "SHELL_WORDS", "first_program", "nested_too_deep", "substitution_depth"]
 
 # $( $( ... ) ) past this is malformed input, not a command: each level is a live subshell.
 MAX_SUBSTITUTION_DEPTH = 100
+
+
+def nested_too_deep() -> InvalidArgument:
+    """The refusal of a command whose $( ) nest deeper than MAX_SUBSTITUTION_DEPTH, wherever it is read."""
+    return InvalidArgument(
+        f"command: $( ) nested more than {MAX_SUBSTITUTION_DEPTH} deep",
+        field="command",
+        hints={"simplify": "Write the inner steps as separate commands or a script file."},
+        limit=MAX_SUBSTITUTION_DEPTH,
+    )
 
 # Words a shell resolves itself: a first word among these is never "not found" up front.
 SHELL_WORDS = frozenset(

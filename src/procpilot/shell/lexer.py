@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from procpilot.errors import InvalidArgument
-from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH
+from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH, nested_too_deep
 
 # ---------------------------------------------------------------------------------------------
 # Tokens
@@ -74,11 +74,7 @@ class _Scan:
         self.substitutions += 1
         if self.substitutions > MAX_SUBSTITUTION_DEPTH:
             self.substitutions -= 1
-            raise InvalidArgument(
-                f"command: $( ) nested more than {MAX_SUBSTITUTION_DEPTH} deep",
-                field="command",
-                hints={"simplify": "Write the inner steps as separate commands or a script file."},
-            )
+            raise nested_too_deep()
 
     def problem(self, message: str) -> None:
         message = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
