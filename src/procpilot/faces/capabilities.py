@@ -320,6 +320,8 @@ class RunOutput(BaseModel):
     # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model.
     output_dropped: int = 0
     output_note: str | None = None
+    # Beyond spec 000: on a cluster, the Ray node id the process runs on (absent on one host).
+    node: str | None = None
 
 
 class MonitorOutput(BaseModel):
@@ -333,6 +335,7 @@ class MonitorOutput(BaseModel):
     # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model.
     output_dropped: int = 0
     output_note: str | None = None
+    node: str | None = None  # as RunOutput.node
 
 
 class KillOutput(BaseModel):
@@ -340,6 +343,7 @@ class KillOutput(BaseModel):
     signal_sent: str
     process_id: str
     state: State | Literal["running"]
+    node: str | None = None  # as RunOutput.node
 
 
 class ListEntry(BaseModel):
@@ -350,6 +354,7 @@ class ListEntry(BaseModel):
     started_at: str
     duration_ms: int
     resource_usage: ResourceUsage
+    node: str | None = None  # as RunOutput.node
 
 
 class ListOutput(BaseModel):
@@ -371,6 +376,7 @@ class LogsOutput(BaseModel):
     stderr_next_offset: int | None = None
     output_dropped: int = 0
     output_note: str | None = None
+    node: str | None = None  # as RunOutput.node
 
 
 # -- the capabilities --------------------------------------------------------------------------
@@ -459,6 +465,7 @@ class ProcessCapabilities:
                 process_id=session.id,
                 state=spec_state(session),
                 resource_usage=self._resource_usage(session),
+                node=session.node,
                 **_loss(session),
             )
 
@@ -477,6 +484,7 @@ class ProcessCapabilities:
                 duration_ms=session.duration_ms,
                 resource_usage=self._resource_usage(session),
                 started_at=self._started_at(session),
+                node=session.node,
                 **_loss(session),
             )
 
@@ -520,6 +528,7 @@ class ProcessCapabilities:
                 signal_sent=session.signal_sent or name,
                 process_id=session.id,
                 state=spec_state(session),
+                node=session.node,
             )
 
     async def list(self, params: ListInput, scope: str) -> ListOutput:
@@ -541,6 +550,7 @@ class ProcessCapabilities:
                     started_at=self._started_at(s),
                     duration_ms=s.duration_ms,
                     resource_usage=self._resource_usage(s),
+                    node=s.node,
                 )
                 for s in matching[: params.limit]
             ]
@@ -585,6 +595,7 @@ class ProcessCapabilities:
                 state=spec_state(session),
                 stdout_next_offset=next_offsets["stdout"],
                 stderr_next_offset=next_offsets["stderr"],
+                node=session.node,
                 **_loss(session),
             )
             return output, notes
@@ -595,9 +606,16 @@ def _loss(session: Session) -> dict[str, Any]:
     return {"output_dropped": session.output[Stream.COMBINED].lost, "output_note": session.output.lost_note()}
 
 
-def _dump(out: RunOutput | MonitorOutput | LogsOutput) -> dict[str, Any]:
-    """The result as spec 000 draws it, plus the loss fields only when something was lost."""
-    return out.model_dump(exclude={"output_dropped", "output_note"} if not out.output_dropped else set())
+def _dump(out: BaseModel) -> dict[str, Any]:
+    """The result as spec 000 draws it, plus the loss fields only when something was lost and the
+    node only on a cluster (a one-host result stays exactly the spec's)."""
+    data = out.model_dump()
+    if not data.get("output_dropped", 1):
+        del data["output_dropped"], data["output_note"]
+    for row in (data, *data.get("processes", ())):
+        if row.get("node", "") is None:
+            del row["node"]
+    return data
 
 
 class ProcessAPI:
@@ -792,10 +810,10 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
         return rendered(_dump(out), [f"[{out.output_note}]"] if out.output_note else [])
 
     async def kill(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        return rendered((await caps.kill(parse_arguments(KillInput, arguments), scope)).model_dump())
+        return rendered(_dump(await caps.kill(parse_arguments(KillInput, arguments), scope)))
 
     async def list_(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        return rendered((await caps.list(parse_arguments(ListInput, arguments), scope)).model_dump())
+        return rendered(_dump(await caps.list(parse_arguments(ListInput, arguments), scope)))
 
     async def logs(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         out, notes = await caps.logs(parse_arguments(LogsInput, arguments), scope)
