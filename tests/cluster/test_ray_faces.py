@@ -8,12 +8,15 @@ socket, as an agent would.
 
 from __future__ import annotations
 
+import base64
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from procpilot.client import ProcsClient
+from procpilot.cluster.pages import COPY_CAP
 from tests.cluster import netns
 from tests.cluster.netns import Cluster, tool
 
@@ -80,3 +83,69 @@ async def test_proc_messages_name_the_node_in_every_response(cluster: Cluster, n
         sleeper = await procs.request({"type": "proc/spawn/req", "cmd": ["sleep", "60"]})
         killed = await procs.request({"type": "proc/kill/req", "proc_id": sleeper["proc_id"], "signal": "SIGKILL"})
         assert killed["node"] == sleeper["node"] and killed["state"] == "STOPPED"
+
+
+SEQ = 1_000_000  # `seq 1 1000000`: 6.9 MB per view, past what the daemon's copy of a view keeps
+SEQ_BYTES = "".join(f"{n}\n" for n in range(1, SEQ + 1)).encode()
+
+
+def big_session(h: Any) -> dict[str, Any]:
+    done = ok(tool(h, "exec", command=f"seq 1 {SEQ}", yieldMs=120_000))
+    assert (done["status"], done["outputBytes"]) == ("done", len(SEQ_BYTES))
+    return done
+
+
+async def test_a_remote_log_is_paged_from_its_node_past_the_daemons_copy(cluster: Cluster) -> None:
+    with cluster.http(TOKEN) as h:
+        sid = big_session(h)["sessionId"]
+        # The daemon keeps a bounded copy of each view (its head and its tail), not the log.
+        copy = cluster.root / "state" / "sessions" / sid
+        kept = sum(p.stat().st_size for p in copy.iterdir())
+        assert kept <= 3 * COPY_CAP < 3 * len(SEQ_BYTES)
+        # By line, in the middle: what only the node still has.
+        page = ok(tool(h, "process", action="log", sessionId=sid, offset=500_000, limit=3))
+        assert page["output"].splitlines() == ["500001", "500002", "500003"]
+        assert (page["totalLines"], page["droppedBytes"]) == (SEQ, 0)
+        newest = ok(tool(h, "process", action="log", sessionId=sid, limit=2))  # from the copy's tail
+        assert newest["output"].splitlines() == [str(SEQ - 1), str(SEQ)]
+        # By byte, at several offsets and sizes, through every face that pages.
+        for offset, limit in ((3_000_000, 100), (2_500_000, 3 << 20), (len(SEQ_BYTES) - 10, 100)):
+            want = SEQ_BYTES[offset : offset + limit]
+            logs = ok(tool(h, "process.logs", process_id=sid, stream="stdout", offset=offset, limit=limit))
+            assert logs["stdout"].encode() == want
+            console = h.get(f"/console/api/sessions/agent-f/{sid}/log", params={"offset": offset, "limit": 4096})
+            assert base64.b64decode(console.json()["data"]) == SEQ_BYTES[offset : offset + 4096]
+        whole = ok(tool(h, "process.logs", process_id=sid, stream="stdout"))  # no limit: all of it
+        assert whole["stdout"].encode() == SEQ_BYTES
+    async with ProcsClient(f"unix://{cluster.socket}", TOKEN) as procs:
+        req = {"type": "proc/log/req", "proc_id": sid, "stream_type": "stdout", "offset": 4_000_000, "limit": 1000}
+        proc_page = await procs.request(req)
+        assert proc_page["data"].encode() == SEQ_BYTES[4_000_000:4_001_000]
+
+
+def test_a_gone_nodes_log_serves_what_the_daemon_holds_and_refuses_the_rest(cluster: Cluster) -> None:
+    """Last in the module: the worker node does not come back."""
+    with cluster.http(TOKEN) as h:
+        # Running, so the second goes to the other node (the least busy).
+        sessions = [ok(tool(h, "exec", command=f"seq 1 {SEQ}; sleep 300", yieldMs=0)) for _ in range(2)]
+        for s in sessions:
+            waited = tool(h, "process", action="wait", sessionId=s["sessionId"], pattern=str(SEQ), timeout=60_000)
+            assert ok(waited)["reason"] == "pattern"
+        caps = h.get("/v1/capabilities").json()["cluster"]["nodes"]
+        worker = next(n["node"] for n in caps if netns.WORKER_RESOURCE in n["resources"])
+        (gone,) = [s["sessionId"] for s in sessions if s["node"] == worker]
+        assert cluster.kill_worker_node() > 1
+        deadline = time.monotonic() + 60
+        while len(h.get("/v1/capabilities").json()["cluster"]["nodes"]) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # Within the daemon's copy: the newest lines, the first bytes.
+        newest = ok(tool(h, "process", action="log", sessionId=gone, limit=2))
+        assert newest["output"].splitlines() == [str(SEQ - 1), str(SEQ)]
+        first = ok(tool(h, "process.logs", process_id=gone, stream="stdout", limit=14))
+        assert first["stdout"] == "1\n2\n3\n4\n5\n6\n7\n"
+        # Past it: a typed refusal at once, naming what is held, never a hang.
+        refused = tool(h, "process", action="log", sessionId=gone, offset=500_000, limit=3)
+        assert (refused["status_code"], refused["error"]) == (503, "NodeUnavailable"), refused
+        assert "page_what_is_held" in refused["hints"]
+        refused = tool(h, "process.logs", process_id=gone, stream="stdout", offset=3_000_000, limit=100)
+        assert (refused["status_code"], refused["error"]) == (503, "NodeUnavailable"), refused

@@ -27,7 +27,9 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ProcpilotError, SessionNotFound
 
-__all__ = ["NodeAgent", "session_record"]
+__all__ = ["LINES_MAX", "NodeAgent", "session_record"]
+
+LINES_MAX = 16 << 20  # bytes of lines one reply carries: a page, not the whole log
 
 
 def session_record(session: Session) -> dict[str, Any]:
@@ -107,14 +109,26 @@ class NodeAgent:
         return {"ok": True}
 
     async def page(self, scope: str, session_id: str, stream: str, offset: int, limit: int) -> dict[str, Any]:
-        """Bytes of a view as this node's files hold them (the log stays here)."""
+        """Bytes of a view as this node's files hold them (the log stays here), 1 MiB at most."""
         try:
             view = self.sup.get(scope, session_id).output[Stream(stream)]
         except ProcpilotError as exc:
             return error_reply(exc)
-        chunk = view.read(offset, min(limit, FOLLOW_CHUNK))
+        chunk = view.read(offset, min(max(0, limit), FOLLOW_CHUNK))
         return {"data": chunk.data, "start": chunk.start, "end": chunk.end, "dropped": chunk.dropped,
                 "total": chunk.total}
+
+    async def lines(
+        self, scope: str, session_id: str, stream: str, first: int, count: int | None, max_bytes: int, keep_end: bool
+    ) -> dict[str, Any]:
+        """Lines of a view by this node's line index, ``LINES_MAX`` bytes of them at most."""
+        try:
+            view = self.sup.get(scope, session_id).output[Stream(stream)]
+        except ProcpilotError as exc:
+            return error_reply(exc)
+        found = view.read_lines(first, count, min(max(0, max_bytes), LINES_MAX), keep_end=keep_end)
+        return {"lines": found.lines, "first": found.first, "total": found.total,
+                "dropped_lines": found.dropped_lines, "unread_bytes": found.unread_bytes}
 
     async def forget(self, scope: str, session_id: str) -> None:
         with contextlib.suppress(ProcpilotError):  # already gone: forgetting is idempotent

@@ -1,8 +1,9 @@
 """A session that runs on another node, as the daemon's faces see it.
 
 It *is* a ``Session`` (so every face, typed against the engine, takes it unchanged): its output
-is the daemon's copy of the node's files, written as the node streams them, so reads, waits,
-polls and patterns work exactly as on one host; its state, exit code and signal come from the
+is the daemon's bounded copy of the node's files (``pages.py``), written as the node streams
+them, so waits, polls and patterns work exactly as on one host, and a page the copy does not
+hold is read from the node; its state, exit code and signal come from the
 node's record. What acts on the process (a signal, bytes for stdin) goes to the node.
 """
 
@@ -16,8 +17,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from procpilot.cluster.pages import node_lines, node_page
 from procpilot.cluster.replies import raise_reply
-from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.session import Session, signal_name
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -83,6 +85,15 @@ class RemoteSession(Session):
     @property
     def log_files(self) -> list[str]:
         return sorted(str(p) for p in self.output.directory.glob("combined.*"))
+
+    async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
+        return await node_page(self._call, self.scope, self.id, self.output[stream], stream, offset, limit)
+
+    async def page_lines(
+        self, stream: Stream, first: int, count: int | None, max_bytes: int | None = None, *, keep_end: bool = False
+    ) -> LineSlice:
+        view = self.output[stream]
+        return await node_lines(self._call, self.scope, self.id, view, stream, first, count, max_bytes, keep_end)
 
     # -- from the node -------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ It *is* a ``Supervisor`` whose sessions all run on the cluster's nodes: ``spawn`
 admission (the engine's fence, the agent's policy) here, places the session on a node (its
 agent's ``placement`` resource, else the least busy node) and starts it there through that
 node's actor; everything that reads a session (get, list, wait, poll, log, the exit events)
-works on the daemon's copy of it, kept current by one stream per session. A node that dies
+works on the daemon's copy of it, kept current by one stream per session (a bounded copy: a
+page it does not hold is read from the node, ``pages.py``). A node that dies
 ends its sessions ``lost`` (``node_lost``); a node that joins is used from then on.
 
 Invariants: every live session has exactly one pump task reading its node's stream, and a
@@ -21,16 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from procpilot.cluster.pages import copy_output
 from procpilot.cluster.placement import NodeView, choose_node
 from procpilot.cluster.ray_backend import NodeActor, NodeGone, NodeInfo, NodeUnreachable, alive_nodes, join, leave
 from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
-from procpilot.engine.capture import ReadResult, SessionOutput, Stream
+from procpilot.engine.capture import Stream
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import NodeUnavailable, ProcpilotError, SessionNotFound
+from procpilot.errors import NodeUnavailable, ProcpilotError
 
 __all__ = ["ClusterSupervisor"]
 
@@ -143,7 +145,7 @@ class ClusterSupervisor(Supervisor):
             raise
         raise_reply(reply)
         record = reply["record"]
-        output = SessionOutput(self._store.session_dir(record["id"]), self.config.max_log_bytes)
+        output = copy_output(self._store.session_dir(record["id"]), self.config.max_log_bytes)
         session = RemoteSession(
             record,
             scope,
@@ -262,16 +264,6 @@ class ClusterSupervisor(Supervisor):
         await asyncio.to_thread(leave)
 
     # -- the cluster's own reads ---------------------------------------------------------------
-
-    async def page(self, scope: str, session_id: str, stream: Stream, offset: int, limit: int) -> ReadResult:
-        """Bytes of a session's log read from the node that holds it (its files are the truth)."""
-        session = self.get(scope, session_id)
-        node = self._nodes.get(session.node or "")
-        if node is None:
-            raise SessionNotFound(f"session {session_id}'s node is gone", session_id=session_id)
-        reply = await node.actor.call("page", scope, session_id, stream.value, offset, limit)
-        raise_reply(reply)
-        return ReadResult(reply["data"], reply["start"], reply["end"], reply["dropped"], reply["total"])
 
     def nodes(self) -> list[dict[str, Any]]:
         """The live nodes: their sessions (as this daemon counts them), resources and mechanisms."""

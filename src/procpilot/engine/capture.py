@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LineSlice", "ReadResult", "SegmentedLog", "SessionOutput", "Stream"]
+__all__ = ["LineSlice", "ReadResult", "SegmentedLog", "SessionOutput", "Stream", "rolled_gap"]
 
 _HEAD_SEGMENTS = 4
 _TAIL_SEGMENTS = 4
@@ -60,6 +60,17 @@ class LineSlice:
     total: int
     dropped_lines: int
     unread_bytes: int = 0  # bytes of the asked-for range past ``max_bytes``, not read
+
+
+def rolled_gap(size: int, cap_bytes: int) -> int:
+    """The bytes a :class:`SegmentedLog` under ``cap_bytes`` has dropped between its head and its
+    tail once ``size`` bytes were written to it (what its ``dropped`` says): for a copy of a log
+    kept elsewhere under a smaller cap, that still has to tell what the original dropped."""
+    segment = max(_MIN_SEGMENT, cap_bytes // (_HEAD_SEGMENTS + _TAIL_SEGMENTS))
+    if size <= 0:
+        return 0
+    oldest_kept_tail = (size - 1) // segment - _TAIL_SEGMENTS + 1  # as _open_segment rolls them
+    return (oldest_kept_tail - _HEAD_SEGMENTS) * segment if oldest_kept_tail > _HEAD_SEGMENTS else 0
 
 
 class SegmentedLog:
@@ -127,6 +138,11 @@ class SegmentedLog:
     @property
     def head_end(self) -> int:
         return _HEAD_SEGMENTS * self.segment_size
+
+    @property
+    def tail_start(self) -> int:
+        """Where the kept tail begins once the cap has rolled segments out (0 before)."""
+        return self._tail_start
 
     @property
     def dropped(self) -> int:
@@ -256,6 +272,10 @@ class SegmentedLog:
                 dropped += skip_to - pos
                 pos = skip_to
         return ReadResult(b"".join(pieces), start, end, dropped, total)
+
+    def holds(self, start: int, end: int) -> bool:
+        """Whether every byte of ``[start, end)`` is here to read (none in a gap)."""
+        return not self._gaps(start, end)
 
     def _gaps(self, start: int, end: int) -> list[tuple[int, int]]:
         """The ranges in [start, end) with no bytes to read: the cap's gap and what the disk

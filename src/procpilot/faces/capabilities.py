@@ -395,14 +395,14 @@ class ProcessCapabilities:
     def _resource_usage(self, session: Session) -> ResourceUsage:
         return ResourceUsage(**self.usage.usage(session).as_dict())
 
-    def _summary(self, session: Session, stream: Stream, lines: int) -> str:
+    async def _summary(self, session: Session, stream: Stream, lines: int) -> str:
         """The last ``lines`` lines of a stream, as a model should read them."""
         if lines <= 0:
             return ""
         view = session.output[stream]
         limit = self.sup.settings.exec.result_max_chars
         start = max(view.offset_of_line(max(0, view.total_lines - lines)), view.size - 4 * limit)
-        result = view.read(start)
+        result = await session.page(stream, start)
         text, _ = tail_chars(for_model(result.data), limit)
         if result.dropped:
             text = f"[... {result.dropped} bytes dropped by {view.gap_cause} ...]\n" + text
@@ -459,8 +459,8 @@ class ProcessCapabilities:
             _raise_if_limit_exceeded(session)
             return RunOutput(
                 exit_code=spec_exit_code(session),
-                stdout_summary=self._summary(session, Stream.STDOUT, params.stdout_lines),
-                stderr_summary=self._summary(session, Stream.STDERR, params.stdout_lines),
+                stdout_summary=await self._summary(session, Stream.STDOUT, params.stdout_lines),
+                stderr_summary=await self._summary(session, Stream.STDERR, params.stdout_lines),
                 duration_ms=session.duration_ms,
                 process_id=session.id,
                 state=spec_state(session),
@@ -573,7 +573,7 @@ class ProcessCapabilities:
             for name in ("stdout", "stderr"):
                 if params.stream not in (name, "both"):
                     continue
-                result = session.output[Stream(name)].read(offset, params.limit)
+                result = await session.page(Stream(name), offset, params.limit)
                 sizes[name] = result.total
                 data = result.data
                 next_offsets[name] = result.end

@@ -304,7 +304,7 @@ class ProcHandler:
 
     # -- the daemon's additions to spec 003 (plain dicts: the spec has no models for them) --------
 
-    def log_page(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    async def log_page(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """``proc/log/req {proc_id, stream_type, offset, limit}``: a byte range of a process's
         output from its log (at most ``LOG_PAGE`` bytes, never ending inside a character)."""
         rid = request.get("id")
@@ -318,7 +318,7 @@ class ProcHandler:
             session = self.sup.get(self.scope, proc_id)
         except SessionNotFound:
             return _log_error(rid, "unknown_proc", f"no process {proc_id!r}")
-        result = session.output[Stream(name)].read(max(0, offset), max(0, min(limit, LOG_PAGE)))
+        result = await session.page(Stream(name), max(0, offset), max(0, min(limit, LOG_PAGE)))
         data = result.data
         if result.end < result.total:
             data = data[: complete_utf8_prefix(data)]
