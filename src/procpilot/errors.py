@@ -468,9 +468,11 @@ class RequestTooLarge(ProcpilotError):
 
 
 class ServeRefused(ProcpilotError):
+    """The server will not start as configured; each raise says what to change."""
+
     http_status: ClassVar[int] = 500
     default_hints: ClassVar[dict[str, str]] = {
-        "add_tokens": 'Add [server.tokens] ("token" = "agent-id") to the config, or bind 127.0.0.1.',
+        "check_config": "The message names the setting or the process in the way: change that, then start again.",
     }
 
 
