@@ -460,8 +460,8 @@ def ps(
             str(row.get("pid") or ""),
             row["status"],
             _duration(now - started) if isinstance(started, (int, float)) else "",
-            f"{(row.get('cpuMs') or 0) / 1000:.1f}s",
-            _size(int(row.get("memoryBytes") or 0)),
+            "" if row.get("cpuMs") is None else f"{int(row['cpuMs']) / 1000:.1f}s",  # None: not sampled yet
+            "" if row.get("memoryBytes") is None else _size(int(row["memoryBytes"])),
             "waiting" if row.get("waitingForInput") else "",
             str(row.get("restarts") or ""),
             "" if code is None else str(code),
