@@ -218,12 +218,14 @@ class UsageTracker:
         track = self._tracks.get(session)
         return sum(s.rss_bytes for s in track.last.values()) if track is not None else 0
 
-    async def snapshot(self, sessions: Sequence[Session]) -> dict[str, Usage | None]:
+    async def snapshot(
+        self, sessions: Sequence[Session], budget: float | None = _LIST_SAMPLE_BUDGET
+    ) -> dict[str, Usage | None]:
         """Each session's usage, keyed by id, for a listing: an ended one's final usage, a running
         one's best so far if sampled in the last couple of seconds, else sampled afresh in a
-        worker thread, stalest first, for as long as a few milliseconds allow. A running tree not
-        reached and never sampled is None (unknown, not zero); one sampled before keeps that
-        value, and the next listing reaches it first. Nothing is watched from then on."""
+        worker thread, stalest first, for as long as ``budget`` seconds allow (None: all of them).
+        A running tree not reached and never sampled is None (unknown, not zero); one sampled
+        before keeps that value, and the next listing reaches it first. Nothing is watched."""
         found: dict[str, Usage | None] = {}
         stale: list[tuple[float, Session]] = []
         now = time.monotonic()
@@ -246,10 +248,13 @@ class UsageTracker:
             stale.sort(key=lambda item: item[0])
             order = _trees_of([session for _, session in stale])
             trees = [tree for _, tree in order]
-            readings = await asyncio.to_thread(_read_within, sup._tree_backend, trees, _LIST_SAMPLE_BUDGET)
+            readings = await asyncio.to_thread(_read_within, sup._tree_backend, trees, budget)
             for (session, _), reading in zip(order, readings, strict=False):
                 if not session.finished:
                     found[session.id] = self._apply(session, reading)
+            for session, _ in order:
+                if session.finished:  # ended while its tree was read: the final figures
+                    found[session.id] = self._finalize(session)
         return found
 
     def watch(self, session: Session) -> None:
