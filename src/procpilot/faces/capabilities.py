@@ -54,6 +54,7 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.usage import Usage
 from procpilot.errors import (
     InvalidArgument,
     InvalidFilter,
@@ -246,6 +247,11 @@ class RunInput(BaseModel):
         "or a signal; always), with growing delays; same process_id and log. process.kill stops it for good.",
     )
     max_restarts: int | None = Field(None, ge=0, le=10_000, description="Stop restarting after this many (default 10).")
+    name: str | None = Field(
+        None,
+        description="A name for the process (1-64 letters, digits, '.', '_', '-'), unique among this agent's live "
+        "processes; every process.* call then takes it in place of the process_id.",
+    )
 
 
 class MonitorInput(BaseModel):
@@ -332,10 +338,13 @@ class MonitorOutput(BaseModel):
     duration_ms: int
     resource_usage: ResourceUsage
     started_at: str
-    # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model.
+    # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model;
+    # the name given at process.run, and how often a restart policy restarted it.
     output_dropped: int = 0
     output_note: str | None = None
     node: str | None = None  # as RunOutput.node
+    name: str | None = None
+    restarts: int | None = None  # None: no restart policy
 
 
 class KillOutput(BaseModel):
@@ -354,6 +363,9 @@ class ListEntry(BaseModel):
     started_at: str
     duration_ms: int
     resource_usage: ResourceUsage
+    # Beyond spec 000: the name given at process.run, and how often a restart policy restarted it.
+    name: str | None = None
+    restarts: int | None = None  # None: no restart policy
     node: str | None = None  # as RunOutput.node
 
 
@@ -424,6 +436,7 @@ class ProcessCapabilities:
                     command,
                     cwd=cwd,
                     env=env,
+                    name=params.name,
                     stdin="pipe",
                     limits=limits,
                     workspace=settings.workspace_root,
@@ -436,6 +449,7 @@ class ProcessCapabilities:
                     cwd=cwd,
                     workspace=settings.workspace_root,
                     env=env,
+                    name=params.name,
                     timeout=params.timeout,
                     stdin="null" if stdin_data is None else "pipe",
                     stdin_data=stdin_data,
@@ -484,7 +498,7 @@ class ProcessCapabilities:
                 duration_ms=session.duration_ms,
                 resource_usage=self._resource_usage(session),
                 started_at=self._started_at(session),
-                node=session.node,
+                **_extras(session),
                 **_loss(session),
             )
 
@@ -541,6 +555,10 @@ class ProcessCapabilities:
             matching = [
                 s for s in self.sup.list(scope) if params.state_filter == "all" or spec_state(s) == params.state_filter
             ]
+            shown = matching[: params.limit]
+            # Every tree read in a worker thread (a sample up to 2 s old reused): the spec's rows
+            # carry usage, and a long list must not hold the event loop while it is read.
+            usages = await self.usage.snapshot(shown, budget=None)
             entries = [
                 ListEntry(
                     process_id=s.id,
@@ -549,10 +567,10 @@ class ProcessCapabilities:
                     exit_code=spec_exit_code(s),
                     started_at=self._started_at(s),
                     duration_ms=s.duration_ms,
-                    resource_usage=self._resource_usage(s),
-                    node=s.node,
+                    resource_usage=ResourceUsage(**(usages[s.id] or Usage()).as_dict()),
+                    **_extras(s),
                 )
-                for s in matching[: params.limit]
+                for s in shown
             ]
             return ListOutput(processes=entries, total=len(matching))
 
@@ -606,16 +624,25 @@ def _loss(session: Session) -> dict[str, Any]:
     return {"output_dropped": session.output[Stream.COMBINED].lost, "output_note": session.output.lost_note()}
 
 
-def _dump(out: BaseModel) -> dict[str, Any]:
-    """The result as spec 000 draws it, plus the loss fields only when something was lost and the
-    node only on a cluster (a one-host result stays exactly the spec's)."""
-    data = out.model_dump()
-    if not data.get("output_dropped", 1):
-        del data["output_dropped"], data["output_note"]
-    for row in (data, *data.get("processes", ())):
-        if row.get("node", "") is None:
-            del row["node"]
+def _extras(session: Session) -> dict[str, Any]:
+    """Fields beyond spec 000 that only some processes have: a name, a restart count, and on a
+    cluster the node it runs on."""
+    restarts = session.restarts if session.spec.restart is not None else None
+    return {"name": session.name, "restarts": restarts, "node": session.node}
+
+
+def _spec_shaped(data: dict[str, Any]) -> dict[str, Any]:
+    """A result as spec 000 draws it: the extras a process does not have are left out."""
+    for key in ("name", "restarts", "node"):
+        if key in data and data[key] is None:
+            del data[key]
     return data
+
+
+def _dump(out: RunOutput | MonitorOutput | LogsOutput | KillOutput) -> dict[str, Any]:
+    """The result as spec 000 draws it, plus the loss fields only when something was lost."""
+    lost = getattr(out, "output_dropped", 0)
+    return _spec_shaped(out.model_dump(exclude={"output_dropped", "output_note"} if not lost else set()))
 
 
 class ProcessAPI:
@@ -813,7 +840,9 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
         return rendered(_dump(await caps.kill(parse_arguments(KillInput, arguments), scope)))
 
     async def list_(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        return rendered(_dump(await caps.list(parse_arguments(ListInput, arguments), scope)))
+        listing = (await caps.list(parse_arguments(ListInput, arguments), scope)).model_dump()
+        listing["processes"] = [_spec_shaped(entry) for entry in listing["processes"]]
+        return rendered(listing)
 
     async def logs(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         out, notes = await caps.logs(parse_arguments(LogsInput, arguments), scope)

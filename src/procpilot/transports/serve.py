@@ -75,11 +75,13 @@ def check_binding(server: ServerSettings, *, tcp: bool = True) -> None:
         raise ServeRefused("nothing to listen on: no TCP port and no Unix socket", hints={"add_socket": _SOCK})
     if tcp and not server.loopback_only and not server.tokens:
         raise ServeRefused(
-            f"refusing to listen on {server.host}: without [server.tokens] anyone who can reach it could run commands"
+            f"refusing to listen on {server.host}: without [server.tokens] anyone who can reach it could run commands",
+            hints={"add_tokens": _TOKENS},
         )
 
 
 _BACKLOG = 2048
+_TOKENS = 'Add [server.tokens] ("token" = "agent-id") to the config, or bind 127.0.0.1.'
 _SOCK = "Give --unix-socket PATH (or [server] unix_socket), or drop --no-tcp."
 
 
@@ -416,11 +418,17 @@ def _take_over(marker: Path) -> None:
     except ProcessLookupError:
         return
     except PermissionError as exc:
-        raise ServeRefused(f"cannot signal the running daemon (pid {pid}): {exc.strerror}") from None
+        raise ServeRefused(
+            f"cannot signal the running daemon (pid {pid}): {exc.strerror}",
+            hints={"same_user": "Run the takeover as the user the running daemon runs as (or root)."},
+        ) from None
     deadline = time.monotonic() + _TAKEOVER_WAIT
     while _running(pid):
         if time.monotonic() > deadline:
-            raise ServeRefused(f"the running daemon (pid {pid}) did not hand over within {_TAKEOVER_WAIT:.0f} s")
+            raise ServeRefused(
+                f"the running daemon (pid {pid}) did not hand over within {_TAKEOVER_WAIT:.0f} s",
+                hints={"look": f"See why in its log, or stop it (kill {pid}) and start without --takeover."},
+            )
         time.sleep(0.02)
 
 
