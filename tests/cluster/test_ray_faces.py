@@ -85,6 +85,40 @@ async def test_proc_messages_name_the_node_in_every_response(cluster: Cluster, n
         assert killed["node"] == sleeper["node"] and killed["state"] == "STOPPED"
 
 
+HUNDRED_MB = 100 << 20
+HOG = (  # 100 MB resident, a second of CPU, then quiet
+    "python3 -c 'import time; b = b\"x\" * (100 << 20); t = time.time()\n"
+    "while time.time() - t < 1: pass\ntime.sleep(300)'"
+)
+
+
+def test_usage_and_stdin_waits_come_from_the_node(cluster: Cluster) -> None:
+    with cluster.http(TOKEN) as h:
+        # Too short to be sampled: its figures are the node's wait4 rusage, sent with its end.
+        ran = ok(tool(h, "process.run", command="python3 -c 'b = b\"x\" * (100 << 20)'"))
+        assert ran["resource_usage"]["memory_peak_bytes"] >= HUNDRED_MB, ran
+        # Running: the node samples the tree; monitor and both listings show its figures.
+        hog = ok(tool(h, "exec", command=HOG, yieldMs=0))["sessionId"]
+        reader = ok(tool(h, "exec", command="read line; echo got $line", yieldMs=0))["sessionId"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            usage = ok(tool(h, "process.monitor", process_id=hog))["resource_usage"]
+            polled = ok(tool(h, "process", action="poll", sessionId=reader))
+            if usage["memory_peak_bytes"] >= HUNDRED_MB and usage["cpu_ms"] >= 500 and polled.get("waitingForInput"):
+                break
+            time.sleep(0.5)
+        assert usage["memory_peak_bytes"] >= HUNDRED_MB and usage["cpu_ms"] >= 500, usage
+        assert polled["waitingForInput"] is True, polled
+        rows = {r["sessionId"]: r for r in ok(tool(h, "process", action="list"))["sessions"]}
+        assert rows[hog]["memoryBytes"] >= HUNDRED_MB and rows[hog]["cpuMs"] >= 500, rows[hog]
+        assert rows[reader]["waitingForInput"] is True and rows[hog].get("waitingForInput") is not True
+        listed = {p["process_id"]: p for p in ok(tool(h, "process.list"))["processes"]}
+        assert listed[hog]["resource_usage"]["memory_peak_bytes"] >= HUNDRED_MB
+        ok(tool(h, "process", action="write", sessionId=reader, data="x\n"))
+        done = ok(tool(h, "process", action="wait", sessionId=reader, timeout=30_000))
+        assert done["status"] == "done" and not done.get("waitingForInput")
+
+
 SEQ = 1_000_000  # `seq 1 1000000`: 6.9 MB per view, past what the daemon's copy of a view keeps
 SEQ_BYTES = "".join(f"{n}\n" for n in range(1, SEQ + 1)).encode()
 

@@ -30,6 +30,9 @@ from procpilot.errors import ProcpilotError, SessionNotFound
 __all__ = ["LINES_MAX", "NodeAgent", "session_record"]
 
 LINES_MAX = 16 << 20  # bytes of lines one reply carries: a page, not the whole log
+_STATUS_MAX = 10_000  # sessions one status call reports on
+_INPUT_CHECKS = 32  # of them, read afresh from /proc (~0.1 ms each, on this node's event loop)
+_INPUT_AGE = 5.0  # the rest: an answer this recent, else none
 
 
 def session_record(session: Session) -> dict[str, Any]:
@@ -80,7 +83,23 @@ class NodeAgent:
             session = await self.sup.spawn(spec, scope=scope)
         except ProcpilotError as exc:
             return error_reply(exc)
+        self.sup.usage.watch(session)  # sampled while it runs: the daemon asks for the figures
         return {"record": session_record(session)}
+
+    async def status(self, wanted: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+        """What the daemon cannot see from its host, per running session: the tree's usage and
+        whether it waits on stdin (its /proc read for the first ``_INPUT_CHECKS``, the newest)."""
+        found = []
+        for scope, session_id in wanted[:_STATUS_MAX]:
+            with contextlib.suppress(ProcpilotError):  # removed meanwhile: nothing to say
+                found.append(self.sup.get(scope, session_id))
+        usages = await self.sup.usage.snapshot(found, budget=None)  # read in a worker thread
+        report = {}
+        for i, session in enumerate(found):
+            usage = usages[session.id]
+            waiting = session.waiting_for_input if i < _INPUT_CHECKS else session.last_waiting_for_input(_INPUT_AGE)
+            report[session.id] = {"usage": None if usage is None else usage.as_dict(), "waiting": waiting}
+        return report
 
     async def follow(self, scope: str, session_id: str) -> AsyncIterator[tuple[Any, ...]]:
         """The session's output items (``cluster/follow.py``), then ("end", record): the end
@@ -92,7 +111,7 @@ class NodeAgent:
             return
         async for item in follow_output(session):
             yield item
-        yield ("end", session_record(session))
+        yield ("end", session_record(session) | {"usage": self.sup.usage.usage(session).as_dict()})
 
     async def write(self, scope: str, session_id: str, data: bytes, eof: bool, timeout: float | None) -> dict[str, Any]:
         try:

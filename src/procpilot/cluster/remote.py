@@ -24,6 +24,7 @@ from procpilot.engine.session import Session, signal_name
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.trees import TreeBackend
+from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited
 
 __all__ = ["NODE_LOST", "RemoteSession", "mirror"]
@@ -72,6 +73,7 @@ class RemoteSession(Session):
         self.node = node
         self._call = call
         self._calls: set[asyncio.Task[None]] = set()
+        self._usage = Usage()  # as the node last reported it
         self.pid = record["pid"]
         self.started_at = record["started_at"]
         self.stdin_open = bool(record["stdin_open"])
@@ -80,7 +82,18 @@ class RemoteSession(Session):
 
     @property
     def waiting_for_input(self) -> bool:
-        return False  # only the node could tell (its /proc); not asked on every result
+        """The node's last answer (its /proc), as ``ClusterSupervisor.observe`` brought it."""
+        return self.is_running and self.stdin_open and self._input_check is not None and self._input_check[0]
+
+    def usage_report(self) -> Usage:
+        return self._usage  # the node's figures: its tree is not on this host to sample
+
+    def apply_status(self, status: dict[str, Any]) -> None:
+        """The node's report on the running tree: its usage so far, whether it waits on stdin."""
+        if status.get("usage") is not None:
+            self._usage = self._usage.max(Usage(**status["usage"]))
+        if status.get("waiting") is not None:
+            self._input_check = (bool(status["waiting"]), time.monotonic())
 
     @property
     def log_files(self) -> list[str]:
@@ -107,6 +120,8 @@ class RemoteSession(Session):
         self.error = record["error"]
         self._signal_sent = record["signal_sent"] or self._signal_sent
         self.timed_out_waiting_for_input = bool(record["timed_out_waiting_for_input"])
+        if record.get("usage") is not None:
+            self._usage = self._usage.max(Usage(**record["usage"]))  # the node's final figures
         self.started_at = record["started_at"] or self.started_at
         self._end(SessionState(record["state"]), duration_ms=record["duration_ms"])
 

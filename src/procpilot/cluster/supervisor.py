@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ _log = logging.getLogger(__name__)
 _WATCH_INTERVAL = 2.0  # seconds between two looks at the cluster's membership (a control-plane call)
 _JOIN_TIMEOUT = 120.0
 _FOLLOW_RETRIES = 3  # a stream that broke while Ray still counts its node alive is followed again
+_STATUS_TIMEOUT = 2.0  # for a node's report on its sessions' trees: a result waits no longer for it
 _FOLLOW_RETRY_DELAY = 1.0  # a node actor's start: its worker process, the engine's probes
 
 
@@ -264,6 +265,26 @@ class ClusterSupervisor(Supervisor):
         await asyncio.to_thread(leave)
 
     # -- the cluster's own reads ---------------------------------------------------------------
+
+    async def observe(self, sessions: Sequence[Session]) -> None:
+        """Ask each node running some of ``sessions`` for their usage and stdin waits: one call
+        per node, at most ``_STATUS_TIMEOUT`` seconds; a node that does not answer leaves what
+        was known."""
+        by_node: dict[str, list[RemoteSession]] = {}
+        for session in sessions:
+            if isinstance(session, RemoteSession) and session.is_running and session.node in self._nodes:
+                by_node.setdefault(session.node, []).append(session)
+        await asyncio.gather(*(self._observe_on(self._nodes[n], mine) for n, mine in by_node.items()))
+
+    async def _observe_on(self, node: _Node, sessions: list[RemoteSession]) -> None:
+        wanted = [(s.scope, s.id) for s in sessions]
+        try:
+            reply = await node.actor.call("status", wanted, timeout=_STATUS_TIMEOUT)
+        except NodeUnavailable:
+            return
+        for session in sessions:
+            if session.id in reply:
+                session.apply_status(reply[session.id])
 
     def nodes(self) -> list[dict[str, Any]]:
         """The live nodes: their sessions (as this daemon counts them), resources and mechanisms."""

@@ -25,6 +25,7 @@ from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
+from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited, StdinClosed
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
@@ -217,6 +218,11 @@ class Session:
             return None
         found, when = self._input_check
         return found if time.monotonic() - when <= max_age else None
+
+    def usage_report(self) -> Usage | None:
+        """The tree's usage as measured where it runs, when that is not this host (a cluster
+        node's last report); None: this host's usage tracker samples the tree itself."""
+        return None
 
     async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
         """Bytes of a view as its log holds them: here, this host's files (a session on a cluster

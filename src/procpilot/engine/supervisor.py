@@ -18,7 +18,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -943,6 +943,11 @@ class Supervisor:
     def lane_usage(self, scope: str | None = None) -> dict[str, tuple[int, int, int]]:
         """(active, waiting, cap) per lane in use: ``scope``'s, or every scope's keyed ``scope/lane``."""
         return self._lanes.usage(scope)
+
+    async def observe(self, sessions: Sequence[Session]) -> None:
+        """Bring what ``sessions`` say of their trees (usage, waiting for input) up to date before
+        a result shows it: a cluster asks the nodes that run them; on one host each session reads
+        its own tree when asked, so there is nothing to do."""
 
     def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
         view = session.output[Stream.COMBINED]

@@ -490,6 +490,7 @@ class ProcessCapabilities:
         with _spec_errors():
             session = self._get(scope, params.process_id)
             _raise_if_limit_exceeded(session)
+            await self.sup.observe([session])
             return MonitorOutput(
                 process_id=session.id,
                 command=session.command,
@@ -558,6 +559,7 @@ class ProcessCapabilities:
             shown = matching[: params.limit]
             # Every tree read in a worker thread (a sample up to 2 s old reused): the spec's rows
             # carry usage, and a long list must not hold the event loop while it is read.
+            await self.sup.observe(shown)  # on a cluster: the nodes' figures
             usages = await self.usage.snapshot(shown, budget=None)
             entries = [
                 ListEntry(

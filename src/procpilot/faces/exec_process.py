@@ -438,6 +438,7 @@ class ExecProcessFace:
         rows = []
         lines = []
         sessions = self.sup.list(scope)
+        await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         usages = await self.sup.usage.snapshot(sessions)
         fresh_checks = _LIST_INPUT_CHECKS
         for s in sessions:
@@ -468,6 +469,7 @@ class ExecProcessFace:
         default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
         limit = min(default if params.limit is None else params.limit, self.cfg.pending_max_chars)
         shown, cut, end = await self._read_tail(session, stream, cursor, limit)
+        await self.sup.observe([session])
         self._poll_cursors.setdefault(session.id, {})[stream] = end
         data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
         if shown or cut or session.finished:
