@@ -14,7 +14,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from tests.cluster.netns import (
     Cluster,
     cluster_marks,
     daemon_config,
+    marked,
     remove_sessions,
     running,
     tool,
@@ -71,21 +71,6 @@ def background(h: Any, command: str) -> dict[str, Any]:
     assert result["status_code"] == 200, result
     data: dict[str, Any] = result["data"]
     return data
-
-
-def marked(session_id: str) -> list[int]:
-    """Live processes of a session, wherever in the namespace they run (read from the host's /proc)."""
-    needle = f"PROCPILOT_SESSION={session_id}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and needle in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
-                state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-                if state != b"Z":
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
 
 
 def test_the_daemon_lists_each_node_with_its_sessions_and_mechanisms(cluster: Cluster, node_of: dict[str, str]) -> None:

@@ -12,7 +12,9 @@ keyword details would not survive Ray's exception wrapping) for the daemon to ra
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -33,6 +35,8 @@ LINES_MAX = 16 << 20  # bytes of lines one reply carries: a page, not the whole 
 _STATUS_MAX = 10_000  # sessions one status call reports on
 _INPUT_CHECKS = 32  # of them, read afresh from /proc (~0.1 ms each, on this node's event loop)
 _INPUT_AGE = 5.0  # the rest: an answer this recent, else none
+ORPHAN_AFTER = 15.0  # seconds without the daemon's beat (every 2 s) before a node ends its trees
+_log = logging.getLogger(__name__)
 
 
 def session_record(session: Session) -> dict[str, Any]:
@@ -56,13 +60,16 @@ def session_record(session: Session) -> dict[str, Any]:
 class NodeAgent:
     """One node's supervisor. Every call names the scope, and the engine's scoping applies."""
 
-    def __init__(self, settings: Settings, node_id: str) -> None:
+    def __init__(self, settings: Settings, node_id: str, orphan_after: float = ORPHAN_AFTER) -> None:
         # One state directory per node: on one host (the tests' two-node cluster) two nodes must
         # not share session directories or a journal.
         state_dir = settings.state_dir / "nodes" / node_id[:16]
         self.node_id = node_id
         self._settings = settings.model_copy(update={"state_dir": state_dir})
         self._sup: Supervisor | None = None
+        self._orphan_after = orphan_after
+        self._beaten: asyncio.Event | None = None  # made on the actor's own event loop, by start()
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def sup(self) -> Supervisor:
@@ -73,7 +80,34 @@ class NodeAgent:
     async def start(self) -> dict[str, Any]:
         if self._sup is None:
             self._sup = await Supervisor(self._settings).start()
+            self._beaten = asyncio.Event()
+            self._watchdog = asyncio.ensure_future(self._watch_daemon())
         return {"node": self.node_id, "pid": os.getpid(), "capabilities": self.sup.capabilities()}
+
+    async def beat(self) -> None:
+        """The daemon is there (it calls this every few seconds)."""
+        if self._beaten is not None:
+            self._beaten.set()
+
+    async def _watch_daemon(self) -> None:
+        """End every tree here once the daemon has been silent for ``orphan_after`` seconds.
+
+        Ray ends this actor when its driver (the daemon) dies, and its worker's exit kills what
+        it started; a daemon that is alive but gone for this node (frozen, or cut off by a
+        partition Ray has not called yet) would leave the trees running with nobody to read,
+        wait on or end them. So the node ends them itself, then this actor leaves (its process
+        exits: the daemon, if it comes back, counts the node's sessions lost and starts a new
+        actor on it)."""
+        beaten = self._beaten
+        while beaten is not None:
+            try:
+                await asyncio.wait_for(beaten.wait(), self._orphan_after)
+            except TimeoutError:
+                break
+            beaten.clear()
+        _log.warning("no word from the daemon for %.0f s: ending this node's sessions", self._orphan_after)
+        await self.close()
+        os._exit(0)  # no Ray call to leave by from a background task: the process goes, Ray sees it
 
     async def sessions(self) -> int:
         return sum(1 for s in self.sup.all_sessions() if not s.finished)
@@ -157,3 +191,4 @@ class NodeAgent:
         """End every tree this node runs (SIGTERM, SIGKILL after the grace period)."""
         if self._sup is not None:
             await self._sup.aclose()
+

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from procpilot.cluster.node import NodeAgent
@@ -109,7 +109,9 @@ class NodeActor:
                 return await getattr(self._actor, method).remote(*args)
         except (RayActorError, TimeoutError) as exc:
             raise NodeUnavailable(
-                f"node {self.node_id[:12]} is gone or not answering ({type(exc).__name__})", node=self.node_id
+                f"node {self.node_id[:12]} is gone or not answering ({type(exc).__name__})",
+                node=self.node_id,
+                actor_died=isinstance(exc, ActorDiedError),  # for good: not a blip to wait out
             ) from None
 
     async def follow(self, scope: str, session_id: str) -> AsyncIterator[tuple[Any, ...]]:

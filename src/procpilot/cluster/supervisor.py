@@ -87,10 +87,19 @@ class ClusterSupervisor(Supervisor):
     async def _watch_nodes(self) -> None:
         while True:
             await asyncio.sleep(_WATCH_INTERVAL)
+            for node in list(self._nodes.values()):  # the beat each node's actor waits for (NodeAgent)
+                self._in_background(self._beat(node))
             try:
                 await self._refresh_nodes()
             except Exception:  # a control-plane hiccup: look again next time
                 _log.warning("could not read the cluster's nodes", exc_info=True)
+
+    async def _beat(self, node: _Node) -> None:
+        try:
+            await node.actor.call("beat", timeout=_WATCH_INTERVAL)
+        except NodeUnavailable as exc:
+            if exc.details.get("actor_died"):  # gone for good: the next look starts a new one
+                self._node_lost(node.info.node_id, "its actor died")
 
     async def _refresh_nodes(self) -> None:
         live = await asyncio.to_thread(alive_nodes)
@@ -135,15 +144,18 @@ class ClusterSupervisor(Supervisor):
         if self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
         resource = self.settings.policy.for_agent(scope).placement
-        views = [NodeView(n, node.info.resources, self._running_on(n)) for n, node in self._nodes.items()]
-        node = self._nodes[choose_node(views, resource)]
-        # Shielded: a caller that gives up must not leave a session the daemon never heard of.
-        call = asyncio.ensure_future(node.actor.call("spawn", scope, spec))
-        try:
-            reply = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            call.add_done_callback(lambda done: self._abandon(node, scope, done))
-            raise
+        while True:
+            views = [NodeView(n, node.info.resources, self._running_on(n)) for n, node in self._nodes.items()]
+            node = self._nodes[choose_node(views, resource)]
+            try:
+                reply = await self._start_on(node, scope, spec)
+                break
+            except NodeUnavailable as exc:
+                if not exc.details.get("actor_died"):
+                    raise
+                # Its actor is gone (it gave up on a silent daemon, or crashed): placed again
+                # without it; the membership check starts a new actor there.
+                self._node_lost(node.info.node_id, "its actor died")
         raise_reply(reply)
         record = reply["record"]
         output = copy_output(self._store.session_dir(record["id"]), self.config.max_log_bytes)
@@ -164,6 +176,15 @@ class ClusterSupervisor(Supervisor):
         self._pumps.add(pump)
         pump.add_done_callback(self._pumps.discard)
         return session
+
+    async def _start_on(self, node: _Node, scope: str, spec: SpawnSpec) -> dict[str, Any]:
+        # Shielded: a caller that gives up must not leave a session the daemon never heard of.
+        call = asyncio.ensure_future(node.actor.call("spawn", scope, spec))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda done: self._abandon(node, scope, done))
+            raise
 
     def _abandon(self, node: _Node, scope: str, done: asyncio.Future[Any]) -> None:
         if done.cancelled() or done.exception() is not None or "record" not in done.result():
