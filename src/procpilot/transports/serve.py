@@ -354,6 +354,7 @@ async def serve(
     daemon that runs there (daemon.json) to do just that, and waits for it to go."""
     import uvicorn
 
+    from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
     check_binding(settings.server, tcp=tcp)
@@ -379,6 +380,7 @@ async def serve(
                 timeout_graceful_shutdown=int(grace) + 5,
                 ws_ping_interval=20.0,
                 ws_max_size=WS_MAX_MESSAGE,
+                http=guarded_h11(settings.server.header_timeout_sec, settings.server.max_connections),
             )
             server = uvicorn_server(config)
 
