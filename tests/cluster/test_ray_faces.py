@@ -85,10 +85,27 @@ async def test_proc_messages_name_the_node_in_every_response(cluster: Cluster, n
         assert killed["node"] == sleeper["node"] and killed["state"] == "STOPPED"
 
 
+def test_a_lane_caps_its_sessions_across_the_nodes(cluster: Cluster) -> None:
+    with cluster.http(TOKEN) as h:
+        first = ok(tool(h, "exec", command="sleep 60", yieldMs=0, lane="main"))
+        # The other node is idle, but the lane's one slot is taken: it waits, on no node yet.
+        second = ok(tool(h, "exec", command="echo second", yieldMs=0, lane="main"))
+        assert (first["status"], second["status"]) == ("running", "queued")
+        assert "node" not in second
+        ok(tool(h, "process", action="kill", sessionId=first["sessionId"]))
+        done = ok(tool(h, "process", action="wait", sessionId=second["sessionId"], timeout=30_000))
+        assert done["status"] == "done", done
+        polled = ok(tool(h, "process", action="poll", sessionId=second["sessionId"]))
+        assert polled["output"] == "second\n" and polled["node"]
+        # A slot freed by an end goes to the next: one at a time, again.
+        third = ok(tool(h, "exec", command="echo third", yieldMs=30_000, lane="main"))
+        assert third["status"] == "done"
+
+
 HUNDRED_MB = 100 << 20
 HOG = (  # 100 MB resident, a second of CPU, then quiet
-    "python3 -c 'import time; b = b\"x\" * (100 << 20); t = time.time()\n"
-    "while time.time() - t < 1: pass\ntime.sleep(300)'"
+    "python3 -c 'import time; b = b\"x\" * (100 << 20)\n"
+    "while time.process_time() < 1: pass\ntime.sleep(300)'"
 )
 
 

@@ -112,9 +112,9 @@ class NodeAgent:
     async def sessions(self) -> int:
         return sum(1 for s in self.sup.all_sessions() if not s.finished)
 
-    async def spawn(self, scope: str, spec: SpawnSpec) -> dict[str, Any]:
+    async def spawn(self, scope: str, spec: SpawnSpec, session_id: str | None = None) -> dict[str, Any]:
         try:
-            session = await self.sup.spawn(spec, scope=scope)
+            session = await self.sup.spawn(spec, scope=scope, session_id=session_id)
         except ProcpilotError as exc:
             return error_reply(exc)
         self.sup.usage.watch(session)  # sampled while it runs: the daemon asks for the figures

@@ -14,10 +14,10 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from procpilot.cluster.pages import node_lines, node_page
+from procpilot.cluster.pages import Call, node_lines, node_page
 from procpilot.cluster.replies import raise_reply
 from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.session import Session, signal_name
@@ -25,7 +25,7 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.trees import TreeBackend
 from procpilot.engine.usage import Usage
-from procpilot.errors import ProcessAlreadyExited
+from procpilot.errors import ProcessAlreadyExited, StdinClosed
 
 __all__ = ["NODE_LOST", "RemoteSession", "mirror"]
 
@@ -65,20 +65,32 @@ class RemoteSession(Session):
         trees: TreeBackend,
         on_finish: Callable[[Session], None],
         *,
-        node: str,
-        call: Callable[..., Awaitable[dict[str, Any]]],
+        node: str | None,
+        call: Call | None,
         kill_grace: float = 5.0,
     ) -> None:
         super().__init__(record["id"], scope, spec, output, trees, on_finish, kill_grace=kill_grace)
-        self.node = node
-        self._call = call
+        self.node = node  # None while it waits on the daemon for a lane slot
+        self._call_node = call
         self._calls: set[asyncio.Task[None]] = set()
         self._usage = Usage()  # as the node last reported it
+        if node is not None and call is not None:
+            self.bind(record, node=node, call=call)
+
+    def bind(self, record: dict[str, Any], *, node: str, call: Call) -> None:
+        """The session that waited for its lane slot has started on ``node``."""
+        self.node = node
+        self._call_node = call
         self.pid = record["pid"]
         self.started_at = record["started_at"]
         self.stdin_open = bool(record["stdin_open"])
         if record["state"] == SessionState.RUNNING.value:
             self._set_state(SessionState.RUNNING)
+
+    async def _call(self, kind: str, *args: Any, **options: Any) -> dict[str, Any]:
+        if self._call_node is None:  # queued here: no node has it yet
+            raise StdinClosed(f"session {self.id} has not started: it waits for a slot in lane {self.spec.lane!r}")
+        return await self._call_node(kind, *args, **options)
 
     @property
     def waiting_for_input(self) -> bool:

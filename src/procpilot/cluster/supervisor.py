@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from procpilot.cluster.pages import copy_output
@@ -28,10 +29,11 @@ from procpilot.cluster.ray_backend import NodeActor, NodeGone, NodeInfo, NodeUnr
 from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
-from procpilot.engine.capture import Stream
+from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
-from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor, new_session_id
 from procpilot.errors import NodeUnavailable, ProcpilotError
 
 __all__ = ["ClusterSupervisor"]
@@ -139,16 +141,33 @@ class ClusterSupervisor(Supervisor):
 
     # -- spawning ------------------------------------------------------------------------------
 
-    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
+    async def spawn(self, spec: SpawnSpec, *, scope: str, session_id: str | None = None) -> Session:
         spec = await self._admit(spec, scope)
         if self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        # Lanes are the daemon's, so a cap holds across the cluster: a session that waits for a
+        # slot waits here (no node chosen yet) and its node runs it with no lane of its own.
+        if spec.lane is None:
+            return await self._place(spec, scope, session_id)
+        if not self._lanes.try_acquire(spec.lane, scope):
+            return self._queue(spec, scope)
+        try:
+            return await self._place(spec, scope, session_id)
+        except BaseException:
+            self._lanes.release(spec.lane, scope)
+            raise
+
+    async def _place(
+        self, spec: SpawnSpec, scope: str, session_id: str | None, queued: RemoteSession | None = None
+    ) -> RemoteSession:
+        """Start ``spec`` on a node (its lane slot, if any, held) and follow it: as a new session,
+        or as ``queued``, the session that waited here for its slot."""
         resource = self.settings.policy.for_agent(scope).placement
         while True:
             views = [NodeView(n, node.info.resources, self._running_on(n)) for n, node in self._nodes.items()]
             node = self._nodes[choose_node(views, resource)]
             try:
-                reply = await self._start_on(node, scope, spec)
+                reply = await self._start_on(node, scope, spec.without_lane(), session_id)
                 break
             except NodeUnavailable as exc:
                 if not exc.details.get("actor_died"):
@@ -158,7 +177,25 @@ class ClusterSupervisor(Supervisor):
                 self._node_lost(node.info.node_id, "its actor died")
         raise_reply(reply)
         record = reply["record"]
-        output = copy_output(self._store.session_dir(record["id"]), self.config.max_log_bytes)
+        if queued is not None and queued.finished:  # killed here while its node started it
+            self._in_background(node.actor.call("forget", scope, record["id"]))
+            return queued
+        if queued is not None:
+            queued.bind(record, node=node.info.node_id, call=node.actor.call)
+            session = queued
+        else:
+            output = copy_output(self._store_dir(record["id"]), self.config.max_log_bytes)
+            session = self._remote(record, scope, spec, output, node.info.node_id, node.actor.call)
+        if self._store is not None:
+            self._store.save(session.id, session.record())
+        pump = asyncio.ensure_future(self._pump(session, node))
+        self._pumps.add(pump)
+        pump.add_done_callback(self._pumps.discard)
+        return session
+
+    def _remote(
+        self, record: dict[str, Any], scope: str, spec: SpawnSpec, output: SessionOutput, node: str | None, call: Any
+    ) -> RemoteSession:
         session = RemoteSession(
             record,
             scope,
@@ -166,20 +203,50 @@ class ClusterSupervisor(Supervisor):
             output,
             self._tree_backend,
             self._on_finish,
-            node=node.info.node_id,
-            call=node.actor.call,
+            node=node,
+            call=call,
             kill_grace=self.config.kill_grace_sec,
         )
         self._sessions[session.id] = session
-        self._store.save(session.id, session.record())
-        pump = asyncio.ensure_future(self._pump(session, node))
-        self._pumps.add(pump)
-        pump.add_done_callback(self._pumps.discard)
         return session
 
-    async def _start_on(self, node: _Node, scope: str, spec: SpawnSpec) -> dict[str, Any]:
+    def _store_dir(self, session_id: str) -> Path:
+        if self._store is None:
+            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        return self._store.session_dir(session_id)
+
+    def _queue(self, spec: SpawnSpec, scope: str) -> RemoteSession:
+        """A session waiting for its lane slot: no node yet, an id of the daemon's making."""
+        session_id = new_session_id()
+        record = {"id": session_id, "state": SessionState.QUEUED.value, "pid": None, "started_at": None}
+        output = copy_output(self._store_dir(session_id), self.config.max_log_bytes)
+        session = self._remote(record, scope, spec, output, None, None)
+        if self._store is not None:
+            self._store.save(session.id, session.record())
+        self._in_background(self._place_when_free(session))
+        return session
+
+    async def _place_when_free(self, session: RemoteSession) -> None:
+        lane = session.spec.lane or ""
+        try:
+            await self._lanes.acquire(lane, session.scope)
+        except asyncio.CancelledError:
+            if session.state is SessionState.QUEUED:
+                session.fail_to_start("the daemon shut down before a lane slot was free")
+            raise
+        if session.state is not SessionState.QUEUED:
+            self._lanes.release(lane, session.scope)  # killed while it waited
+            return
+        try:
+            await self._place(session.spec, session.scope, session.id, queued=session)
+        except ProcpilotError as exc:
+            session.fail_to_start(f"{exc.code}: {exc.message}")
+        if session.started_at is None:  # never started: its end did not free the slot
+            self._lanes.release(lane, session.scope)
+
+    async def _start_on(self, node: _Node, scope: str, spec: SpawnSpec, session_id: str | None) -> dict[str, Any]:
         # Shielded: a caller that gives up must not leave a session the daemon never heard of.
-        call = asyncio.ensure_future(node.actor.call("spawn", scope, spec))
+        call = asyncio.ensure_future(node.actor.call("spawn", scope, spec, session_id))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
@@ -249,7 +316,9 @@ class ClusterSupervisor(Supervisor):
     # -- what the base class does for local sessions -------------------------------------------
 
     def _on_finish(self, session: Session) -> None:
-        # No lane, no orphans here: those are the node's. The journal and the exit event are ours.
+        # No orphans here: those are the node's. The lane slot, the journal and the exit event are ours.
+        if session.spec.lane is not None and session.started_at is not None:
+            self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
         if session.spec.notify_on_exit and self.exits.has_listeners:

@@ -568,15 +568,18 @@ class Supervisor:
             )
         return spec
 
-    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
-        """Start ``spec`` (or queue it behind its lane) and return its session at once."""
+    async def spawn(self, spec: SpawnSpec, *, scope: str, session_id: str | None = None) -> Session:
+        """Start ``spec`` (or queue it behind its lane) and return its session at once.
+
+        ``session_id``: the id to use (a cluster's daemon names a session it queued itself);
+        None: a new one."""
         spec = await self._admit(spec, scope)
         if self._store is None:  # _admit refused this already; said again for the type checker
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
         if spec.name is not None:
             self._take_name(scope, spec.name)
         try:
-            return await self._spawn_checked(spec, scope, self._store)
+            return await self._spawn_checked(spec, scope, self._store, session_id)
         finally:
             if spec.name is not None:
                 self._starting_names.discard((scope, spec.name))
@@ -592,10 +595,13 @@ class Supervisor:
             )
         self._starting_names.add((scope, name))
 
-    async def _spawn_checked(self, spec: SpawnSpec, scope: str, store: SessionStore) -> Session:
+    async def _spawn_checked(
+        self, spec: SpawnSpec, scope: str, store: SessionStore, given_id: str | None = None
+    ) -> Session:
         starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
-        warm = self._warm.take(spec) if starts_now and self._warm is not None else None
-        session_id = new_session_id() if warm is None else warm.session_id
+        # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
+        warm = self._warm.take(spec) if starts_now and self._warm is not None and given_id is None else None
+        session_id = given_id or (new_session_id() if warm is None else warm.session_id)
         directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
