@@ -34,6 +34,7 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor, new_session_id
+from procpilot.engine.warm import WarmShell
 from procpilot.errors import NodeUnavailable, ProcpilotError
 
 __all__ = ["ClusterSupervisor"]
@@ -223,25 +224,21 @@ class ClusterSupervisor(Supervisor):
         session = self._remote(record, scope, spec, output, None, None)
         if self._store is not None:
             self._store.save(session.id, session.record())
-        self._in_background(self._place_when_free(session))
+        self._spawn_task(self._start_when_free(session, spec.lane or ""))
         return session
 
-    async def _place_when_free(self, session: RemoteSession) -> None:
-        lane = session.spec.lane or ""
-        try:
-            await self._lanes.acquire(lane, session.scope)
-        except asyncio.CancelledError:
-            if session.state is SessionState.QUEUED:
-                session.fail_to_start("the daemon shut down before a lane slot was free")
-            raise
-        if session.state is not SessionState.QUEUED:
-            self._lanes.release(lane, session.scope)  # killed while it waited
-            return
+    async def _start(self, session: Session, warm: WarmShell | None = None, *, again: bool = False) -> None:
+        """Place a session that waited here for its lane slot, now held (the engine's
+        ``_start_when_free`` calls this); the slot goes back if it never starts."""
+        if not isinstance(session, RemoteSession) or session.spec.lane is None:
+            raise TypeError(f"the cluster starts only sessions queued for a lane here, not {session!r}")
+        lane = session.spec.lane
         try:
             await self._place(session.spec, session.scope, session.id, queued=session)
-        except ProcpilotError as exc:
-            session.fail_to_start(f"{exc.code}: {exc.message}")
-        if session.started_at is None:  # never started: its end did not free the slot
+        except BaseException:
+            self._lanes.release(lane, session.scope)
+            raise
+        if session.started_at is None:  # killed here while its node started it
             self._lanes.release(lane, session.scope)
 
     async def _start_on(self, node: _Node, scope: str, spec: SpawnSpec, session_id: str | None) -> dict[str, Any]:
