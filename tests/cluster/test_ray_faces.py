@@ -17,6 +17,7 @@ import pytest
 
 from procpilot.client import ProcsClient
 from procpilot.cluster.pages import COPY_CAP
+from procpilot.errors import NodeUnavailable
 from tests.cluster import netns
 from tests.cluster.netns import Cluster, tool
 
@@ -174,7 +175,7 @@ async def test_a_remote_log_is_paged_from_its_node_past_the_daemons_copy(cluster
         assert proc_page["data"].encode() == SEQ_BYTES[4_000_000:4_001_000]
 
 
-def test_a_gone_nodes_log_serves_what_the_daemon_holds_and_refuses_the_rest(cluster: Cluster) -> None:
+async def test_a_gone_nodes_log_serves_what_the_daemon_holds_and_refuses_the_rest(cluster: Cluster) -> None:
     """Last in the module: the worker node does not come back."""
     with cluster.http(TOKEN) as h:
         # Running, so the second goes to the other node (the least busy).
@@ -200,3 +201,8 @@ def test_a_gone_nodes_log_serves_what_the_daemon_holds_and_refuses_the_rest(clus
         assert "page_what_is_held" in refused["hints"]
         refused = tool(h, "process.logs", process_id=gone, stream="stdout", offset=3_000_000, limit=100)
         assert (refused["status_code"], refused["error"]) == (503, "NodeUnavailable"), refused
+    async with ProcsClient(f"unix://{cluster.socket}", TOKEN) as procs:
+        req = {"type": "proc/log/req", "proc_id": gone, "stream_type": "stdout", "offset": 3_000_000, "limit": 100}
+        with pytest.raises(NodeUnavailable) as error:
+            await procs.request(req)
+        assert "page_what_is_held" in error.value.hints

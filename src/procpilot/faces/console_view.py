@@ -16,7 +16,7 @@ from typing import Any
 from procpilot.engine.capture import SegmentedLog, Stream
 from procpilot.engine.session import Session
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument
+from procpilot.errors import InvalidArgument, ProcpilotError
 
 __all__ = ["MAX_ROWS", "PAGE_MAX", "act", "log_page", "output_chunks", "rows", "view"]
 
@@ -93,7 +93,10 @@ async def output_chunks(
     offset = max(0, log.size - CHUNK) if start < 0 else start
     while not closing.is_set():
         if offset < log.size:
-            page = await session.page(_STREAMS[stream], offset, CHUNK)
+            try:
+                page = await session.page(_STREAMS[stream], offset, CHUNK)
+            except ProcpilotError:  # on a cluster, a node that is gone: what this host holds
+                page = log.read(offset, CHUNK)
             offset = page.end
             yield {"offset": page.start, "end": page.end, "dropped": page.dropped, "data": page.data}
             continue

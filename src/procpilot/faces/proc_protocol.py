@@ -234,8 +234,8 @@ class ProcConfig(BaseModel):
 LOG_PAGE = 256 * 1024
 
 
-def _log_error(rid: Any, code: str, message: str) -> dict[str, Any]:
-    return {"type": "proc/log/resp", "id": rid, "error": {"code": code, "message": message, "hints": {}}}
+def _log_error(rid: Any, code: str, message: str, hints: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"type": "proc/log/resp", "id": rid, "error": {"code": code, "message": message, "hints": hints or {}}}
 
 
 EventCallback = Callable[[dict[str, Any]], None]
@@ -318,7 +318,10 @@ class ProcHandler:
             session = self.sup.get(self.scope, proc_id)
         except SessionNotFound:
             return _log_error(rid, "unknown_proc", f"no process {proc_id!r}")
-        result = await session.page(Stream(name), max(0, offset), max(0, min(limit, LOG_PAGE)))
+        try:
+            result = await session.page(Stream(name), max(0, offset), max(0, min(limit, LOG_PAGE)))
+        except ProcpilotError as exc:  # on a cluster: the node holding the log is gone
+            return _log_error(rid, exc.proc_code(), exc.message, exc.hints)
         data = result.data
         if result.end < result.total:
             data = data[: complete_utf8_prefix(data)]
