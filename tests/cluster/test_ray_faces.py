@@ -103,6 +103,19 @@ def test_a_lane_caps_its_sessions_across_the_nodes(cluster: Cluster) -> None:
         assert third["status"] == "done"
 
 
+def test_a_session_name_is_unique_across_the_nodes(cluster: Cluster) -> None:
+    def named(h: Any, name: str) -> dict[str, Any]:
+        response = h.post("/v1/tools/exec", json={"command": "sleep 60", "yieldMs": 0, "name": name})
+        return {**response.json(), "status_code": response.status_code}
+
+    with cluster.http(TOKEN) as h:
+        web = ok(named(h, "web"))
+        # The other node (the least busy) runs nothing named web, but the agent does.
+        refused = named(h, "web")
+        assert (refused["status_code"], refused["error"]) == (409, "SessionNameInUse"), refused
+        assert ok(named(h, "api"))["node"] != web["node"]
+
+
 HUNDRED_MB = 100 << 20
 HOG = (  # 100 MB resident, a second of CPU, then quiet
     "python3 -c 'import time; b = b\"x\" * (100 << 20)\n"

@@ -146,6 +146,17 @@ class ClusterSupervisor(Supervisor):
         spec = await self._admit(spec, scope)
         if self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        # A name is unique among the agent's live sessions on every node: checked here, where
+        # all of them are known (each node sees only its own).
+        if spec.name is not None:
+            self._take_name(scope, spec.name)
+        try:
+            return await self._admitted(spec, scope, session_id)
+        finally:
+            if spec.name is not None:
+                self._starting_names.discard((scope, spec.name))
+
+    async def _admitted(self, spec: SpawnSpec, scope: str, session_id: str | None) -> RemoteSession:
         # Lanes are the daemon's, so a cap holds across the cluster: a session that waits for a
         # slot waits here (no node chosen yet) and its node runs it with no lane of its own.
         if spec.lane is None:
