@@ -184,9 +184,10 @@ class ClusterSupervisor(Supervisor):
             except NodeUnavailable as exc:
                 if not exc.details.get("actor_died"):
                     raise
-                # Its actor is gone (it gave up on a silent daemon, or crashed): placed again
-                # without it; the membership check starts a new actor there.
+                # Its actor is gone (it gave up on a silent daemon, or crashed): a new actor on
+                # each live node that has none, and placed again.
                 self._node_lost(node.info.node_id, "its actor died")
+                await self._refresh_nodes()
         raise_reply(reply)
         record = reply["record"]
         if queued is not None and queued.finished:  # killed here while its node started it
