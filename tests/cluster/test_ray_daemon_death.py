@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -30,11 +31,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def spread_trees(cluster: Cluster) -> list[str]:
-    """Four running sessions, so they spread over both nodes; each a tree of five (a shell, a
-    nested shell, three sleeps, one of them in a session of its own)."""
+    """Running sessions spread over both nodes; each a tree of five (a shell, a nested shell,
+    three sleeps, one of them in a session of its own)."""
     with cluster.http(TOKEN) as h:
+        deadline = time.monotonic() + 60  # after a test that ended the actors: both back
+        while len(h.get("/v1/capabilities").json()["cluster"]["nodes"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
         command = "sleep 300 & setsid sleep 300 & sh -c 'sleep 300; :' & wait"
-        started = [tool(h, "exec", command=command, yieldMs=0)["data"] for _ in range(4)]
+        started: list[dict[str, Any]] = []
+        # Four at least; more while a node that lost its actor to the test before is joined again.
+        while len(started) < 4 or (len({s["node"] for s in started}) < 2 and len(started) < 8):
+            started.append(tool(h, "exec", command=command, yieldMs=0)["data"])
     assert len({s["node"] for s in started}) == 2
     ids = [s["sessionId"] for s in started]
     deadline = time.monotonic() + 30

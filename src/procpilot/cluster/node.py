@@ -35,7 +35,7 @@ LINES_MAX = 16 << 20  # bytes of lines one reply carries: a page, not the whole 
 _STATUS_MAX = 10_000  # sessions one status call reports on
 _INPUT_CHECKS = 32  # of them, read afresh from /proc (~0.1 ms each, on this node's event loop)
 _INPUT_AGE = 5.0  # the rest: an answer this recent, else none
-ORPHAN_AFTER = 15.0  # seconds without the daemon's beat (every 2 s) before a node ends its trees
+ORPHAN_AFTER = 10.0  # seconds without the daemon's beat (every 2 s) before a node ends its trees
 _log = logging.getLogger(__name__)
 
 
@@ -92,12 +92,11 @@ class NodeAgent:
     async def _watch_daemon(self) -> None:
         """End every tree here once the daemon has been silent for ``orphan_after`` seconds.
 
-        Ray ends this actor when its driver (the daemon) dies, and its worker's exit kills what
-        it started; a daemon that is alive but gone for this node (frozen, or cut off by a
-        partition Ray has not called yet) would leave the trees running with nobody to read,
-        wait on or end them. So the node ends them itself, then this actor leaves (its process
-        exits: the daemon, if it comes back, counts the node's sessions lost and starts a new
-        actor on it)."""
+        The actor outlives its driver (a detached actor): a daemon that died, or one alive but
+        gone for this node (frozen, cut off by a partition Ray has not declared yet), would
+        leave the trees running with nobody to read, wait on or end them. So the node ends them
+        itself, then this actor leaves (its process exits: a daemon that comes back counts the
+        node's actor gone and starts a new one)."""
         beaten = self._beaten
         while beaten is not None:
             try:

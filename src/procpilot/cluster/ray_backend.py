@@ -98,6 +98,10 @@ class NodeActor:
         self._actor = remote_class.options(
             num_cpus=0,  # it waits on pipes; the sessions' own processes are not Ray's to count
             max_restarts=0,  # a restarted actor would have none of the sessions: the node is lost
+            # Not ended by Ray with the daemon: Ray's kill of an owned actor may not leave its worker
+            # time to end the trees it runs (it did not, under load). The actor's own watchdog
+            # ends them once the daemon falls silent (NodeAgent), the daemon's stop kills it.
+            lifetime="detached",
             max_concurrency=_MAX_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(settings, node_id)
