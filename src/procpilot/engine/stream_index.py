@@ -1,0 +1,418 @@
+"""Which stream each byte of a session's combined log came from: the ordering index.
+
+A session's output is stored once, as its combined log in arrival order (engine/segments.py);
+stdout and stderr are read through that log. Each combined segment has a companion file
+``order.NNNNNN`` of 16-byte records, one where a run of one stream starts: at the segment's first
+byte and at every switch between stdout and stderr. A record holds the run's combined offset (its
+top bit set for stderr) and the stdout bytes printed before it (stderr's are the offset minus
+those). An index file goes when its segment goes, so the cap bounds it with the data.
+
+Memory holds, per segment, each stream's bytes and lines before it (four integers, beside the
+log's own line index); the records, which grow with the number of switches, stay on disk and are
+found by binary search. A segment that starts with a record reads on its own: a reader never
+needs an earlier segment, which is what lets the cap delete them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import os
+import struct
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+
+from procpilot.engine.segments import LineReads, ReadResult, SegmentedLog, Stream, describe_gaps
+
+__all__ = ["INDEX_NAME", "OrderIndex", "StreamView"]
+
+INDEX_NAME = "order"
+_RECORD = struct.Struct("<QQ")  # combined offset (| _STDERR_BIT), stdout bytes before it
+_STDERR_BIT = 1 << 63
+_BATCH = 4096  # records read at once
+_SPAN_BATCH = 4096  # runs read from the log at once
+_STREAMS = (Stream.STDOUT, Stream.STDERR)
+
+# (combined offset, stream, stdout bytes before it)
+Record = tuple[int, Stream, int]
+
+
+def _position(record: Record, stream: Stream) -> int:
+    """Bytes of ``stream`` printed before ``record``'s run."""
+    offset, _, stdout_before = record
+    return stdout_before if stream is Stream.STDOUT else offset - stdout_before
+
+
+class OrderIndex:
+    """The stream of every byte of ``log``, written as bytes are appended through it."""
+
+    def __init__(self, directory: Path, log: SegmentedLog) -> None:
+        self._dir = directory
+        self._log = log
+        self.size = dict.fromkeys(_STREAMS, 0)  # bytes per stream, stored or not
+        self.lines = dict.fromkeys(_STREAMS, 0)  # stored newlines per stream
+        self.lost = dict.fromkeys(_STREAMS, 0)
+        self.ends_with_newline = dict.fromkeys(_STREAMS, True)
+        # Per segment: each stream's bytes and newlines before its first byte.
+        self._before: dict[Stream, list[int]] = {stream: [] for stream in _STREAMS}
+        self._lines_before: dict[Stream, list[int]] = {stream: [] for stream in _STREAMS}
+        self._fd: int | None = None
+        self._fd_index = -1
+        self._fd_size = 0  # whole records in the open file: the next one goes there
+        self._run: Stream | None = None  # the stream of the open file's last record
+        self._opened = False
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(self, stream: Stream, data: bytes) -> None:
+        """Store ``data`` of ``stream`` at the end of the log and note whose it is."""
+        pos = 0
+        size = self._log.segment_size
+        while pos < len(data):
+            take = min(len(data) - pos, size - self._log.size % size)
+            self._piece(stream, data if take == len(data) else data[pos : pos + take], take, None)
+            pos += take
+        if data:
+            self.ends_with_newline[stream] = data[-1] == 10
+
+    def skip(self, stream: Stream, size: int, reason: OSError) -> None:
+        """``size`` bytes of ``stream`` that were printed but cannot be stored: a counted gap."""
+        segment = self._log.segment_size
+        while size > 0:
+            take = min(size, segment - self._log.size % segment)
+            self._piece(stream, None, take, reason)
+            size -= take
+
+    def _piece(self, stream: Stream, data: bytes | None, size: int, reason: OSError | None) -> None:
+        """One piece inside one segment: its record first (if it starts a run), then its bytes."""
+        log = self._log
+        index = log.size // log.segment_size
+        self._reach(index)
+        if self._run is not stream or self._fd_index != index:
+            refused = self._record(index, log.size, stream)
+            if refused is not None and data is not None:
+                # Bytes whose stream is not written down would be read as the other stream's:
+                # they become a gap instead, counted and said like any the disk refuses.
+                data, reason = None, refused
+        lines, lost = log.lines, log.lost
+        if data is None:
+            log.skip(size, reason or OSError(errno.EIO, "not stored"))
+        else:
+            log.write(data)
+        self.size[stream] += size
+        self.lines[stream] += log.lines - lines
+        self.lost[stream] += log.lost - lost
+
+    def _reach(self, index: int) -> None:
+        """Per-segment counters up to segment ``index``, taken at its first byte."""
+        while len(self._before[Stream.STDOUT]) <= index:
+            for stream in _STREAMS:
+                self._before[stream].append(self.size[stream])
+                self._lines_before[stream].append(self.lines[stream])
+
+    def _record(self, index: int, offset: int, stream: Stream) -> OSError | None:
+        word = offset | (_STDERR_BIT if stream is Stream.STDERR else 0)
+        try:
+            fd = self._fd if self._fd is not None and self._fd_index == index else self._open(index)
+            # At its own place, not appended: a record torn by a full disk is overwritten by the next.
+            written = os.pwrite(fd, _RECORD.pack(word, self.size[Stream.STDOUT]), self._fd_size)
+            if written != _RECORD.size:
+                raise OSError(errno.ENOSPC, "a short write of an index record")
+        except OSError as exc:
+            self._run = None  # the next piece tries again
+            if exc.errno in (errno.EBADF, errno.EIO):
+                self.close()
+            return exc
+        self._fd_size += _RECORD.size
+        self._run = stream
+        return None
+
+    def _open(self, index: int) -> int:
+        self.close()
+        path = self._path(index)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:  # the session's first byte: its directory is made only now
+            self._dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o600)
+        self._opened = True
+        self._fd, self._fd_index = fd, index
+        size = os.fstat(fd).st_size
+        self._fd_size = size - size % _RECORD.size
+        self._run = None
+        return fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._fd_index, self._run = None, -1, None
+
+    def remove_files(self) -> None:
+        self.close()
+        if self._opened:
+            for path in self._dir.glob(f"{INDEX_NAME}.*"):
+                path.unlink(missing_ok=True)
+
+    def _path(self, index: int) -> Path:
+        return self._dir / f"{INDEX_NAME}.{index:06d}"
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def before(self, stream: Stream, index: int) -> int:
+        return self._before[stream][index]
+
+    def _records(self, index: int, first: int = 0) -> Iterator[Record]:
+        """The records of segment ``index`` from number ``first`` on (none if its file is gone)."""
+        try:
+            fd = os.open(self._path(index), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            at = first * _RECORD.size
+            while True:
+                buf = os.pread(fd, _RECORD.size * _BATCH, at)
+                whole = len(buf) - len(buf) % _RECORD.size
+                if not whole:
+                    return
+                for word, stdout_before in _RECORD.iter_unpack(buf[:whole]):
+                    stream = Stream.STDERR if word & _STDERR_BIT else Stream.STDOUT
+                    yield word & ~_STDERR_BIT, stream, stdout_before
+                at += whole
+        finally:
+            os.close(fd)
+
+    def _find(self, index: int, key: Callable[[Record], int], pos: int) -> int:
+        """The number of the last record of segment ``index`` whose ``key`` is at most ``pos``
+        (0 if none is): a binary search over the file, a read per step."""
+        try:
+            fd = os.open(self._path(index), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0
+        try:
+            lo, hi = 0, os.fstat(fd).st_size // _RECORD.size
+            while lo < hi:
+                mid = (lo + hi) // 2
+                word, stdout_before = _RECORD.unpack(os.pread(fd, _RECORD.size, mid * _RECORD.size))
+                stream = Stream.STDERR if word & _STDERR_BIT else Stream.STDOUT
+                if key((word & ~_STDERR_BIT, stream, stdout_before)) <= pos:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return max(0, lo - 1)
+        finally:
+            os.close(fd)
+
+    def _segment_end(self, stream: Stream, index: int) -> int:
+        befores = self._before[stream]
+        return befores[index + 1] if index + 1 < len(befores) else self.size[stream]
+
+    def spans(self, stream: Stream, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """``(combined offset, length)`` for bytes [start, end) of ``stream``, in order; an
+        offset of -1 is a gap: bytes of the stream that no kept segment holds."""
+        befores = self._before[stream]
+        pos = start
+        index = max(0, bisect.bisect_right(befores, pos) - 1)
+        while pos < end and index < len(befores):
+            upto = min(end, self._segment_end(stream, index))
+            if pos < upto:
+                yield from self._segment_spans(stream, index, pos, upto)
+                pos = upto
+            index += 1
+        if pos < end:
+            yield -1, end - pos
+
+    def _segment_spans(self, stream: Stream, index: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """``spans`` for bytes [start, end) of ``stream``, all inside segment ``index``."""
+        log = self._log
+        limit = (min((index + 1) * log.segment_size, log.size), self._segment_end(stream, index))
+        first = self._find(index, lambda record: _position(record, stream), start)
+        records = self._records(index, first)
+        record = next(records, None)
+        pos = start
+        if record is not None and first == 0 and _position(record, stream) > pos:
+            # The segment's first record is missing (the disk refused it): a gap up to the next.
+            upto = min(end, _position(record, stream))
+            yield -1, upto - pos
+            pos = upto
+        while record is not None and pos < end:
+            following = next(records, None)
+            next_offset, next_position = (
+                limit if following is None else (following[0], _position(following, stream))
+            )
+            offset, owner, _ = record
+            position = _position(record, stream)
+            run_end = position + (min(next_offset - offset, next_position - position) if owner is stream else 0)
+            if pos < run_end:
+                upto = min(end, run_end)
+                yield offset + pos - position, upto - pos
+                pos = upto
+            if pos < min(end, next_position):  # bytes of the stream with no run here: a gap
+                upto = min(end, next_position)
+                yield -1, upto - pos
+                pos = upto
+            record = following
+        if pos < end:
+            yield -1, end - pos
+
+    def runs(self, start: int, end: int) -> Iterator[tuple[Stream, int, int, int]]:
+        """``(stream, stream offset, combined offset, length)`` for every run in combined bytes
+        [start, end), in order; what no kept segment's index covers is left out."""
+        log = self._log
+        pos = start
+        while pos < end:
+            index = pos // log.segment_size
+            upto = min(end, (index + 1) * log.segment_size, log.size)
+            records = self._records(index, self._find(index, lambda record: record[0], pos))
+            record = next(records, None)
+            while record is not None:
+                following = next(records, None)
+                run_end = upto if following is None else min(upto, following[0])
+                lo = max(pos, record[0])
+                if lo < run_end:
+                    yield record[1], _position(record, record[1]) + lo - record[0], lo, run_end - lo
+                if run_end >= upto:
+                    break
+                record = following
+            pos = upto
+
+    def offset_of_line(self, stream: Stream, line: int) -> int:
+        """Where 0-based ``line`` of ``stream`` starts (see SegmentedLog.offset_of_line)."""
+        if line <= 0:
+            return 0
+        if line > self.lines[stream]:
+            return self.size[stream]
+        log = self._log
+        index = max(bisect.bisect_right(self._lines_before[stream], line - 1) - 1, 0)
+        if log.head_end <= index * log.segment_size < log.tail_start:
+            return self._before[stream][log.tail_start // log.segment_size]
+        seen = self._lines_before[stream][index]
+        pos = self._before[stream][index]
+        spans = self._segment_spans(stream, index, pos, self._segment_end(stream, index))
+        while batch := list(islice(spans, _SPAN_BATCH)):
+            pieces = iter(log.read_spans([span for span in batch if span[0] >= 0], raw=True)[0])
+            for offset, length in batch:
+                piece = next(pieces) if offset >= 0 else b""
+                cursor = 0
+                while (hit := piece.find(b"\n", cursor)) >= 0:
+                    seen += 1
+                    cursor = hit + 1
+                    if seen == line:
+                        return pos + cursor
+                pos += length
+        return self.size[stream]
+
+    # -- a previous server's files -------------------------------------------------------------
+
+    @classmethod
+    def recover(cls, directory: Path, log: SegmentedLog) -> OrderIndex:
+        """The index of ``log`` (already recovered) as its files hold it. A segment the cap
+        deleted took its records along: the bytes and lines of each stream in it are counted
+        at the first kept segment after it (lines printed there are not counted: see
+        SegmentedLog.recover)."""
+        index = cls(directory, log)
+        segment = log.segment_size
+        last_byte: dict[Stream, int] = {}
+        for number in range(-(-log.size // segment)):
+            index._reach(number)
+            lo, hi = number * segment, min((number + 1) * segment, log.size)
+            index._trim(number)
+            records = list(islice(index._records(number), 1))
+            if not records:
+                continue  # deleted for the cap: counted at the next segment that has records
+            if records[0][0] == lo:
+                for stream in _STREAMS:
+                    index._before[stream][number] = _position(records[0], stream)
+            stdout_spans: list[tuple[int, int]] = []
+            stdout_end = index._before[Stream.STDOUT][number]
+            for stream, position, offset, length in index.runs(lo, hi):
+                last_byte[stream] = offset + length - 1
+                if stream is Stream.STDOUT:
+                    stdout_spans.append((offset, length))
+                    stdout_end = position + length
+            newlines = sum(piece.count(b"\n") for piece in log.read_spans(stdout_spans, raw=True)[0])
+            segment_lines = log.lines_in_segment(number)
+            index.lines[Stream.STDOUT] += newlines
+            index.lines[Stream.STDERR] += max(0, segment_lines - newlines)
+            index.size[Stream.STDOUT] = stdout_end
+            index.size[Stream.STDERR] = hi - stdout_end
+        for stream, at in last_byte.items():
+            index.ends_with_newline[stream] = log.read_spans([(at, 1)], raw=True)[0] == [b"\n"]
+        return index
+
+    def _trim(self, number: int) -> None:
+        """Cut a record torn by a crash off the end of segment ``number``'s index."""
+        try:
+            size = self._path(number).stat().st_size
+            if size % _RECORD.size:
+                os.truncate(self._path(number), size - size % _RECORD.size)
+        except FileNotFoundError:
+            pass
+
+
+class StreamView(LineReads):
+    """stdout or stderr of a session, read through its combined log and ordering index.
+
+    The same reads as a log of its own (offsets of the stream alone, the cap's gap, the disk's
+    gaps, line lookups), with no copy of the bytes."""
+
+    def __init__(self, stream: Stream, index: OrderIndex, log: SegmentedLog) -> None:
+        self._stream = stream
+        self._index = index
+        self._log = log
+
+    @property
+    def size(self) -> int:
+        return self._index.size[self._stream]
+
+    @property
+    def lines(self) -> int:
+        return self._index.lines[self._stream]
+
+    @property
+    def lost(self) -> int:
+        return self._index.lost[self._stream]
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._log.lost_reason
+
+    @property
+    def dropped(self) -> int:
+        """Bytes of this stream in the segments deleted for the cap."""
+        log = self._log
+        if not log.dropped:
+            return 0
+        segment = log.segment_size
+        return self._index.before(self._stream, log.tail_start // segment) - self._index.before(
+            self._stream, log.head_end // segment
+        )
+
+    @property
+    def gap_cause(self) -> str:
+        return describe_gaps(self.dropped, self.lost, self.lost_reason)
+
+    @property
+    def total_lines(self) -> int:
+        """Lines in the stream: newlines, plus one for a trailing unterminated line."""
+        ends = self._index.ends_with_newline[self._stream]
+        return self.lines + (0 if ends or self.size == 0 else 1)
+
+    def offset_of_line(self, line: int) -> int:
+        return self._index.offset_of_line(self._stream, line)
+
+    def read(self, offset: int = 0, limit: int | None = None) -> ReadResult:
+        """Bytes of the stream from ``offset``, at most ``limit``; as SegmentedLog.read."""
+        total = self.size
+        start = min(max(0, offset), total)
+        end = total if limit is None else min(total, start + max(0, limit))
+        pieces: list[bytes] = []
+        dropped = 0
+        spans = self._index.spans(self._stream, start, end)
+        while batch := list(islice(spans, _SPAN_BATCH)):
+            dropped += sum(length for offset, length in batch if offset < 0)
+            got, lost = self._log.read_spans([span for span in batch if span[0] >= 0])
+            pieces.extend(got)
+            dropped += lost
+        return ReadResult(b"".join(pieces), start, end, dropped, total)
