@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from itertools import pairwise
 from pathlib import Path
 
 from procpilot.config import Settings, load_settings
@@ -91,7 +92,7 @@ def test_many_alternations_read_back_per_stream_and_combined_in_order(tmp_path: 
     assert all(len(befores) == 1 for befores in output._index._before.values())  # type: ignore[union-attr]
     output.mark_closed()
     # The records are on disk: one per switch, 16 bytes each.
-    switches = 1 + sum(1 for a, b in zip(chunks, chunks[1:], strict=False) if a[0] is not b[0])
+    switches = 1 + sum(1 for a, b in pairwise(chunks) if a[0] is not b[0])
     assert file_bytes(output.directory, "order") == 16 * switches
 
 

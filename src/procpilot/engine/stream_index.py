@@ -238,9 +238,7 @@ class OrderIndex:
             pos = upto
         while record is not None and pos < end:
             following = next(records, None)
-            next_offset, next_position = (
-                limit if following is None else (following[0], _position(following, stream))
-            )
+            next_offset, next_position = limit if following is None else (following[0], _position(following, stream))
             offset, owner, _ = record
             position = _position(record, stream)
             run_end = position + (min(next_offset - offset, next_position - position) if owner is stream else 0)
