@@ -807,7 +807,7 @@ async def bench_output(root: Path, sizes: Sizes, out: Results, children: Childre
     runs = (
         (default_cap, f"cap {fmt_mib(default_cap)} (default)", False),
         (2 * GIB, "cap 2 GiB (keeps all)", False),
-        (default_cap, "stdout/stderr taking turns every 64 KiB, default cap", True),
+        (default_cap, "2 streams, default cap", True),
     )
     for cap, label, interleaved in runs:
         # As much as the per-stream layout (combined and stdout, each up to the cap) once wrote,
