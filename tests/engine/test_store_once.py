@@ -174,6 +174,7 @@ async def test_an_old_layout_session_is_adopted_and_read(settings: Settings) -> 
     async with Supervisor(settings, owner="t") as second:
         again = second.get(A, session.id)
         assert again.output.layout == "per-stream"
+        assert again.record()["format"] == 1  # a procpilot from before storing once can adopt it again
         await second.write(A, session.id, b"x\n")
         await second.wait(A, session.id, timeout=10)
         assert again.output[Stream.COMBINED].read().data == b"before\noops\nafter-x\n"
@@ -191,7 +192,7 @@ async def test_output_printed_while_no_server_ran_is_replayed_into_the_store_in_
     async with Supervisor(settings, owner="t") as second:
         await second.wait(A, talker.id, timeout=10)
         done = second.get(A, talker.id)
-        assert done.output.layout == "once"
+        assert done.output.layout == "once" and done.record()["format"] == 2
         combined = done.output[Stream.COMBINED].read().data.decode().splitlines()
         assert sorted(combined) == sorted([f"out {i}" for i in range(1, 61)] + [f"err {i}" for i in range(1, 61)])
         # Each stream in its own order, and the combined view never puts a line before its predecessor.
