@@ -16,6 +16,7 @@ needs an earlier segment, which is what lets the cap delete them.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import os
 import struct
@@ -36,6 +37,11 @@ _STREAMS = (Stream.STDOUT, Stream.STDERR)
 
 # (combined offset, stream, stdout bytes before it)
 Record = tuple[int, Stream, int]
+
+
+def _unpack(word: int, stdout_before: int) -> Record:
+    stream = Stream.STDERR if word & _STDERR_BIT else Stream.STDOUT
+    return word & ~_STDERR_BIT, stream, stdout_before
 
 
 def _position(record: Record, stream: Stream) -> int:
@@ -164,43 +170,59 @@ class OrderIndex:
         return self._before[stream][index]
 
     def _records(self, index: int, first: int = 0) -> Iterator[Record]:
-        """The records of segment ``index`` from number ``first`` on (none if its file is gone)."""
-        try:
-            fd = os.open(self._path(index), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        """The records of segment ``index`` from number ``first`` on: none if its file is gone
+        (or cannot be read: its bytes then read as a gap, never as another stream's)."""
+        fd = self._open_for_reading(index)
+        if fd is None:
             return
         try:
             at = first * _RECORD.size
             while True:
-                buf = os.pread(fd, _RECORD.size * _BATCH, at)
+                try:
+                    buf = os.pread(fd, _RECORD.size * _BATCH, at)
+                except OSError:
+                    return
                 whole = len(buf) - len(buf) % _RECORD.size
                 if not whole:
                     return
                 for word, stdout_before in _RECORD.iter_unpack(buf[:whole]):
-                    stream = Stream.STDERR if word & _STDERR_BIT else Stream.STDOUT
-                    yield word & ~_STDERR_BIT, stream, stdout_before
+                    yield _unpack(word, stdout_before)
                 at += whole
         finally:
             os.close(fd)
 
+    def _open_for_reading(self, index: int) -> int | None:
+        try:
+            fd = os.open(self._path(index), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            os.pread(fd, 0, 0)  # a directory, say, opens but does not read
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
     def _find(self, index: int, key: Callable[[Record], int], pos: int) -> int:
         """The number of the last record of segment ``index`` whose ``key`` is at most ``pos``
         (0 if none is): a binary search over the file, a read per step."""
-        try:
-            fd = os.open(self._path(index), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        fd = self._open_for_reading(index)
+        if fd is None:
             return 0
         try:
             lo, hi = 0, os.fstat(fd).st_size // _RECORD.size
             while lo < hi:
                 mid = (lo + hi) // 2
-                word, stdout_before = _RECORD.unpack(os.pread(fd, _RECORD.size, mid * _RECORD.size))
-                stream = Stream.STDERR if word & _STDERR_BIT else Stream.STDOUT
-                if key((word & ~_STDERR_BIT, stream, stdout_before)) <= pos:
+                raw = os.pread(fd, _RECORD.size, mid * _RECORD.size)
+                if len(raw) < _RECORD.size:  # cut short meanwhile (a rebuild's trim): search below
+                    hi = mid
+                elif key(_unpack(*_RECORD.unpack(raw))) <= pos:
                     lo = mid + 1
                 else:
                     hi = mid
             return max(0, lo - 1)
+        except OSError:
+            return 0
         finally:
             os.close(fd)
 
@@ -341,12 +363,10 @@ class OrderIndex:
 
     def _trim(self, number: int) -> None:
         """Cut a record torn by a crash off the end of segment ``number``'s index."""
-        try:
+        with contextlib.suppress(OSError):  # gone, or unreadable: its bytes read as a gap anyway
             size = self._path(number).stat().st_size
             if size % _RECORD.size:
                 os.truncate(self._path(number), size - size % _RECORD.size)
-        except FileNotFoundError:
-            pass
 
 
 class StreamView(LineReads):
