@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 
 from procpilot.engine.segments import LineSlice, OutputView, ReadResult, SegmentedLog, Stream
@@ -27,6 +28,7 @@ from procpilot.engine.stream_index import INDEX_NAME, OrderIndex, StreamView
 __all__ = ["LineSlice", "OutputView", "ReadResult", "SegmentedLog", "SessionOutput", "Stream", "Utf8ChunkDecoder"]
 
 _PAD = 1 << 20  # zeros written at once where a mirror fills a range its source no longer has
+_RUN_BATCH = 4096  # runs read from the log at once
 
 OutputListener = Callable[[Stream, bytes], None]
 
@@ -99,10 +101,17 @@ class SessionOutput:
         if self._index is None:
             raise RuntimeError("a session in the per-stream layout has no ordering index")
         end = min(self._combined.size, offset + max(0, limit))
-        for stream, position, start, length in self._index.runs(offset, end):
-            for lo, hi in self._combined.kept(start, start + length):
-                (data,), _ = self._combined.read_spans([(lo, hi - lo)])
-                yield stream, position + lo - start, lo, data
+        log = self._combined
+        parts = (
+            (stream, position + lo - start, lo, hi - lo)
+            for stream, position, start, length in self._index.runs(offset, end)
+            for lo, hi in log.kept(start, start + length)
+        )
+        # A batch at a time: many short runs share the reads of the window around them.
+        while batch := list(islice(parts, _RUN_BATCH)):
+            pieces, _ = log.read_spans([(lo, size) for _, _, lo, size in batch])
+            for (stream, position, lo, _), data in zip(batch, pieces, strict=True):
+                yield stream, position, lo, data
 
     def pad(self, stream: Stream, size: int) -> None:
         """``size`` zeros for ``stream``, unheard: a copy filling what its source no longer has."""
