@@ -28,6 +28,7 @@ _MIN_SEGMENT = 16 * 1024
 _SCAN_CHUNK = 1 << 20
 _MAX_LOST_RANGES = 64
 _WINDOW = 64 * 1024  # bytes read at once when many small ranges are asked for together
+_EXTENT = 4 << 20  # ranges spread over at most this many bytes are read in one go
 _log = logging.getLogger(__name__)
 
 
@@ -418,18 +419,25 @@ class SegmentedLog(LineReads):
         read of the window around them, not one per range."""
         pieces: list[bytes] = []
         dropped = 0
-        window_lo, window = 0, b""
+        window_lo, window_hi, window = 0, 0, b""
+        # The gaps are looked up once for the whole batch, and per range only if it has any.
+        extent = (min(start for start, _ in spans), max(start + length for start, length in spans)) if spans else (0, 0)
+        any_gaps = bool(self._gaps(*extent))
+        if not any_gaps and extent[1] - extent[0] <= _EXTENT and extent[1] <= self.size:
+            # Close together and all stored (a page of a stream that switches often): one read.
+            window = self._raw(extent[0], extent[1] - extent[0])
+            return [window[start - extent[0] : start - extent[0] + length] for start, length in spans], 0
         for start, length in spans:
             end = min(start + length, self.size)
             if not start <= end:
                 pieces.append(b"")
                 continue
-            if not (window_lo <= start and end <= window_lo + len(window)):
+            if not (window_lo <= start and end <= window_hi):
                 window_lo = start
                 window = self._raw(start, max(end - start, _WINDOW))
+                window_hi = start + len(window)
             piece = window[start - window_lo : end - window_lo]
-            gaps = self._gaps(start, end)
-            for lo, hi in reversed(gaps):
+            for lo, hi in reversed(self._gaps(start, end)) if any_gaps else ():
                 dropped += hi - lo
                 if not raw:
                     piece = piece[: lo - start] + piece[hi - start :]

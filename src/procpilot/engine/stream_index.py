@@ -21,7 +21,7 @@ import errno
 import os
 import struct
 from collections.abc import Callable, Iterator
-from itertools import islice
+from itertools import chain, islice, pairwise
 from pathlib import Path
 
 from procpilot.engine.segments import LineReads, ReadResult, SegmentedLog, Stream, describe_gaps
@@ -31,8 +31,8 @@ __all__ = ["INDEX_NAME", "OrderIndex", "StreamView"]
 INDEX_NAME = "order"
 _RECORD = struct.Struct("<QQ")  # combined offset (| _STDERR_BIT), stdout bytes before it
 _STDERR_BIT = 1 << 63
+_OFFSET = _STDERR_BIT - 1
 _BATCH = 4096  # records read at once
-_SPAN_BATCH = 4096  # runs read from the log at once
 _STREAMS = (Stream.STDOUT, Stream.STDERR)
 
 # (combined offset, stream, stdout bytes before it)
@@ -41,13 +41,37 @@ Record = tuple[int, Stream, int]
 
 def _unpack(word: int, stdout_before: int) -> Record:
     stream = Stream.STDERR if word & _STDERR_BIT else Stream.STDOUT
-    return word & ~_STDERR_BIT, stream, stdout_before
+    return word & _OFFSET, stream, stdout_before
 
 
 def _position(record: Record, stream: Stream) -> int:
     """Bytes of ``stream`` printed before ``record``'s run."""
     offset, _, stdout_before = record
     return stdout_before if stream is Stream.STDOUT else offset - stdout_before
+
+
+def _spans(stretches: list[tuple[int, int, int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """(offset, length) spans, -1 for a gap, of stream bytes [start, end) from ``stretches``:
+    (position, next position, combined offset, bytes of its run there)."""
+    if all(size == p2 - p for p, p2, _, size in stretches):  # each stretch one whole run: the usual case
+        spans = [(o, p2 - p) for p, p2, o, _ in stretches]
+        p, p2, o, _ = stretches[-1]
+        if p2 > end:
+            spans[-1] = (o, end - p)
+        p, _, o, _ = stretches[0]
+        if p < start:
+            spans[0] = (o + start - p, spans[0][1] - (start - p))
+        return spans
+    spans = []
+    for p, p2, o, size in stretches:
+        lo = max(p, start)
+        if lo < p + size:
+            hi = min(p + size, end)
+            spans.append((o + lo - p, hi - lo))
+            lo = hi
+        if lo < min(p2, end):
+            spans.append((-1, min(p2, end) - lo))
+    return spans
 
 
 class OrderIndex:
@@ -172,6 +196,12 @@ class OrderIndex:
     def _records(self, index: int, first: int = 0) -> Iterator[Record]:
         """The records of segment ``index`` from number ``first`` on: none if its file is gone
         (or cannot be read: its bytes then read as a gap, never as another stream's)."""
+        for raw in self._raw_batches(index, first):
+            for word, stdout_before in _RECORD.iter_unpack(raw):
+                yield _unpack(word, stdout_before)
+
+    def _raw_batches(self, index: int, first: int) -> Iterator[bytes]:
+        """Whole records of segment ``index`` from number ``first`` on, ``_BATCH`` at a time."""
         fd = self._open_for_reading(index)
         if fd is None:
             return
@@ -185,11 +215,20 @@ class OrderIndex:
                 whole = len(buf) - len(buf) % _RECORD.size
                 if not whole:
                     return
-                for word, stdout_before in _RECORD.iter_unpack(buf[:whole]):
-                    yield _unpack(word, stdout_before)
+                yield buf[:whole] if whole < len(buf) else buf
                 at += whole
         finally:
             os.close(fd)
+
+    def _points(self, index: int, first: int, stream: Stream) -> Iterator[list[tuple[int, bool, int]]]:
+        """Segment ``index``'s records from number ``first`` on as ``stream`` reads them, a batch
+        at a time: (combined offset, whether the run is the stream's, the stream's bytes before)."""
+        for raw in self._raw_batches(index, first):
+            records = _RECORD.iter_unpack(raw)
+            if stream is Stream.STDERR:
+                yield [(w & _OFFSET, bool(w & _STDERR_BIT), (w & _OFFSET) - out) for w, out in records]
+            else:
+                yield [(w & _OFFSET, not w & _STDERR_BIT, out) for w, out in records]
 
     def _open_for_reading(self, index: int) -> int | None:
         try:
@@ -230,9 +269,9 @@ class OrderIndex:
         befores = self._before[stream]
         return befores[index + 1] if index + 1 < len(befores) else self.size[stream]
 
-    def spans(self, stream: Stream, start: int, end: int) -> Iterator[tuple[int, int]]:
-        """``(combined offset, length)`` for bytes [start, end) of ``stream``, in order; an
-        offset of -1 is a gap: bytes of the stream that no kept segment holds."""
+    def spans(self, stream: Stream, start: int, end: int) -> Iterator[list[tuple[int, int]]]:
+        """``(combined offset, length)`` for bytes [start, end) of ``stream``, in order, in
+        batches; an offset of -1 is a gap: bytes of the stream that no kept segment holds."""
         befores = self._before[stream]
         pos = start
         index = max(0, bisect.bisect_right(befores, pos) - 1)
@@ -243,38 +282,38 @@ class OrderIndex:
                 pos = upto
             index += 1
         if pos < end:
-            yield -1, end - pos
+            yield [(-1, end - pos)]
 
-    def _segment_spans(self, stream: Stream, index: int, start: int, end: int) -> Iterator[tuple[int, int]]:
-        """``spans`` for bytes [start, end) of ``stream``, all inside segment ``index``."""
+    def _segment_spans(self, stream: Stream, index: int, start: int, end: int) -> Iterator[list[tuple[int, int]]]:
+        """``spans`` for bytes [start, end) of ``stream``, all inside segment ``index``, a batch
+        at a time.
+
+        A run of the stream ends where the next record begins; bytes of the stream that no run
+        holds (a record the disk refused, a file the cap deleted) are a gap up to where the next
+        record places them. Built by comprehensions over a batch of records, not a loop: a
+        command that switches streams at every line makes a record per line, and a page of its
+        stdout walks thousands of them."""
         log = self._log
-        limit = (min((index + 1) * log.segment_size, log.size), self._segment_end(stream, index))
         first = self._find(index, lambda record: _position(record, stream), start)
-        records = self._records(index, first)
-        record = next(records, None)
+        # Where the segment's bytes of the stream begin (a gap up to its first record, if that
+        # one is missing) and where they end.
+        previous = (index * log.segment_size, False, self._before[stream][index]) if first == 0 else None
+        last = (min((index + 1) * log.segment_size, log.size), False, self._segment_end(stream, index))
         pos = start
-        if record is not None and first == 0 and _position(record, stream) > pos:
-            # The segment's first record is missing (the disk refused it): a gap up to the next.
-            upto = min(end, _position(record, stream))
-            yield -1, upto - pos
-            pos = upto
-        while record is not None and pos < end:
-            following = next(records, None)
-            next_offset, next_position = limit if following is None else (following[0], _position(following, stream))
-            offset, owner, _ = record
-            position = _position(record, stream)
-            run_end = position + (min(next_offset - offset, next_position - position) if owner is stream else 0)
-            if pos < run_end:
-                upto = min(end, run_end)
-                yield offset + pos - position, upto - pos
-                pos = upto
-            if pos < min(end, next_position):  # bytes of the stream with no run here: a gap
-                upto = min(end, next_position)
-                yield -1, upto - pos
-                pos = upto
-            record = following
-        if pos < end:
-            yield -1, end - pos
+        for batch in chain(self._points(index, first, stream), [[last]]):
+            points = batch if previous is None else [previous, *batch]
+            previous = points[-1]
+            # (position, next position, offset, bytes of the run) for each stretch that meets [pos, end)
+            stretches = [
+                (p, p2, o, min(o2 - o, p2 - p) if mine else 0)
+                for (o, mine, p), (o2, _, p2) in pairwise(points)
+                if p < p2 and pos < p2 and p < end
+            ]
+            if stretches:
+                yield _spans(stretches, pos, end)
+                pos = min(end, stretches[-1][1])
+            if pos >= end:
+                return
 
     def runs(self, start: int, end: int) -> Iterator[tuple[Stream, int, int, int]]:
         """``(stream, stream offset, combined offset, length)`` for every run in combined bytes
@@ -309,11 +348,16 @@ class OrderIndex:
             return self._before[stream][log.tail_start // log.segment_size]
         seen = self._lines_before[stream][index]
         pos = self._before[stream][index]
-        spans = self._segment_spans(stream, index, pos, self._segment_end(stream, index))
-        while batch := list(islice(spans, _SPAN_BATCH)):
-            pieces = iter(log.read_spans([span for span in batch if span[0] >= 0], raw=True)[0])
+        for batch in self._segment_spans(stream, index, pos, self._segment_end(stream, index)):
+            pieces = log.read_spans([span for span in batch if span[0] >= 0], raw=True)[0]
+            found = sum(piece.count(b"\n") for piece in pieces)
+            if seen + found < line:  # not in this batch: count it whole
+                seen += found
+                pos += sum(length for _, length in batch)
+                continue
+            held = iter(pieces)
             for offset, length in batch:
-                piece = next(pieces) if offset >= 0 else b""
+                piece = next(held) if offset >= 0 else b""
                 cursor = 0
                 while (hit := piece.find(b"\n", cursor)) >= 0:
                     seen += 1
@@ -427,8 +471,7 @@ class StreamView(LineReads):
         end = total if limit is None else min(total, start + max(0, limit))
         pieces: list[bytes] = []
         dropped = 0
-        spans = self._index.spans(self._stream, start, end)
-        while batch := list(islice(spans, _SPAN_BATCH)):
+        for batch in self._index.spans(self._stream, start, end):
             dropped += sum(length for offset, length in batch if offset < 0)
             got, lost = self._log.read_spans([span for span in batch if span[0] >= 0])
             pieces.extend(got)
