@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from procpilot.config import load_settings
-from procpilot.engine.capture import Stream
+from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -774,6 +774,26 @@ def prefault_page_cache(root: Path, nbytes: int) -> None:
         path.unlink(missing_ok=True)
 
 
+def stream_read_cpu(root: Path, lines: int = 200_000) -> tuple[float, float]:
+    """CPU seconds (median of 5) to read 1 MiB of stdout from a session that switched between
+    stdout and stderr at every 12-byte line (a record per line in its ordering index), and to
+    read 1 MiB of its combined view (the raw bytes, in order: no index)."""
+    output = SessionOutput(root / "switching", 64 << 20)
+    try:
+        for i in range(lines):
+            output.append(Stream.STDOUT if i % 2 else Stream.STDERR, b"line %06d\n" % i)
+        costs: dict[Stream, list[float]] = {Stream.STDOUT: [], Stream.COMBINED: []}
+        for _ in range(5):
+            for stream, taken in costs.items():
+                c0 = time.process_time()
+                output[stream].read(0, MIB)
+                taken.append(time.process_time() - c0)
+        return statistics.median(costs[Stream.STDOUT]), statistics.median(costs[Stream.COMBINED])
+    finally:
+        output.mark_closed()
+        output.remove_files()
+
+
 async def bench_output(root: Path, sizes: Sizes, out: Results, children: Children) -> None:
     nbytes = sizes.output_bytes
     mb = nbytes / 1e6
@@ -827,6 +847,14 @@ async def bench_output(root: Path, sizes: Sizes, out: Results, children: Childre
         out.add(bench, f"{label}: supervisor CPU", f"{cpu:.2f} s", f"{base_cpu:.2f} s", f"{cpu / base_cpu:.2f}x")
         out.add(bench, f"{label}: RSS growth (peak)", fmt_mib(growth), "", "", "≤ 64 MiB", verdict(growth <= 64 * MIB))
         out.add(bench, f"{label}: bytes on disk at the end", f"{kept:,} B ({fmt_mib(kept)})")
+    stream_cpu, combined_cpu = stream_read_cpu(root)
+    out.add(
+        bench,
+        "read 1 MiB of stdout switching every line",
+        f"{stream_cpu * 1000:.0f} ms CPU",
+        f"{combined_cpu * 1000:.1f} ms",
+        f"{stream_cpu / combined_cpu:.0f}x",
+    )
     out.note(
         3,
         f"output: state dir under {root} ({fs_type(root)}); baseline: Popen stdout=PIPE (1 MiB pipe), os.read 1 MiB, "
