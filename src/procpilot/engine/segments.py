@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["LineReads", "LineSlice", "OutputView", "ReadResult", "SegmentedLog", "Stream", "describe_gaps"]
+__all__ = [
+    "LineReads",
+    "LineSlice",
+    "OutputView",
+    "ReadResult",
+    "SegmentTable",
+    "SegmentedLog",
+    "Stream",
+    "describe_gaps",
+]
 
 _HEAD_SEGMENTS = 4
 _TAIL_SEGMENTS = 4
@@ -58,6 +67,54 @@ class LineSlice:
     total: int
     dropped_lines: int
     unread_bytes: int = 0  # bytes of the asked-for range past ``max_bytes``, not read
+
+
+class SegmentTable:
+    """Counters taken at each segment's first byte (one column per counter), found by value.
+
+    Only kept segments have an entry, and the first one the cap deleted (where the gap begins):
+    the table holds at most about as many entries as the cap has segments, however much a
+    session prints. A segment without an entry reads its covering entry's values."""
+
+    def __init__(self, columns: int) -> None:
+        self.numbers: list[int] = []
+        self.columns: list[list[int]] = [[] for _ in range(columns)]
+
+    @property
+    def reached(self) -> int:
+        """The number of the next segment to add."""
+        return self.numbers[-1] + 1 if self.numbers else 0
+
+    def add(self, number: int, values: Sequence[int]) -> None:
+        self.numbers.append(number)
+        for column, value in zip(self.columns, values, strict=True):
+            column.append(value)
+
+    def forget(self, lo: int, hi: int) -> None:
+        """Drop the entries of segments ``lo`` up to (not including) ``hi``."""
+        first, last = bisect.bisect_left(self.numbers, lo), bisect.bisect_left(self.numbers, hi)
+        if first < last:
+            del self.numbers[first:last]
+            for column in self.columns:
+                del column[first:last]
+
+    def _entry(self, number: int) -> int:
+        return max(0, bisect.bisect_right(self.numbers, number) - 1)
+
+    def value(self, column: int, number: int) -> int:
+        return self.columns[column][self._entry(number)]
+
+    def set(self, column: int, number: int, value: int) -> None:
+        self.columns[column][self._entry(number)] = value
+
+    def find(self, column: int, value: int) -> int:
+        """The segment of the last entry whose ``column`` is at most ``value``."""
+        return self.numbers[max(0, bisect.bisect_right(self.columns[column], value) - 1)]
+
+    def following(self, number: int) -> int | None:
+        """The next segment after ``number`` that has an entry."""
+        at = bisect.bisect_right(self.numbers, number)
+        return self.numbers[at] if at < len(self.numbers) else None
 
 
 def describe_gaps(dropped: int, lost: int, lost_reason: str | None) -> str:
@@ -137,8 +194,8 @@ class SegmentedLog(LineReads):
         self.segment_size = max(_MIN_SEGMENT, cap_bytes // (_HEAD_SEGMENTS + _TAIL_SEGMENTS))
         self.size = 0
         self.lines = 0  # count of b"\n" written, so far
-        # Per segment index: newline count before the segment starts (for line lookups).
-        self._lines_before: list[int] = []
+        # Per kept segment: newline count before it starts (for line lookups).
+        self._lines_before = SegmentTable(1)
         # True iff bytes [head_end, tail_start) have been deleted to honour the cap.
         self._tail_start = 0
         self._fd: int | None = None
@@ -166,7 +223,8 @@ class SegmentedLog(LineReads):
         last = indexes[-1]
         present = set(indexes)
         for index in range(last + 1):
-            log._lines_before.append(log.lines)
+            if index in present or index == _HEAD_SEGMENTS:  # the first deleted one: where the gap begins
+                log._lines_before.add(index, [log.lines])
             if index in present:
                 log.lines += log._count_newlines(index)
         last_size = (directory / f"{name}.{last:06d}").stat().st_size
@@ -268,9 +326,9 @@ class SegmentedLog(LineReads):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        # One entry per segment index, even for a segment the disk never let us open.
-        while len(self._lines_before) <= index:
-            self._lines_before.append(self.lines)
+        # Segments skipped (the disk refused all their bytes) are covered by the entry before.
+        if self._lines_before.reached <= index:
+            self._lines_before.add(index, [self.lines])
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC  # no O_APPEND: Linux's pwrite would ignore the offset
         try:
             fd = os.open(self._path(index), flags, 0o600)
@@ -288,6 +346,7 @@ class SegmentedLog(LineReads):
                 if self._companion is not None:
                     (self._dir / f"{self._companion}.{victim:06d}").unlink(missing_ok=True)
                 self._tail_start = oldest_kept_tail * self.segment_size
+                self._lines_before.forget(_HEAD_SEGMENTS + 1, oldest_kept_tail)
         return fd
 
     def close(self) -> None:
@@ -298,7 +357,7 @@ class SegmentedLog(LineReads):
 
     def remove_files(self) -> None:
         self.close()
-        if not self._lines_before:
+        if not self._lines_before.numbers:
             return  # no segment was ever opened: there is nothing (maybe not even a directory)
         for name in (self._name, self._companion):
             for path in self._dir.glob(f"{name}.*") if name else ():
@@ -370,10 +429,12 @@ class SegmentedLog(LineReads):
 
     def lines_in_segment(self, index: int) -> int:
         """Newlines counted in segment ``index``."""
-        if index >= len(self._lines_before):
+        table = self._lines_before
+        if index >= table.reached:
             return 0
-        after = self._lines_before[index + 1] if index + 1 < len(self._lines_before) else self.lines
-        return after - self._lines_before[index]
+        following = table.following(index)
+        after = self.lines if following is None else table.value(0, following)
+        return after - table.value(0, index)
 
     @property
     def total_lines(self) -> int:
@@ -390,11 +451,11 @@ class SegmentedLog(LineReads):
         if line > self.lines:
             return self.size
         # The newline ending line - 1 lies in the segment whose first line is the last <= line - 1.
-        index = max(bisect.bisect_right(self._lines_before, line - 1) - 1, 0)
+        index = self._lines_before.find(0, line - 1)
         base = index * self.segment_size
         if self.head_end <= base < self._tail_start:
             return self._tail_start
-        seen = self._lines_before[index]
+        seen = self._lines_before.value(0, index)
         end = min(self.size, base + self.segment_size)
         pos = base
         while pos < end:

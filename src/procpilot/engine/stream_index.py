@@ -15,7 +15,6 @@ needs an earlier segment, which is what lets the cap delete them.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import errno
 import os
@@ -24,7 +23,7 @@ from collections.abc import Callable, Iterator
 from itertools import chain, islice, pairwise
 from pathlib import Path
 
-from procpilot.engine.segments import LineReads, ReadResult, SegmentedLog, Stream, describe_gaps
+from procpilot.engine.segments import LineReads, ReadResult, SegmentedLog, SegmentTable, Stream, describe_gaps
 
 __all__ = ["INDEX_NAME", "OrderIndex", "StreamView"]
 
@@ -34,6 +33,8 @@ _STDERR_BIT = 1 << 63
 _OFFSET = _STDERR_BIT - 1
 _BATCH = 4096  # records read at once
 _STREAMS = (Stream.STDOUT, Stream.STDERR)
+_BYTES = {Stream.STDOUT: 0, Stream.STDERR: 1}  # columns of the segment table
+_LINES = {Stream.STDOUT: 2, Stream.STDERR: 3}
 
 # (combined offset, stream, stdout bytes before it)
 Record = tuple[int, Stream, int]
@@ -84,9 +85,8 @@ class OrderIndex:
         self.lines = dict.fromkeys(_STREAMS, 0)  # stored newlines per stream
         self.lost = dict.fromkeys(_STREAMS, 0)
         self.ends_with_newline = dict.fromkeys(_STREAMS, True)
-        # Per segment: each stream's bytes and newlines before its first byte.
-        self._before: dict[Stream, list[int]] = {stream: [] for stream in _STREAMS}
-        self._lines_before: dict[Stream, list[int]] = {stream: [] for stream in _STREAMS}
+        # Per kept segment: each stream's bytes and newlines before its first byte (_BYTES, _LINES).
+        self._table = SegmentTable(4)
         self._fd: int | None = None
         self._fd_index = -1
         self._fd_size = 0  # whole records in the open file: the next one goes there
@@ -135,11 +135,14 @@ class OrderIndex:
         self.lost[stream] += log.lost - lost
 
     def _reach(self, index: int) -> None:
-        """Per-segment counters up to segment ``index``, taken at its first byte."""
-        while len(self._before[Stream.STDOUT]) <= index:
-            for stream in _STREAMS:
-                self._before[stream].append(self.size[stream])
-                self._lines_before[stream].append(self.lines[stream])
+        """The counters of segment ``index``, taken at its first byte; the entries of segments
+        the cap deleted since go (bar the first: where the gap begins)."""
+        table = self._table
+        if table.reached <= index:
+            sizes, lines = self.size, self.lines
+            table.add(index, (sizes[Stream.STDOUT], sizes[Stream.STDERR], lines[Stream.STDOUT], lines[Stream.STDERR]))
+            log = self._log
+            table.forget(log.head_end // log.segment_size + 1, log.tail_start // log.segment_size)
 
     def _record(self, index: int, offset: int, stream: Stream) -> OSError | None:
         word = offset | (_STDERR_BIT if stream is Stream.STDERR else 0)
@@ -191,7 +194,8 @@ class OrderIndex:
     # -- reading -------------------------------------------------------------------------------
 
     def before(self, stream: Stream, index: int) -> int:
-        return self._before[stream][index]
+        """Bytes of ``stream`` before segment ``index``."""
+        return self._table.value(_BYTES[stream], index)
 
     def _records(self, index: int, first: int = 0) -> Iterator[Record]:
         """The records of segment ``index`` from number ``first`` on: none if its file is gone
@@ -266,21 +270,21 @@ class OrderIndex:
             os.close(fd)
 
     def _segment_end(self, stream: Stream, index: int) -> int:
-        befores = self._before[stream]
-        return befores[index + 1] if index + 1 < len(befores) else self.size[stream]
+        """Bytes of ``stream`` before the next segment with an entry (all of them after the last)."""
+        following = self._table.following(index)
+        return self.size[stream] if following is None else self.before(stream, following)
 
     def spans(self, stream: Stream, start: int, end: int) -> Iterator[list[tuple[int, int]]]:
         """``(combined offset, length)`` for bytes [start, end) of ``stream``, in order, in
         batches; an offset of -1 is a gap: bytes of the stream that no kept segment holds."""
-        befores = self._before[stream]
         pos = start
-        index = max(0, bisect.bisect_right(befores, pos) - 1)
-        while pos < end and index < len(befores):
+        index = self._table.find(_BYTES[stream], pos) if self._table.numbers else None
+        while pos < end and index is not None:
             upto = min(end, self._segment_end(stream, index))
             if pos < upto:
                 yield from self._segment_spans(stream, index, pos, upto)
                 pos = upto
-            index += 1
+            index = self._table.following(index)
         if pos < end:
             yield [(-1, end - pos)]
 
@@ -297,7 +301,7 @@ class OrderIndex:
         first = self._find(index, lambda record: _position(record, stream), start)
         # Where the segment's bytes of the stream begin (a gap up to its first record, if that
         # one is missing) and where they end.
-        previous = (index * log.segment_size, False, self._before[stream][index]) if first == 0 else None
+        previous = (index * log.segment_size, False, self.before(stream, index)) if first == 0 else None
         last = (min((index + 1) * log.segment_size, log.size), False, self._segment_end(stream, index))
         pos = start
         for batch in chain(self._points(index, first, stream), [[last]]):
@@ -343,11 +347,11 @@ class OrderIndex:
         if line > self.lines[stream]:
             return self.size[stream]
         log = self._log
-        index = max(bisect.bisect_right(self._lines_before[stream], line - 1) - 1, 0)
+        index = self._table.find(_LINES[stream], line - 1)
         if log.head_end <= index * log.segment_size < log.tail_start:
-            return self._before[stream][log.tail_start // log.segment_size]
-        seen = self._lines_before[stream][index]
-        pos = self._before[stream][index]
+            return self.before(stream, log.tail_start // log.segment_size)
+        seen = self._table.value(_LINES[stream], index)
+        pos = self.before(stream, index)
         for batch in self._segment_spans(stream, index, pos, self._segment_end(stream, index)):
             pieces = log.read_spans([span for span in batch if span[0] >= 0], raw=True)[0]
             found = sum(piece.count(b"\n") for piece in pieces)
@@ -387,9 +391,9 @@ class OrderIndex:
                 continue  # deleted for the cap: counted at the next segment that has records
             if records[0][0] == lo:
                 for stream in _STREAMS:
-                    index._before[stream][number] = _position(records[0], stream)
+                    index._table.set(_BYTES[stream], number, _position(records[0], stream))
             stdout_spans: list[tuple[int, int]] = []
-            stdout_end = index._before[Stream.STDOUT][number]
+            stdout_end = index.before(Stream.STDOUT, number)
             for stream, position, offset, length in index.runs(lo, hi):
                 last_byte[stream] = offset + length - 1
                 if stream is Stream.STDOUT:
