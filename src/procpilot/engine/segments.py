@@ -3,9 +3,10 @@
 A :class:`SegmentedLog` is fixed-size numbered segment files. Up to the cap everything is kept;
 past it the first half of the cap (the head) is kept forever and the newest segments (the tail)
 roll, so a reader sees head + an explicit gap + tail, and offsets stay the absolute positions they
-would have had if nothing were dropped. Memory holds a handful of integers per segment, never the
-output itself. A session's output is one such log (``combined``, engine/capture.py); its streams
-are read through it (engine/stream_index.py).
+would have had if nothing were dropped. Memory holds a few integers per kept segment (a
+:class:`SegmentTable`), never the output itself: bounded by the cap, however much is printed.
+A session's output is one such log (``combined``, engine/capture.py); its streams are read
+through it (engine/stream_index.py).
 """
 
 from __future__ import annotations

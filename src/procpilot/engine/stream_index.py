@@ -7,9 +7,9 @@ byte and at every switch between stdout and stderr. A record holds the run's com
 top bit set for stderr) and the stdout bytes printed before it (stderr's are the offset minus
 those). An index file goes when its segment goes, so the cap bounds it with the data.
 
-Memory holds, per segment, each stream's bytes and lines before it (four integers, beside the
-log's own line index); the records, which grow with the number of switches, stay on disk and are
-found by binary search. A segment that starts with a record reads on its own: a reader never
+Memory holds, per kept segment, each stream's bytes and lines before it (four integers, beside
+the log's own line index; see SegmentTable); the records, which grow with the number of
+switches, stay on disk and are found by binary search. A segment that starts with a record reads on its own: a reader never
 needs an earlier segment, which is what lets the cap delete them.
 """
 
