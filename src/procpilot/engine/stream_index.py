@@ -380,6 +380,7 @@ class OrderIndex:
         at the first kept segment after it (lines printed there are not counted: see
         SegmentedLog.recover)."""
         index = cls(directory, log)
+        index._opened = True  # its files, if any, are the previous server's: remove_files takes them too
         segment = log.segment_size
         last_byte: dict[Stream, int] = {}
         for number in range(-(-log.size // segment)):
