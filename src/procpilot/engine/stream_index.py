@@ -9,8 +9,9 @@ those). An index file goes when its segment goes, so the cap bounds it with the 
 
 Memory holds, per kept segment, each stream's bytes and lines before it (four integers, beside
 the log's own line index; see SegmentTable); the records, which grow with the number of
-switches, stay on disk and are found by binary search. A segment that starts with a record reads on its own: a reader never
-needs an earlier segment, which is what lets the cap delete them.
+switches, stay on disk and are found by binary search. A segment that starts with a record
+reads on its own: a reader never needs an earlier segment, which is what lets the cap delete
+them.
 """
 
 from __future__ import annotations
