@@ -12,8 +12,10 @@ a 9-byte header per chunk, then the bytes), so the combined view's order survive
 of the same owner says hello and gets the descriptors back; it replays the spool into the logs.
 
 A session that ends while no server runs (EOF on its output and its leader gone) is let go: its
-spool and the exit status its shell wrote are on disk for the next server. The holder exits when
-it holds nothing and no server is connected.
+spool and how it ended are on disk for the next server. How it ended: nobody can ``wait`` for a
+leader whose server died (init reaps it), so from then on, adopted or not, the holder takes the
+kernel's exit record for it (engine/exit_records.py, root only) and writes it beside the spool.
+The holder exits when it holds nothing and no server is connected.
 
 Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
 the package: it must start in tens of milliseconds and stay small (one per state directory).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import importlib.util
 import json
 import os
 import selectors
@@ -41,6 +44,10 @@ import socket
 import struct
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from procpilot.engine.exit_records import ExitWatch
 
 # One spool record: a tag (b"o" stdout, b"e" stderr, b"d" bytes dropped past the cap) and a length.
 SPOOL_HEADER = struct.Struct(">cQ")
@@ -73,6 +80,7 @@ class Held:
     dropped: int = 0
     spool_fd: int | None = None
     roots: list[str] = field(default_factory=list)
+    orphan: bool = False  # its server is gone: nobody can wait for its leader, we record its exit
 
     @property
     def done(self) -> bool:
@@ -91,6 +99,7 @@ class Holder:
         # count of sessions in it: a starting supervisor ends the trees of a dead one's directory
         # unless somebody holds that lock, and these trees are waiting for their next server.
         self.roots: dict[str, tuple[int, int]] = {}
+        self.exits: ExitWatch | None = None  # loaded with the first sessions we are given
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -111,6 +120,8 @@ class Holder:
                     self._on_output(*obj)
                 elif kind == "pidfd":
                     self._on_exit(obj)
+                elif kind == "exits" and self.exits is not None:
+                    self.exits.read()
             if not self.conns and not self.sessions:
                 return
 
@@ -164,7 +175,11 @@ class Holder:
         if owner is None or owner in self.conns.values():
             return
         # The server is gone without forgetting these: from now on their output is ours to keep.
-        for held in [h for h in self.sessions.values() if h.owner == owner]:
+        gone = [h for h in self.sessions.values() if h.owner == owner]
+        for held in gone:
+            held.orphan = True
+        self._watch_exits()
+        for held in gone:
             self._drain(held)
 
     # -- sessions -----------------------------------------------------------------------------
@@ -181,6 +196,9 @@ class Holder:
             for fd in fds:
                 os.close(fd)
             return
+        if self.exits is None:  # loaded now, not as an outage begins: its first milliseconds count
+            with contextlib.suppress(ImportError, OSError, SyntaxError):  # then no exit records, nothing worse
+                self.exits = _load_exit_records().ExitWatch()
         pos = 0
         for one in sessions:
             count = len(one["roles"])
@@ -246,6 +264,8 @@ class Holder:
         held.fds.clear()
         self._close_spool(held)
         self._release_roots(held)
+        if held.orphan:
+            self._watch_exits()
 
     def _hello(self, conn: socket.socket, owner: str) -> None:
         self.conns[conn] = owner
@@ -266,15 +286,17 @@ class Holder:
             if role in held.fds:
                 self.sel.register(held.fds[role], selectors.EVENT_READ, ("out", (held, role)))
         if "pidfd" in held.fds:
-            self.sel.register(held.fds["pidfd"], selectors.EVENT_READ, ("pidfd", held))
+            with contextlib.suppress(KeyError):  # an orphan's is watched already, since its first outage
+                self.sel.register(held.fds["pidfd"], selectors.EVENT_READ, ("pidfd", held))
         elif not any(r in held.fds for r in OUTPUT_ROLES):
             held.exited = True
         self._maybe_done(held)
 
     def _stop_draining(self, held: Held) -> None:
-        """A server takes the session back: whatever we read so far is on disk before it replays."""
+        """A server takes the session back: whatever we read so far is on disk before it replays.
+        An orphan's pidfd stays watched: its new server is not its parent either."""
         if held.draining:
-            for role in (*OUTPUT_ROLES, "pidfd"):
+            for role in (*OUTPUT_ROLES, "pidfd") if not held.orphan else OUTPUT_ROLES:
                 if role in held.fds:
                     with contextlib.suppress(KeyError, ValueError):
                         self.sel.unregister(held.fds[role])
@@ -300,16 +322,43 @@ class Holder:
         self._maybe_done(held)
 
     def _on_exit(self, held: Held) -> None:
+        if held.orphan:
+            self._record_exit(held)
         fd = held.fds.pop("pidfd")
         self.sel.unregister(fd)
         os.close(fd)
         held.exited = True
+        if held.orphan:
+            self._watch_exits()
         self._maybe_done(held)
 
     def _maybe_done(self, held: Held) -> None:
         if held.done:
             # Its spool and its exit status are on disk: the next server reads them from there.
             self._drop(held.id)
+
+    # -- exits nobody can wait for (engine/exit_records.py) -------------------------------------
+
+    def _watch_exits(self) -> None:
+        """Listen to the kernel's exit records while an orphan's leader lives, and only then."""
+        pidfds = {h.id: h.fds["pidfd"] for h in self.sessions.values() if h.orphan and "pidfd" in h.fds}
+        if self.exits is None:
+            return
+        before = self.exits.fileno()
+        self.exits.watch(pidfds)
+        after = self.exits.fileno()
+        if before != after:  # opened or closed, never both at once
+            if before is not None:
+                self.sel.unregister(before)
+            if after is not None:
+                self.sel.register(after, selectors.EVENT_READ, ("exits", None))
+
+    def _record_exit(self, held: Held) -> None:
+        """Its leader is gone (its pidfd readable): how it ended, beside its spool, before anyone is told."""
+        if self.exits is None:
+            return
+        module = _load_exit_records()
+        module.write_outcome(os.path.join(os.path.dirname(held.spool), module.RECORD_NAME), self.exits.outcome(held.id))
 
     # -- the spool ----------------------------------------------------------------------------
 
@@ -339,6 +388,19 @@ class Holder:
         if held.spool_fd is not None:
             os.close(held.spool_fd)
             held.spool_fd = None
+
+
+def _load_exit_records() -> Any:
+    """engine/exit_records.py, by its path beside ours: we run as a script, not in the package."""
+    name = "procpilot_exit_records"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "exit_records.py"))
+        if spec is None or spec.loader is None:
+            raise ImportError("exit_records.py is not beside holder.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def main(path: str) -> int:

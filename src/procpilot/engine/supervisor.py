@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
-from procpilot.engine.adoption import Restarts, leader_status, replay_spool
+from procpilot.engine.adoption import RECORD_NAME, Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
@@ -318,6 +318,7 @@ class Supervisor:
             "warm_shells": self.warm_shells(),
             "state_dir": self.state_dir_space(),
             "restarts": self._restart_capability(),
+            "outage_exits": outage_exits(),
         }
 
     def warm_shells(self) -> dict[str, Any]:
@@ -856,14 +857,17 @@ class Supervisor:
         exited = held.exited if held is not None else True
         if exited and spec.notify_on_exit:
             session.ended_in_outage = True
-        exit_file = restarts.exit_file(session_id)
+        exit_file, kept = restarts.exit_file(session_id), directory / RECORD_NAME
+        # A leader alive with its pidfd held: the holder watches it and writes how it ends.
+        recorded = "pidfd" in fds and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
+        own_child = record.get("server_pid") == os.getpid()
         session.adopt(
             spawned,
             started_at=float(record.get("started_at") or session.created_at),
             leader_exited=exited or (not alive and "pidfd" not in fds),
-            read_status=lambda: leader_status(pid, exit_file, own_child=record.get("server_pid") == os.getpid()),
+            read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=recorded),
         )
         link = restarts.link
         session.on_stdin_close = lambda: link.stdin_closed(session_id)
