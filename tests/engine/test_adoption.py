@@ -17,6 +17,7 @@ import pytest
 from procpilot.config import Settings, load_settings
 from procpilot.engine.adoption import status_line
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.exit_records import probe
 from procpilot.engine.limits import Limits
 from procpilot.engine.ownership import OwnerLock
 from procpilot.engine.spawn import SpawnSpec
@@ -162,6 +163,38 @@ async def test_a_holder_of_another_protocol_is_left_alone_and_said_so(settings: 
         proc.wait(timeout=10)  # it held nothing and its only server left: it went by itself
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+async def test_a_holder_keeps_what_ended_in_an_outage_for_the_next_server_a_while_then_goes(
+    settings: Settings,
+) -> None:
+    """An ended session's entry (and the cgroup locks that keep its OOM trace from a starting
+    server's sweep) waits for the next server, but not for ever: here half a second."""
+    from procpilot.engine import holder
+
+    settings.state_dir.mkdir(parents=True)
+    sock = settings.state_dir / "holder.sock"
+    short = f"import sys; sys.path.insert(0, {os.path.dirname(holder.__file__)!r}); import holder\n"
+    short += f"holder._KEEP_ENDED = 0.5\nsys.exit(holder.main({str(sock)!r}))\n"
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", short], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.read(1) == b"R"
+        first = await Supervisor(settings, owner="t").start()
+        ended = await first.spawn(SpawnSpec(("sh", "-c", "sleep 0.3; exit 3")), scope=A)
+        await asyncio.sleep(0.2)  # past the batch window: the holder has it
+        await first.detach()
+        assert await asyncio.to_thread(proc.wait, 15) == 0  # no server came: it let the record go
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert (settings.state_dir / "sessions" / ended.id / "outage.exit").exists() == (probe()[0] is not None)
+    async with Supervisor(settings, owner="t") as second:
+        await second.wait(A, ended.id, timeout=10)
+        again = second.get(A, ended.id)
+        assert (again.state, again.exit_code) == (SessionState.EXITED_ERROR, 3)
 
 
 CRASHING_SCAN = """

@@ -159,7 +159,7 @@ def test_exits_while_no_server_runs_are_reported_as_a_live_server_would(tmp_path
             assert (_row(c, termed)["state"], _row(c, termed)["exitSignal"]) == ("exited_error", "SIGTERM")
             assert _row(c, killed)["exitSignal"] == "SIGKILL"
             if hog is not None:  # its memory limit's OOM kill, as a live server reports it
-                assert _row(c, hog)["exitSignal"] == "SIGKILL"
+                assert (_row(c, hog)["state"], _row(c, hog)["exitSignal"]) == ("limit_exceeded", "SIGKILL")
             post(c, "process", action="write", sessionId=later, data="go\n")
             assert (_row(c, later)["state"], _row(c, later)["exitCode"]) == ("exited_error", 3)
             cleanup(c)
@@ -199,4 +199,3 @@ def test_without_the_privilege_an_unrecorded_exit_is_lost_and_says_why(tmp_path:
             cleanup(c)
     finally:
         _end_all(root, daemons)
-

@@ -199,6 +199,8 @@ class Restarts:
                 limits.close()
         self._trees.clear()
         self._limits.clear()
+        if not detach:
+            self.link.flush()  # every session ended: the holder forgets them all, keeps nothing
         self.link.close()
         if self._lock is not None:
             self._lock.release()

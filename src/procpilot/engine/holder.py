@@ -11,11 +11,12 @@ drains it: every chunk goes, in arrival order, into the session's spool file (``
 a 9-byte header per chunk, then the bytes), so the combined view's order survives. The next server
 of the same owner says hello and gets the descriptors back; it replays the spool into the logs.
 
-A session that ends while no server runs (EOF on its output and its leader gone) is let go: its
-spool and how it ended are on disk for the next server. How it ended: nobody can ``wait`` for a
-leader whose server died (init reaps it), so from then on, adopted or not, the holder takes the
-kernel's exit record for it (engine/exit_records.py, root only) and writes it beside the spool.
-The holder exits when it holds nothing and no server is connected.
+A session that ends while no server runs (EOF on its output and its leader gone) keeps no
+descriptor: its spool and how it ended are on disk for the next server, which forgets it once
+read (its entry, and its cgroup locks, wait for that server up to an hour). How it ended: nobody
+can ``wait`` for a leader whose server died (init reaps it), so from then on, adopted or not,
+the holder takes the kernel's exit record for it (engine/exit_records.py, root only) and writes
+it beside the spool. The holder exits when it holds nothing and no server is connected.
 
 Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
 the package: it must start in tens of milliseconds and stay small (one per state directory).
@@ -62,6 +63,8 @@ _MAX_MSG = 64 * 1024
 _MAX_FDS = 253  # SCM_MAX_FD: a batch of sessions' descriptors in one message
 _SEND_TIMEOUT = 10.0
 _IDLE_EXIT = 10.0
+# Sessions that ended while no server ran are kept (their cgroup locks) this long for the next one.
+_KEEP_ENDED = 3600.0
 
 
 @dataclass
@@ -107,9 +110,12 @@ class Holder:
         while True:
             # Idle (nothing held, nobody connected) only before the first server connects, or if
             # the one that started us died first: then wait a while for one, and go.
-            events = self.sel.select(timeout=_IDLE_EXIT if not self.conns and not self.sessions else None)
+            events = self.sel.select(timeout=_IDLE_EXIT if not self.conns and not self.sessions else self._keep_for())
             if not events and not self.conns and not self.sessions:
                 return
+            if not events and self._keep_for() is not None:
+                for sid in list(self.sessions):  # no server came for a long while: let the records go
+                    self._drop(sid)
             for key, _ in events:
                 kind, obj = key.data
                 if kind == "accept":
@@ -124,6 +130,12 @@ class Holder:
                     self.exits.read()
             if not self.conns and not self.sessions:
                 return
+
+    def _keep_for(self) -> float | None:
+        """How long to wait for a server while we hold only sessions that ended (None: for ever)."""
+        if self.conns or not self.sessions or not all(h.done for h in self.sessions.values()):
+            return None
+        return _KEEP_ENDED
 
     def _accept(self) -> None:
         try:
@@ -334,8 +346,13 @@ class Holder:
 
     def _maybe_done(self, held: Held) -> None:
         if held.done:
-            # Its spool and its exit status are on disk: the next server reads them from there.
-            self._drop(held.id)
+            # Its spool and how it ended are on disk: the next server reads them from there. Its
+            # entry (no descriptor left) and its cgroup locks stay until that server forgets it:
+            # a starting server's sweep would remove the dead one's cgroups, and with them the
+            # trace of an OOM kill that makes it limit_exceeded.
+            for role in list(held.fds):
+                os.close(held.fds.pop(role))  # its stdin: nobody reads it any more
+            self._close_spool(held)
 
     # -- exits nobody can wait for (engine/exit_records.py) -------------------------------------
 
