@@ -190,7 +190,7 @@ async def test_a_holder_keeps_what_ended_in_an_outage_for_the_next_server_a_whil
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-    assert (settings.state_dir / "sessions" / ended.id / "outage.exit").exists() == (probe()[0] is not None)
+    assert (settings.state_dir / "sessions" / f"{ended.id}.exit.json").exists() == (probe()[0] is not None)
     async with Supervisor(settings, owner="t") as second:
         await second.wait(A, ended.id, timeout=10)
         again = second.get(A, ended.id)

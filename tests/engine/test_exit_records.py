@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from procpilot.engine.exit_records import ExitRecorder, ExitWatch, probe, read_outcome, write_outcome
+from procpilot.engine.exit_records import ExitRecorder, ExitWatch, probe, read_outcome, record_path, write_outcome
 
 MECHANISM, WHY_NOT = probe()
 pytestmark = pytest.mark.skipif(MECHANISM is None, reason=f"no kernel exit records here: {WHY_NOT}")
@@ -95,17 +95,18 @@ def test_a_leader_gone_before_the_watch_began_is_said_so() -> None:
     child.wait()  # ended and reaped before anyone listened
     watch = ExitWatch()
     try:
-        watch.watch({"s1": pidfd})
+        watch.add({"s1": pidfd})
         outcome = watch.outcome("s1")
     finally:
-        watch.watch({})
+        watch.discard("s1")
         os.close(pidfd)
     assert "status" not in outcome and "before the holder began to listen" in str(outcome["why"])
     assert watch.recorder is None  # nothing left to watch: the listener is closed
 
 
 def test_the_record_file_round_trips_and_is_taken_once(tmp_path: Path) -> None:
-    path = os.path.join(tmp_path, "s", "outage.exit")
+    path = record_path(str(tmp_path / "s1" / "outage.spool"))
+    assert path == str(tmp_path / "s1.exit.json")
     write_outcome(path, {"status": 7 << 8, "by": "taskstats"})
     assert read_outcome(path) == 7
     assert read_outcome(path) is None  # read once: the next server does not see it again

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from procpilot.engine.capture import SessionOutput, Stream
-from procpilot.engine.exit_records import RECORD_NAME, probe, read_outcome
+from procpilot.engine.exit_records import probe, read_outcome, record_path
 from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession, HolderLink, read_spool
 from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
@@ -36,7 +36,6 @@ from procpilot.engine.ownership import OwnerLock
 from procpilot.engine.trees import AdoptedScanTrees, CgroupTrees, ScanTrees, TreeBackend
 
 __all__ = [
-    "RECORD_NAME",
     "Restarts",
     "leader_status",
     "outage_exits",
@@ -157,6 +156,10 @@ class Restarts:
 
     def exit_file(self, session_id: str) -> Path:
         return self.sessions_root / f"{session_id}{_EXIT_SUFFIX}"
+
+    def record_file(self, session_id: str) -> Path:
+        """Where the holder writes the kernel's record of how the session's leader ended."""
+        return Path(record_path(str(self.sessions_root / session_id / SPOOL_NAME)))
 
     def trees_for(self, root: str | None, current: TreeBackend) -> TreeBackend:
         """The tree backend of an adopted session: ours if it lives in our cgroup directory (or no

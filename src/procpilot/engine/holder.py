@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from procpilot.engine.exit_records import ExitWatch
 
 # One spool record: a tag (b"o" stdout, b"e" stderr, b"d" bytes dropped past the cap) and a length.
@@ -190,7 +192,7 @@ class Holder:
         gone = [h for h in self.sessions.values() if h.owner == owner]
         for held in gone:
             held.orphan = True
-        self._watch_exits()
+        self._exits_change(lambda watch: watch.add({h.id: h.fds["pidfd"] for h in gone if "pidfd" in h.fds}))
         for held in gone:
             self._drain(held)
 
@@ -277,7 +279,7 @@ class Holder:
         self._close_spool(held)
         self._release_roots(held)
         if held.orphan:
-            self._watch_exits()
+            self._exits_change(lambda watch: watch.discard(held.id))
 
     def _hello(self, conn: socket.socket, owner: str) -> None:
         self.conns[conn] = owner
@@ -341,7 +343,7 @@ class Holder:
         os.close(fd)
         held.exited = True
         if held.orphan:
-            self._watch_exits()
+            self._exits_change(lambda watch: watch.discard(held.id))
         self._maybe_done(held)
 
     def _maybe_done(self, held: Held) -> None:
@@ -356,13 +358,12 @@ class Holder:
 
     # -- exits nobody can wait for (engine/exit_records.py) -------------------------------------
 
-    def _watch_exits(self) -> None:
+    def _exits_change(self, change: Callable[[ExitWatch], None]) -> None:
         """Listen to the kernel's exit records while an orphan's leader lives, and only then."""
-        pidfds = {h.id: h.fds["pidfd"] for h in self.sessions.values() if h.orphan and "pidfd" in h.fds}
         if self.exits is None:
             return
         before = self.exits.fileno()
-        self.exits.watch(pidfds)
+        change(self.exits)
         after = self.exits.fileno()
         if before != after:  # opened or closed, never both at once
             if before is not None:
@@ -375,7 +376,7 @@ class Holder:
         if self.exits is None:
             return
         module = _load_exit_records()
-        module.write_outcome(os.path.join(os.path.dirname(held.spool), module.RECORD_NAME), self.exits.outcome(held.id))
+        module.write_outcome(module.record_path(held.spool), self.exits.outcome(held.id))
 
     # -- the spool ----------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
-from procpilot.engine.adoption import RECORD_NAME, Restarts, leader_status, outage_exits, replay_spool
+from procpilot.engine.adoption import Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
@@ -859,7 +859,7 @@ class Supervisor:
         exited = held.exited if held is not None else True
         if exited and spec.notify_on_exit:
             session.ended_in_outage = True
-        exit_file, kept = restarts.exit_file(session_id), directory / RECORD_NAME
+        exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
         # A leader alive with its pidfd held: the holder watches it and writes how it ends.
         recorded = "pidfd" in fds and not exited
         if held is None and alive:
@@ -885,9 +885,10 @@ class Supervisor:
             self._warm.refill_soon()
         if self._restarts is not None:
             self._restarts.link.forget(session.id)
-            if session.adopted:
-                with contextlib.suppress(OSError):
-                    self._restarts.exit_file(session.id).unlink()
+            if session.adopted:  # what recorded its end, whichever was not needed
+                for record in (self._restarts.exit_file(session.id), self._restarts.record_file(session.id)):
+                    with contextlib.suppress(OSError):
+                        record.unlink()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
