@@ -20,7 +20,6 @@ path) loads this file by its path too.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -185,6 +184,7 @@ class ExitRecorder:
 
     def _filter(self, pids: frozenset[int]) -> None:
         """A socket filter that passes the records whose pid or thread group id is watched."""
+        import ctypes  # here, not at import: the holder loads this module long before an outage
         if len(pids) > _BPF_MAX_PIDS:
             program = [_bpf(0x06, 0, 0, 0xFFFFFFFF)]  # too many to list: take all, sort them here
         else:
@@ -296,6 +296,8 @@ class ExitWatch:
                 self.recorder = ExitRecorder()
             except Unavailable as exc:
                 self.why = str(exc)
+            except OSError as exc:
+                self.why = f"could not listen for exit records: {exc.strerror or exc}"
             fresh = True
         if fresh:
             self._refilter()
@@ -319,20 +321,33 @@ class ExitWatch:
     def _refilter(self) -> None:
         if self.recorder is not None:
             self._filtered = frozenset(self._live)
-            self.recorder.watch(self._filtered)
+            try:
+                self.recorder.watch(self._filtered)
+            except OSError as exc:
+                self._failed(exc)
 
     def read(self) -> None:
         if self.recorder is not None:
-            self.recorder.read()
+            try:
+                self.recorder.read()
+            except OSError as exc:
+                self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        """The listener broke (it should not): no records until nothing is watched, and why."""
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+        self.why = f"the holder's exit records failed: {exc.strerror or exc}"
 
     def outcome(self, sid: str) -> dict[str, object]:
         """How the session's leader ended, once its pidfd is readable: its record is queued by then."""
         pid = self._pids.get(sid)
+        self.read()
         if self.recorder is None:
             return {"why": self.why or "the holder kept no exit records"}
         if pid is None:
             return {"why": "it ended as its server went down, before the holder began to listen"}
-        self.recorder.read()
         status = self.recorder.status(pid)
         if status is not None:
             return {"status": status, "by": MECHANISM}

@@ -128,8 +128,8 @@ class Holder:
                     self._on_output(*obj)
                 elif kind == "pidfd":
                     self._on_exit(obj)
-                elif kind == "exits" and self.exits is not None:
-                    self.exits.read()
+                elif kind == "exits":
+                    self._exits_change(lambda watch: watch.read())
             if not self.conns and not self.sessions:
                 return
 
@@ -373,10 +373,11 @@ class Holder:
 
     def _record_exit(self, held: Held) -> None:
         """Its leader is gone (its pidfd readable): how it ended, beside its spool, before anyone is told."""
-        if self.exits is None:
-            return
-        module = _load_exit_records()
-        module.write_outcome(module.record_path(held.spool), self.exits.outcome(held.id))
+        found: list[dict[str, object]] = []
+        self._exits_change(lambda watch: found.append(watch.outcome(held.id)))
+        if found:
+            module = _load_exit_records()
+            module.write_outcome(module.record_path(held.spool), found[0])
 
     # -- the spool ----------------------------------------------------------------------------
 
