@@ -162,6 +162,14 @@ def test_exits_while_no_server_runs_are_reported_as_a_live_server_would(tmp_path
                 assert (_row(c, hog)["state"], _row(c, hog)["exitSignal"]) == ("limit_exceeded", "SIGKILL")
             post(c, "process", action="write", sessionId=later, data="go\n")
             assert (_row(c, later)["state"], _row(c, later)["exitCode"]) == ("exited_error", 3)
+            # The same ends under a live server, its parent: reported alike, word for word.
+            twins = {termed: _exec(c, "sleep 300"), killed: _argv(c, "sleep", "300")}
+            os.killpg(_pid(c, twins[termed]), signal.SIGTERM)
+            os.kill(_pid(c, twins[killed]), signal.SIGKILL)
+            for outage, live in twins.items():
+                ended_then, ended_live = _row(c, outage), _row(c, live)
+                for key in ("state", "status", "exitCode", "exitSignal"):
+                    assert ended_then[key] == ended_live[key], (key, ended_then, ended_live)
             cleanup(c)
         if boxed is not None:
             with second.http(TOKEN_B) as cb:
