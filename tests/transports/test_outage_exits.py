@@ -199,6 +199,8 @@ def test_without_the_privilege_an_unrecorded_exit_is_lost_and_says_why(tmp_path:
         second = start_daemon(root, log_name="second.log")  # privileged, but the holder is not
         daemons.append(second)
         with second.http() as c:
+            # The holder says what it can do: this server could do more, its holder cannot.
+            assert "CAP_NET_ADMIN" in c.get("/v1/capabilities").json()["outage_exits"]["why"]
             lost = _row(c, argv)
             assert (lost["state"], lost["exitCode"], lost["exitSignal"]) == ("lost", None, None)
             text = post(c, "process", action="poll", sessionId=argv).json()["text"]

@@ -87,17 +87,22 @@ def leader_status(pid: int, exit_file: Path, record: Path, *, own_child: bool, r
     return held or "no exit record: the holder did not keep it (or is gone) and its shell recorded nothing"
 
 
-@functools.cache
-def outage_exits() -> dict[str, str]:
-    """Which mechanism records how a session ended while no server could wait for it (doctor).
-    Probed once per process: the holder a server starts has the server's privileges."""
-    mechanism, why = probe()
+def outage_exits(said: dict[str, str] | None = None) -> dict[str, str]:
+    """Which mechanism records how a session ended while no server could wait for it (doctor):
+    as the holder ``said`` it, else as this process finds it (the holder a server starts has the
+    server's privileges)."""
+    mechanism, why = (said.get("mechanism"), said.get("why")) if said else _probed()
     if mechanism is not None:
         return {"mechanism": f"{mechanism}: the holder keeps the kernel's exit record of every session"}
     return {
         "mechanism": "the shell's EXIT trap only: shell commands that do not end in exec; the rest end lost",
         "why": why or "unknown",
     }
+
+
+@functools.cache
+def _probed() -> tuple[str | None, str | None]:
+    return probe()
 
 
 def read_status(exit_file: Path) -> int | None:
@@ -153,6 +158,9 @@ class Restarts:
         if lock is None or lock.probe_fd is None:
             return None
         return status_line(self.exit_file(session_id), os.getpid(), lock.probe_fd, lock.path)
+
+    def outage_exits(self) -> dict[str, str]:
+        return outage_exits(self.link.records if self.link.connected else None)
 
     def exit_file(self, session_id: str) -> Path:
         return self.sessions_root / f"{session_id}{_EXIT_SUFFIX}"

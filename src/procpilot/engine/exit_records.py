@@ -275,6 +275,10 @@ class ExitWatch:
     def __init__(self) -> None:
         self.recorder: ExitRecorder | None = None
         self.why: str | None = None  # why no recorder could be had (said once per outage)
+        # What this process can do, probed once (a listener registered and closed, ~1 ms): the
+        # holder tells its servers, whose own privileges may differ from those it was started with.
+        mechanism, why = probe()
+        self.said: dict[str, str] = {"mechanism": mechanism} if mechanism else {"why": why or "unknown"}
         self._pids: dict[str, int | None] = {}  # session id -> its leader's pid (None: gone before we looked)
         self._live: set[int] = set()  # the pids above
         self._filtered: frozenset[int] = frozenset()

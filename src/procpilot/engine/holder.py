@@ -28,7 +28,9 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                    {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
   holder → server  {"op": "held", "id", "roles", "eof", "exited"} + one fd per role still open
-                   {"op": "end", "protocol": PROTOCOL}
+                   {"op": "end", "protocol": PROTOCOL, "records": R}
+                                                               R: how it records exits nobody can wait
+                                                               for, {"mechanism"} or {"why"}; None: unknown
 """
 
 from __future__ import annotations
@@ -290,7 +292,8 @@ class Holder:
                 roles = [r for r in held.fds if r != "pidfd" or not held.exited]
                 body = {"op": "held", "id": held.id, "roles": roles, "eof": sorted(held.eof), "exited": held.exited}
                 socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
-            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL}).encode())
+            records = None if self.exits is None else self.exits.said
+            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records}).encode())
         except OSError:
             self._disconnect(conn)
 

@@ -320,7 +320,7 @@ class Supervisor:
             "warm_shells": self.warm_shells(),
             "state_dir": self.state_dir_space(),
             "restarts": self._restart_capability(),
-            "outage_exits": outage_exits(),
+            "outage_exits": self._restarts.outage_exits() if self._restarts else outage_exits(),
         }
 
     def warm_shells(self) -> dict[str, Any]:
@@ -860,8 +860,8 @@ class Supervisor:
         if exited and spec.notify_on_exit:
             session.ended_in_outage = True
         exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
-        # A leader alive with its pidfd held: the holder watches it and writes how it ends.
-        recorded = "pidfd" in fds and not exited
+        # A leader alive with its pidfd held: a holder that records exits writes how it ends.
+        recorded = restarts.link.records is not None and "pidfd" in fds and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
         own_child = record.get("server_pid") == os.getpid()
