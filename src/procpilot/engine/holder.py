@@ -114,10 +114,10 @@ class Holder:
         while True:
             # Idle (nothing held, nobody connected) only before the first server connects, or if
             # the one that started us died first: then wait a while for one, and go.
-            events = self.sel.select(timeout=_IDLE_EXIT if not self.conns and not self.sessions else self._keep_for())
+            events = self.sel.select(timeout=None if self.conns else _KEEP_ENDED if self.sessions else _IDLE_EXIT)
             if not events and not self.conns and not self.sessions:
                 return
-            if not events and self._keep_for() is not None:
+            if not events and not self.conns and all(h.done for h in self.sessions.values()):
                 for sid in list(self.sessions):  # no server came for a long while: let the records go
                     self._drop(sid)
             for key, _ in events:
@@ -134,12 +134,6 @@ class Holder:
                     self._exits_change(lambda watch: watch.read())
             if not self.conns and not self.sessions:
                 return
-
-    def _keep_for(self) -> float | None:
-        """How long to wait for a server while we hold only sessions that ended (None: for ever)."""
-        if self.conns or not self.sessions or not all(h.done for h in self.sessions.values()):
-            return None
-        return _KEEP_ENDED
 
     def _accept(self) -> None:
         try:
