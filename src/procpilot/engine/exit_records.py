@@ -52,8 +52,10 @@ _AGROUP = 0x20  # ac_flag: the last thread of its thread group, i.e. the process
 _NLMSG = struct.Struct("=IHHII")
 _GENL = struct.Struct("=BBH")
 _NLA = struct.Struct("=HH")
-# Offsets in struct taskstats (append-only ABI): ac_exitcode, ac_flag, ac_tgid (v12+).
+# Offsets in struct taskstats (append-only ABI): ac_exitcode, ac_flag, ac_tgid (v12+); the
+# version from which ac_flag has AGROUP, and ac_tgid exists.
 _EXITCODE, _FLAG, _TGID = 4, 8, 368
+_AGROUP_SINCE = 12
 # Where the first record's pid and its stats' ac_tgid sit in a message: nlmsghdr, genlmsghdr,
 # the AGGR_PID nest, the PID attribute (its value), then the STATS attribute's header.
 _PID_AT = _NLMSG.size + _GENL.size + 2 * _NLA.size
@@ -62,6 +64,9 @@ _SO_ATTACH_FILTER = 26
 _SO_RCVBUFFORCE = 33
 _RCVBUF = 4 << 20
 _BPF_MAX_PIDS = 1000  # two instructions each for two fields, within BPF_MAXINSNS (4096)
+# Classic BPF: BPF_LD|BPF_H|BPF_ABS, BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K.
+_LD_H, _LD_W, _JEQ, _RET = 0x28, 0x20, 0x15, 0x06
+_SETUP_TIMEOUT = 5.0  # the kernel answers a request at once; this bounds one that would not
 _RECV = 64 * 1024
 
 
@@ -90,6 +95,7 @@ class ExitRecorder:
         except (OSError, AttributeError) as exc:
             raise Unavailable(f"no generic netlink socket here ({exc})") from None
         try:
+            self.sock.settimeout(_SETUP_TIMEOUT)
             self.sock.bind((0, 0))
             self.family = self._resolve_family()
             with contextlib.suppress(OSError):  # root only; the default buffer holds ~200 records
@@ -185,19 +191,20 @@ class ExitRecorder:
     def _filter(self, pids: frozenset[int]) -> None:
         """A socket filter that passes the records whose pid or thread group id is watched."""
         import ctypes  # here, not at import: the holder loads this module long before an outage
+        accept, drop = _bpf(_RET, 0, 0, 0xFFFFFFFF), _bpf(_RET, 0, 0, 0)
         if len(pids) > _BPF_MAX_PIDS:
-            program = [_bpf(0x06, 0, 0, 0xFFFFFFFF)]  # too many to list: take all, sort them here
+            program = [accept]  # too many to list: take all, sort them here
         else:
             # Anything not a taskstats record (the acks of our requests) passes.
             kind = struct.unpack(">H", struct.pack("=H", self.family))[0]
-            program = [_bpf(0x28, 0, 0, 4), _bpf(0x15, 1, 0, kind), _bpf(0x06, 0, 0, 0xFFFFFFFF)]
+            program = [_bpf(_LD_H, 0, 0, 4), _bpf(_JEQ, 1, 0, kind), accept]
             # A load is big-endian; the kernel wrote these fields in host order.
             keys = [struct.unpack(">I", struct.pack("=I", pid))[0] for pid in sorted(pids)]
             for offset in (_PID_AT, _STATS_AT + _TGID):
-                program.append(_bpf(0x20, 0, 0, offset))  # ld [offset] (past the end: drop)
+                program.append(_bpf(_LD_W, 0, 0, offset))  # past the message's end: dropped
                 for key in keys:
-                    program += [_bpf(0x15, 0, 1, key), _bpf(0x06, 0, 0, 0xFFFFFFFF)]  # jeq → accept
-            program.append(_bpf(0x06, 0, 0, 0))
+                    program += [_bpf(_JEQ, 0, 1, key), accept]
+            program.append(drop)
         code = ctypes.create_string_buffer(b"".join(program))
         fprog = struct.pack("=HxxxxxxQ" if struct.calcsize("P") == 8 else "=HxxI", len(program), ctypes.addressof(code))
         self.sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
@@ -214,9 +221,15 @@ class ExitRecorder:
             stats = inner.get(_TYPE_STATS)
             if stats is None or _TYPE_PID not in inner or len(stats) < _FLAG + 1:
                 continue
+            pid = struct.unpack_from("=I", inner[_TYPE_PID])[0]
+            if struct.unpack_from("=H", stats)[0] < _AGROUP_SINCE:
+                # No AGROUP yet: the leader thread's own record, exact unless the leader left
+                # before its last thread (pthread_exit in main), which such a kernel cannot say.
+                if pid in self._watched:
+                    self._statuses[pid] = struct.unpack_from("=I", stats, _EXITCODE)[0]
+                continue
             if not stats[_FLAG] & _AGROUP:
                 continue  # a thread of it ended, not the process
-            pid = struct.unpack_from("=I", inner[_TYPE_PID])[0]
             tgid = pid
             tgid_part = records.get(_TYPE_AGGR_TGID)
             if tgid_part is not None:
