@@ -28,8 +28,8 @@ HOG = "import time\nchunks=[]\nwhile True:\n    chunks.append(bytearray(8 << 20)
 NO_NET_ADMIN = ("setpriv", "--bounding-set", "-net_admin", "--inh-caps", "-net_admin")
 
 
-def _exec(c: httpx2.Client, command: str) -> str:
-    data = post(c, "exec", command=command, background=True).json()["data"]
+def _exec(c: httpx2.Client, command: str, **kw: Any) -> str:
+    data = post(c, "exec", command=command, background=True, **kw).json()["data"]
     assert data["status"] == "running", data
     return str(data["sessionId"])
 
@@ -130,6 +130,7 @@ def test_exits_while_no_server_runs_are_reported_as_a_live_server_would(tmp_path
             oom_here = c.get("/v1/capabilities").json()["limits"]["mechanism"] != "watchdog"
             argv = _argv(c, "sh", "-c", "sleep 1; exit 7")
             execd = _exec(c, "sleep 1; exec sh -c 'exit 4'")  # exec replaced the shell and its trap
+            tty = _exec(c, "sleep 1; exec sh -c 'exit 9'", pty=True)
             termed = _exec(c, "sleep 300")  # its process group gets SIGTERM during the outage
             killed = _argv(c, "sleep", "300")  # SIGKILL during the outage
             later = _argv(c, "sh", "-c", "read x; exit 3")  # ends under the next server, not its parent
@@ -148,7 +149,7 @@ def test_exits_while_no_server_runs_are_reported_as_a_live_server_would(tmp_path
         time.sleep(0.2)
         os.killpg(termed_pid, signal.SIGTERM)
         os.kill(killed_pid, signal.SIGKILL)
-        ended = [s for s in (argv, execd, termed, killed, hog, boxed) if s is not None]
+        ended = [s for s in (argv, execd, tty, termed, killed, hog, boxed) if s is not None]
         _until(lambda: _gone(ended), "the sessions to end during the outage")
 
         second = start_daemon(root, log_name="second.log")
@@ -156,6 +157,7 @@ def test_exits_while_no_server_runs_are_reported_as_a_live_server_would(tmp_path
         with second.http() as c:
             assert (_row(c, argv)["state"], _row(c, argv)["exitCode"]) == ("exited_error", 7)
             assert _row(c, execd)["exitCode"] == 4
+            assert _row(c, tty)["exitCode"] == 9
             assert (_row(c, termed)["state"], _row(c, termed)["exitSignal"]) == ("exited_error", "SIGTERM")
             assert _row(c, killed)["exitSignal"] == "SIGKILL"
             if hog is not None:  # its memory limit's OOM kill, as a live server reports it
