@@ -226,7 +226,7 @@ class ExitRecorder:
                 # No AGROUP yet: the leader thread's own record, exact unless the leader left
                 # before its last thread (pthread_exit in main), which such a kernel cannot say.
                 if pid in self._watched:
-                    self._statuses[pid] = struct.unpack_from("=I", stats, _EXITCODE)[0]
+                    self._statuses.setdefault(pid, struct.unpack_from("=I", stats, _EXITCODE)[0])
                 continue
             if not stats[_FLAG] & _AGROUP:
                 continue  # a thread of it ended, not the process
@@ -237,7 +237,8 @@ class ExitRecorder:
             elif len(stats) >= _TGID + 4:
                 tgid = struct.unpack_from("=I", stats, _TGID)[0] or pid
             if tgid in self._watched:
-                self._statuses[tgid] = struct.unpack_from("=I", stats, _EXITCODE)[0]
+                # The first: a later one is of a process that got the pid again, never our leader.
+                self._statuses.setdefault(tgid, struct.unpack_from("=I", stats, _EXITCODE)[0])
 
 
 def _bpf(code: int, jt: int, jf: int, k: int) -> bytes:
