@@ -77,7 +77,7 @@ class Unavailable(Exception):
 def probe() -> tuple[str | None, str | None]:
     """(MECHANISM, None) where a listener can register here, else (None, why not)."""
     try:
-        ExitRecorder().close()
+        ExitRecorder(filtered=False).close()  # registered and gone at once: no filter needed (nor ctypes)
     except Unavailable as exc:
         return None, str(exc)
     return MECHANISM, None
@@ -86,7 +86,7 @@ def probe() -> tuple[str | None, str | None]:
 class ExitRecorder:
     """A taskstats listener on every possible CPU, keeping the wait status of watched processes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, filtered: bool = True) -> None:
         self.overrun = False  # the kernel dropped records (our buffer was full): some may be missing
         self._statuses: dict[int, int] = {}
         self._watched: frozenset[int] = frozenset()
@@ -98,9 +98,10 @@ class ExitRecorder:
             self.sock.settimeout(_SETUP_TIMEOUT)
             self.sock.bind((0, 0))
             self.family = self._resolve_family()
-            with contextlib.suppress(OSError):  # root only; the default buffer holds ~200 records
-                self.sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, _RCVBUF)
-            self._filter(frozenset())  # nothing passes until we say whose records we want
+            if filtered:
+                with contextlib.suppress(OSError):  # root only; the default buffer holds ~200 records
+                    self.sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, _RCVBUF)
+                self._filter(frozenset())  # nothing passes until we say whose records we want
             self._register()
             self.sock.setblocking(False)
         except BaseException:
