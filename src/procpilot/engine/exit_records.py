@@ -19,6 +19,7 @@ path) loads this file by its path too.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import json
@@ -77,7 +78,7 @@ class Unavailable(Exception):
 def probe() -> tuple[str | None, str | None]:
     """(MECHANISM, None) where a listener can register here, else (None, why not)."""
     try:
-        ExitRecorder(filtered=False).close()  # registered and gone at once: no filter needed (nor ctypes)
+        ExitRecorder(filtered=False).close()  # registered and gone at once: no filter needed
     except Unavailable as exc:
         return None, str(exc)
     return MECHANISM, None
@@ -191,7 +192,6 @@ class ExitRecorder:
 
     def _filter(self, pids: frozenset[int]) -> None:
         """A socket filter that passes the records whose pid or thread group id is watched."""
-        import ctypes  # here, not at import: the holder loads this module long before an outage
         accept, drop = _bpf(_RET, 0, 0, 0xFFFFFFFF), _bpf(_RET, 0, 0, 0)
         if len(pids) > _BPF_MAX_PIDS:
             program = [accept]  # too many to list: take all, sort them here
@@ -206,9 +206,12 @@ class ExitRecorder:
                 for key in keys:
                     program += [_bpf(_JEQ, 0, 1, key), accept]
             program.append(drop)
-        code = ctypes.create_string_buffer(b"".join(program))
-        fprog = struct.pack("=HxxxxxxQ" if struct.calcsize("P") == 8 else "=HxxI", len(program), ctypes.addressof(code))
+        # struct sock_fprog points at the instructions: an array's buffer has an address (no ctypes).
+        code = array.array("B", b"".join(program))
+        address = code.buffer_info()[0]
+        fprog = struct.pack("=HxxxxxxQ" if struct.calcsize("P") == 8 else "=HxxI", len(program), address)
         self.sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+        del code  # alive until here: the kernel copied the program in setsockopt
 
     def _parse(self, data: bytes) -> None:
         for kind, payload in _messages(data):
