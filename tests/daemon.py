@@ -59,7 +59,11 @@ class Served:
 
 
 def daemon_env(root: Path) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+    env = {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+    # A checkout that is not the installed one (a worktree) puts itself first: its daemons must run its code.
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
 
 
 def write_config(
@@ -100,15 +104,17 @@ def start_daemon(
     server: str = "",
     exec_: str = "",
     log_name: str = "daemon.log",
+    wrap: tuple[str, ...] = (),
 ) -> Served:
     """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server], ``exec_``
-    inside [tools.exec]; ``log_name`` a log of its own for a second daemon on the same root."""
+    inside [tools.exec]; ``log_name`` a log of its own for a second daemon on the same root;
+    ``wrap`` a command that execs the daemon (``setpriv ...``: it keeps the daemon's pid)."""
     root.mkdir(parents=True, exist_ok=True)
     config = write_config(root, tokens, extra=extra, server=server, exec_=exec_)
     log = root / log_name
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [PROCPILOT, "serve", "--config", str(config), *args],
+            [*wrap, PROCPILOT, "serve", "--config", str(config), *args],
             env=daemon_env(root),
             stdout=out,
             stderr=subprocess.STDOUT,
