@@ -106,7 +106,7 @@ def test_the_directory_is_made_by_the_first_byte_and_never_without_one(tmp_path:
     assert not (tmp_path / "sessions").exists()
     loud = SessionOutput(tmp_path / "sessions" / "loud", cap_bytes=1 << 20)
     loud.append(Stream.STDERR, b"x\n")
-    assert sorted(p.name for p in loud.directory.iterdir()) == ["combined.000000", "stderr.000000"]
+    assert sorted(p.name for p in loud.directory.iterdir()) == ["combined.000000", "order.000000"]  # stored once
     loud.mark_closed()
     loud.remove_files()
     assert list(loud.directory.iterdir()) == []

@@ -30,24 +30,25 @@ NODE_LOST = "node_lost"
 _log = logging.getLogger(__name__)
 
 
-def mirror(output: SessionOutput, stream: Stream, offset: int, data: bytes) -> None:
-    """Write one streamed chunk of a view at the offset the node had it at, and wake readers.
+def mirror(output: SessionOutput, stream: Stream, position: int, offset: int, data: bytes) -> None:
+    """Store one streamed run (bytes of ``stream`` from its ``position``, at ``offset`` in the
+    combined view) where the node had it, and wake readers.
 
     The daemon's copy keeps the node's offsets byte for byte: bytes it already has (a stream
     followed again after a lost connection starts from 0) are skipped, and a range the node's
-    cap dropped before it was sent reads as zeros here (the node's own log says what was
-    dropped). Listeners hear new stdout and stderr bytes once, as from a local ``append``."""
-    view = output[stream]
-    if offset > view.size:
-        view.write(bytes(offset - view.size))
-    fresh = data[view.size - offset :]
-    if not fresh:
-        return
-    view.write(fresh)
-    if stream is not Stream.COMBINED:
-        for listener in list(output._listeners):  # the engine's own hook, as append() calls it
-            listener(stream, fresh)
-    output.wake()
+    cap dropped before it was sent reads as zeros here, each stream's share of it in that
+    stream (the node's own log says what was dropped). Listeners hear new bytes once, as from a
+    local ``append``."""
+    have = output[Stream.COMBINED].size
+    if offset > have:
+        own = max(0, min(offset - have, position - output[stream].size))
+        other = Stream.STDERR if stream is Stream.STDOUT else Stream.STDOUT
+        output.pad(other, offset - have - own)
+        output.pad(stream, own)
+        have = offset
+    fresh = data[have - offset :]
+    if fresh:
+        output.append(stream, fresh)
 
 
 class RemoteSession(Session):

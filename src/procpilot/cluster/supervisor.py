@@ -202,11 +202,8 @@ class ClusterSupervisor(Supervisor):
         async for item in node.actor.follow(session.scope, session.id):
             if session.finished:  # ended here first (killed while queued): its copy is closed
                 return
-            if item[0] == "both":  # one stretch of stdout or stderr, and where it sits in combined
-                mirror(session.output, Stream(item[1]), item[2], item[4])
-                mirror(session.output, Stream.COMBINED, item[3], item[4])
-            elif item[0] == "out":  # one view on its own
-                mirror(session.output, Stream(item[1]), item[2], item[3])
+            if item[0] == "both":  # one run of stdout or stderr, and where it sits in combined
+                mirror(session.output, Stream(item[1]), item[2], item[3], item[4])
             elif item[0] == "end":
                 session.apply_end(item[1])
                 return

@@ -90,7 +90,10 @@ _T = TypeVar("_T")
 _MAX_OUTAGE_EXITS = 1000  # per scope, kept until a stream of that scope takes them
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
-_RECORD_FORMAT = 1
+# 2: the output is stored once (the combined log and its ordering index); 1: a copy per stream
+# as well, which this version still reads and goes on writing for a session adopted in it.
+_RECORD_FORMAT = 2
+_PER_STREAM_FORMAT = 1
 _ADOPTION_KEYS = (
     "format",
     "owner",
@@ -844,6 +847,8 @@ class Supervisor:
         session.created_at = float(record.get("created_at") or time.time())
         session.backgrounded = True
         session.extra_record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        # What its files are in now: a session with no output yet begins in this version's layout.
+        session.extra_record["format"] = _RECORD_FORMAT if output.layout == "once" else _PER_STREAM_FORMAT
         session.accounting.limit_backend = restarts.limits_for(record)
         self._register(session)
         pid = record.get("pid")
