@@ -59,7 +59,12 @@ class Served:
 
 
 def daemon_env(root: Path) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+    env = {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+    # A checkout run with its own src first on the path (a worktree beside the venv's editable
+    # install) must start daemons of that code, not of the install's.
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
 
 
 def write_config(

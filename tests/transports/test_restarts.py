@@ -45,6 +45,15 @@ def _kill_9(daemon: Served) -> None:
     daemon.proc.wait()
 
 
+def _leave_nothing(root: Path, *daemons: Served | None) -> None:
+    """Whatever a test left running ends: its daemons, then (through a last daemon) their sessions."""
+    for daemon in daemons:
+        if daemon is not None and daemon.proc.poll() is None:
+            _kill_9(daemon)
+    if marked_processes():
+        _end_all(root)
+
+
 def _end_all(root: Path) -> None:
     """After a failure, nothing may outlive the test: a last daemon adopts and ends the rest."""
     with contextlib.suppress(Exception):
@@ -108,11 +117,34 @@ def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) 
         # Nothing held any more and no server: the holder went too.
         _until(lambda: not (root / "state" / "holder.sock").exists(), "the holder to exit")
     finally:
-        for daemon in (first,):
-            if daemon.proc.poll() is None:
-                _kill_9(daemon)
-        if marked_processes():
-            _end_all(root)
+        _leave_nothing(root, first)
+
+
+def test_a_session_whose_server_is_killed_the_moment_it_started_survives(tmp_path: Path) -> None:
+    """The id came back, then kill -9 at once: the session's descriptors had reached the holder
+    before its id left the server (no SIGPIPE at its next line), and nothing it printed is lost."""
+    root = tmp_path / "d"
+    first = start_daemon(root)
+    second: Served | None = None
+    try:
+        with first.http() as c:
+            young = _exec(c, "for i in $(seq 1 20); do echo young$i; sleep 0.02; done; exit 3")
+            piped = _exec(c, "read x; echo got-$x")
+        _kill_9(first)
+        second = start_daemon(root, log_name="second.log")
+        with second.http() as c:
+            assert second.proc.poll() is None
+            ended = post(c, "process", action="wait", sessionId=young, timeout=10_000).json()["data"]
+            assert (ended["status"], ended["exitCode"]) == ("error", 3), ended
+            assert _log(c, young).splitlines() == [f"young{i}" for i in range(1, 21)]
+            post(c, "process", action="write", sessionId=piped, data="in\n")
+            done = post(c, "process", action="wait", sessionId=piped, timeout=10_000).json()["data"]
+            assert (done["status"], done["exitCode"]) == ("done", 0), done
+            assert "got-in" in _log(c, piped)
+            cleanup(c)
+        assert second.stop() == 0
+    finally:
+        _leave_nothing(root, first, second)
 
 
 def _exit_events(daemon: Served, count: int) -> dict[str, int | None]:
@@ -221,11 +253,7 @@ def test_takeover_under_a_client_polling_throughout(tmp_path: Path) -> None:
         assert second.stop() == 0
     finally:
         done.set()
-        for daemon in (first, second):
-            if daemon is not None and daemon.proc.poll() is None:
-                _kill_9(daemon)
-        if marked_processes():
-            _end_all(root)
+        _leave_nothing(root, first, second)
 
 
 async def test_per_call_stdio_servers_of_one_agent_keep_their_sessions(tmp_path: Path) -> None:
@@ -273,8 +301,4 @@ def test_keep_sessions_makes_sigterm_hand_over_instead_of_ending(tmp_path: Path)
             assert "got-x" in _log(c, sleeper)
         assert second.stop() == 0
     finally:
-        for daemon in (first, second):
-            if daemon is not None and daemon.proc.poll() is None:
-                _kill_9(daemon)
-        if marked_processes():
-            _end_all(root)
+        _leave_nothing(root, first, second)

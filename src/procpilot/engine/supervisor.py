@@ -568,6 +568,19 @@ class Supervisor:
 
     async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
         """Start ``spec`` (or queue it behind its lane) and return its session at once."""
+        session = await self._spawn(spec, scope)
+        self._hold_now()
+        return session
+
+    def _hold_now(self) -> None:
+        """Whatever is queued for the holder goes now. Called before a running session's id leaves
+        the engine: a client that has the id may see the server killed -9 the next moment, and a
+        session whose descriptors were still in the batch would die of SIGPIPE with it. A command
+        that ends within its yield never gets here, so exec's usual call still sends nothing."""
+        if self._restarts is not None:
+            self._restarts.link.flush()
+
+    async def _spawn(self, spec: SpawnSpec, scope: str) -> Session:
         spec = await self._admit(spec, scope)
         if self._store is None:  # _admit refused this already; said again for the type checker
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
@@ -633,6 +646,7 @@ class Supervisor:
                 why = f"InternalError: {type(exc).__name__}"
             session.restart_failed(f"restart {session.restarts} could not start: {why}")
             return
+        self._hold_now()  # its clients have its id already
         session.restarted()
 
     async def _start(self, session: Session, warm: WarmShell | None = None, *, again: bool = False) -> None:
@@ -955,12 +969,13 @@ class Supervisor:
         ``yield_ms=None`` waits for the end; ``0`` returns at once. The process is never
         restarted or interrupted by the hand-over: it is the same session either way.
         """
-        session = await self.spawn(spec, scope=scope)
+        session = await self._spawn(spec, scope)
         timeout = None if yield_ms is None else yield_ms / 1000
         if timeout != 0:
             await session.wait_finished(timeout)
         if not session.finished:
             session.backgrounded = True
+            self._hold_now()
         return session
 
     async def write(
