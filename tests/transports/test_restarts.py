@@ -3,6 +3,7 @@ the same state directory, which adopts every session with its output, its stdin 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,10 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from websockets.asyncio.client import connect
 
+from tests import daemon as daemons
 from tests.conftest import marked_processes
 from tests.daemon import PROCPILOT, TOKENS, Served, cleanup, daemon_env, post, start_daemon, write_config
 
@@ -145,6 +149,92 @@ def test_a_session_whose_server_is_killed_the_moment_it_started_survives(tmp_pat
         assert second.stop() == 0
     finally:
         _leave_nothing(root, first, second)
+
+
+def test_exits_in_an_outage_reach_every_listener_that_connects(tmp_path: Path) -> None:
+    """Sessions that ended while no server ran: every SSE stream, MCP listen stream and proc/*
+    WebSocket of their agent that connects to the next server hears of them; another agent's none."""
+    root = tmp_path / "d"
+    first = start_daemon(root)
+    second: Served | None = None
+    try:
+        with first.http() as a, first.http(daemons.TOKEN_B) as b:
+            ended_a = _exec(a, "sleep 0.3; exit 5")
+            ended_b = _exec(b, "sleep 0.3")
+        _kill_9(first)
+        for sid in (ended_a, ended_b):
+            _until((root / "state" / "sessions" / f"{sid}.exit").exists, "the exits during the outage")
+        second = start_daemon(root, log_name="second.log")
+        with second.http() as a, second.http(daemons.TOKEN_B) as b:
+            # Each stream that connects hears them, not only the first; a live exit follows them.
+            for _ in range(2):
+                assert _exits_until_live(second, a, daemons.TOKEN_A) == [(ended_a, 5)]
+            assert _exits_until_live(second, b, daemons.TOKEN_B) == [(ended_b, 0)]
+        assert asyncio.run(_mcp_listen_hears(second, ended_a, ended_b)) == [f"proc://{ended_a}"]
+        assert asyncio.run(_websocket_hears(second)) == [(ended_a, 5)]
+        with second.http() as a, second.http(daemons.TOKEN_B) as b:
+            cleanup(a)
+            cleanup(b)
+        assert second.stop() == 0
+    finally:
+        _leave_nothing(root, first, second)
+
+
+def _exits_until_live(daemon: Served, c: httpx2.Client, token: str) -> list[tuple[str, int | None]]:
+    """The exit events one new SSE stream delivers before that of a session started after it
+    connected (the replayed ones come first): (session id, exit code)."""
+    found: list[tuple[str, int | None]] = []
+    with daemon.http(token) as listener, listener.stream("GET", "/v1/events") as events:
+        lines = events.iter_lines()
+        assert next(lines) == "retry: 3000"
+        live = str(post(c, "exec", command="true").json()["data"]["sessionId"])
+        kind = None
+        for line in lines:
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind == "exit":
+                event = json.loads(line[6:])
+                if event["sessionId"] == live:
+                    return found
+                found.append((event["sessionId"], event["exitCode"]))
+    raise AssertionError(f"the stream ended after {found}")
+
+
+async def _mcp_listen_hears(daemon: Served, *session_ids: str) -> list[str]:
+    """The resource updates a new listen stream of agent A gets (for these sessions' URIs and a
+    live one's) before the live one's."""
+    uris: list[str] = []
+    async with daemon.mcp() as client:
+        assert not client.protocol_version.startswith("2025"), "the SDK negotiated a legacy version"
+        live = (await client.call_tool("exec", {"command": "sleep 0.5", "background": True})).structured_content
+        live_uri = f"proc://{(live or {})['sessionId']}"
+        wanted = [f"proc://{sid}" for sid in session_ids] + [live_uri]
+        async with client.listen(resource_subscriptions=wanted) as sub:
+            with anyio.fail_after(15):
+                async for event in sub:
+                    uri = str(getattr(event, "uri", ""))
+                    if uri == live_uri:
+                        return uris
+                    uris.append(uri)
+    raise AssertionError(f"the listen stream ended after {uris}")
+
+
+async def _websocket_hears(daemon: Served) -> list[tuple[str, int | None]]:
+    """The proc/exit/event frames a new proc/* WebSocket of agent A gets before that of a
+    process it spawns itself."""
+    found: list[tuple[str, int | None]] = []
+    url = daemon.url.replace("http://", "ws://") + "/v1/proc"
+    async with connect(url, additional_headers=daemon.headers()) as ws:
+        await ws.send(json.dumps({"type": "proc/spawn/req", "id": "1", "cmd": ["sleep", "0.3"]}))
+        live = None
+        while True:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 15))
+            if frame["type"] == "proc/spawn/resp":
+                live = frame["proc_id"]
+            elif frame["type"] == "proc/exit/event":
+                if frame["proc_id"] == live:
+                    return found
+                found.append((frame["proc_id"], frame["exit_code"]))
 
 
 def _exit_events(daemon: Served, count: int) -> dict[str, int | None]:

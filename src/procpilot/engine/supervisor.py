@@ -80,7 +80,7 @@ _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of outp
 _LOW_SPACE_BYTES = 100 << 20  # under this (or 1% of the disk) doctor and capabilities warn
 _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
 _T = TypeVar("_T")
-_MAX_OUTAGE_EXITS = 1000  # per scope, kept until a stream of that scope takes them
+_MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
 _RECORD_FORMAT = 1
@@ -198,9 +198,10 @@ class Supervisor:
         self.owner = owner
         self._restarts: Restarts | None = None
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
-        # Exits of sessions that ended while no server ran, per scope, until a listener of that
-        # scope takes them (take_outage_exits): nobody was there to be told when they happened.
-        self._outage_exits: dict[str, builtins.list[ExitInfo]] = {}
+        # Exits of sessions that ended while no server ran, per scope and session id, kept as long
+        # as the session is: nobody was there to be told when they happened, so every listener
+        # of the scope that connects is told (outage_exits).
+        self._outage_exits: dict[str, dict[str, ExitInfo]] = {}
         self._handed_over = asyncio.Event()  # set once detach() has left every session to the next server
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
@@ -904,9 +905,9 @@ class Supervisor:
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
         if session.ended_in_outage:
-            pending = self._outage_exits.setdefault(session.scope, [])
+            pending = self._outage_exits.setdefault(session.scope, {})
             if len(pending) < _MAX_OUTAGE_EXITS:
-                pending.append(session.exit_info(self.tail_text(session)))
+                pending[session.id] = session.exit_info(self.tail_text(session))
         if session.spec.notify_on_exit and self.exits.has_listeners:
             self.exits.publish(session.exit_info(self.tail_text(session)))
 
@@ -1110,6 +1111,9 @@ class Supervisor:
 
     def _forget(self, session: Session) -> None:
         self._sessions.pop(session.id, None)
+        missed = self._outage_exits.get(session.scope)
+        if missed is not None and missed.pop(session.id, None) is not None and not missed:
+            del self._outage_exits[session.scope]
         session.output.remove_files()
         if self._store is not None:
             self._store.delete(session.id)
@@ -1125,10 +1129,12 @@ class Supervisor:
 
     # -- events --------------------------------------------------------------------------------
 
-    def take_outage_exits(self, scope: str) -> builtins.list[ExitInfo]:
-        """The exits of ``scope``'s sessions that ended while no server ran (once: a stream that
-        connects after a restart delivers them; later ones get only what happens from then on)."""
-        return self._outage_exits.pop(scope, [])
+    def outage_exits(self, scope: str) -> builtins.list[ExitInfo]:
+        """The exits of ``scope``'s sessions that ended while no server ran, oldest first, for each
+        listener of that scope to hear as it connects (an SSE stream, an MCP listen stream, a
+        WebSocket), as long as the session is kept: which client was told cannot be known, only
+        which connection."""
+        return builtins.list(self._outage_exits.get(scope, {}).values())
 
     def on_exit(self, callback: Callable[[ExitInfo], None]) -> Callable[[], None]:
         """Call ``callback`` once per session when it ends; returns the remover."""
