@@ -180,6 +180,45 @@ def test_exits_in_an_outage_reach_every_listener_that_connects(tmp_path: Path) -
         _leave_nothing(root, first, second)
 
 
+def test_a_holder_killed_under_a_live_server_is_replaced_before_the_server_dies_too(tmp_path: Path) -> None:
+    """kill -9 of the holder: the server still has every descriptor, starts another holder and
+    hands it everything, so the kill -9 of the server that follows loses nothing either."""
+    root = tmp_path / "d"
+    first = start_daemon(root)
+    second: Served | None = None
+    try:
+        with first.http() as c:
+            printer = _exec(c, PRINTER)
+            piped = _exec(c, "read x; echo got-$x")
+            tty = _exec(c, "read x; echo tty-got-$x", pty=True)
+            _until(lambda: "line3" in _log(c, printer), "the printer to start")
+            old = c.get("/v1/capabilities").json()["restarts"]["holder_pid"]
+            os.kill(old, signal.SIGKILL)
+
+            def replaced() -> bool:
+                now = c.get("/v1/capabilities").json()["restarts"]
+                return bool(now["survive"]) and now["holder_pid"] not in (None, old)
+
+            _until(replaced, "a new holder")
+            assert "line40" not in _log(c, printer)  # the crash below comes while it prints
+        _kill_9(first)
+        second = start_daemon(root, log_name="second.log")
+        with second.http() as c:
+            ended = post(c, "process", action="wait", sessionId=printer, timeout=10_000).json()["data"]
+            assert (ended["status"], ended["exitCode"]) == ("error", 7), ended
+            lines = _log(c, printer).splitlines()
+            assert [ln for ln in lines if ln.startswith("line")] == [f"line{i}" for i in range(1, 41)]
+            for sid, said in ((piped, "got-in"), (tty, "tty-got-in")):
+                post(c, "process", action="write", sessionId=sid, data="in\n")
+                done = post(c, "process", action="wait", sessionId=sid, timeout=10_000).json()["data"]
+                assert (done["status"], done["exitCode"]) == ("done", 0), done
+                assert said in _log(c, sid)
+            cleanup(c)
+        assert second.stop() == 0
+    finally:
+        _leave_nothing(root, first, second)
+
+
 def _exits_until_live(daemon: Served, c: httpx2.Client, token: str) -> list[tuple[str, int | None]]:
     """The exit events one new SSE stream delivers before that of a session started after it
     connected (the replayed ones come first): (session id, exit code)."""

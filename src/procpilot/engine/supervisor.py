@@ -30,6 +30,7 @@ from procpilot.engine.adoption import Restarts, leader_status, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
+from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
@@ -81,6 +82,10 @@ _LOW_SPACE_BYTES = 100 << 20  # under this (or 1% of the disk) doctor and capabi
 _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
 _T = TypeVar("_T")
 _MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
+# A holder that died while its server lives: tries at starting another, the first after this delay,
+# each next one twice as late (a holder that cannot start at all is reported, not spun on).
+_REHOLD_TRIES = 5
+_REHOLD_DELAY = 0.2
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
 _RECORD_FORMAT = 1
@@ -197,6 +202,7 @@ class Supervisor:
         # restart hands them to the next server of the same owner (engine/adoption.py).
         self.owner = owner
         self._restarts: Restarts | None = None
+        self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
         # Exits of sessions that ended while no server ran, per scope and session id, kept as long
         # as the session is: nobody was there to be told when they happened, so every listener
@@ -260,6 +266,7 @@ class Supervisor:
             raise
         self._started = True
         if self._restarts is not None:
+            self._restarts.link.on_lost = self._holder_lost
             self._adopt(held)
         if self._warm_size > 0:
             self._warm = WarmPool(self._tree_backend, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
@@ -349,7 +356,7 @@ class Supervisor:
             return {"survive": False, "why": "no owner: sessions end with this supervisor (procpilot serve has one)"}
         if not restarts.link.connected:
             return {"survive": False, "owner": restarts.owner, "why": restarts.link.problem}
-        return {"survive": True, "owner": restarts.owner, "holder": restarts.link.path}
+        return {"survive": True, "owner": restarts.owner, "holder": restarts.link.path, "holder_pid": restarts.link.pid}
 
     @property
     def usage(self) -> UsageTracker:
@@ -772,8 +779,58 @@ class Supervisor:
             extra["notify_on_exit"] = False
         session.extra_record = extra
         link = restarts.link
-        if link.add(session.id, spawned, session.output.directory / "outage.spool", extra["max_log_bytes"], roots):
-            session.on_stdin_close = lambda: link.stdin_closed(session.id)
+        session.on_stdin_close = lambda: link.stdin_closed(session.id)
+        self._hold(session, spawned)
+
+    def _hold(self, session: Session, spawned: Spawned) -> None:
+        """Queue copies of the session's open descriptors for the holder (see _hold_now)."""
+        restarts = self._restarts
+        if restarts is None:
+            return
+        extra = session.extra_record
+        roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
+        limit_roots = extra.get("limit_roots")
+        roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
+        cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
+        restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
+
+    def _holder_lost(self) -> None:
+        if not self._closed and (self._rehold is None or self._rehold.done()):
+            self._rehold = self._spawn_task(self._hold_again())
+
+    async def _hold_again(self) -> None:
+        """The holder died while we live. Its copies died with it, ours did not: start another and
+        hand it every running session again, so a crash of ours later still loses nothing."""
+        restarts = self._restarts
+        if restarts is None:
+            return
+        link = restarts.link
+        for attempt in range(_REHOLD_TRIES):
+            found = await asyncio.to_thread(link.open)  # starting a holder waits on its start-up
+            if found is not None and self._closed:
+                found[0].close()
+                for copy in found[1]:
+                    copy.close()
+            if self._closed or link.mismatch:
+                return
+            if found is not None:
+                sock, held = found
+                link.install(sock)
+                for copy in held:
+                    # Only if our connection broke while the holder lived: it drained our sessions
+                    # meanwhile, so what it read is in their spools (ours are the live copies).
+                    session = self._sessions.get(copy.id)
+                    if session is not None and not session.finished:
+                        replay_spool(session.output, session.output.directory)
+                    copy.close()
+                for session in self._sessions.values():
+                    spawned = session.spawned
+                    if spawned is not None and not session.finished:
+                        self._hold(session, spawned)
+                link.flush()
+                _log.warning("a new holder (pid %s) has every running session again", link.pid)
+                return
+            await asyncio.sleep(_REHOLD_DELAY * 2**attempt)
 
     def _adopt(self, held: builtins.list[HeldSession]) -> None:
         """Take over every session of our owner that the journal says was running.
