@@ -44,6 +44,7 @@ from procpilot.engine.limits import (
 )
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
+from procpilot.engine.state_format import check_state_format
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
@@ -250,6 +251,7 @@ class Supervisor:
         if self._started:
             return self
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        check_state_format(self.config.state_dir)
         held: builtins.list[HeldSession] = []
         if self.owner is not None:
             # First of all: the lock (a second live server of this owner stops here), then what the
