@@ -219,6 +219,71 @@ def test_a_holder_killed_under_a_live_server_is_replaced_before_the_server_dies_
         _leave_nothing(root, first, second)
 
 
+def test_sighup_runs_the_daemon_again_in_its_own_pid_and_every_session_goes_on(tmp_path: Path) -> None:
+    """SIGHUP: the daemon hands everything over and re-execs its own command line: the same pid
+    and port, the config read again, every session adopted with all its output, and a client
+    polling throughout sees it running until its exit (waits, at worst: refused or a 503)."""
+    root = tmp_path / "d"
+    first = start_daemon(root)
+    pid = first.proc.pid
+    try:
+        with first.http() as c:
+            printer = _exec(c, PRINTER)
+            piped = _exec(c, "read x; echo got-$x")
+            _until(lambda: "line3" in _log(c, printer), "the printer to start")
+        config = root / "procpilot.toml"
+        config.write_text(config.read_text() + '"tok-charlie-5555555555" = "agent-c"\n')
+        first.proc.send_signal(signal.SIGHUP)
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        with first.http() as c:
+            while "error" not in seen:
+                assert time.monotonic() < deadline, f"gave up polling: {seen}"
+                time.sleep(0.02)
+                try:
+                    reply = post(c, "process", action="poll", sessionId=printer)
+                except httpx2.TransportError:
+                    seen.append("refused")
+                    continue
+                assert reply.status_code in (200, 503), reply.text
+                seen.append(reply.json()["data"]["status"] if reply.status_code == 200 else "503")
+            assert set(seen) <= {"running", "503", "refused", "error"}, seen
+            assert first.proc.poll() is None and first.log_text().count("state:") == 2  # ran again
+            assert json.loads((root / "state" / "daemon.json").read_text())["pid"] == pid
+            lines = _log(c, printer).splitlines()
+            assert [ln for ln in lines if ln.startswith("line")] == [f"line{i}" for i in range(1, 41)]
+            post(c, "process", action="write", sessionId=piped, data="x\n")
+            done = post(c, "process", action="wait", sessionId=piped, timeout=10_000).json()["data"]
+            assert (done["status"], done["exitCode"]) == ("done", 0), done
+            assert "got-x" in _log(c, piped)
+            cleanup(c)
+        with first.http("tok-charlie-5555555555") as c:  # the config it read again
+            assert post(c, "process", action="list").status_code == 200
+        assert first.stop() == 0
+    finally:
+        _leave_nothing(root, first)
+
+
+def test_a_sighup_from_a_terminal_that_closed_still_ends_every_session(tmp_path: Path) -> None:
+    """The kernel's SIGHUP for a hung-up terminal is not a reload: the new image would have no
+    terminal to write to, and whoever ran it there is gone. It ends every session, as before."""
+    root = tmp_path / "d"
+    controller, terminal = os.openpty()
+    daemon = start_daemon(root, terminal=terminal)
+    os.close(terminal)
+    try:
+        with daemon.http() as c:
+            sid = _exec(c, "sleep 300")
+        os.close(controller)  # the terminal hangs up: SIGHUP to the daemon, its session's leader
+        assert daemon.proc.wait(timeout=30) == 0
+        assert daemon.log_text().count("state:") == 1  # not started again
+        assert not _alive_marked(sid)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(controller)
+        _leave_nothing(root, daemon)
+
+
 def _exits_until_live(daemon: Served, c: httpx2.Client, token: str) -> list[tuple[str, int | None]]:
     """The exit events one new SSE stream delivers before that of a session started after it
     connected (the replayed ones come first): (session id, exit code)."""

@@ -147,7 +147,11 @@ def serve(
         bool, typer.Option(help="Take every running session over from the daemon already on this state dir.")
     ] = False,
     keep_sessions: Annotated[
-        bool, typer.Option(help="On SIGTERM/SIGINT leave running sessions to the next server (SIGUSR2 always does).")
+        bool,
+        typer.Option(
+            help="On SIGTERM/SIGINT leave running sessions to the next server (SIGUSR2 always does; SIGHUP"
+            " does and re-execs the daemon in place)."
+        ),
     ] = False,
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
