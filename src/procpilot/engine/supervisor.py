@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -86,6 +87,9 @@ _MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
 # A holder that died while its server lives: tries at starting another, the first after this delay,
 # each next one twice as late (a holder that cannot start at all is reported, not spun on).
 _REHOLD_TRIES = 5
+# Set while run() starts its session: spawn() leaves the hand-over to the holder to run(), which
+# does it only if the session outlives its yield (a context variable: concurrent runs each their own).
+_RUN_HOLDS_LATER: ContextVar[bool] = ContextVar("procpilot_run_holds_later", default=False)
 _REHOLD_DELAY = 0.2
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
@@ -579,7 +583,8 @@ class Supervisor:
     async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
         """Start ``spec`` (or queue it behind its lane) and return its session at once."""
         session = await self._spawn(spec, scope)
-        self._hold_now()
+        if not _RUN_HOLDS_LATER.get():
+            self._hold_now()
         return session
 
     def _hold_now(self) -> None:
@@ -1029,7 +1034,11 @@ class Supervisor:
         ``yield_ms=None`` waits for the end; ``0`` returns at once. The process is never
         restarted or interrupted by the hand-over: it is the same session either way.
         """
-        session = await self._spawn(spec, scope)
+        holds_later = _RUN_HOLDS_LATER.set(True)
+        try:
+            session = await self.spawn(spec, scope=scope)  # overridden by a cluster's supervisor
+        finally:
+            _RUN_HOLDS_LATER.reset(holds_later)
         timeout = None if yield_ms is None else yield_ms / 1000
         if timeout != 0:
             await session.wait_finished(timeout)
