@@ -38,6 +38,7 @@ FORBIDDEN = {
     "transports/serve.py": ("procpilot.client",),
     "transports/mcp.py": ("procpilot.client",),
     "transports/mcp_serve.py": ("procpilot.client",),
+    "transports/connections.py": ("procpilot.client",),
 }
 
 

@@ -375,7 +375,7 @@ def _read_within(trees: Any, trees_of: Sequence[tuple[str, int]], budget: float 
     deadline = None if budget is None else time.monotonic() + budget
     readings: list[_Reading] = []
     for session_id, leader in trees_of:
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             break
         readings.append(_read(trees, session_id, leader))
     return readings

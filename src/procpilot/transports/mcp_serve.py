@@ -69,6 +69,7 @@ async def _serve_http(
 ) -> None:
     import uvicorn
 
+    from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import guarded_mcp_app, request_agent
 
     server = build_mcp_server(tools, scope=request_agent)
@@ -77,7 +78,9 @@ async def _serve_http(
     sockets, address = bind_listeners(settings.server.model_copy(update={"port": port, "unix_socket": None}), tcp=True)
     app = guarded_mcp_app(server, settings, open_agent=agent)
     try:
-        uvicorn_ = uvicorn_server(uvicorn.Config(app, log_level="warning"))
+        limits = settings.server
+        http = guarded_h11(limits.header_timeout_sec, limits.max_connections)
+        uvicorn_ = uvicorn_server(uvicorn.Config(app, log_level="warning", http=http))
         announce(f"{address.url}/mcp")
         stop = functools.partial(setattr, uvicorn_, "should_exit", True)
         await serve_until_signal(sup, functools.partial(uvicorn_.serve, sockets=sockets), stop, keep=keep_sessions)

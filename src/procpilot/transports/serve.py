@@ -383,6 +383,7 @@ async def serve(
     never returning; from a terminal that hung up it ends every session as before."""
     import uvicorn
 
+    from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
     reload = Reload()
@@ -412,6 +413,7 @@ async def serve(
                 timeout_graceful_shutdown=int(grace) + 5,
                 ws_ping_interval=20.0,
                 ws_max_size=WS_MAX_MESSAGE,
+                http=guarded_h11(settings.server.header_timeout_sec, settings.server.max_connections),
             )
             server = uvicorn_server(config)
 
