@@ -222,7 +222,8 @@ def test_a_holder_killed_under_a_live_server_is_replaced_before_the_server_dies_
 def test_sighup_runs_the_daemon_again_in_its_own_pid_and_every_session_goes_on(tmp_path: Path) -> None:
     """SIGHUP: the daemon hands everything over and re-execs its own command line: the same pid
     and port, the config read again, every session adopted with all its output, and a client
-    polling throughout sees it running until its exit (waits, at worst: refused or a 503)."""
+    polling throughout sees it running until its exit (waits, at worst: refused or a 503). With a
+    config that does not load, a SIGHUP changes nothing."""
     root = tmp_path / "d"
     first = start_daemon(root)
     pid = first.proc.pid
@@ -232,7 +233,13 @@ def test_sighup_runs_the_daemon_again_in_its_own_pid_and_every_session_goes_on(t
             piped = _exec(c, "read x; echo got-$x")
             _until(lambda: "line3" in _log(c, printer), "the printer to start")
         config = root / "procpilot.toml"
-        config.write_text(config.read_text() + '"tok-charlie-5555555555" = "agent-c"\n')
+        text = config.read_text()
+        config.write_text(text + "[broken\n")  # a new image could not start: this one serves on
+        first.proc.send_signal(signal.SIGHUP)
+        _until(lambda: "SIGHUP ignored" in first.log_text(), "the daemon to refuse the reload")
+        with first.http() as c:
+            assert post(c, "process", action="poll", sessionId=printer).json()["data"]["status"] == "running"
+        config.write_text(text + '"tok-charlie-5555555555" = "agent-c"\n')
         first.proc.send_signal(signal.SIGHUP)
         seen: list[str] = []
         deadline = time.monotonic() + 30

@@ -169,10 +169,13 @@ def serve(
         overrides["server"] = server
     if state_dir is not None:
         overrides["state_dir"] = state_dir
-    try:
-        settings = load_settings(
+    def settings_now() -> Settings:
+        return load_settings(
             config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools, profile)
         )
+
+    try:
+        settings = settings_now()
     except ProcpilotError as exc:
         _fail(exc, 2)
 
@@ -198,7 +201,13 @@ def serve(
     try:
         asyncio.run(
             run_daemon(
-                settings, open_agent=agent, tcp=tcp, announce=announce, keep_sessions=keep_sessions, takeover=takeover
+                settings,
+                open_agent=agent,
+                tcp=tcp,
+                announce=announce,
+                keep_sessions=keep_sessions,
+                takeover=takeover,
+                recheck=settings_now,  # before a SIGHUP re-exec: the new image must be able to start
             )
         )
     except ProcpilotError as exc:

@@ -16,21 +16,25 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import signal
 import socket
 import sys
 import termios
 import threading
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Literal, NoReturn
 
 from procpilot.config import ServerSettings
+from procpilot.errors import ProcpilotError
 
 __all__ = ["RELOAD_SIGNAL", "Reload", "inherited_listeners", "terminal_gone"]
 
 RELOAD_SIGNAL = signal.SIGHUP
 LISTEN_FDS_ENV = "PROCPILOT_LISTEN_FDS"
 _MAX_FDS = 8  # a daemon listens on two sockets; a bigger list did not come from us
+_log = logging.getLogger(__name__)
 
 
 def terminal_gone() -> bool:
@@ -58,7 +62,9 @@ class Reload:
     ignored, not blocked) signal is reset to its default in every child, so sessions started from
     then on see their signals as usual."""
 
-    def __init__(self) -> None:
+    def __init__(self, check: Callable[[], object] | None = None) -> None:
+        # Loads the configuration as the new image will, raising ProcpilotError if it cannot.
+        self.check = check
         self.sockets: list[socket.socket] = []  # the listening sockets, once bound
         self.listeners: list[int] = []  # their duplicates, once a re-exec is asked for
         self.early: list[int] = []
@@ -79,13 +85,20 @@ class Reload:
         if sig not in self.early:
             self.early.append(sig)
 
-    def wanted(self, sig: int) -> bool:
-        """Whether ``sig`` asks for a re-exec (then the listening sockets are kept for it: uvicorn
-        closes its own on the way out)."""
+    def answer(self, sig: int) -> Literal["reexec", "ignore", "stop"]:
+        """What ``sig`` asks for: a re-exec (then the listening sockets are kept for it: uvicorn
+        closes its own on the way out), nothing (a SIGHUP while the configuration does not load:
+        the new image could not start, so this one serves on and says why), or a stop."""
         if sig != RELOAD_SIGNAL or self.asked or terminal_gone():
-            return False
+            return "stop"
+        if self.check is not None:
+            try:
+                self.check()
+            except ProcpilotError as exc:
+                _log.error("SIGHUP ignored: the configuration does not load, so the daemon runs on as it is: %s", exc)
+                return "ignore"
         self.listeners = [os.dup(sock.fileno()) for sock in self.sockets]
-        return True
+        return "reexec"
 
     def run(self) -> NoReturn:
         """Replace this process with the same command line, with the listening sockets."""

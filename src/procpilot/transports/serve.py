@@ -338,8 +338,11 @@ async def serve_until_signal(
             if reexec and reload is not None and sig not in reload.later:
                 reload.later.append(sig)  # for the new image: this one is past acting on it
             return
+        answer = "stop" if reload is None else reload.answer(sig)
+        if answer == "ignore":
+            return
         received.append(sig)
-        reexec = reload is not None and reload.wanted(sig)
+        reexec = answer == "reexec"
         stopping.append(asyncio.ensure_future(shut_down(sig)))
         (stop or task.cancel)()
 
@@ -373,6 +376,7 @@ async def serve(
     announce: Callable[[DaemonAddress], None] | None = None,
     keep_sessions: bool = False,
     takeover: bool = False,
+    recheck: Callable[[], object] | None = None,
 ) -> int:
     """Serve until a shutdown signal; returns the signal number that stopped it (0 if none).
 
@@ -380,13 +384,14 @@ async def serve(
     running session to the next server on this state directory. ``takeover`` first asks the
     daemon that runs there (daemon.json) to do just that, and waits for it to go. SIGHUP hands
     everything over the same way and runs this command line again in this process (reexec.py),
-    never returning; from a terminal that hung up it ends every session as before."""
+    never returning; from a terminal that hung up it ends every session as before. ``recheck``
+    loads the configuration as the command line does: a SIGHUP while it fails changes nothing."""
     import uvicorn
 
     from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
-    reload = Reload()
+    reload = Reload(recheck)
     reload.catch_early((*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL))
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
