@@ -461,8 +461,7 @@ async def test_per_call_stdio_servers_of_one_agent_keep_their_sessions(tmp_path:
     """LangChain's MCP adapters start a fresh server for every call: with --keep-sessions a
     background exec in one call is there to poll in the next."""
     env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
+        **daemon_env(tmp_path),
         "PROCPILOT_STATE_DIR": str(tmp_path / "state"),
         "PROCPILOT_WORKSPACE": str(tmp_path),
     }
