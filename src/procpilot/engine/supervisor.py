@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,11 @@ __all__ = ["Supervisor", "WaitOutcome", "disk_space"]
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 400
 _SCAN_CHUNK = 1 << 20
+# Pattern scans run here, off the event loop: one may take up to _PATTERN_TIMEOUT on one chunk,
+# and a hostile pattern would otherwise hold every other agent's calls that long, call after
+# call. Two threads: such scans queue behind each other, never behind the loop (the regex module
+# lets go of the GIL while it matches).
+_PATTERN_SCANS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="procpilot-pattern")
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
 _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of output
@@ -154,6 +160,12 @@ async def _in_passing_thread(fn: Callable[..., _T], *args: Any) -> _T:
     finally:
         if not done.done():  # the caller was cancelled: the check still runs to its end, unread
             done.cancel()
+
+
+def _search(matcher: regex.Pattern[str], carry: str, data: bytes) -> tuple[str, regex.Match[str] | None]:
+    """One scan of a wait pattern (in _PATTERN_SCANS): the text scanned, and the match if any."""
+    text = carry + data.decode("utf-8", errors="replace")
+    return text, matcher.search(for_model(text), timeout=_PATTERN_TIMEOUT, concurrent=True)
 
 
 def new_session_id() -> str:
@@ -1095,8 +1107,9 @@ class Supervisor:
     ) -> WaitOutcome:
         """Block until exit, until ``pattern`` matches output (from byte ``since`` on), or ``timeout``.
 
-        A pattern gets at most half a second per scan: past that it is an ``InvalidPattern``
-        (catastrophic backtracking), not a server whose event loop stalls for every session.
+        A pattern is matched in a worker thread and gets at most half a second per scan: past that
+        it is an ``InvalidPattern`` (catastrophic backtracking), and the event loop, which every
+        other session and agent needs, never waits for it.
         """
         session = self.get(scope, session_id)
         # The regex module can give up on a match; re cannot. Same syntax and flag values.
@@ -1117,9 +1130,10 @@ class Supervisor:
                         if chunk.end >= view.size:
                             break  # only part of a character so far
                         keep = len(data)  # stray bytes before the cap's gap: never completed
-                text = carry + data[:keep].decode("utf-8", errors="replace")
                 try:
-                    found = matcher.search(for_model(text), timeout=_PATTERN_TIMEOUT)
+                    text, found = await asyncio.get_running_loop().run_in_executor(
+                        _PATTERN_SCANS, _search, matcher, carry, data[:keep]
+                    )
                 except TimeoutError:
                     raise InvalidPattern(
                         f"the pattern {matcher.pattern!r} takes too long to match (catastrophic backtracking)",
