@@ -271,6 +271,26 @@ def test_sighup_runs_the_daemon_again_in_its_own_pid_and_every_session_goes_on(t
         _leave_nothing(root, first)
 
 
+def test_a_sigterm_during_a_sighup_reexec_is_not_lost(tmp_path: Path) -> None:
+    """SIGTERM once the old image has begun handing over (its event streams end first): whether it
+    lands there or while the new image starts, the new image starts, then stops with every session
+    ended; the signal is never lost, nor fatal to the process on its way."""
+    root = tmp_path / "d"
+    daemon = start_daemon(root)
+    try:
+        with daemon.http() as c, c.stream("GET", "/v1/events") as events:
+            sid = _exec(c, "sleep 300")
+            daemon.proc.send_signal(signal.SIGHUP)
+            for _line in events.iter_lines():
+                pass  # until the stream ends: the SIGHUP has been acted on
+            daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.proc.wait(timeout=30) == 0
+        assert daemon.log_text().count("state:") == 2  # the new image ran, then stopped
+        assert not _alive_marked(sid)
+    finally:
+        _leave_nothing(root, daemon)
+
+
 def test_a_sighup_from_a_terminal_that_closed_still_ends_every_session(tmp_path: Path) -> None:
     """The kernel's SIGHUP for a hung-up terminal is not a reload: the new image would have no
     terminal to write to, and whoever ran it there is gone. It ends every session, as before."""

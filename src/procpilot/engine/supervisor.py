@@ -93,10 +93,10 @@ _MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
 # A holder that died while its server lives: tries at starting another, the first after this delay,
 # each next one twice as late (a holder that cannot start at all is reported, not spun on).
 _REHOLD_TRIES = 5
+_REHOLD_DELAY = 0.2
 # Set while run() starts its session: spawn() leaves the hand-over to the holder to run(), which
 # does it only if the session outlives its yield (a context variable: concurrent runs each their own).
 _RUN_HOLDS_LATER: ContextVar[bool] = ContextVar("procpilot_run_holds_later", default=False)
-_REHOLD_DELAY = 0.2
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
 _RECORD_FORMAT = 1
@@ -826,11 +826,11 @@ class Supervisor:
         link = restarts.link
         for attempt in range(_REHOLD_TRIES):
             found = await asyncio.to_thread(link.open)  # starting a holder waits on its start-up
-            if found is not None and self._closed:
-                found[0].close()
-                for copy in found[1]:
-                    copy.close()
             if self._closed or link.mismatch:
+                if found is not None:
+                    found[0].close()
+                    for copy in found[1]:
+                        copy.close()
                 return
             if found is not None:
                 sock, held = found

@@ -169,6 +169,7 @@ def serve(
         overrides["server"] = server
     if state_dir is not None:
         overrides["state_dir"] = state_dir
+
     def settings_now() -> Settings:
         return load_settings(
             config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools, profile)

@@ -54,8 +54,8 @@ def terminal_gone() -> bool:
 class Reload:
     """One daemon's SIGHUP re-exec: asked for at the signal, carried out after the hand-over.
 
-    Signals around it are never lost and never fatal. Before it serves, the daemon catches its stop
-    signals with plain handlers (:meth:`catch_early`): one sent while a new image starts is kept
+    Signals around it are never lost and never fatal. Until it serves, a re-exec'd image catches
+    its stop signals with plain handlers (:meth:`catch_early`): one sent while it starts is kept
     in ``early`` and acted on once it serves. One that comes while the old image hands over is kept
     in ``later`` and sent again to ourselves, blocked, just before the ``execve`` (a blocked signal
     stays pending across it), where :meth:`catch_early` of the new image finds it. A caught (not
@@ -76,7 +76,11 @@ class Reload:
         return bool(self.listeners)
 
     def catch_early(self, signals: tuple[int, ...]) -> None:
+        """In a re-exec'd image only: a first start keeps every signal's default until it serves
+        (a Ctrl-C must still interrupt a ``--takeover`` that waits for the old daemon)."""
         self._signals = signals
+        if LISTEN_FDS_ENV not in os.environ:
+            return
         for sig in signals:
             signal.signal(sig, self._record)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
