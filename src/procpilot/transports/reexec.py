@@ -63,7 +63,7 @@ class Reload:
     then on see their signals as usual."""
 
     def __init__(self, check: Callable[[], object] | None = None) -> None:
-        # Loads the configuration as the new image will, raising ProcpilotError if it cannot.
+        # Loads the configuration as the new image will, raising ProcpilotError where it would fail.
         self.check = check
         self.sockets: list[socket.socket] = []  # the listening sockets, once bound
         self.listeners: list[int] = []  # their duplicates, once a re-exec is asked for
@@ -91,15 +91,15 @@ class Reload:
 
     def answer(self, sig: int) -> Literal["reexec", "ignore", "stop"]:
         """What ``sig`` asks for: a re-exec (then the listening sockets are kept for it: uvicorn
-        closes its own on the way out), nothing (a SIGHUP while the configuration does not load:
-        the new image could not start, so this one serves on and says why), or a stop."""
+        closes its own on the way out), nothing (a SIGHUP while ``check`` fails: the new image
+        could not start, so this one serves on and says why), or a stop."""
         if sig != RELOAD_SIGNAL or self.asked or terminal_gone():
             return "stop"
         if self.check is not None:
             try:
                 self.check()
             except ProcpilotError as exc:
-                _log.error("SIGHUP ignored: the configuration does not load, so the daemon runs on as it is: %s", exc)
+                _log.error("SIGHUP ignored: a new image could not start with this configuration: %s", exc)
                 return "ignore"
         self.listeners = [os.dup(sock.fileno()) for sock in self.sockets]
         return "reexec"

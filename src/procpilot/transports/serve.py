@@ -376,7 +376,7 @@ async def serve(
     announce: Callable[[DaemonAddress], None] | None = None,
     keep_sessions: bool = False,
     takeover: bool = False,
-    recheck: Callable[[], object] | None = None,
+    recheck: Callable[[], Settings] | None = None,
 ) -> int:
     """Serve until a shutdown signal; returns the signal number that stopped it (0 if none).
 
@@ -391,7 +391,11 @@ async def serve(
     from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
-    reload = Reload(recheck)
+    def startable() -> None:  # what a new image checks first: a config that loads and a binding it allows
+        if recheck is not None:
+            check_binding(recheck().server, tcp=tcp)
+
+    reload = Reload(startable)
     reload.catch_early((*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL))
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
