@@ -133,6 +133,7 @@ def test_a_session_whose_server_is_killed_the_moment_it_started_survives(tmp_pat
     try:
         with first.http() as c:
             young = _exec(c, "for i in $(seq 1 20); do echo young$i; sleep 0.02; done; exit 3")
+            tty = _exec(c, "for i in $(seq 1 20); do echo tty$i; sleep 0.02; done; exit 4", pty=True)
             piped = _exec(c, "read x; echo got-$x")
         _kill_9(first)
         second = start_daemon(root, log_name="second.log")
@@ -141,6 +142,9 @@ def test_a_session_whose_server_is_killed_the_moment_it_started_survives(tmp_pat
             ended = post(c, "process", action="wait", sessionId=young, timeout=10_000).json()["data"]
             assert (ended["status"], ended["exitCode"]) == ("error", 3), ended
             assert _log(c, young).splitlines() == [f"young{i}" for i in range(1, 21)]
+            ended = post(c, "process", action="wait", sessionId=tty, timeout=10_000).json()["data"]
+            assert (ended["status"], ended["exitCode"]) == ("error", 4), ended  # no SIGHUP either
+            assert [ln.strip() for ln in _log(c, tty).splitlines()] == [f"tty{i}" for i in range(1, 21)]
             post(c, "process", action="write", sessionId=piped, data="in\n")
             done = post(c, "process", action="wait", sessionId=piped, timeout=10_000).json()["data"]
             assert (done["status"], done["exitCode"]) == ("done", 0), done
