@@ -1,6 +1,7 @@
 """What surviving a restart costs: spawn with and without an owner, adopting N running sessions
-after a kill -9 of their server, output drained by the holder while no server runs, and a SIGHUP
-re-exec of a daemon (how long requests wait meanwhile).
+after a kill -9 of their server, output drained by the holder while no server runs, N exits
+in an outage recorded (the holder's kernel exit records), and a SIGHUP re-exec of a daemon (how
+long requests wait meanwhile).
 
 Run: ``.venv/bin/python bench/restart.py [--quick]`` (~30 s; quick ~12 s). Nothing is asserted;
 every figure is printed beside a raw baseline measured in the same run. Every process it starts
@@ -25,6 +26,7 @@ from pathlib import Path
 from procpilot.config import Settings, load_settings
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
+from procpilot.engine.store import FileStore
 from procpilot.engine.supervisor import Supervisor
 
 MIB = 1 << 20
@@ -201,6 +203,32 @@ async def bench_outage_output(root: Path, size: int) -> None:
     print(f"   replayed into the logs at adoption {replay:.2f} s ({stored // MIB} MiB, exit {session.exit_code})")
 
 
+async def bench_outage_exits(root: Path, n: int) -> None:
+    """N sessions ended by a signal while no server runs: does every one report it after adoption?"""
+    ids = crash_with(root, n, "sleep 600")
+    records = FileStore(root / "state").load()
+    await asyncio.sleep(0.5)  # the holder listens within milliseconds of its server's death
+    t0 = time.perf_counter()
+    for sid in ids:
+        os.killpg(records[sid]["pid"], signal.SIGTERM)
+    written = [root / "state" / "sessions" / f"{sid}.exit.json" for sid in ids]
+    deadline = time.monotonic() + 20
+    while not all(p.exists() for p in written) and time.monotonic() < deadline:  # noqa: ASYNC110 - another process writes them
+        await asyncio.sleep(0.01)
+    recorded = time.perf_counter() - t0
+    files = sum(p.exists() for p in written)
+    sup = await Supervisor(settings_for(root), owner="bench").start()
+    for session in sup.all_sessions():
+        await session.wait_finished(30)
+    told = sum(1 for s in sup.all_sessions() if s.exit_signal == "SIGTERM")
+    lost = sum(1 for s in sup.all_sessions() if s.state is SessionState.LOST)
+    why = next((s.error for s in sup.all_sessions() if s.state is SessionState.LOST), None)
+    await sup.aclose()
+    print(f"4. {n} x sleep 600, their server killed -9, each then ended by SIGTERM, then a new server")
+    print(f"   adopted with exitSignal SIGTERM  {told} of {n}   lost {lost}{f' ({why})' if why else ''}")
+    print(f"   the holder's records written     {recorded:6.3f} s after the first signal ({files} files)")
+
+
 def bench_reload(root: Path, n: int) -> None:
     """``procpilot serve`` with ``n`` sessions running gets SIGHUP: how long a request sent at that
     moment waits (in the listening socket's backlog) for the re-exec'd image, beside a cold start."""
@@ -250,7 +278,7 @@ def bench_reload(root: Path, n: int) -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)  # ends every session, then the daemon
         daemon.wait(60)
-    print(f"4. SIGHUP to procpilot serve with {n} sessions running (sleep 600)")
+    print(f"5. SIGHUP to procpilot serve with {n} sessions running (sleep 600)")
     print(f"   the new image serving, from the signal   {back:5.2f} s ({running} of {n} running after)")
     print(f"   longest wait of a request meanwhile     {longest:5.2f} s ({failed} refused or failed)")
     print(f"   baseline: the daemon's cold start, to its first answer {cold:5.2f} s")
@@ -265,6 +293,7 @@ async def main() -> None:
         await bench_spawn(root / "spawn", 60 if args.quick else 300)
         await bench_adopt(root / "adopt", 200 if args.quick else 1000)
         await bench_outage_output(root / "output", (64 if args.quick else 256) * MIB)
+        await bench_outage_exits(root / "exits", 200 if args.quick else 1000)
         bench_reload(root / "reload", 20 if args.quick else 100)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -62,8 +62,7 @@ class Served:
 
 def daemon_env(root: Path) -> dict[str, str]:
     env = {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
-    # A checkout run with its own src first on the path (a worktree beside the venv's editable
-    # install) must start daemons of that code, not of the install's.
+    # A checkout that is not the installed one (a worktree) puts itself first: its daemons must run its code.
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
@@ -107,17 +106,19 @@ def start_daemon(
     server: str = "",
     exec_: str = "",
     log_name: str = "daemon.log",
+    wrap: tuple[str, ...] = (),
     terminal: int | None = None,
 ) -> Served:
     """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server], ``exec_``
     inside [tools.exec]; ``log_name`` a log of its own for a second daemon on the same root;
+    ``wrap`` a command that execs the daemon (``setpriv ...``: it keeps the daemon's pid);
     ``terminal`` a pty's terminal end: the daemon's stdin and controlling terminal."""
     root.mkdir(parents=True, exist_ok=True)
     config = write_config(root, tokens, extra=extra, server=server, exec_=exec_)
     log = root / log_name
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [PROCPILOT, "serve", "--config", str(config), *args],
+            [*wrap, PROCPILOT, "serve", "--config", str(config), *args],
             env=daemon_env(root),
             stdin=terminal,
             stdout=out,

@@ -68,6 +68,9 @@ class HolderLink:
         self._sock: socket.socket | None = None
         self.problem: str | None = None  # why sessions would not survive a crash, if they would not
         self.mismatch = False  # True iff a holder runs but speaks another protocol: it keeps its sessions
+        # How the holder records the exits of sessions whose server died ({"mechanism"} or {"why"},
+        # engine/exit_records.py); None: a holder that does not say, and writes no such records.
+        self.records: dict[str, str] | None = None
         self._pending_adds: dict[str, tuple[Spawned, dict[str, object]]] = {}
         self._pending_forgets: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -219,6 +222,8 @@ class HolderLink:
                             f"the holder at {self.path} speaks protocol {msg.get('protocol')!r}, this procpilot"
                             f" {holder_module.PROTOCOL}: restart it when no session runs"
                         )
+                    records = msg.get("records")
+                    self.records = {str(k): str(v) for k, v in records.items()} if isinstance(records, dict) else None
                     return held
                 roles = [str(r) for r in msg.get("roles", [])]
                 if len(roles) != len(fds):

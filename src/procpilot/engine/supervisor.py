@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
-from procpilot.engine.adoption import Restarts, leader_status, replay_spool
+from procpilot.engine.adoption import Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
@@ -344,6 +344,7 @@ class Supervisor:
             "warm_shells": self.warm_shells(),
             "state_dir": self.state_dir_space(),
             "restarts": self._restart_capability(),
+            "outage_exits": self._restarts.outage_exits() if self._restarts else outage_exits(),
         }
 
     def warm_shells(self) -> dict[str, Any]:
@@ -947,14 +948,17 @@ class Supervisor:
         exited = held.exited if held is not None else True
         if exited and spec.notify_on_exit:
             session.ended_in_outage = True
-        exit_file = restarts.exit_file(session_id)
+        exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
+        # A leader alive with its pidfd held: a holder that records exits writes how it ends.
+        recorded = restarts.link.records is not None and "pidfd" in fds and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
+        own_child = record.get("server_pid") == os.getpid()
         session.adopt(
             spawned,
             started_at=float(record.get("started_at") or session.created_at),
             leader_exited=exited or (not alive and "pidfd" not in fds),
-            read_status=lambda: leader_status(pid, exit_file, own_child=record.get("server_pid") == os.getpid()),
+            read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=recorded),
         )
         link = restarts.link
         session.on_stdin_close = lambda: link.stdin_closed(session_id)
@@ -970,9 +974,10 @@ class Supervisor:
             self._warm.refill_soon()
         if self._restarts is not None:
             self._restarts.link.forget(session.id)
-            if session.adopted:
-                with contextlib.suppress(OSError):
-                    self._restarts.exit_file(session.id).unlink()
+            if session.adopted:  # what recorded its end, whichever was not needed
+                for record in (self._restarts.exit_file(session.id), self._restarts.record_file(session.id)):
+                    with contextlib.suppress(OSError):
+                        record.unlink()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
