@@ -178,6 +178,11 @@ class Session:
         return self.state is SessionState.RUNNING
 
     @property
+    def spawned(self) -> Spawned | None:
+        """Its process and the descriptors still open (a closed one is -1 or None)."""
+        return self._spawned
+
+    @property
     def terminating(self) -> bool:
         """True iff an end was asked for (kill, timeout, a limit) and the tree is not gone yet."""
         return self._requested_end is not None and not self._finished.is_set()
