@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 from pathlib import Path
 
-from procpilot.engine.capture import SegmentedLog, SessionOutput, Stream, Utf8ChunkDecoder, rolled_gap
+from procpilot.engine.capture import SegmentedLog, SessionOutput, Stream, Utf8ChunkDecoder
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -21,19 +21,6 @@ def test_everything_is_kept_below_the_cap(tmp_path: Path) -> None:
     assert log.dropped == 0
     assert log.read().data == data
     assert log.read(1000, 50).data == data[1000:1050]
-
-
-def test_rolled_gap_says_what_a_log_under_that_cap_dropped(tmp_path: Path) -> None:
-    """What a bounded copy of a log (a cluster daemon's) reports as the original's gap."""
-    for cap in (64 * 1024, 1 << 20):
-        log = SegmentedLog(tmp_path, f"v{cap}", cap)
-        sizes = [1, 4095, log.segment_size - 1, 1, log.segment_size, 3 * log.segment_size + 7, 100_000] * 6
-        for size in sizes:
-            log.write(b"x" * size)
-            assert rolled_gap(log.size, cap) == log.dropped, (cap, log.size)
-        assert log.dropped > 0
-        log.close()
-    assert rolled_gap(0, 1 << 20) == 0
 
 
 def test_past_the_cap_head_and_tail_survive_with_a_counted_gap(tmp_path: Path) -> None:
@@ -119,7 +106,7 @@ def test_the_directory_is_made_by_the_first_byte_and_never_without_one(tmp_path:
     assert not (tmp_path / "sessions").exists()
     loud = SessionOutput(tmp_path / "sessions" / "loud", cap_bytes=1 << 20)
     loud.append(Stream.STDERR, b"x\n")
-    assert sorted(p.name for p in loud.directory.iterdir()) == ["combined.000000", "stderr.000000"]
+    assert sorted(p.name for p in loud.directory.iterdir()) == ["combined.000000", "order.000000"]  # stored once
     loud.mark_closed()
     loud.remove_files()
     assert list(loud.directory.iterdir()) == []

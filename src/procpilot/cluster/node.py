@@ -29,7 +29,7 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ProcpilotError, SessionNotFound
 
-__all__ = ["LINES_MAX", "NodeAgent", "session_record"]
+__all__ = ["LINES_MAX", "NodeAgent", "dropped_by_view", "session_record"]
 
 LINES_MAX = 16 << 20  # bytes of lines one reply carries: a page, not the whole log
 _STATUS_MAX = 10_000  # sessions one status call reports on
@@ -55,6 +55,11 @@ def session_record(session: Session) -> dict[str, Any]:
         "timed_out_waiting_for_input": session.timed_out_waiting_for_input,
         "stdin_open": session.stdin_open,
     }
+
+
+def dropped_by_view(session: Session) -> dict[str, int]:
+    """What this node's cap dropped of each view: what the daemon's results report."""
+    return {stream.value: session.output[stream].dropped for stream in Stream}
 
 
 class NodeAgent:
@@ -131,7 +136,11 @@ class NodeAgent:
         for i, session in enumerate(found):
             usage = usages[session.id]
             waiting = session.waiting_for_input if i < _INPUT_CHECKS else session.last_waiting_for_input(_INPUT_AGE)
-            report[session.id] = {"usage": None if usage is None else usage.as_dict(), "waiting": waiting}
+            report[session.id] = {
+                "usage": None if usage is None else usage.as_dict(),
+                "waiting": waiting,
+                "dropped": dropped_by_view(session),
+            }
         return report
 
     async def follow(self, scope: str, session_id: str) -> AsyncIterator[tuple[Any, ...]]:
@@ -144,7 +153,8 @@ class NodeAgent:
             return
         async for item in follow_output(session):
             yield item
-        yield ("end", session_record(session) | {"usage": self.sup.usage.usage(session).as_dict()})
+        usage = self.sup.usage.usage(session).as_dict()
+        yield ("end", session_record(session) | {"usage": usage, "dropped": dropped_by_view(session)})
 
     async def write(self, scope: str, session_id: str, data: bytes, eof: bool, timeout: float | None) -> dict[str, Any]:
         try:
@@ -168,7 +178,7 @@ class NodeAgent:
             return error_reply(exc)
         chunk = view.read(offset, min(max(0, limit), FOLLOW_CHUNK))
         return {"data": chunk.data, "start": chunk.start, "end": chunk.end, "dropped": chunk.dropped,
-                "total": chunk.total}
+                "total": chunk.total, "view_dropped": view.dropped}
 
     async def lines(
         self, scope: str, session_id: str, stream: str, first: int, count: int | None, max_bytes: int, keep_end: bool
@@ -180,7 +190,7 @@ class NodeAgent:
             return error_reply(exc)
         found = view.read_lines(first, count, min(max(0, max_bytes), LINES_MAX), keep_end=keep_end)
         return {"lines": found.lines, "first": found.first, "total": found.total,
-                "dropped_lines": found.dropped_lines, "unread_bytes": found.unread_bytes}
+                "dropped_lines": found.dropped_lines, "unread_bytes": found.unread_bytes, "view_dropped": view.dropped}
 
     async def forget(self, scope: str, session_id: str) -> None:
         with contextlib.suppress(ProcpilotError):  # already gone: forgetting is idempotent

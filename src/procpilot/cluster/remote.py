@@ -33,24 +33,25 @@ NODE_LOST = "node_lost"
 _log = logging.getLogger(__name__)
 
 
-def mirror(output: SessionOutput, stream: Stream, offset: int, data: bytes) -> None:
-    """Write one streamed chunk of a view at the offset the node had it at, and wake readers.
+def mirror(output: SessionOutput, stream: Stream, position: int, offset: int, data: bytes) -> None:
+    """Store one streamed run (bytes of ``stream`` from its ``position``, at ``offset`` in the
+    combined view) where the node had it, and wake readers.
 
     The daemon's copy keeps the node's offsets byte for byte: bytes it already has (a stream
     followed again after a lost connection starts from 0) are skipped, and a range the node's
-    cap dropped before it was sent reads as zeros here (the node's own log says what was
-    dropped). Listeners hear new stdout and stderr bytes once, as from a local ``append``."""
-    view = output[stream]
-    if offset > view.size:
-        view.write(bytes(offset - view.size))
-    fresh = data[view.size - offset :]
-    if not fresh:
-        return
-    view.write(fresh)
-    if stream is not Stream.COMBINED:
-        for listener in list(output._listeners):  # the engine's own hook, as append() calls it
-            listener(stream, fresh)
-    output.wake()
+    cap dropped before it was sent reads as zeros here, each stream's share of it in that
+    stream (the node's own log says what was dropped). Listeners hear new bytes once, as from a
+    local ``append``."""
+    have = output[Stream.COMBINED].size
+    if offset > have:
+        own = max(0, min(offset - have, position - output[stream].size))
+        other = Stream.STDERR if stream is Stream.STDOUT else Stream.STDOUT
+        output.pad(other, offset - have - own)
+        output.pad(stream, own)
+        have = offset
+    fresh = data[have - offset :]
+    if fresh:
+        output.append(stream, fresh)
 
 
 class RemoteSession(Session):
@@ -67,6 +68,7 @@ class RemoteSession(Session):
         *,
         node: str | None,
         call: Call | None,
+        node_dropped: dict[Stream, int] | None = None,
         kill_grace: float = 5.0,
     ) -> None:
         super().__init__(record["id"], scope, spec, output, trees, on_finish, kill_grace=kill_grace)
@@ -74,6 +76,8 @@ class RemoteSession(Session):
         self._call_node = call
         self._calls: set[asyncio.Task[None]] = set()
         self._usage = Usage()  # as the node last reported it
+        # What the node's cap dropped of each view, as it last said (its copy's views report it).
+        self.node_dropped: dict[Stream, int] = {} if node_dropped is None else node_dropped
         if node is not None and call is not None:
             self.bind(record, node=node, call=call)
 
@@ -106,19 +110,25 @@ class RemoteSession(Session):
             self._usage = self._usage.max(Usage(**status["usage"]))
         if status.get("waiting") is not None:
             self._input_check = (bool(status["waiting"]), time.monotonic())
+        self._note_dropped(status.get("dropped"))
 
     @property
     def log_files(self) -> list[str]:
         return sorted(str(p) for p in self.output.directory.glob("combined.*"))
 
     async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
-        return await node_page(self._call, self.scope, self.id, self.output[stream], stream, offset, limit)
+        return await node_page(self._call, self.scope, self.id, self.output, stream, offset, limit, self.node_dropped)
 
     async def page_lines(
         self, stream: Stream, first: int, count: int | None, max_bytes: int | None = None, *, keep_end: bool = False
     ) -> LineSlice:
-        view = self.output[stream]
-        return await node_lines(self._call, self.scope, self.id, view, stream, first, count, max_bytes, keep_end)
+        return await node_lines(
+            self._call, self.scope, self.id, self.output, stream, first, count, max_bytes, keep_end, self.node_dropped
+        )
+
+    def _note_dropped(self, dropped: dict[str, int] | None) -> None:
+        for name, size in (dropped or {}).items():
+            self.node_dropped[Stream(name)] = size
 
     # -- from the node -------------------------------------------------------------------------
 
@@ -134,6 +144,7 @@ class RemoteSession(Session):
         self.timed_out_waiting_for_input = bool(record["timed_out_waiting_for_input"])
         if record.get("usage") is not None:
             self._usage = self._usage.max(Usage(**record["usage"]))  # the node's final figures
+        self._note_dropped(record.get("dropped"))
         self.started_at = record["started_at"] or self.started_at
         self._end(SessionState(record["state"]), duration_ms=record["duration_ms"])
 

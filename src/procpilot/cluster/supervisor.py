@@ -29,7 +29,7 @@ from procpilot.cluster.ray_backend import NodeActor, NodeGone, NodeInfo, NodeUnr
 from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
-from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.capture import Stream
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -197,8 +197,7 @@ class ClusterSupervisor(Supervisor):
             queued.bind(record, node=node.info.node_id, call=node.actor.call)
             session = queued
         else:
-            output = copy_output(self._store_dir(record["id"]), self.config.max_log_bytes)
-            session = self._remote(record, scope, spec, output, node.info.node_id, node.actor.call)
+            session = self._remote(record, scope, spec, node.info.node_id, node.actor.call)
         if self._store is not None:
             self._store.save(session.id, session.record())
         pump = asyncio.ensure_future(self._pump(session, node))
@@ -207,8 +206,10 @@ class ClusterSupervisor(Supervisor):
         return session
 
     def _remote(
-        self, record: dict[str, Any], scope: str, spec: SpawnSpec, output: SessionOutput, node: str | None, call: Any
+        self, record: dict[str, Any], scope: str, spec: SpawnSpec, node: str | None, call: Any
     ) -> RemoteSession:
+        node_dropped: dict[Stream, int] = {}  # shared by the session and its copy's views
+        output = copy_output(self._store_dir(record["id"]), self.config.max_log_bytes, node_dropped)
         session = RemoteSession(
             record,
             scope,
@@ -218,6 +219,7 @@ class ClusterSupervisor(Supervisor):
             self._on_finish,
             node=node,
             call=call,
+            node_dropped=node_dropped,
             kill_grace=self.config.kill_grace_sec,
         )
         self._sessions[session.id] = session
@@ -232,8 +234,7 @@ class ClusterSupervisor(Supervisor):
         """A session waiting for its lane slot: no node yet, an id of the daemon's making."""
         session_id = new_session_id()
         record = {"id": session_id, "state": SessionState.QUEUED.value, "pid": None, "started_at": None}
-        output = copy_output(self._store_dir(session_id), self.config.max_log_bytes)
-        session = self._remote(record, scope, spec, output, None, None)
+        session = self._remote(record, scope, spec, None, None)
         if self._store is not None:
             self._store.save(session.id, session.record())
         self._spawn_task(self._start_when_free(session, spec.lane or ""))
@@ -302,11 +303,8 @@ class ClusterSupervisor(Supervisor):
         async for item in node.actor.follow(session.scope, session.id):
             if session.finished:  # ended here first (killed while queued): its copy is closed
                 return
-            if item[0] == "both":  # one stretch of stdout or stderr, and where it sits in combined
-                mirror(session.output, Stream(item[1]), item[2], item[4])
-                mirror(session.output, Stream.COMBINED, item[3], item[4])
-            elif item[0] == "out":  # one view on its own
-                mirror(session.output, Stream(item[1]), item[2], item[3])
+            if item[0] == "both":  # one run of stdout or stderr, and where it sits in combined
+                mirror(session.output, Stream(item[1]), item[2], item[3], item[4])
             elif item[0] == "end":
                 session.apply_end(item[1])
                 return

@@ -35,6 +35,9 @@ _READ_SIZE = 1 << 20
 _ORPHAN_GRACE = 1.0
 # ... and the pipes this much longer to reach EOF before we stop waiting for them.
 _DRAIN_DEADLINE = 3.0
+# How long an adopted session's end waits for the holder's record of it: the holder sees the same
+# pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
+_RECORD_WAIT = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +157,11 @@ class Session:
         # let go too, or the child would never see EOF.
         self.on_stdin_close: Callable[[], None] | None = None
         # Set for a session a previous server started (adopt): we are not its leader's parent, so
-        # its exit status comes from what its shell wrote, through this, or nowhere (LOST).
+        # its exit status comes from the kernel's record the holder kept or what its shell wrote,
+        # through this, or nowhere (LOST, with why).
         self.adopted = False
         self.ended_in_outage = False  # adopted already ended: its exit was announced to nobody yet
-        self._read_status: Callable[[], int | None] | None = None
+        self._read_status: Callable[[], int | str | None] | None = None
         self.extra_record: dict[str, Any] = {}  # what the supervisor keeps for the next server
 
     # -- views ---------------------------------------------------------------------------------
@@ -173,6 +177,11 @@ class Session:
     @property
     def is_running(self) -> bool:
         return self.state is SessionState.RUNNING
+
+    @property
+    def spawned(self) -> Spawned | None:
+        """Its process and the descriptors still open (a closed one is -1 or None)."""
+        return self._spawned
 
     @property
     def terminating(self) -> bool:
@@ -276,13 +285,14 @@ class Session:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
 
     def adopt(
-        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | None]
+        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | str | None]
     ) -> None:
         """Take over a running session a previous server started (its descriptors came back from
         the holder; a stream already at EOF has fd -1, a pidfd already spent is None).
 
-        ``read_status`` gives the leader's exit status as its shell recorded it, or None: then
-        the session ends LOST, never with an invented exit."""
+        ``read_status`` gives the leader's exit status (negative: the signal) as it was recorded
+        while we were not its parent, or why it is unknown (a str: the session ends LOST, never
+        with an invented exit), or None: not recorded yet, ask again shortly."""
         self._spawned = spawned
         self.pid = spawned.pid
         self.adopted = True
@@ -320,10 +330,18 @@ class Session:
             self._loop.remove_reader(spawned.pidfd)
             os.close(spawned.pidfd)
             spawned.pidfd = None
-        status = self._read_status() if self._read_status is not None else None
+        self._settle_status(time.monotonic() + _RECORD_WAIT)
+
+    def _settle_status(self, deadline: float) -> None:
+        status = self._read_status() if self._read_status is not None else "nothing recorded it"
         if status is None:
+            if time.monotonic() < deadline:
+                self._timers.append(self._loop.call_later(0.01, self._settle_status, deadline))
+                return
+            status = f"the holder wrote no exit record within {_RECORD_WAIT:g} s"
+        if isinstance(status, str):
             if self._requested_end is None:  # ended by our own signal: that is how it ended
-                self.error = self.error or "its leader exited while no server ran and its exit status was not recorded"
+                self.error = self.error or f"its exit status is unknown ({status})"
         elif status < 0:
             self.exit_signal = signal_name(-status)
         else:

@@ -13,7 +13,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
-from procpilot.engine.capture import SegmentedLog, Stream
+from procpilot.engine.capture import OutputView, Stream
 from procpilot.engine.session import Session
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, ProcpilotError
@@ -59,7 +59,7 @@ def row(sup: Supervisor, s: Session) -> dict[str, Any]:
     }
 
 
-def view(session: Session, name: str) -> SegmentedLog:
+def view(session: Session, name: str) -> OutputView:
     if name not in _STREAMS:
         raise InvalidArgument("stream: combined, stdout or stderr", field="stream")
     return session.output[_STREAMS[name]]

@@ -489,7 +489,10 @@ class ProcHandler:
         self._pumps[session.id] = pump
         # Whatever is there already (nothing, as spawn returns before the loop reads a pipe; but a
         # queued session, or a future engine change, may differ): per stream, from offset 0 ...
-        backlog = [(stream, session.output[stream].read(0).data) for stream in (Stream.STDOUT, Stream.STDERR)]
+        # At most the pump's budget of each: past it nothing more is pushed anyway, and reading a
+        # whole capped stream (an index walk per switch of streams) would hold the event loop.
+        budget = pump.budget
+        backlog = [(stream, session.output[stream].read(0, budget).data) for stream in (Stream.STDOUT, Stream.STDERR)]
         # ... then every chunk from now on, in the same loop step: nothing in between, nothing twice.
         pump.unsubscribe = session.output.subscribe(lambda stream, data: self._on_output(pump, stream, data))
         for stream, data in backlog:
