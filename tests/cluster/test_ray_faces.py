@@ -1,9 +1,9 @@
 """Every face on remote sessions: the node in every result, logs paged from the node, the node's
-own view of a session (waiting for input, usage).
+own view of a session (waiting for input, usage), lanes and names across the nodes.
 
 Its own two-node cluster (see ``netns.py``); the agent is not placed, so its sessions go to
-the least busy node; the tests speak REST and proc/* to the daemon over its Unix
-socket, as an agent would.
+the least busy node; the tests speak REST and proc/* to the daemon over its Unix socket, as an
+agent would. The test that kills the worker node runs last.
 """
 
 from __future__ import annotations
