@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
+from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited, StdinClosed
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
@@ -226,6 +227,22 @@ class Session:
             return None
         found, when = self._input_check
         return found if time.monotonic() - when <= max_age else None
+
+    def usage_report(self) -> Usage | None:
+        """The tree's usage as measured where it runs, when that is not this host (a cluster
+        node's last report); None: this host's usage tracker samples the tree itself."""
+        return None
+
+    async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
+        """Bytes of a view as its log holds them: here, this host's files (a session on a cluster
+        node pages them from its node). Every face that pages a log reads through this."""
+        return self.output[stream].read(offset, limit)
+
+    async def page_lines(
+        self, stream: Stream, first: int, count: int | None, max_bytes: int | None = None, *, keep_end: bool = False
+    ) -> LineSlice:
+        """Lines of a view, as :meth:`SegmentedLog.read_lines` reads them, wherever the log is."""
+        return self.output[stream].read_lines(first, count, max_bytes, keep_end=keep_end)
 
     @property
     def log_files(self) -> list[str]:

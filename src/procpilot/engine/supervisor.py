@@ -18,7 +18,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -596,9 +596,12 @@ class Supervisor:
             )
         return spec
 
-    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
-        """Start ``spec`` (or queue it behind its lane) and return its session at once."""
-        session = await self._spawn(spec, scope)
+    async def spawn(self, spec: SpawnSpec, *, scope: str, session_id: str | None = None) -> Session:
+        """Start ``spec`` (or queue it behind its lane) and return its session at once.
+
+        ``session_id``: the id to use (a cluster's daemon names a session it queued itself);
+        None: a new one."""
+        session = await self._spawn(spec, scope, session_id)
         if not _RUN_HOLDS_LATER.get():
             self._hold_now()
         return session
@@ -611,14 +614,14 @@ class Supervisor:
         if self._restarts is not None:
             self._restarts.link.flush()
 
-    async def _spawn(self, spec: SpawnSpec, scope: str) -> Session:
+    async def _spawn(self, spec: SpawnSpec, scope: str, session_id: str | None = None) -> Session:
         spec = await self._admit(spec, scope)
         if self._store is None:  # _admit refused this already; said again for the type checker
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
         if spec.name is not None:
             self._take_name(scope, spec.name)
         try:
-            return await self._spawn_checked(spec, scope, self._store)
+            return await self._spawn_checked(spec, scope, self._store, session_id)
         finally:
             if spec.name is not None:
                 self._starting_names.discard((scope, spec.name))
@@ -634,10 +637,13 @@ class Supervisor:
             )
         self._starting_names.add((scope, name))
 
-    async def _spawn_checked(self, spec: SpawnSpec, scope: str, store: SessionStore) -> Session:
+    async def _spawn_checked(
+        self, spec: SpawnSpec, scope: str, store: SessionStore, given_id: str | None = None
+    ) -> Session:
         starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
-        warm = self._warm.take(spec) if starts_now and self._warm is not None else None
-        session_id = new_session_id() if warm is None else warm.session_id
+        # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
+        warm = self._warm.take(spec) if starts_now and self._warm is not None and given_id is None else None
+        session_id = given_id or (new_session_id() if warm is None else warm.session_id)
         directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
@@ -1042,6 +1048,11 @@ class Supervisor:
     def lane_usage(self, scope: str | None = None) -> dict[str, tuple[int, int, int]]:
         """(active, waiting, cap) per lane in use: ``scope``'s, or every scope's keyed ``scope/lane``."""
         return self._lanes.usage(scope)
+
+    async def observe(self, sessions: Sequence[Session]) -> None:
+        """Bring what ``sessions`` say of their trees (usage, waiting for input) up to date before
+        a result shows it: a cluster asks the nodes that run them; on one host each session reads
+        its own tree when asked, so there is nothing to do."""
 
     def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
         view = session.output[Stream.COMBINED]

@@ -157,7 +157,7 @@ class ProcConnection:
     async def _handle(self, request: dict[str, Any]) -> None:
         try:
             if request.get("type") == "proc/log/req":
-                response = self.handler.log_page(request)
+                response = await self.handler.log_page(request)
             else:
                 response = await self.handler.handle(request)
                 if response.get("type") == "proc/spawn/resp" and response.get("proc_id") and not response.get("error"):
