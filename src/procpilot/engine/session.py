@@ -102,6 +102,22 @@ def _zombie_io(pid: int) -> tuple[int, int] | None:
         return None
 
 
+@dataclass(slots=True)
+class Custody:
+    """What ties a session to the servers before and after this one (engine/holder.py)."""
+
+    # Called just before our stdin copy closes: another holder of it (the holder) must let go
+    # too, or the child would never see EOF.
+    on_stdin_close: Callable[[], None] | None = None
+    # A previous server started it (Session.adopt): we are not its leader's parent, so its exit
+    # status comes from the kernel's record the holder kept or what its shell wrote, through
+    # read_status, or nowhere (LOST, with why).
+    adopted: bool = False
+    ended_in_outage: bool = False  # adopted already ended: its exit was announced to nobody yet
+    read_status: Callable[[], int | str | None] | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # what the supervisor keeps for the next server
+
+
 class Session:
     def __init__(
         self,
@@ -153,16 +169,7 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self.restarts = 0  # runs after the first (spec.restart)
         self.cycle = RestartCycle()
-        # Called just before our stdin copy closes: another holder of it (engine/holder.py) must
-        # let go too, or the child would never see EOF.
-        self.on_stdin_close: Callable[[], None] | None = None
-        # Set for a session a previous server started (adopt): we are not its leader's parent, so
-        # its exit status comes from the kernel's record the holder kept or what its shell wrote,
-        # through this, or nowhere (LOST, with why).
-        self.adopted = False
-        self.ended_in_outage = False  # adopted already ended: its exit was announced to nobody yet
-        self._read_status: Callable[[], int | str | None] | None = None
-        self.extra_record: dict[str, Any] = {}  # what the supervisor keeps for the next server
+        self.custody = Custody()
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -295,8 +302,8 @@ class Session:
         with an invented exit), or None: not recorded yet, ask again shortly."""
         self._spawned = spawned
         self.pid = spawned.pid
-        self.adopted = True
-        self._read_status = read_status
+        self.custody.adopted = True
+        self.custody.read_status = read_status
         self.started_at = started_at
         self._t0 = time.monotonic() - max(0.0, time.time() - started_at)
         self._set_state(SessionState.RUNNING)
@@ -333,7 +340,8 @@ class Session:
         self._settle_status(time.monotonic() + _RECORD_WAIT)
 
     def _settle_status(self, deadline: float) -> None:
-        status = self._read_status() if self._read_status is not None else "nothing recorded it"
+        read = self.custody.read_status
+        status = read() if read is not None else "nothing recorded it"
         if status is None:
             if time.monotonic() < deadline:
                 self._timers.append(self._loop.call_later(0.01, self._settle_status, deadline))
@@ -477,7 +485,7 @@ class Session:
     def _finish(self) -> None:
         if self._finished.is_set():
             return
-        self.on_stdin_close = None  # ended: the supervisor tells the holder to forget all of it
+        self.custody.on_stdin_close = None  # ended: the supervisor tells the holder to forget all of it
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -496,7 +504,7 @@ class Session:
             # Even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`), and
             # even when an adopted session's shell died with it and recorded nothing (before LOST).
             end = SessionState.LIMIT_EXCEEDED
-        elif self.adopted and self.exit_code is None and self.exit_signal is None:
+        elif self.custody.adopted and self.exit_code is None and self.exit_signal is None:
             end = SessionState.LOST
         elif self.exit_code == 0:
             end = SessionState.EXITED_OK
@@ -716,8 +724,8 @@ class Session:
         spawned = self._spawned
         self.stdin_open = False
         if spawned is not None and spawned.stdin_fd is not None:
-            if self.on_stdin_close is not None:
-                self.on_stdin_close()
+            if self.custody.on_stdin_close is not None:
+                self.custody.on_stdin_close()
             fd, spawned.stdin_fd = spawned.stdin_fd, None
             self._loop.remove_writer(fd)
             os.close(fd)
@@ -760,5 +768,5 @@ class Session:
             "error": self.error,
             "name": self.name,
             "restarts": self.restarts,
-            **self.extra_record,
+            **self.custody.record,
         }

@@ -806,9 +806,9 @@ class Supervisor:
             extra["timeout"] = session.spec.timeout
         if not session.spec.notify_on_exit:
             extra["notify_on_exit"] = False
-        session.extra_record = extra
+        session.custody.record = extra
         link = restarts.link
-        session.on_stdin_close = lambda: link.stdin_closed(session.id)
+        session.custody.on_stdin_close = lambda: link.stdin_closed(session.id)
         self._hold(session, spawned)
 
     def _hold(self, session: Session, spawned: Spawned) -> None:
@@ -816,7 +816,7 @@ class Supervisor:
         restarts = self._restarts
         if restarts is None:
             return
-        extra = session.extra_record
+        extra = session.custody.record
         roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
         limit_roots = extra.get("limit_roots")
         roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
@@ -929,9 +929,9 @@ class Supervisor:
         session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish, kill_grace=grace)
         session.created_at = float(record.get("created_at") or time.time())
         session.backgrounded = True
-        session.extra_record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
         # What its files are in now: a session with no output yet begins in this version's layout.
-        session.extra_record["format"] = _RECORD_FORMAT if output.layout == "once" else _PER_STREAM_FORMAT
+        session.custody.record["format"] = _RECORD_FORMAT if output.layout == "once" else _PER_STREAM_FORMAT
         session.accounting.limit_backend = restarts.limits_for(record)
         self._register(session)
         pid = record.get("pid")
@@ -958,7 +958,7 @@ class Supervisor:
             os.set_blocking(fd, False)
         exited = held.exited if held is not None else True
         if exited and spec.notify_on_exit:
-            session.ended_in_outage = True
+            session.custody.ended_in_outage = True
         exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
         # A leader alive with its pidfd held: a holder that records exits writes how it ends.
         recorded = restarts.link.records is not None and "pidfd" in fds and not exited
@@ -972,7 +972,7 @@ class Supervisor:
             read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=recorded),
         )
         link = restarts.link
-        session.on_stdin_close = lambda: link.stdin_closed(session_id)
+        session.custody.on_stdin_close = lambda: link.stdin_closed(session_id)
         return session
 
     def _on_finish(self, session: Session) -> None:
@@ -985,7 +985,7 @@ class Supervisor:
             self._warm.refill_soon()
         if self._restarts is not None:
             self._restarts.link.forget(session.id)
-            if session.adopted:  # what recorded its end, whichever was not needed
+            if session.custody.adopted:  # what recorded its end, whichever was not needed
                 for record in (self._restarts.exit_file(session.id), self._restarts.record_file(session.id)):
                     with contextlib.suppress(OSError):
                         record.unlink()
@@ -996,7 +996,7 @@ class Supervisor:
             self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
-        if session.ended_in_outage:
+        if session.custody.ended_in_outage:
             pending = self._outage_exits.setdefault(session.scope, {})
             if len(pending) < _MAX_OUTAGE_EXITS:
                 pending[session.id] = session.exit_info(self.tail_text(session))
