@@ -7,9 +7,11 @@ what it runs.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,6 +83,44 @@ def test_the_nodes_of_a_frozen_daemon_end_its_sessions(cluster: Cluster) -> None
             assert time.monotonic() < deadline, again  # NodeUnavailable says: call again
             time.sleep(0.5)
         assert again["data"]["status"] == "done", again
+
+
+def _host_pid_of(cluster: Cluster, namespace_pid: int) -> int:
+    """The host pid of the namespace's process ``namespace_pid`` (its NSpid line's last field)."""
+    for process in cluster.processes():
+        try:
+            status = Path(f"/proc/{process.pid}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if nspid and int(nspid[-1]) == namespace_pid:
+            return process.pid
+    raise AssertionError(f"no process {namespace_pid} in the namespace")
+
+
+def test_a_crashed_node_actor_leaves_no_tree_running(cluster: Cluster) -> None:
+    """The actor's engine is what ends a node's trees; killed (by the OOM killer, say), its
+    sessions are lost at once, and the actor started in its place on the same node ends the
+    trees its predecessor left (its start-up sweep of supervisors that are gone)."""
+    ids = spread_trees(cluster)
+    with cluster.http(TOKEN) as h:
+        rows = {r["sessionId"]: r for r in tool(h, "process", action="list")["data"]["sessions"]}
+    victim_node = rows[ids[0]]["node"]
+    victims = [i for i in ids if rows[i]["node"] == victim_node]
+    others = [i for i in ids if rows[i]["node"] != victim_node]
+    environ = Path(f"/proc/{netns.marked(victims[0])[0]}/environ").read_bytes().split(b"\0")
+    supervisor = next(v for v in environ if v.startswith(b"PROCPILOT_SUPERVISOR=")).split(b"=", 1)[1]
+    actor = _host_pid_of(cluster, int(supervisor.split(b"-")[1]))
+    os.kill(actor, signal.SIGKILL)
+    assert wait_gone(victims, 60) == {i: [] for i in victims}  # 2.5 s here: the next look, a start
+    with cluster.http(TOKEN) as h:
+        for i in victims:
+            waited = tool(h, "process", action="wait", sessionId=i, timeout=60_000)["data"]
+            assert waited["status"] == "lost", waited
+        for i in others:  # the other node's sessions never noticed
+            assert tool(h, "process", action="poll", sessionId=i)["data"]["status"] == "running"
+    assert all(netns.marked(i) for i in others)
+    netns.remove_sessions(cluster, TOKENS)
 
 
 def test_a_killed_daemon_leaves_no_session_running_on_the_nodes(cluster: Cluster) -> None:
