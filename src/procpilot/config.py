@@ -139,6 +139,9 @@ class ServerSettings(BaseModel):
     websockets_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 32
     # Calls (REST, MCP) one agent may have running at once; more wait for one of them to end.
     requests_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 16
+    # Running sessions the server makes room for in its descriptor limit at start (4 descriptors
+    # each): its soft limit up to the hard one, as root the hard one too (engine/descriptors.py).
+    max_running_sessions: Annotated[_Int, _clamp(1, 200_000)] = 10_000
 
     @property
     def loopback_only(self) -> bool:

@@ -20,6 +20,7 @@ import enum
 import errno
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ _TAIL_SEGMENTS = 4
 _MIN_SEGMENT = 16 * 1024
 _SCAN_CHUNK = 1 << 20
 _MAX_LOST_RANGES = 64
+_OPEN_WRITERS = 512
 _log = logging.getLogger(__name__)
 
 
@@ -60,6 +62,36 @@ class LineSlice:
     total: int
     dropped_lines: int
     unread_bytes: int = 0  # bytes of the asked-for range past ``max_bytes``, not read
+
+
+class _OpenWriters:
+    """The segment files held open for writing, across every session: the ``limit`` most recently
+    written. A session that printed once and now sleeps would otherwise hold two descriptors
+    (its stream's view and the combined one) for as long as it runs, half again the four it needs
+    (stdin, stdout, stderr, pidfd): the difference between 10,000 sleeping sessions fitting under a
+    descriptor limit or not. A view pushed out reopens its segment on its next write (~5 µs)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: OrderedDict[SegmentedLog, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def touch(self, log: SegmentedLog) -> None:
+        if log in self._open:
+            self._open.move_to_end(log)
+            return
+        self._open[log] = None
+        while len(self._open) > self.limit:
+            oldest, _ = self._open.popitem(last=False)
+            oldest.close()
+
+    def forget(self, log: SegmentedLog) -> None:
+        self._open.pop(log, None)
+
+
+_WRITERS = _OpenWriters(_OPEN_WRITERS)
 
 
 class SegmentedLog:
@@ -151,6 +183,7 @@ class SegmentedLog:
             try:
                 if index != self._fd_index or self._fd is None:
                     self._fd = self._open_segment(index)
+                _WRITERS.touch(self)
                 # At its own offset, not appended: after a refused range the file has a hole
                 # there (the lost range), and later bytes still land where their offset says.
                 written = os.pwrite(self._fd, part, within)
@@ -193,9 +226,7 @@ class SegmentedLog:
             self.close()  # reopen the segment on the next write
 
     def _open_segment(self, index: int) -> int:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self.close()
         # One entry per segment index, even for a segment the disk never let us open.
         while len(self._lines_before) <= index:
             self._lines_before.append(self.lines)
@@ -217,6 +248,7 @@ class SegmentedLog:
         return fd
 
     def close(self) -> None:
+        _WRITERS.forget(self)  # always: the table's reference must not outlive the session
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

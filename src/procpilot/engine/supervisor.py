@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
+from procpilot.engine import descriptors
 from procpilot.engine.adoption import Restarts, leader_status, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
@@ -189,6 +190,7 @@ class Supervisor:
         write_filter: Callable[[str, Session, bytes], None] | None = None,
         warm_shells: int | None = None,
         owner: str | None = None,
+        descriptors_for: int | None = None,
     ) -> None:
         # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
@@ -229,6 +231,9 @@ class Supervisor:
         # 0 starts every session cold.
         self._warm_size = self.config.warm_shells if warm_shells is None else warm_shells
         self._warm: WarmPool | None = None
+        # A server raises this process's descriptor limit for that many running sessions at start
+        # (engine/descriptors.py); a library caller's process keeps the limit it has.
+        self._descriptors_for = descriptors_for
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
@@ -243,6 +248,8 @@ class Supervisor:
         if self._started:
             return self
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        if self._descriptors_for is not None:
+            descriptors.raise_for(self._descriptors_for)
         held: builtins.list[HeldSession] = []
         if self.owner is not None:
             # First of all: the lock (a second live server of this owner stops here), then what the
@@ -316,6 +323,7 @@ class Supervisor:
             "isolation": isolation_capabilities(),
             "pidfd": hasattr(os, "pidfd_open"),
             "warm_shells": self.warm_shells(),
+            "descriptors": descriptors.report(),
             "state_dir": self.state_dir_space(),
             "restarts": self._restart_capability(),
         }
@@ -667,6 +675,7 @@ class Supervisor:
             tree_prepared = True
             if tree_line:
                 prelude.append(tree_line)
+            prelude += descriptors.child_lines()
             if spec.limits is not None and not spec.limits.empty:
                 limits = self._limit_backend
                 session.accounting.limit_backend = limits

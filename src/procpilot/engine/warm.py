@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from procpilot.engine import descriptors
 from procpilot.engine.isolation import isolation_prefix
 
 # The cold path's own pipe and argv makers: a warm session must get exactly what a cold one gets.
@@ -285,7 +286,7 @@ class WarmPool:
 
     def _start_one(self) -> WarmShell:
         session_id = self._new_id()
-        join = self._trees.prepare(session_id) or ""
+        join = "\n".join([self._trees.prepare(session_id) or "", *descriptors.child_lines()])
         parent: list[int] = []  # stdin, stdout, stderr: the supervisor's ends
         child: list[int] = []  # the shell's ends
         try:
