@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from procpilot.config import load_settings
+from procpilot.engine import descriptors
 from procpilot.engine.capture import Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -314,10 +315,10 @@ def remove_own_cgroups() -> int:
     return len(left)
 
 
-def raise_nofile() -> tuple[int, int]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def raise_nofile(sessions: int) -> tuple[int, int]:
+    """As a server does at start (engine/descriptors.py): room for ``sessions`` running sessions,
+    and as many raw ``Popen``s with three pipes each (the baseline runs after them, never beside)."""
+    descriptors.raise_for(sessions)
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
@@ -1040,10 +1041,10 @@ def bench_isolation(root: Path, out: Results) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
-BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation", "kept")
+BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation", "kept", "openclaw")
 # "many" runs first, in a young heap: later, memory freed by earlier benchmarks would be reused and
 # hide the sessions' own RSS. The table is printed in the numbered order all the same.
-RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation", "kept")
+RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation", "kept", "openclaw")
 
 
 # -- 7. per-call cost with many finished sessions kept -------------------------------------------
@@ -1080,6 +1081,92 @@ async def bench_kept(root: Path, sizes: Sizes, out: Results) -> None:
     out.note(7, "kept: the tools procpilot serve builds (policy, gate, exec face); the ratio column is last / first")
 
 
+# -- 8. OpenClaw's exec tool as a peer -------------------------------------------------------------
+
+OPENCLAW_DIR_ENV = "PROCPILOT_BENCH_OPENCLAW"  # a directory holding node_modules/openclaw
+NODE_ENV = "PROCPILOT_BENCH_NODE"  # a Node >= 24 binary (default: node on PATH)
+OPENCLAW_SCRIPT = Path(__file__).with_name("openclaw_exec.mjs")
+
+
+def openclaw_setup() -> tuple[str, Path] | str:
+    """(node, install dir) of an OpenClaw the bench can run, or why it cannot."""
+    where = os.environ.get(OPENCLAW_DIR_ENV)
+    if not where:
+        return f"{OPENCLAW_DIR_ENV} is not set (bench/README.md says how to install OpenClaw for it)"
+    install = Path(where)
+    if not (install / "node_modules" / "openclaw" / "package.json").is_file():
+        return f"no node_modules/openclaw under {install}"
+    node = os.environ.get(NODE_ENV) or shutil.which("node")
+    if node is None:
+        return "no node on PATH (OpenClaw needs Node >= 24)"
+    try:
+        version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{node} --version failed: {exc}"
+    major = int(version.strip().lstrip("v").split(".")[0] or 0)
+    if major < 24:
+        return f"{node} is Node {version.strip()}; OpenClaw needs >= 24 (set {NODE_ENV})"
+    return node, install
+
+
+async def bench_openclaw(root: Path, sizes: Sizes, out: Results) -> None:
+    """OpenClaw's real exec tool, in-process in Node, beside procpilot's exec tool in-process and
+    the raw baseline, back to back and after the same idle gap."""
+    bench = "8. OpenClaw exec tool (in-process)"
+    found = openclaw_setup()
+    if isinstance(found, str):
+        out.add(bench, "skipped", found)
+        return
+    node, install = found
+    n, idle_n = sizes.exec_calls // 2, sizes.idle_calls
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [node, str(OPENCLAW_SCRIPT), str(install), str(n), str(idle_n), str(int(EXEC_IDLE * 1000))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=root,
+    )
+    if done.returncode != 0:
+        out.add(bench, "failed", done.stderr.strip().splitlines()[-1][:100] if done.stderr.strip() else "no output")
+        return
+    peer = json.loads(done.stdout.strip().splitlines()[-1])
+    async with supervisor(root, "peer") as sup:
+        exec_tool = exec_process_tools(sup)[0]
+
+        async def raw() -> None:
+            subprocess.run(["/bin/sh", "-c", "true"], check=True)  # noqa: ASYNC221 - the baseline
+
+        async def face() -> None:
+            result = await exec_tool.call({"command": "true"}, "b")
+            assert not result.is_error, result.text
+
+        methods = {"raw": raw, "face": face}
+        passes = {
+            "back to back": (await interleaved(methods, n, warmup=10), "exec", "raw"),
+            f"after {EXEC_IDLE * 1000:.0f} ms idle": (
+                await interleaved(methods, idle_n, warmup=2, idle=EXEC_IDLE),
+                "idle_exec",
+                "idle_raw",
+            ),
+        }
+    ms = 1e-3  # the Node script reports milliseconds
+    for pattern, (res, peer_key, peer_raw) in passes.items():
+        raw_med = statistics.median(res["raw"][0])
+        theirs = statistics.median(peer[peer_key]) * ms
+        ours = statistics.median(res["face"][0])
+        out.compare(bench, f"{pattern}: OpenClaw {peer['version']} exec true, median", theirs, raw_med, fmt_ms)
+        out.compare(bench, f"{pattern}: procpilot exec tool, median", ours, raw_med, fmt_ms)
+        node_raw = statistics.median(peer[peer_raw]) * ms
+        out.add(bench, f"{pattern}: Node spawnSync sh -c true, median", fmt_ms(node_raw))
+    out.note(
+        8,
+        f"OpenClaw: createExecTool({{}}).execute() in Node {peer['node']} (bench/openclaw_exec.mjs), then procpilot's "
+        "exec tool and the raw baseline interleaved in this process; both tools' ratios are against that baseline",
+    )
+
+
 async def settle() -> None:
     """Between benchmarks: flush what the last one left to the disk, so it does not stall the next."""
     gc.collect()
@@ -1107,6 +1194,7 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
         "latency": lambda: bench_latency(root, sizes, out, children),
         "isolation": lambda: asyncio.to_thread(bench_isolation, root, out),
         "kept": lambda: bench_kept(root, sizes, out),
+        "openclaw": lambda: bench_openclaw(root, sizes, out),
     }
     try:
         for i, name in enumerate(chosen, 1):
@@ -1128,7 +1216,7 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset of " + ",".join(BENCHES))
     parser.add_argument("--sessions", type=int, help="concurrent sessions in the 'many' benchmark (default 1,000)")
     args = parser.parse_args()
-    soft, _ = raise_nofile()
+    soft, _ = raise_nofile(args.sessions or Sizes.pick(args.quick).sessions)
     out = Results()
     children = Children()
     root = Path(tempfile.mkdtemp(prefix="procpilot-bench-", dir="/tmp"))
