@@ -37,6 +37,8 @@ FORBIDDEN = {
     "transports/http": ("procpilot.client",),
     "transports/serve.py": ("procpilot.client",),
     "transports/mcp.py": ("procpilot.client",),
+    "transports/mcp_serve.py": ("procpilot.client",),
+    "transports/connections.py": ("procpilot.client",),
 }
 
 

@@ -48,6 +48,7 @@ PUBLIC = {
     "SpawnFailed",
     "SpawnSpec",
     "StateDirBusy",
+    "StateDirIncompatible",
     "StdinClosed",
     "Stream",
     "Supervisor",

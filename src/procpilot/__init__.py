@@ -44,6 +44,7 @@ from procpilot.errors import (
     SpawnError,
     SpawnFailed,
     StateDirBusy,
+    StateDirIncompatible,
     StdinClosed,
     UnanalyzableCommand,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "SpawnFailed",
     "SpawnSpec",
     "StateDirBusy",
+    "StateDirIncompatible",
     "StdinClosed",
     "Stream",
     "Supervisor",

@@ -47,7 +47,8 @@
     ├── TooManyConnections                   429                    the agent holds as many sessions as it may
     ├── UnsupportedMediaType                 415                    a body that is not JSON
     ├── ServeRefused                         500                    the daemon will not start (address, tokens)
-    │   └── StateDirBusy                     409                    another live server owns these sessions
+    │   ├── StateDirBusy                     409                    another live server owns these sessions
+    │   └── StateDirIncompatible             409                    another procpilot version's state directory
     ├── DaemonNotRunning                     503                    the client found no daemon to talk to
     ├── NodeUnavailable                      503                    no live cluster node can run the session
     └── DaemonConnectionLost                 503                    the daemon stopped answering mid-request
@@ -104,6 +105,7 @@ __all__ = [
     "SpawnError",
     "SpawnFailed",
     "StateDirBusy",
+    "StateDirIncompatible",
     "StdinClosed",
     "TooManyConnections",
     "UnanalyzableCommand",
@@ -468,9 +470,11 @@ class RequestTooLarge(ProcpilotError):
 
 
 class ServeRefused(ProcpilotError):
+    """The server will not start as configured; each raise says what to change."""
+
     http_status: ClassVar[int] = 500
     default_hints: ClassVar[dict[str, str]] = {
-        "add_tokens": 'Add [server.tokens] ("token" = "agent-id") to the config, or bind 127.0.0.1.',
+        "check_config": "The message names the setting or the process in the way: change that, then start again.",
     }
 
 
@@ -482,6 +486,16 @@ class StateDirBusy(ServeRefused):
     default_hints: ClassVar[dict[str, str]] = {
         "use_it": "Talk to the running server (procpilot ps / daemon.json), or stop it first.",
         "separate": "Or give this server a state_dir of its own.",
+    }
+
+
+class StateDirIncompatible(ServeRefused):
+    """The state directory was written in a format this procpilot cannot read (a newer release,
+    or one too old): reading it anyway could misread logs or adopt processes it cannot serve."""
+
+    http_status: ClassVar[int] = 409
+    default_hints: ClassVar[dict[str, str]] = {
+        "separate": "Give this server a state_dir of its own (state_dir in the config, or PROCPILOT_STATE_DIR).",
     }
 
 

@@ -113,4 +113,5 @@ def test_serve_refuses_at_once_when_no_cluster_answers(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "ServeRefused: no Ray cluster answers at" in done.stderr
+    assert "ray start --head" in done.stderr and "tokens" not in done.stderr  # its own hint, not the binding's
     assert "Traceback" not in done.stderr

@@ -28,7 +28,7 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (START_SOFT, resource.getrlimit(resou
 async def main():
     settings = load_settings(env={}, state_dir=ROOT + "/state", workspace_root=ROOT)
     found = {}
-    async with Supervisor(settings, descriptors_for=SESSIONS) as sup:
+    async with Supervisor(settings, descriptors_for=(SESSIONS, 0)) as sup:
         warm = await sup.run(SpawnSpec("ulimit -n"), scope="t", yield_ms=5000)
         sessions = [await sup.spawn(SpawnSpec("echo up; sleep 60"), scope="t") for _ in range(SESSIONS)]
         await asyncio.sleep(0.5)

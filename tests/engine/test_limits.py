@@ -54,7 +54,9 @@ async def test_the_watchdog_holds_cpu_to_its_share_by_stopping_the_tree(settings
         wall = time.monotonic() - t0
         assert s.state is SessionState.EXITED_OK and s.accounting.rusage is not None
         share = (s.accounting.rusage.ru_utime + s.accounting.rusage.ru_stime) / wall
-        assert 0.3 <= share <= 0.7, f"used {share:.2f} of a core"  # unthrottled, a busy loop takes ~1.0
+        # Unthrottled, a busy loop takes ~1.0. The floor is loose: on a loaded machine the loop
+        # gets less than its share from the scheduler, which says nothing about the limit.
+        assert 0.2 <= share <= 0.7, f"used {share:.2f} of a core"
 
 
 async def test_the_watchdog_ends_a_fork_bomb_past_its_pids_limit(settings) -> None:  # type: ignore[no-untyped-def]
@@ -92,7 +94,10 @@ async def test_cpu_limit_throttles_to_its_share(supervisor: Supervisor) -> None:
     assert s.accounting.rusage is not None
     cpu = s.accounting.rusage.ru_utime + s.accounting.rusage.ru_stime
     share = cpu / wall
-    assert 0.5 * 0.85 <= share <= 0.5 * 1.15, f"used {share:.2f} of a core"
+    # The ceiling is the limit's (unthrottled, a busy loop takes ~1.0). The floor is loose: on a
+    # loaded machine the loop gets less than its share from the scheduler, which says nothing
+    # about the limit (a quota set far too low would still fail it).
+    assert 0.25 <= share <= 0.5 * 1.15, f"used {share:.2f} of a core"
 
 
 @needs_cgroups

@@ -3,11 +3,13 @@ resolves to, and a real spawn's stdio."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
+from procpilot.engine.limits import Limits
 from procpilot.engine.spawn import SpawnSpec, build_env, resolve_workdir, spawn_process
 from procpilot.engine.trees import MARKER_ENV
 from procpilot.errors import InvalidArgument, PathOutOfScope, ProtectedVariable
@@ -27,6 +29,7 @@ def test_a_pty_gets_a_terminal_and_its_size() -> None:
     env = build_env((), {}, {}, markers=MARKERS, pty=True, pty_size=(132, 43), source={})
     assert (env["TERM"], env["COLUMNS"], env["LINES"]) == ("xterm-256color", "132", "43")
     assert env["PATH"] == os.defpath  # none passed through: the default search path, never none
+
 
 
 def test_a_marker_cannot_be_overridden() -> None:
@@ -90,3 +93,16 @@ async def test_a_spawned_child_writes_to_its_pipes_and_reads_its_stdin(tmp_path:
         for fd in (spawned.stdin_fd, spawned.stdout_fd, spawned.stderr_fd, spawned.pidfd):
             if fd is not None and fd >= 0:
                 os.close(fd)
+
+def test_the_policys_limits_and_box_do_not_resolve_the_directory_again(tmp_path: Path) -> None:
+    # The spawn filter confines every spec: the directory was resolved and checked when the face
+    # built it; reading the disk again per call is waste (and a rename in between is caught where
+    # the child enters the directory, not here).
+    (tmp_path / "sub").mkdir()
+    spec = SpawnSpec("true", cwd="sub", workspace=tmp_path)
+    (tmp_path / "sub").rmdir()
+    limits = Limits(memory_bytes=1 << 30)
+    confined = spec.confined(limits, None)
+    assert (confined.cwd, confined.limits, spec.limits) == (tmp_path.resolve() / "sub", limits, None)
+    with pytest.raises(InvalidArgument):  # what a re-check would have said
+        dataclasses.replace(spec, limits=limits)

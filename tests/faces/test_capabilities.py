@@ -63,13 +63,13 @@ class Tools:
         self.by_name: dict[str, ToolSpec] = {t.name: t for t in capability_tools(supervisor)}
         self.scope = scope
 
-    async def __call__(self, name: str, **args: Any) -> dict[str, Any]:
-        result = await self.by_name[name].call(args, self.scope)
+    async def __call__(self, tool: str, /, **args: Any) -> dict[str, Any]:
+        result = await self.by_name[tool].call(args, self.scope)
         assert not result.is_error, result.text
         return result.data
 
-    async def error(self, name: str, **args: Any) -> dict[str, Any]:
-        result = await self.by_name[name].call(args, self.scope)
+    async def error(self, tool: str, /, **args: Any) -> dict[str, Any]:
+        result = await self.by_name[tool].call(args, self.scope)
         assert result.is_error, result.text
         assert result.text.startswith(result.data["error"]) and "What to do next" in result.text
         return result.data
@@ -112,6 +112,7 @@ async def test_tools_are_listed_with_spec_inputs_and_tiers(connect: Connect) -> 
             "stdout_lines",
             "restart",  # beyond the spec: a restart policy for background runs
             "max_restarts",
+            "name",  # beyond the spec: a name every call takes in place of the process_id
         }
         assert props["process.monitor"] == {"process_id"}
         assert props["process.kill"] == {"process_id", "signal", "force_after"}
@@ -720,3 +721,25 @@ async def test_a_memory_kill_is_resource_limit_exceeded_with_the_peak(
     assert again["error"] == "ResourceLimitExceeded" and again["process_id"] == process_id
     listed = await tools("process.list")
     assert [p["state"] for p in listed["processes"] if p["process_id"] == process_id] == ["killed"]
+
+
+async def test_a_name_and_restarts_beyond_the_spec_show_only_where_a_process_has_them(tools: Tools) -> None:
+    named = await tools("process.run", command="sleep 30", background=True, name="web")
+    crashing = await tools("process.run", command="exit 3", background=True, restart="on-failure", max_restarts=1)
+    plain = await tools("process.run", command="true")
+    monitored = await tools("process.monitor", process_id="web")  # the name in place of the id
+    assert monitored["process_id"] == named["process_id"] and monitored["name"] == "web"
+    assert set(monitored) == MONITOR_FIELDS | {"name"}
+    for _ in range(100):
+        again = await tools("process.monitor", process_id=crashing["process_id"])
+        if again["state"] != "running":
+            break
+        await asyncio.sleep(0.05)
+    assert again["restarts"] == 1 and again["exit_code"] == 3 and "name" not in again
+    rows = {p["process_id"]: p for p in (await tools("process.list"))["processes"]}
+    assert rows[named["process_id"]]["name"] == "web" and "restarts" not in rows[named["process_id"]]
+    assert rows[crashing["process_id"]]["restarts"] == 1
+    assert set(rows[plain["process_id"]]) == ENTRY_FIELDS  # spec 000's shape, nothing added
+    err = await tools.error("process.run", command="true", name="web")
+    assert err["error"] == "SessionNameInUse"
+    await tools("process.kill", process_id="web", signal="SIGKILL")

@@ -367,3 +367,61 @@ def test_one_agents_calls_queue_behind_its_own_not_before_others(bounded: Served
         for thread in waits:
             thread.join(30)
         cleanup(a)
+
+
+# -- connections -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    daemon = start_daemon(tmp_path_factory.mktemp("guarded"), server="header_timeout_sec = 1\nmax_connections = 16")
+    yield daemon
+    assert daemon.stop() == 0, daemon.log_text()
+
+
+def _connect(served: Served) -> socket.socket:
+    host, port = served.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=15)  # a hang fails the test, late
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"!eof"
+        assert not data.endswith(b"!eof"), data
+    head, _, body = data.partition(b"\r\n\r\n")
+    fields = dict(line.partition(b": ")[::2] for line in head.lower().split(b"\r\n")[1:])
+    length = int(fields[b"content-length"])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_request_head_never_finished_is_closed_by_the_daemon(guarded: Served) -> None:
+    # Half a request line, then nothing: without a deadline the connection (and its descriptor)
+    # would be held for as long as the client likes. The same for the next head on a kept-alive one.
+    host = guarded.url.removeprefix("http://")
+    with _connect(guarded) as half:
+        half.sendall(f"GET /v1/tools HTTP/1.1\r\nHost: {host}".encode())
+        assert half.recv(100) == b""
+    with _connect(guarded) as kept:
+        kept.sendall(f"GET /v1/tools HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert _read_response(kept).startswith(b"HTTP/1.1 401")  # a whole response: kept alive
+        kept.sendall(b"GET /v1/tools HTTP/1.1\r\n")
+        assert kept.recv(100) == b""
+
+
+def test_past_max_connections_a_new_one_is_told_and_closed(guarded: Served) -> None:
+    held = [_connect(guarded) for _ in range(16)]
+    try:
+        with _connect(guarded) as extra:
+            refused = _read_response(extra)
+        assert refused.startswith(b"HTTP/1.1 503")
+        body = json.loads(refused.partition(b"\r\n\r\n")[2])
+        assert body["error"] == "TooManyConnections" and "max_connections" in body["message"]
+    finally:
+        for sock in held:
+            sock.close()
+    with guarded.http(TOKEN_A) as c:  # the held ones gone, it serves again
+        assert post(c, "exec", command="echo back").json()["data"]["output"] == "back\n"
+        cleanup(c)

@@ -37,6 +37,7 @@ class DescriptorLimit:
     soft: int
     hard: int
     sessions: int  # the running sessions it was asked to make room for
+    others: int  # and the other descriptors (a daemon's connections)
     note: str | None  # why it is short of what the sessions need, if it is
 
 
@@ -51,8 +52,9 @@ class _Process:
 _PROCESS = _Process()
 
 
-def needed_for(sessions: int) -> int:
-    return sessions * PER_SESSION + _RESERVE
+def needed_for(sessions: int, others: int = 0) -> int:
+    """Descriptors for ``sessions`` running sessions and ``others`` more (a daemon's connections)."""
+    return sessions * PER_SESSION + others + _RESERVE
 
 
 def _nr_open() -> int:
@@ -66,10 +68,11 @@ def _finite(limit: int) -> bool:
     return limit != resource.RLIM_INFINITY
 
 
-def raise_for(sessions: int) -> DescriptorLimit:
-    """Raise this process's limit to what ``sessions`` running sessions need, as far as allowed."""
+def raise_for(sessions: int, others: int = 0) -> DescriptorLimit:
+    """Raise this process's limit to what ``sessions`` running sessions and ``others`` more
+    descriptors need, as far as allowed."""
     before = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = needed_for(sessions)
+    wanted = needed_for(sessions, others)
     soft, hard = before
     note = None
     if _finite(hard) and hard < wanted:
@@ -88,8 +91,8 @@ def raise_for(sessions: int) -> DescriptorLimit:
     if (soft, hard) != before and _PROCESS.started_soft is None:
         _PROCESS.started_soft = before[0]
     if note is not None:
-        note += f": about {allows(soft)} running sessions fit, not {sessions}"
-    raised = _PROCESS.raised = DescriptorLimit(before, soft, hard, sessions, note)
+        note += f": about {allows(soft - others)} running sessions fit, not {sessions}"
+    raised = _PROCESS.raised = DescriptorLimit(before, soft, hard, sessions, others, note)
     if (soft, hard) != before:
         _log.info("descriptor limit raised from %s to %s for %d running sessions", before, (soft, hard), sessions)
     if note is not None:
@@ -113,13 +116,14 @@ def child_lines() -> list[str]:
 def report() -> dict[str, Any]:
     """For ``doctor`` and ``/v1/capabilities``: the limit now, the sessions it holds, what was raised."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    raised = _PROCESS.raised
+    others = 0 if raised is None else raised.others
     found: dict[str, Any] = {
         "soft": soft,
         "hard": hard,
-        "running_sessions_it_holds": allows(soft) if _finite(soft) else None,
+        "running_sessions_it_holds": allows(soft - others) if _finite(soft) else None,
         "per_session": PER_SESSION,
     }
-    raised = _PROCESS.raised
     if raised is not None:
         if raised.started_with != (soft, hard):
             found["raised_from"] = list(raised.started_with)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import errno
 import fcntl
 import os
@@ -95,6 +96,15 @@ class SpawnSpec:
             object.__setattr__(self, "cwd", resolve_workdir(self.workspace, self.cwd))
         elif self.cwd is not None:
             check_os_string("cwd", str(self.cwd))
+
+    def confined(self, limits: Limits | None, isolation: Isolation | None) -> SpawnSpec:
+        """This spec with the policy's limits and box. Neither is checked by ``__post_init__``,
+        so unlike ``dataclasses.replace`` the command and directory are not checked (and the
+        directory not resolved on disk) a second time."""
+        confined = copy.copy(self)
+        object.__setattr__(confined, "limits", limits)
+        object.__setattr__(confined, "isolation", isolation)
+        return confined
 
     @property
     def display(self) -> str:

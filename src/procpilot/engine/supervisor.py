@@ -44,6 +44,7 @@ from procpilot.engine.limits import (
 )
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
+from procpilot.engine.state_format import check_state_format
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
@@ -190,7 +191,7 @@ class Supervisor:
         write_filter: Callable[[str, Session, bytes], None] | None = None,
         warm_shells: int | None = None,
         owner: str | None = None,
-        descriptors_for: int | None = None,
+        descriptors_for: tuple[int, int] | None = None,
     ) -> None:
         # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
@@ -231,8 +232,8 @@ class Supervisor:
         # 0 starts every session cold.
         self._warm_size = self.config.warm_shells if warm_shells is None else warm_shells
         self._warm: WarmPool | None = None
-        # A server raises this process's descriptor limit for that many running sessions at start
-        # (engine/descriptors.py); a library caller's process keeps the limit it has.
+        # A server raises this process's descriptor limit at start for (running sessions, other
+        # descriptors: its connections) (engine/descriptors.py); a library caller's keeps its own.
         self._descriptors_for = descriptors_for
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
@@ -248,8 +249,9 @@ class Supervisor:
         if self._started:
             return self
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        check_state_format(self.config.state_dir)
         if self._descriptors_for is not None:
-            descriptors.raise_for(self._descriptors_for)
+            descriptors.raise_for(*self._descriptors_for)
         held: builtins.list[HeldSession] = []
         if self.owner is not None:
             # First of all: the lock (a second live server of this owner stops here), then what the

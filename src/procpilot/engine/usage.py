@@ -48,6 +48,11 @@ __all__ = ["PidSample", "Usage", "UsageTracker", "sample_pid", "sample_tree", "u
 _FAST_INTERVAL = 0.2
 _SLOW_INTERVAL = 1.0
 _YOUNG_SEC = 3.0
+# A listing reuses a sample up to this old, and spends at most this much sampling stale trees
+# (stalest first, so successive listings cover them all): psutil costs ~0.1 ms a process, and a
+# list of a thousand running sessions must answer in milliseconds, not a tenth of a second.
+_LIST_SAMPLE_AGE = 2.0
+_LIST_SAMPLE_BUDGET = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +160,18 @@ def _cgroup_cpu_ms(trees: Any, session_id: str) -> int | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """One look at a running tree, taken off the event loop; folded into its track on the loop."""
+
+    samples: dict[int, PidSample]
+    cgroup_cpu_ms: int | None
+
+
 @dataclass(slots=True)
 class _Track:
     last: dict[int, PidSample] = field(default_factory=dict)
+    sampled_at: float | None = None  # time.monotonic() of the last reading
     # Counters of processes that vanished with no parent in the tree left to absorb them.
     credit_cpu: float = 0.0
     credit_read: int = 0
@@ -204,26 +218,43 @@ class UsageTracker:
         track = self._tracks.get(session)
         return sum(s.rss_bytes for s in track.last.values()) if track is not None else 0
 
-    async def snapshot(self, sessions: Sequence[Session]) -> dict[str, Usage]:
-        """Each session's usage now, keyed by id, for a listing: an ended one's final usage, a
-        running tree read once in a worker thread (psutil costs about half a millisecond a
-        process: a list of a thousand sessions must not hold the event loop for it). Nothing is
-        watched from then on, and a tracked session never shows less than its tracked best."""
-        sup = self._sup()
-        found: dict[str, Usage] = {}
-        running: list[tuple[Session, set[int]]] = []
+    async def snapshot(
+        self, sessions: Sequence[Session], budget: float | None = _LIST_SAMPLE_BUDGET
+    ) -> dict[str, Usage | None]:
+        """Each session's usage, keyed by id, for a listing: an ended one's final usage, a running
+        one's best so far if sampled in the last couple of seconds, else sampled afresh in a
+        worker thread, stalest first, for as long as ``budget`` seconds allow (None: all of them).
+        A running tree not reached and never sampled is None (unknown, not zero); one sampled
+        before keeps that value, and the next listing reaches it first. Nothing is watched."""
+        found: dict[str, Usage | None] = {}
+        stale: list[tuple[float, Session]] = []
+        now = time.monotonic()
         for session in sessions:
             if session.finished:
                 found[session.id] = self._finalize(session)
-            elif session.pid is None or sup is None:
+                continue
+            if session.pid is None:
                 found[session.id] = Usage()  # queued, or between two runs of a restart
+                continue
+            track = self._tracks.get(session)
+            at = None if track is None else track.sampled_at
+            if track is not None and at is not None and now - at <= _LIST_SAMPLE_AGE:
+                found[session.id] = track.best
             else:
-                running.append((session, sup._tree_backend.pids(session.id, session.pid) | {session.pid}))
-        if running:
-            sampled = await asyncio.to_thread(lambda: [sample_tree(pids) for _, pids in running])
-            for (session, _), now in zip(running, sampled, strict=True):
-                track = self._tracks.get(session)
-                found[session.id] = now if track is None else track.best.max(now)
+                stale.append((-1.0 if at is None else at, session))
+                found[session.id] = None if track is None or at is None else track.best
+        sup = self._sup()
+        if stale and sup is not None:
+            stale.sort(key=lambda item: item[0])
+            order = _trees_of([session for _, session in stale])
+            trees = [tree for _, tree in order]
+            readings = await asyncio.to_thread(_read_within, sup._tree_backend, trees, budget)
+            for (session, _), reading in zip(order, readings, strict=False):
+                if not session.finished:
+                    found[session.id] = self._apply(session, reading)
+            for session, _ in order:
+                if session.finished:  # ended while its tree was read: the final figures
+                    found[session.id] = self._finalize(session)
         return found
 
     def watch(self, session: Session) -> None:
@@ -252,10 +283,12 @@ class UsageTracker:
         sup = self._sup()
         if sup is None or session.pid is None or session.finished:
             return
+        self._apply(session, _read(sup._tree_backend, session.id, session.pid))
+
+    def _apply(self, session: Session, reading: _Reading) -> Usage:
+        """Fold one reading of a running tree into its track; returns the best usage so far."""
         track = self._track(session)
-        trees = sup._tree_backend
-        found = (sample_pid(pid) for pid in trees.pids(session.id, session.pid))
-        samples = {s.pid: s for s in found if s is not None}
+        samples = reading.samples
         for pid in track.last.keys() - samples.keys():
             gone = track.last[pid]
             if pid == session.pid:
@@ -268,6 +301,7 @@ class UsageTracker:
                 track.credit_read += gone.io_read_bytes
                 track.credit_write += gone.io_write_bytes
         track.last = samples
+        track.sampled_at = time.monotonic()
         cpu = sum(s.cpu_ms for s in samples.values()) + track.credit_cpu
         io_read = sum(s.io_read_bytes for s in samples.values()) + track.credit_read
         io_write = sum(s.io_write_bytes for s in samples.values()) + track.credit_write
@@ -275,15 +309,14 @@ class UsageTracker:
             cpu += track.leader_last.cpu_ms
             io_read += track.leader_last.io_read_bytes
             io_write += track.leader_last.io_write_bytes
-        cgroup_cpu = _cgroup_cpu_ms(trees, session.id)
-        if cgroup_cpu is not None:
-            cpu = max(cpu, cgroup_cpu)
+        if reading.cgroup_cpu_ms is not None:
+            cpu = max(cpu, reading.cgroup_cpu_ms)
         # The tree's RSS now, or the peak of its largest process if that is more (a lower bound of
         # the tree's peak that also catches a spike between two samples).
         rss = sum(s.rss_bytes for s in samples.values())
         memory = max(rss, max((s.peak_rss_bytes for s in samples.values()), default=0))
-        now = Usage(int(cpu), memory, io_read, io_write)
-        track.best = track.best.max(now)
+        track.best = track.best.max(Usage(int(cpu), memory, io_read, io_write))
+        return track.best
 
     def _finalize(self, session: Session) -> Usage:
         track = self._track(session)
@@ -318,8 +351,39 @@ class UsageTracker:
                 return
             young = any(s.started_at is not None and time.time() - s.started_at < _YOUNG_SEC for s in running)
             await asyncio.sleep(_FAST_INTERVAL if young else _SLOW_INTERVAL)
-            for session in running:
-                self._sample(session)
+            sup = self._sup()
+            if sup is None:
+                return
+            # Read in a worker thread: a console watching a thousand trees would otherwise hold
+            # the event loop ~0.1 s every second.
+            order = _trees_of(running)
+            readings = await asyncio.to_thread(_read_within, sup._tree_backend, [tree for _, tree in order], None)
+            for (session, _), reading in zip(order, readings, strict=True):
+                if not session.finished:
+                    self._apply(session, reading)
+
+
+def _read(trees: Any, session_id: str, leader: int) -> _Reading:
+    """The counters of a session's tree now (file reads only: safe in a worker thread)."""
+    found = (sample_pid(pid) for pid in trees.pids(session_id, leader))
+    return _Reading({s.pid: s for s in found if s is not None}, _cgroup_cpu_ms(trees, session_id))
+
+
+def _read_within(trees: Any, trees_of: Sequence[tuple[str, int]], budget: float | None) -> list[_Reading]:
+    """Readings of the (session id, leader pid) trees in order, stopping once ``budget`` seconds
+    are spent (None: read them all)."""
+    deadline = None if budget is None else time.monotonic() + budget
+    readings: list[_Reading] = []
+    for session_id, leader in trees_of:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        readings.append(_read(trees, session_id, leader))
+    return readings
+
+
+def _trees_of(sessions: Sequence[Session]) -> list[tuple[Session, tuple[str, int]]]:
+    """What a worker thread needs of each running session, taken on the event loop."""
+    return [(s, (s.id, s.pid)) for s in sessions if s.pid is not None and not s.finished]
 
 
 def usage_tracker(supervisor: Supervisor) -> UsageTracker:

@@ -54,6 +54,7 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.usage import Usage
 from procpilot.errors import (
     InvalidArgument,
     InvalidFilter,
@@ -246,6 +247,11 @@ class RunInput(BaseModel):
         "or a signal; always), with growing delays; same process_id and log. process.kill stops it for good.",
     )
     max_restarts: int | None = Field(None, ge=0, le=10_000, description="Stop restarting after this many (default 10).")
+    name: str | None = Field(
+        None,
+        description="A name for the process (1-64 letters, digits, '.', '_', '-'), unique among this agent's live "
+        "processes; every process.* call then takes it in place of the process_id.",
+    )
 
 
 class MonitorInput(BaseModel):
@@ -330,9 +336,12 @@ class MonitorOutput(BaseModel):
     duration_ms: int
     resource_usage: ResourceUsage
     started_at: str
-    # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model.
+    # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model;
+    # the name given at process.run, and how often a restart policy restarted it.
     output_dropped: int = 0
     output_note: str | None = None
+    name: str | None = None
+    restarts: int | None = None  # None: no restart policy
 
 
 class KillOutput(BaseModel):
@@ -350,6 +359,9 @@ class ListEntry(BaseModel):
     started_at: str
     duration_ms: int
     resource_usage: ResourceUsage
+    # Beyond spec 000: the name given at process.run, and how often a restart policy restarted it.
+    name: str | None = None
+    restarts: int | None = None  # None: no restart policy
 
 
 class ListOutput(BaseModel):
@@ -418,6 +430,7 @@ class ProcessCapabilities:
                     command,
                     cwd=cwd,
                     env=env,
+                    name=params.name,
                     stdin="pipe",
                     limits=limits,
                     workspace=settings.workspace_root,
@@ -430,6 +443,7 @@ class ProcessCapabilities:
                     cwd=cwd,
                     workspace=settings.workspace_root,
                     env=env,
+                    name=params.name,
                     timeout=params.timeout,
                     stdin="null" if stdin_data is None else "pipe",
                     stdin_data=stdin_data,
@@ -477,6 +491,7 @@ class ProcessCapabilities:
                 duration_ms=session.duration_ms,
                 resource_usage=self._resource_usage(session),
                 started_at=self._started_at(session),
+                **_extras(session),
                 **_loss(session),
             )
 
@@ -532,6 +547,10 @@ class ProcessCapabilities:
             matching = [
                 s for s in self.sup.list(scope) if params.state_filter == "all" or spec_state(s) == params.state_filter
             ]
+            shown = matching[: params.limit]
+            # Every tree read in a worker thread (a sample up to 2 s old reused): the spec's rows
+            # carry usage, and a long list must not hold the event loop while it is read.
+            usages = await self.usage.snapshot(shown, budget=None)
             entries = [
                 ListEntry(
                     process_id=s.id,
@@ -540,9 +559,10 @@ class ProcessCapabilities:
                     exit_code=spec_exit_code(s),
                     started_at=self._started_at(s),
                     duration_ms=s.duration_ms,
-                    resource_usage=self._resource_usage(s),
+                    resource_usage=ResourceUsage(**(usages[s.id] or Usage()).as_dict()),
+                    **_extras(s),
                 )
-                for s in matching[: params.limit]
+                for s in shown
             ]
             return ListOutput(processes=entries, total=len(matching))
 
@@ -595,9 +615,22 @@ def _loss(session: Session) -> dict[str, Any]:
     return {"output_dropped": session.output[Stream.COMBINED].lost, "output_note": session.output.lost_note()}
 
 
+def _extras(session: Session) -> dict[str, Any]:
+    """Fields beyond spec 000 that only some processes have: a name, a restart count."""
+    return {"name": session.name, "restarts": session.restarts if session.spec.restart is not None else None}
+
+
+def _spec_shaped(data: dict[str, Any]) -> dict[str, Any]:
+    """A result as spec 000 draws it: the extras a process does not have are left out."""
+    for key in ("name", "restarts"):
+        if key in data and data[key] is None:
+            del data[key]
+    return data
+
+
 def _dump(out: RunOutput | MonitorOutput | LogsOutput) -> dict[str, Any]:
     """The result as spec 000 draws it, plus the loss fields only when something was lost."""
-    return out.model_dump(exclude={"output_dropped", "output_note"} if not out.output_dropped else set())
+    return _spec_shaped(out.model_dump(exclude={"output_dropped", "output_note"} if not out.output_dropped else set()))
 
 
 class ProcessAPI:
@@ -795,7 +828,9 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
         return rendered((await caps.kill(parse_arguments(KillInput, arguments), scope)).model_dump())
 
     async def list_(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        return rendered((await caps.list(parse_arguments(ListInput, arguments), scope)).model_dump())
+        listing = (await caps.list(parse_arguments(ListInput, arguments), scope)).model_dump()
+        listing["processes"] = [_spec_shaped(entry) for entry in listing["processes"]]
+        return rendered(listing)
 
     async def logs(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         out, notes = await caps.logs(parse_arguments(LogsInput, arguments), scope)

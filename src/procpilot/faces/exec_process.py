@@ -444,13 +444,13 @@ class ExecProcessFace:
             # waitingForInput: a recent answer, else a fresh one for the newest sessions only
             check = s.is_running and fresh_checks > 0 and s.last_waiting_for_input(_INPUT_CHECK_AGE) is None
             fresh_checks -= check
-            usage = usages[s.id]
+            usage = usages[s.id]  # None: running, not sampled yet (unknown, never a false zero)
             row = self._summary(s, input_check=check) | {
                 "runtimeMs": s.duration_ms,
                 "backgrounded": s.backgrounded,
                 "startedAt": s.created_at,
-                "cpuMs": usage.cpu_ms,
-                "memoryBytes": usage.memory_peak_bytes,
+                "cpuMs": None if usage is None else usage.cpu_ms,
+                "memoryBytes": None if usage is None else usage.memory_peak_bytes,
             }
             rows.append(row)
             lines.append(self.profile.list_line(s, row))

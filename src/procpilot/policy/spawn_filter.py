@@ -10,7 +10,6 @@ own checks, made before any filter runs.)
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -107,7 +106,7 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
                 private=policy.isolate,
                 hidden=_daemon_paths(settings),
             )
-        return dataclasses.replace(spec, limits=_limits(policy, spec.limits), isolation=isolation)
+        return spec.confined(_limits(policy, spec.limits), isolation)
 
     return spawn_filter
 

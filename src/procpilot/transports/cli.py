@@ -22,8 +22,6 @@ from procpilot.errors import ProcpilotError
 if TYPE_CHECKING:
     from procpilot.client import Client, ToolReply
     from procpilot.config import Settings
-    from procpilot.contract import ToolSpec
-    from procpilot.engine.supervisor import Supervisor
     from procpilot.transports.serve import DaemonAddress
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process supervisor for AI agents.")
@@ -91,8 +89,7 @@ def mcp(
     try:
         settings = load_settings(config, **_workspace(workspace), **_tool_choice(tool_names, tools, profile))
     except ProcpilotError as exc:
-        _err.print(f"[red]{exc.code}[/red]: {exc.message}")
-        raise typer.Exit(2) from None
+        _fail(exc, 2)
     if http:
         from procpilot.transports.serve import check_binding
 
@@ -103,62 +100,19 @@ def mcp(
         except ProcpilotError as exc:
             _fail(exc, 2)
 
-    async def main() -> None:
-        from procpilot.transports.serve import audit_file, build_tools, make_supervisor, record_audit
-
-        # Keeping sessions makes this agent's stdio servers one lineage: each adopts what the last
-        # one left (and two live at once are refused). Without it, nothing changes.
-        owner = f"mcp:{agent}" if keep_sessions else None
-        async with make_supervisor(settings, owner=owner) as sup:
-            tools, audit = build_tools(sup, settings)
-            stop_audit = record_audit(audit, audit_file(settings))
-            try:
-                await serve_tools(sup, tools)
-            finally:
-                stop_audit()
-
-    async def serve_tools(sup: Supervisor, tools: list[ToolSpec]) -> None:
-        from procpilot.transports.mcp import build_mcp_server
-        from procpilot.transports.serve import serve_until_signal
-
-        if not http:
-            from procpilot.transports.mcp_stdio import serve_stdio
-
-            server = build_mcp_server(tools, scope=agent)
-            await serve_until_signal(sup, lambda: serve_stdio(server), keep=keep_sessions)
-            return
-        import uvicorn
-
-        from procpilot.transports.http import guarded_mcp_app, request_agent
-        from procpilot.transports.serve import bind_listeners, uvicorn_server
-
-        server = build_mcp_server(tools, scope=request_agent)
-
-        # The daemon's own binding (listening before the URL is printed, so a client that reads it
-        # can connect at once) and its uvicorn, which leaves signals to us.
-        listen = settings.server.model_copy(update={"port": port, "unix_socket": None})
-        try:
-            sockets, address = bind_listeners(listen, tcp=True)
-        except ProcpilotError as exc:
-            _fail(exc, 2)
-        guarded = guarded_mcp_app(server, settings, open_agent=agent)
-        config_ = uvicorn.Config(guarded, log_level="warning")
-        url = f"{address.url}/mcp"
+    def announce(url: str) -> None:
         scope_note = "agent scope: by bearer token" if settings.server.tokens else f"agent scope: {agent}"
         _err.print(f"procpilot MCP server on [bold]{url}[/bold] ({scope_note})")
         _err.print(f"Connect a client, e.g.: claude mcp add --transport http procpilot {url}")
         _err.print(f"state: {settings.state_dir}   workspace: {settings.workspace_root}")
-        server_ = uvicorn_server(config_)
-        serving = functools.partial(server_.serve, sockets=sockets)
-        try:
-            stop = functools.partial(setattr, server_, "should_exit", True)
-            await serve_until_signal(sup, serving, stop, keep=keep_sessions)
-        finally:
-            for listener in sockets:
-                listener.close()
 
+    from procpilot.transports.mcp_serve import serve_mcp
+
+    serving = serve_mcp(
+        settings, agent=agent, keep_sessions=keep_sessions, http_port=port if http else None, announce=announce
+    )
     try:
-        asyncio.run(main())
+        asyncio.run(serving)
     except ProcpilotError as exc:  # a refused binding, a tool set that names no tool...
         _fail(exc, 2)
 
@@ -506,8 +460,8 @@ def ps(
             str(row.get("pid") or ""),
             row["status"],
             _duration(now - started) if isinstance(started, (int, float)) else "",
-            f"{(row.get('cpuMs') or 0) / 1000:.1f}s",
-            _size(int(row.get("memoryBytes") or 0)),
+            "" if row.get("cpuMs") is None else f"{int(row['cpuMs']) / 1000:.1f}s",  # None: not sampled yet
+            "" if row.get("memoryBytes") is None else _size(int(row["memoryBytes"])),
             "waiting" if row.get("waitingForInput") else "",
             str(row.get("restarts") or ""),
             "" if code is None else str(code),
@@ -782,7 +736,8 @@ async def _probe_capabilities() -> dict[str, Any]:
         except ProcpilotError:  # a bad environment variable is not what doctor is asked about
             settings = load_settings(None, {}, state_dir=tmp, workspace_root=tmp)
         # Sized as a server's would be: the descriptor limit it reports is the one a daemon gets here.
-        async with Supervisor(settings, descriptors_for=settings.server.max_running_sessions) as sup:
+        server = settings.server
+        async with Supervisor(settings, descriptors_for=(server.max_running_sessions, server.max_connections)) as sup:
             found = sup.capabilities()
     # Whether sessions outlive a server is the daemon's to say (its own holder), not this probe's.
     found.pop("restarts", None)

@@ -75,11 +75,13 @@ def check_binding(server: ServerSettings, *, tcp: bool = True) -> None:
         raise ServeRefused("nothing to listen on: no TCP port and no Unix socket", hints={"add_socket": _SOCK})
     if tcp and not server.loopback_only and not server.tokens:
         raise ServeRefused(
-            f"refusing to listen on {server.host}: without [server.tokens] anyone who can reach it could run commands"
+            f"refusing to listen on {server.host}: without [server.tokens] anyone who can reach it could run commands",
+            hints={"add_tokens": _TOKENS},
         )
 
 
 _BACKLOG = 2048
+_TOKENS = 'Add [server.tokens] ("token" = "agent-id") to the config, or bind 127.0.0.1.'
 _SOCK = "Give --unix-socket PATH (or [server] unix_socket), or drop --no-tcp."
 
 
@@ -105,7 +107,7 @@ def make_supervisor(settings: Settings, *, owner: str | None = None) -> Supervis
         spawn_filter=spawn_filter,
         write_filter=write_filter,
         owner=owner,
-        descriptors_for=settings.server.max_running_sessions,
+        descriptors_for=(settings.server.max_running_sessions, settings.server.max_connections),
     )
 
 
@@ -358,6 +360,7 @@ async def serve(
     daemon that runs there (daemon.json) to do just that, and waits for it to go."""
     import uvicorn
 
+    from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
     check_binding(settings.server, tcp=tcp)
@@ -383,6 +386,7 @@ async def serve(
                 timeout_graceful_shutdown=int(grace) + 5,
                 ws_ping_interval=20.0,
                 ws_max_size=WS_MAX_MESSAGE,
+                http=guarded_h11(settings.server.header_timeout_sec, settings.server.max_connections),
             )
             server = uvicorn_server(config)
 
@@ -422,11 +426,17 @@ def _take_over(marker: Path) -> None:
     except ProcessLookupError:
         return
     except PermissionError as exc:
-        raise ServeRefused(f"cannot signal the running daemon (pid {pid}): {exc.strerror}") from None
+        raise ServeRefused(
+            f"cannot signal the running daemon (pid {pid}): {exc.strerror}",
+            hints={"same_user": "Run the takeover as the user the running daemon runs as (or root)."},
+        ) from None
     deadline = time.monotonic() + _TAKEOVER_WAIT
     while _running(pid):
         if time.monotonic() > deadline:
-            raise ServeRefused(f"the running daemon (pid {pid}) did not hand over within {_TAKEOVER_WAIT:.0f} s")
+            raise ServeRefused(
+                f"the running daemon (pid {pid}) did not hand over within {_TAKEOVER_WAIT:.0f} s",
+                hints={"look": f"See why in its log, or stop it (kill {pid}) and start without --takeover."},
+            )
         time.sleep(0.02)
 
 

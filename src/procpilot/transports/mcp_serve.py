@@ -1,0 +1,89 @@
+"""``procpilot mcp``: one agent's tools on a supervisor of its own, over stdio or streamable HTTP.
+
+The command line parses options and prints; this module runs the server, the way
+``serve.serve`` runs the daemon, and shuts down through the same ``serve_until_signal``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from procpilot.config import Settings
+from procpilot.contract import ToolSpec
+from procpilot.engine.supervisor import Supervisor
+from procpilot.transports.mcp import build_mcp_server
+from procpilot.transports.serve import (
+    audit_file,
+    bind_listeners,
+    build_tools,
+    make_supervisor,
+    record_audit,
+    serve_until_signal,
+    uvicorn_server,
+)
+
+__all__ = ["serve_mcp"]
+
+
+async def serve_mcp(
+    settings: Settings,
+    *,
+    agent: str,
+    keep_sessions: bool,
+    http_port: int | None = None,
+    announce: Callable[[str], None] = lambda url: None,
+) -> None:
+    """Serve until the client goes (stdio) or a signal comes; ``http_port`` (0: any) serves HTTP on
+    ``settings.server.host`` instead, and ``announce`` hears its URL once it accepts connections."""
+    # Keeping sessions makes this agent's servers one lineage: each adopts what the last one left
+    # (and two live at once are refused). Without it, nothing changes.
+    owner = f"mcp:{agent}" if keep_sessions else None
+    async with make_supervisor(settings, owner=owner) as sup:
+        tools, audit = build_tools(sup, settings)
+        stop_audit = record_audit(audit, audit_file(settings))
+        try:
+            if http_port is None:
+                await _serve_stdio(sup, tools, agent=agent, keep_sessions=keep_sessions)
+            else:
+                await _serve_http(sup, tools, settings, agent, keep_sessions, http_port, announce)
+        finally:
+            stop_audit()
+
+
+async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, keep_sessions: bool) -> None:
+    from procpilot.transports.mcp_stdio import serve_stdio
+
+    server = build_mcp_server(tools, scope=agent)
+    await serve_until_signal(sup, lambda: serve_stdio(server), keep=keep_sessions)
+
+
+async def _serve_http(
+    sup: Supervisor,
+    tools: list[ToolSpec],
+    settings: Settings,
+    agent: str,
+    keep_sessions: bool,
+    port: int,
+    announce: Callable[[str], None],
+) -> None:
+    import uvicorn
+
+    from procpilot.transports.connections import guarded_h11
+    from procpilot.transports.http import guarded_mcp_app, request_agent
+
+    server = build_mcp_server(tools, scope=request_agent)
+    # The daemon's own binding (listening before the URL is announced, so a client that reads it
+    # can connect at once) and its uvicorn, which leaves signals to us.
+    sockets, address = bind_listeners(settings.server.model_copy(update={"port": port, "unix_socket": None}), tcp=True)
+    app = guarded_mcp_app(server, settings, open_agent=agent)
+    try:
+        limits = settings.server
+        http = guarded_h11(limits.header_timeout_sec, limits.max_connections)
+        uvicorn_ = uvicorn_server(uvicorn.Config(app, log_level="warning", http=http))
+        announce(f"{address.url}/mcp")
+        stop = functools.partial(setattr, uvicorn_, "should_exit", True)
+        await serve_until_signal(sup, functools.partial(uvicorn_.serve, sockets=sockets), stop, keep=keep_sessions)
+    finally:
+        for listener in sockets:
+            listener.close()
