@@ -51,7 +51,7 @@ async def cold(settings: Settings) -> AsyncIterator[Supervisor]:
 def _fill(sup: Supervisor) -> None:
     """Refill the pool now (it refills on its own once a session ends, or after 50 ms)."""
     assert sup._warm is not None
-    sup._warm.fill(at_once=True)
+    sup._warm.fill()
 
 
 async def _observed(sup: Supervisor, spec: SpawnSpec) -> tuple[int | None, bytes, bytes]:

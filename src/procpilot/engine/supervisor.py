@@ -271,7 +271,7 @@ class Supervisor:
             self._adopt(held)
         if self._warm_size > 0:
             self._warm = WarmPool(self._tree_backend, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
-            self._warm.fill(at_once=True)
+            self._warm.fill()
         self._spawn_task(self._housekeeping())
         return self
 
