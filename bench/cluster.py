@@ -11,7 +11,10 @@ drives both over their Unix sockets with the same REST calls an agent makes:
   through its node actor);
 - 100 MB of output (``head -c``) in a background session, until the daemon has seen its end
   (every byte mirrored to the daemon first);
-- sessions started per second: ``sleep`` sessions started by 8 concurrent clients.
+- sessions started per second: ``sleep`` sessions started by 8 concurrent clients;
+- paging a 14.9 MB log (64 KiB ``process.logs`` pages: mid-log, read from the node; at its
+  end, from the daemon's bounded copy) and ``process list`` of 20 running sessions (the nodes
+  asked for usage and stdin waits first).
 
 Nothing is asserted; read the ratio column (cluster / one host). Traffic stays on loopback and
 in the namespace; the cluster and the daemon are stopped at the end.
@@ -91,6 +94,30 @@ def big_output(h: httpx2.Client, size: int) -> float:
     return size / elapsed / 1e6
 
 
+def log_pages(h: httpx2.Client, n: int) -> tuple[float, float, float]:
+    """p50 of a 64 KiB ``process.logs`` page in the middle of a 14.9 MB log and at its end (on a
+    cluster: from the node, and from the daemon's bounded copy), and of ``process list`` with 20
+    sessions running (on a cluster: one status call per node first)."""
+    s = call(h, "exec", command="seq 1 2000000", yieldMs=120_000)
+    sid, size = s["sessionId"], s["outputBytes"]
+
+    def p50(arguments: dict[str, Any], tool: str = "process.logs") -> float:
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            call(h, tool, **arguments)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    middle = p50({"process_id": sid, "stream": "stdout", "offset": size // 2, "limit": 65536})
+    end = p50({"process_id": sid, "stream": "stdout", "offset": size - 65536, "limit": 65536})
+    running = [call(h, "exec", command="sleep 300", yieldMs=0)["sessionId"] for _ in range(20)]
+    listing = p50({"action": "list"}, "process")
+    for session_id in [sid, *running]:
+        call(h, "process", action="remove", sessionId=session_id)
+    return middle, end, listing
+
+
 async def start_rate(socket: str, token: str, n: int) -> float:
     transport = httpx2.AsyncHTTPTransport(uds=socket)
     async with httpx2.AsyncClient(transport=transport, base_url="http://localhost",
@@ -140,6 +167,10 @@ def main() -> int:
                 base_mb = big_output(lh, size)
                 rows.append((f"{size // 1_000_000} MB output, MB/s: worker node", big_output(wh, size), base_mb, "%"))
                 rows.append((f"{size // 1_000_000} MB output, MB/s: head node", big_output(hh, size), base_mb, "%"))
+                pages, base_pages = log_pages(wh, n), log_pages(lh, n)
+                names = ("64 KiB log page mid-log, p50 ms: from the node", "64 KiB log page at the end: daemon's copy",
+                         "process list, 20 running, p50 ms: worker node")
+                rows += [(name, a * 1e3, b * 1e3, "x") for name, a, b in zip(names, pages, base_pages, strict=True)]
             base_rate = asyncio.run(start_rate(local.unix_socket, "tok-local-0123456789", starts))
             rate = asyncio.run(start_rate(cluster.socket, "tok-local-0123456789", starts))
             rows.append((f"sessions started/s (8 clients, {starts}): 2 nodes", rate, base_rate, "%"))

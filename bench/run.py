@@ -40,7 +40,7 @@ from rich.table import Table
 
 from procpilot.config import load_settings
 from procpilot.engine import descriptors
-from procpilot.engine.capture import Stream
+from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -726,18 +726,33 @@ def raw_drain(children: Children, nbytes: int, sink: Path | None) -> tuple[float
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-async def engine_drain(root: Path, nbytes: int, cap: int | None) -> tuple[float, float, int, int]:
+# N bytes in 64 KiB writes that take turns between stdout and stderr: a switch per write, so the
+# ordering index gets a record for every 64 KiB (16,384 per GiB).
+INTERLEAVED = (
+    "import os\nb = bytes(65536)\nfor i in range({n} // 65536):\n"
+    "    v = memoryview(b)\n    while v:\n        v = v[os.write(1 + i % 2, v):]\n"
+)
+
+
+async def engine_drain(
+    root: Path, nbytes: int, cap: int | None, *, interleaved: bool = False
+) -> tuple[float, float, int, int]:
     """The same through a background session. Returns (seconds, parent CPU s, RSS growth, bytes kept)."""
     exec_settings = {} if cap is None else {"max_log_bytes": cap}
+    command = (
+        SpawnSpec(("python3", "-c", INTERLEAVED.format(n=nbytes)))
+        if interleaved
+        else SpawnSpec(f"head -c {nbytes} /dev/zero")
+    )
     async with supervisor(root, "output", **exec_settings) as sup:
         with PeakRss() as mem:
             c0, t0 = time.process_time(), time.perf_counter()
-            session = await sup.spawn(SpawnSpec(f"head -c {nbytes} /dev/zero"), scope="out")
+            session = await sup.spawn(command, scope="out")
             await session.wait_finished()
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         view = session.output[Stream.COMBINED]
         assert session.state is SessionState.EXITED_OK, session.state
-        assert view.size == nbytes, (view.size, nbytes)
+        assert view.size == (nbytes // 65536 * 65536 if interleaved else nbytes), (view.size, nbytes)
         kept = sum(p.stat().st_size for p in session.output.directory.glob("*.0*"))
     return wall, cpu, mem.growth, kept
 
@@ -758,6 +773,26 @@ def prefault_page_cache(root: Path, nbytes: int) -> None:
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)
+
+
+def stream_read_cpu(root: Path, lines: int = 200_000) -> tuple[float, float]:
+    """CPU seconds (median of 5) to read 1 MiB of stdout from a session that switched between
+    stdout and stderr at every 12-byte line (a record per line in its ordering index), and to
+    read 1 MiB of its combined view (the raw bytes, in order: no index)."""
+    output = SessionOutput(root / "switching", 64 << 20)
+    try:
+        for i in range(lines):
+            output.append(Stream.STDOUT if i % 2 else Stream.STDERR, b"line %06d\n" % i)
+        costs: dict[Stream, list[float]] = {Stream.STDOUT: [], Stream.COMBINED: []}
+        for _ in range(5):
+            for stream, taken in costs.items():
+                c0 = time.process_time()
+                output[stream].read(0, MIB)
+                taken.append(time.process_time() - c0)
+        return statistics.median(costs[Stream.STDOUT]), statistics.median(costs[Stream.COMBINED])
+    finally:
+        output.mark_closed()
+        output.remove_files()
 
 
 async def bench_output(root: Path, sizes: Sizes, out: Results, children: Children) -> None:
@@ -788,11 +823,18 @@ async def bench_output(root: Path, sizes: Sizes, out: Results, children: Childre
         f"{base_cpu:.2f} s",
         f"{file_cpu / base_cpu:.2f}x",
     )
-    # The default cap first (what a server runs with), then a cap above N: everything kept.
-    for cap, label in ((default_cap, f"cap {fmt_mib(default_cap)} (default)"), (2 * GIB, "cap 2 GiB (keeps all)")):
-        # Each view (combined, stdout) holds up to the cap, plus the segment being written.
+    # The default cap first (what a server runs with), then a cap above N: everything kept; then
+    # the default cap again with a command that switches streams every 64 KiB.
+    runs = (
+        (default_cap, f"cap {fmt_mib(default_cap)} (default)", False),
+        (2 * GIB, "cap 2 GiB (keeps all)", False),
+        (default_cap, "2 streams, default cap", True),
+    )
+    for cap, label, interleaved in runs:
+        # As much as the per-stream layout (combined and stdout, each up to the cap) once wrote,
+        # so figures from before and after storing output once stay comparable.
         prefault_page_cache(root, min(2 * nbytes, 2 * cap + cap // 4))
-        wall, cpu, growth, kept = await engine_drain(root, nbytes, cap)
+        wall, cpu, growth, kept = await engine_drain(root, nbytes, cap, interleaved=interleaved)
         rate = mb / wall
         out.add(
             bench,
@@ -805,7 +847,15 @@ async def bench_output(root: Path, sizes: Sizes, out: Results, children: Childre
         )
         out.add(bench, f"{label}: supervisor CPU", f"{cpu:.2f} s", f"{base_cpu:.2f} s", f"{cpu / base_cpu:.2f}x")
         out.add(bench, f"{label}: RSS growth (peak)", fmt_mib(growth), "", "", "≤ 64 MiB", verdict(growth <= 64 * MIB))
-        out.add(bench, f"{label}: bytes on disk at the end", fmt_mib(kept))
+        out.add(bench, f"{label}: bytes on disk at the end", f"{kept:,} B ({fmt_mib(kept)})")
+    stream_cpu, combined_cpu = stream_read_cpu(root)
+    out.add(
+        bench,
+        "read 1 MiB of stdout switching every line",
+        f"{stream_cpu * 1000:.0f} ms CPU",
+        f"{combined_cpu * 1000:.1f} ms",
+        f"{stream_cpu / combined_cpu:.0f}x",
+    )
     out.note(
         3,
         f"output: state dir under {root} ({fs_type(root)}); baseline: Popen stdout=PIPE (1 MiB pipe), os.read 1 MiB, "

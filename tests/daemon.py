@@ -3,11 +3,13 @@ socket) with two agents' tokens, and the small REST helpers the transport tests 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
+import termios
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +61,11 @@ class Served:
 
 
 def daemon_env(root: Path) -> dict[str, str]:
-    return {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+    env = {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+    # A checkout that is not the installed one (a worktree) puts itself first: its daemons must run its code.
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
 
 
 def write_config(
@@ -100,19 +106,27 @@ def start_daemon(
     server: str = "",
     exec_: str = "",
     log_name: str = "daemon.log",
+    wrap: tuple[str, ...] = (),
+    terminal: int | None = None,
 ) -> Served:
     """``extra`` is TOML after the [server] tables; ``server`` more keys inside [server], ``exec_``
-    inside [tools.exec]; ``log_name`` a log of its own for a second daemon on the same root."""
+    inside [tools.exec]; ``log_name`` a log of its own for a second daemon on the same root;
+    ``wrap`` a command that execs the daemon (``setpriv ...``: it keeps the daemon's pid);
+    ``terminal`` a pty's terminal end: the daemon's stdin and controlling terminal."""
     root.mkdir(parents=True, exist_ok=True)
     config = write_config(root, tokens, extra=extra, server=server, exec_=exec_)
     log = root / log_name
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [PROCPILOT, "serve", "--config", str(config), *args],
+            [*wrap, PROCPILOT, "serve", "--config", str(config), *args],
             env=daemon_env(root),
+            stdin=terminal,
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=root,
+            start_new_session=terminal is not None,
+            # In its own session, the terminal it then opens becomes its controlling one.
+            preexec_fn=None if terminal is None else _take_terminal,  # noqa: PLW1509 - a test's single thread
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -127,6 +141,10 @@ def start_daemon(
     proc.kill()
     proc.wait()
     raise AssertionError(f"daemon did not start:\n{log.read_text(errors='replace')}")
+
+
+def _take_terminal() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def post(client: httpx2.Client, tool: str, **arguments: Any) -> httpx2.Response:

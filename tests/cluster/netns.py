@@ -20,12 +20,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import psutil
+import pytest
 
 BIN = Path(sys.executable).parent
 HEAD_RESOURCE, WORKER_RESOURCE = "ws_a", "ws_b"
@@ -42,8 +44,36 @@ ray_start() { "$BIN/ray" start --node-ip-address 127.0.0.1 --num-cpus 1 --object
 ray_start --head --port 6379 --include-dashboard=false --resources '{"ws_a": 1}'
 ray_start --address 127.0.0.1:6379 --resources '{"ws_b": 1}'
 "$BIN/procpilot" serve --config "$ROOT/procpilot.toml" >"$ROOT/daemon.log" 2>&1 &
-wait $!
+wait $! || status=$?
+# The namespace ends with its init: a test that kills the daemon keeps the nodes to look at.
+[ -z "$OUTLIVE_DAEMON" ] || exec sleep infinity
+exit "${status:-0}"
 """
+
+
+def daemon_config(tokens: dict[str, str], more: str = "") -> str:
+    """A daemon on the namespace's cluster, on a Unix socket, with these tokens (token -> agent)."""
+    names = "\n".join(f'"{t}" = "{a}"' for t, a in tokens.items())
+    return f"""state_dir = "state"
+workspace_root = "ws"
+[cluster]
+backend = "ray"
+address = "127.0.0.1:6379"
+[tools.exec]
+killGraceSec = 2
+[server]
+port = 0
+unix_socket = "daemon.sock"
+[server.tokens]
+{names}
+{more}"""
+
+
+def cluster_marks() -> list[pytest.MarkDecorator]:
+    """A cluster test module's marks: skipped (saying why) where no cluster can run, and a
+    timeout that covers the cluster's start."""
+    why = unavailable()
+    return [pytest.mark.skipif(why is not None, reason=why or ""), pytest.mark.timeout(300)]
 
 
 def unavailable() -> str | None:
@@ -131,12 +161,16 @@ class Cluster:
         self.proc.wait(30)
 
 
-def start_cluster(root: Path, config: str) -> Cluster:
+def start_cluster(root: Path, config: str, *, outlive_daemon: bool = False) -> Cluster:
     root.mkdir(parents=True, exist_ok=True)
     (root / "ws").mkdir(exist_ok=True)
     (root / "procpilot.toml").write_text(config)
     env = {"PATH": f"{BIN}:{os.environ['PATH']}", "HOME": str(root), "LANG": "C.UTF-8", "BIN": str(BIN),
            "ROOT": str(root), "RAY_USAGE_STATS_ENABLED": "0", **_HEALTH}
+    if outlive_daemon:
+        env["OUTLIVE_DAEMON"] = "1"
+    if "PYTHONPATH" in os.environ:  # a worktree's tree first, for the daemon and the nodes' workers alike
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     with open(root / "init.log", "wb") as err:
         proc = subprocess.Popen(
             ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", _INIT],
@@ -161,6 +195,41 @@ def start_cluster(root: Path, config: str) -> Cluster:
         cluster = Cluster(proc, root, "", env)
         cluster.stop()
         raise
+
+
+@contextlib.contextmanager
+def running(root: Path, config: str, *, outlive_daemon: bool = False) -> Iterator[Cluster]:
+    """A cluster and its daemon for the ``with`` block (a module's fixture), stopped after it."""
+    cluster = start_cluster(root, config, outlive_daemon=outlive_daemon)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def remove_sessions(cluster: Cluster, tokens: Iterable[str]) -> None:
+    """Remove every session of these agents (between tests), unless the daemon was stopped."""
+    if not os.path.exists(cluster.socket):
+        return
+    for token in tokens:
+        with cluster.http(token) as h:
+            for row in tool(h, "process", action="list")["data"]["sessions"]:
+                tool(h, "process", action="remove", sessionId=row["sessionId"])
+
+
+def marked(session_id: str) -> list[int]:
+    """Live processes of a session, wherever in the namespace they run (read from the host's /proc)."""
+    needle = f"PROCPILOT_SESSION={session_id}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and needle in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
+                state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+                if state != b"Z":
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
 
 
 def _logs(root: Path) -> str:

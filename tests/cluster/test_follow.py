@@ -1,14 +1,12 @@
 """The node's stream of a session's output, replayed as the daemon does: the same bytes at the same
-offsets in every view, each byte sent once where the order of appends is known. No Ray needed:
-a real session of the engine, its stream read by the code the node actor runs."""
+offsets in every view, each byte sent once (the node's ordering index knows every run's stream).
+No Ray needed: a real session of the engine, its stream read by the code the node actor runs."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 from pathlib import Path
-
-import pytest
 
 from procpilot.cluster import follow
 from procpilot.cluster.remote import mirror
@@ -27,11 +25,7 @@ async def replay(session: Session, into: Path, *, pause: float = 0) -> tuple[Ses
         if pause:
             await asyncio.sleep(pause)  # a slow reader: the command runs ahead of it
         kinds[item[0]] += len(item[-1])
-        if item[0] == "both":
-            mirror(copy, Stream(item[1]), item[2], item[4])
-            mirror(copy, Stream.COMBINED, item[3], item[4])
-        else:
-            mirror(copy, Stream(item[1]), item[2], item[3])
+        mirror(copy, Stream(item[1]), item[2], item[3], item[4])
     copy.mark_closed()  # as the daemon's copy is closed at the session's end
     return copy, kinds
 
@@ -46,9 +40,10 @@ async def test_every_byte_once_in_arrival_order(supervisor: Supervisor, tmp_path
     session = await supervisor.spawn(SpawnSpec(INTERLEAVED), scope="t")
     copy, kinds = await replay(session, tmp_path / "copy")
     same_views(session.output, copy)
-    # Only what came before the stream began was sent per view; the rest once.
+    # Every byte once, as runs of one stream.
     assert kinds["both"] > 0
     assert kinds["both"] + kinds["out"] < 1.1 * session.output[Stream.COMBINED].size
+    assert kinds == {"both": session.output[Stream.COMBINED].size}
     await supervisor.remove("t", session.id)
 
 
@@ -56,22 +51,38 @@ async def test_output_from_before_the_stream_began(supervisor: Supervisor, tmp_p
     session = await supervisor.run(SpawnSpec("echo early; echo late >&2"), scope="t", yield_ms=None)
     copy, kinds = await replay(session, tmp_path / "copy")
     same_views(session.output, copy)
-    assert kinds["both"] == 0
+    assert kinds == {"both": session.output[Stream.COMBINED].size}  # the index knew their order
     await supervisor.remove("t", session.id)
 
 
-async def test_a_reader_far_behind_falls_back_to_each_view(
-    supervisor: Supervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(follow, "_MAX_NOTES", 3)
-    # Many small appends, 10 ms apart, against a reader that takes 50 ms an item: its notes of
-    # the order of appends overflow whatever the machine's speed.
+async def test_a_reader_far_behind_still_gets_every_byte_once(supervisor: Supervisor, tmp_path: Path) -> None:
+    # Many small appends, 10 ms apart, against a reader that takes 50 ms an item: nothing is
+    # noted in memory, the runs are read back from the node's index however far behind it is.
     paced = "for i in $(seq 1 40); do echo out $i; echo err $i >&2; sleep 0.01; done"
     session = await supervisor.spawn(SpawnSpec(paced), scope="t")
     copy, kinds = await replay(session, tmp_path / "copy", pause=0.05)
     same_views(session.output, copy)
-    assert kinds["out"] > 0  # the views, each on its own, from the overflow on
+    assert kinds == {"both": session.output[Stream.COMBINED].size}
     await supervisor.remove("t", session.id)
+
+
+async def test_a_capped_nodes_gap_lands_in_each_stream_at_its_offsets(settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """What the node's cap dropped before it was read is zeros in the copy, each stream's share
+    in that stream: every view keeps the node's sizes, and what the node kept reads the same."""
+    tools = settings.tools.model_copy(update={"exec": settings.exec.model_copy(update={"max_log_bytes": 128 << 10})})
+    capped = settings.model_copy(update={"tools": tools})
+    async with Supervisor(capped) as sup:
+        script = "for i in $(seq 1 20000); do echo out $i; echo err $i >&2; done; echo last"
+        session = await sup.run(SpawnSpec(script), scope="t", yield_ms=None)
+        assert session.output[Stream.COMBINED].dropped > 0
+        copy, _ = await replay(session, tmp_path / "copy")
+        for view in Stream:
+            node, mine = session.output[view], copy[view]
+            assert mine.size == node.size, view
+            kept = node.read(node.size - 5000)
+            assert mine.read(kept.start).data == kept.data, view
+        assert copy[Stream.STDOUT].read_lines(copy[Stream.STDOUT].total_lines - 1, 1).lines == [b"last"]
+        await sup.remove("t", session.id)
 
 
 async def test_a_stream_followed_again_adds_nothing_twice(supervisor: Supervisor, tmp_path: Path) -> None:
@@ -82,8 +93,7 @@ async def test_a_stream_followed_again_adds_nothing_twice(supervisor: Supervisor
     copy.subscribe(lambda stream, data: heard.append(data))
     for _ in range(2):
         async for item in follow.follow_output(session):
-            if item[0] == "out":
-                mirror(copy, Stream(item[1]), item[2], item[3])
+            mirror(copy, Stream(item[1]), item[2], item[3], item[4])
     copy.mark_closed()
     same_views(session.output, copy)
     assert sum(map(len, heard)) == session.output[Stream.COMBINED].size

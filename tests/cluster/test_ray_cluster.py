@@ -14,45 +14,42 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from procpilot.client import Client, ProcsClient
-from tests.cluster.netns import BIN, HEAD_RESOURCE, WORKER_RESOURCE, Cluster, start_cluster, tool, unavailable
+from tests.cluster.netns import (
+    BIN,
+    HEAD_RESOURCE,
+    WORKER_RESOURCE,
+    Cluster,
+    cluster_marks,
+    daemon_config,
+    marked,
+    remove_sessions,
+    running,
+    tool,
+)
 
-_WHY = unavailable()
-pytestmark = [pytest.mark.skipif(_WHY is not None, reason=_WHY or ""), pytest.mark.timeout(300)]
+pytestmark = cluster_marks()
 
 TOKENS = {"tok-alpha-0123456789": "agent-a", "tok-bravo-9876543210": "agent-b", "tok-pinned-012345678": "pinned"}
 TOKEN_A, TOKEN_B, TOKEN_PINNED = list(TOKENS)
-CONFIG = f"""state_dir = "state"
-workspace_root = "ws"
-[cluster]
-backend = "ray"
-address = "127.0.0.1:6379"
-[tools.exec]
-killGraceSec = 2
-[server]
-port = 0
-unix_socket = "daemon.sock"
-[server.tokens]
-{chr(10).join(f'"{t}" = "{a}"' for t, a in TOKENS.items())}
-[policy.agents.pinned]
+CONFIG = daemon_config(
+    TOKENS,
+    f"""[policy.agents.pinned]
 placement = "{WORKER_RESOURCE}"
 [policy.agents.agent-b]
 allow = ["echo"]
-"""
+""",
+)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("cluster"), CONFIG)
-    try:
+    with running(tmp_path_factory.mktemp("cluster"), CONFIG) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +63,7 @@ def node_of(cluster: Cluster) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _remove_sessions(cluster: Cluster) -> Iterator[None]:
     yield
-    if not os.path.exists(cluster.socket):  # the daemon was stopped by the test
-        return
-    for token in TOKENS:
-        with cluster.http(token) as h:
-            for row in tool(h, "process", action="list")["data"]["sessions"]:
-                tool(h, "process", action="remove", sessionId=row["sessionId"])
+    remove_sessions(cluster, TOKENS)
 
 
 def background(h: Any, command: str) -> dict[str, Any]:
@@ -79,21 +71,6 @@ def background(h: Any, command: str) -> dict[str, Any]:
     assert result["status_code"] == 200, result
     data: dict[str, Any] = result["data"]
     return data
-
-
-def marked(session_id: str) -> list[int]:
-    """Live processes of a session, wherever in the namespace they run (read from the host's /proc)."""
-    needle = f"PROCPILOT_SESSION={session_id}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and needle in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
-                state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-                if state != b"Z":
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
 
 
 def test_the_daemon_lists_each_node_with_its_sessions_and_mechanisms(cluster: Cluster, node_of: dict[str, str]) -> None:

@@ -17,6 +17,7 @@ import pytest
 from procpilot.config import Settings, load_settings
 from procpilot.engine.adoption import status_line
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.exit_records import probe
 from procpilot.engine.limits import Limits
 from procpilot.engine.ownership import OwnerLock
 from procpilot.engine.spawn import SpawnSpec
@@ -141,18 +142,25 @@ def test_the_exit_trap_writes_only_once_its_server_no_longer_owns_the_state_dir(
     assert ran.returncode == 3 and exit_file.read_text() == "3\n"  # nobody holds the lock: recorded
 
 
-async def test_a_holder_of_another_protocol_is_left_alone_and_said_so(settings: Settings) -> None:
-    """After an upgrade the old holder still runs: a server that cannot speak its protocol serves
-    without it (its own sessions end with it) and neither adopts nor ends what that holder keeps."""
+def _holder_with(settings: Settings, change: str) -> subprocess.Popen[bytes]:
+    """The state directory's holder, started as a server would, with one of its constants changed;
+    returns once it listens."""
     from procpilot.engine import holder
 
     settings.state_dir.mkdir(parents=True)
     sock = settings.state_dir / "holder.sock"
-    older = f"import sys; sys.path.insert(0, {os.path.dirname(holder.__file__)!r}); import holder\n"
-    older += f"holder.PROTOCOL = 0\nsys.exit(holder.main({str(sock)!r}))\n"
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", older], stdout=subprocess.PIPE)
+    script = f"import sys; sys.path.insert(0, {os.path.dirname(holder.__file__)!r}); import holder\n"
+    script += f"holder.{change}\nsys.exit(holder.main({str(sock)!r}))\n"
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", script], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.read(1) == b"R"
+    return proc
+
+
+async def test_a_holder_of_another_protocol_is_left_alone_and_said_so(settings: Settings) -> None:
+    """After an upgrade the old holder still runs: a server that cannot speak its protocol serves
+    without it (its own sessions end with it) and neither adopts nor ends what that holder keeps."""
+    proc = _holder_with(settings, "PROTOCOL = 0")
     try:
-        assert proc.stdout is not None and proc.stdout.read(1) == b"R"
         async with Supervisor(settings, owner="t") as sup:
             restarts = sup.capabilities()["restarts"]
             assert restarts["survive"] is False and "protocol 0" in restarts["why"]
@@ -162,6 +170,31 @@ async def test_a_holder_of_another_protocol_is_left_alone_and_said_so(settings: 
         proc.wait(timeout=10)  # it held nothing and its only server left: it went by itself
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+async def test_a_holder_keeps_what_ended_in_an_outage_for_the_next_server_a_while_then_goes(
+    settings: Settings,
+) -> None:
+    """An ended session's entry (and the cgroup locks that keep its OOM trace from a starting
+    server's sweep) waits for the next server, but not for ever: here half a second."""
+    proc = _holder_with(settings, "_KEEP_ENDED = 0.5")
+    try:
+        first = await Supervisor(settings, owner="t").start()
+        ended = await first.spawn(SpawnSpec(("sh", "-c", "sleep 0.3; exit 3")), scope=A)
+        await asyncio.sleep(0.2)  # past the batch window: the holder has it
+        await first.detach()
+        assert await asyncio.to_thread(proc.wait, 15) == 0  # no server came: it let the record go
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert (settings.state_dir / "sessions" / f"{ended.id}.exit.json").exists() == (probe()[0] is not None)
+    async with Supervisor(settings, owner="t") as second:
+        await second.wait(A, ended.id, timeout=10)
+        again = second.get(A, ended.id)
+        assert (again.state, again.exit_code) == (SessionState.EXITED_ERROR, 3)
 
 
 CRASHING_SCAN = """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from procpilot.engine import capture
+from procpilot.engine import segments
 from procpilot.engine.capture import SegmentedLog, SessionOutput, Stream, Utf8ChunkDecoder
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -110,7 +110,7 @@ def test_the_directory_is_made_by_the_first_byte_and_never_without_one(tmp_path:
     assert not (tmp_path / "sessions").exists()
     loud = SessionOutput(tmp_path / "sessions" / "loud", cap_bytes=1 << 20)
     loud.append(Stream.STDERR, b"x\n")
-    assert sorted(p.name for p in loud.directory.iterdir()) == ["combined.000000", "stderr.000000"]
+    assert sorted(p.name for p in loud.directory.iterdir()) == ["combined.000000", "order.000000"]  # stored once
     loud.mark_closed()
     loud.remove_files()
     assert list(loud.directory.iterdir()) == []
@@ -156,9 +156,9 @@ async def test_a_200_mb_burst_loses_nothing(settings, tmp_path: Path) -> None:  
 
 
 def test_open_log_files_are_bounded_across_sessions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sessions that printed once and went quiet hold no log file open: at most the table's limit
-    are, the most recently written, and a view pushed out reopens its segment on its next write."""
-    monkeypatch.setattr(capture._WRITERS, "limit", 4)
+    """Sessions that printed once and went quiet hold no output file open: at most the table's
+    limit are, the most recently written, and a writer pushed out reopens its file on its next write."""
+    monkeypatch.setattr(segments.WRITERS, "limit", 4)
 
     def open_in(directory: Path) -> int:
         paths = (os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd"))
@@ -167,7 +167,7 @@ def test_open_log_files_are_bounded_across_sessions(tmp_path: Path, monkeypatch:
     outputs = [SessionOutput(tmp_path / str(i), cap_bytes=1 << 20) for i in range(10)]
     for i, output in enumerate(outputs):
         output.append(Stream.STDOUT, b"first %d\n" % i)
-    assert open_in(tmp_path) == 4  # two sessions' two views
+    assert open_in(tmp_path) == 4  # two sessions' log and order index
     for i, output in enumerate(outputs):
         output.append(Stream.STDOUT, b"second %d\n" % i)
         output.append(Stream.STDERR, b"err %d\n" % i)
@@ -175,6 +175,7 @@ def test_open_log_files_are_bounded_across_sessions(tmp_path: Path, monkeypatch:
     for i, output in enumerate(outputs):
         assert output[Stream.STDOUT].read().data == b"first %d\nsecond %d\n" % (i, i)
         assert output[Stream.COMBINED].read().data == b"first %d\nsecond %d\nerr %d\n" % (i, i, i)
+        assert output[Stream.STDERR].read().data == b"err %d\n" % i
         output.mark_closed()
     assert open_in(tmp_path) == 0
-    assert len(capture._WRITERS) == 0
+    assert len(segments.WRITERS) == 0

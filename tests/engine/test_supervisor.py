@@ -21,6 +21,7 @@ from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import (
     CommandNotFound,
     InvalidArgument,
+    InvalidPattern,
     ProcessAlreadyExited,
     ProtectedVariable,
     SessionNotFound,
@@ -427,3 +428,19 @@ async def test_a_big_command_is_checked_in_a_thread_that_does_not_stay(settings:
     assert seen[:2] == ["procpilot-check"] * 2 and seen[2] == threading.main_thread().name
     # no pool left behind: a thread that lives makes every later spawn of the process dearer
     assert threading.active_count() == before
+
+
+async def test_a_catastrophic_wait_pattern_never_holds_the_event_loop(supervisor: Supervisor) -> None:
+    # The scan gives up after half a second either way; what matters to every other agent is that
+    # the loop keeps running meanwhile (it would not tick at all if the scan ran on it).
+    s = await supervisor.spawn(SpawnSpec("printf '%060d' 0 | tr 0 a; echo b; sleep 30"), scope=A)
+    await supervisor.wait(A, s.id, pattern=re.compile("b"), timeout=10)
+    ticks = 0
+    waiting = asyncio.ensure_future(supervisor.wait(A, s.id, pattern=re.compile("(a|aa)+$"), timeout=10))
+    while not waiting.done():
+        await asyncio.sleep(0.01)
+        ticks += 1
+    with pytest.raises(InvalidPattern, match="backtracking"):
+        waiting.result()
+    assert ticks >= 5, ticks
+    await supervisor.kill(A, s.id, wait=None)

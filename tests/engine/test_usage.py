@@ -7,9 +7,6 @@ import asyncio
 import os
 import re
 
-import pytest
-
-from procpilot.engine import usage
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.usage import sample_tree, usage_tracker
@@ -65,7 +62,7 @@ async def test_latest_reads_the_periodic_samples_and_rss_now_is_the_trees_memory
 
 
 async def test_a_listing_samples_within_its_budget_and_says_unknown_rather_than_zero(
-    supervisor: Supervisor, monkeypatch: pytest.MonkeyPatch
+    supervisor: Supervisor,
 ) -> None:
     # A list of a thousand running sessions must answer in milliseconds: it reuses recent samples
     # and reads stale trees, stalest first, only while its budget lasts. A tree it did not reach
@@ -76,14 +73,11 @@ async def test_a_listing_samples_within_its_budget_and_says_unknown_rather_than_
     running = await supervisor.spawn(SpawnSpec(busy), scope="a")
     ended = await supervisor.run(SpawnSpec("true"), scope="a", yield_ms=None)
     await supervisor.wait("a", running.id, pattern=re.compile("1"), timeout=30)
-    monkeypatch.setattr(usage, "_LIST_SAMPLE_BUDGET", -1.0)  # no time at all to sample
-    first = await tracker.snapshot([running, ended])
+    first = await tracker.snapshot([running, ended], budget=0)  # no time at all to sample
     assert first[running.id] is None and first[ended.id] == tracker.usage(ended)
-    monkeypatch.undo()
-    second = await tracker.snapshot([running, ended])
+    second = await tracker.snapshot([running, ended])  # the default budget
     sampled = second[running.id]
     assert sampled is not None and sampled.memory_peak_bytes >= 30 << 20
-    monkeypatch.setattr(usage, "_LIST_SAMPLE_BUDGET", -1.0)
-    again = await tracker.snapshot([running])  # within the reuse window: no reading needed
+    again = await tracker.snapshot([running], budget=0)  # within the reuse window: no reading needed
     assert again[running.id] == sampled
     await supervisor.kill("a", running.id, wait=None)

@@ -32,6 +32,8 @@ def cli(
     served: Served | None, *args: str, token: str | None = TOKEN_A, timeout: float = 60, **kw: object
 ) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "COLUMNS": "200"}
+    if "PYTHONPATH" in os.environ:  # a checkout that is not the installed one runs its own code
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     if served is not None:
         env["PROCPILOT_URL"] = served.url
     if token is not None:
@@ -480,6 +482,9 @@ def test_capabilities_endpoint_and_doctor(served: Served) -> None:
         both["state_dir"].pop("free_bytes")
     assert seen == caps
     assert as_json["host"]["limits"]["mechanism"] == caps["limits"]["mechanism"]  # the same host
+    # Which mechanism records how a session ended while no server ran, here and in the daemon.
+    assert as_json["host"]["outage_exits"] == caps["outage_exits"]
+    assert "outage exits: mechanism" in doctor.stdout
 
     refused = cli(served, "doctor", token="wrong")  # noqa: S106
     assert refused.returncode == 0 and "Unauthorized" in refused.stdout

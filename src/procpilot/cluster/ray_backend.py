@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from procpilot.cluster.node import NodeAgent
@@ -98,6 +98,10 @@ class NodeActor:
         self._actor = remote_class.options(
             num_cpus=0,  # it waits on pipes; the sessions' own processes are not Ray's to count
             max_restarts=0,  # a restarted actor would have none of the sessions: the node is lost
+            # Not ended by Ray with the daemon: Ray's kill of an owned actor may not leave its worker
+            # time to end the trees it runs (it did not, under load). The actor's own watchdog
+            # ends them once the daemon falls silent (NodeAgent), the daemon's stop kills it.
+            lifetime="detached",
             max_concurrency=_MAX_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(settings, node_id)
@@ -109,7 +113,9 @@ class NodeActor:
                 return await getattr(self._actor, method).remote(*args)
         except (RayActorError, TimeoutError) as exc:
             raise NodeUnavailable(
-                f"node {self.node_id[:12]} is gone or not answering ({type(exc).__name__})", node=self.node_id
+                f"node {self.node_id[:12]} is gone or not answering ({type(exc).__name__})",
+                node=self.node_id,
+                actor_died=isinstance(exc, ActorDiedError),  # for good: not a blip to wait out
             ) from None
 
     async def follow(self, scope: str, session_id: str) -> AsyncIterator[tuple[Any, ...]]:

@@ -1,8 +1,9 @@
 """A session that runs on another node, as the daemon's faces see it.
 
 It *is* a ``Session`` (so every face, typed against the engine, takes it unchanged): its output
-is the daemon's copy of the node's files, written as the node streams them, so reads, waits,
-polls and patterns work exactly as on one host; its state, exit code and signal come from the
+is the daemon's bounded copy of the node's files (``pages.py``), written as the node streams
+them, so waits, polls and patterns work exactly as on one host, and a page the copy does not
+hold is read from the node; its state, exit code and signal come from the
 node's record. What acts on the process (a signal, bytes for stdin) goes to the node.
 """
 
@@ -13,16 +14,18 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
+from procpilot.cluster.pages import Call, node_lines, node_page
 from procpilot.cluster.replies import raise_reply
-from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.session import Session, signal_name
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.trees import TreeBackend
-from procpilot.errors import ProcessAlreadyExited
+from procpilot.engine.usage import Usage
+from procpilot.errors import ProcessAlreadyExited, StdinClosed
 
 __all__ = ["NODE_LOST", "RemoteSession", "mirror"]
 
@@ -30,24 +33,25 @@ NODE_LOST = "node_lost"
 _log = logging.getLogger(__name__)
 
 
-def mirror(output: SessionOutput, stream: Stream, offset: int, data: bytes) -> None:
-    """Write one streamed chunk of a view at the offset the node had it at, and wake readers.
+def mirror(output: SessionOutput, stream: Stream, position: int, offset: int, data: bytes) -> None:
+    """Store one streamed run (bytes of ``stream`` from its ``position``, at ``offset`` in the
+    combined view) where the node had it, and wake readers.
 
     The daemon's copy keeps the node's offsets byte for byte: bytes it already has (a stream
     followed again after a lost connection starts from 0) are skipped, and a range the node's
-    cap dropped before it was sent reads as zeros here (the node's own log says what was
-    dropped). Listeners hear new stdout and stderr bytes once, as from a local ``append``."""
-    view = output[stream]
-    if offset > view.size:
-        view.write(bytes(offset - view.size))
-    fresh = data[view.size - offset :]
-    if not fresh:
-        return
-    view.write(fresh)
-    if stream is not Stream.COMBINED:
-        for listener in list(output._listeners):  # the engine's own hook, as append() calls it
-            listener(stream, fresh)
-    output.wake()
+    cap dropped before it was sent reads as zeros here, each stream's share of it in that
+    stream (the node's own log says what was dropped). Listeners hear new bytes once, as from a
+    local ``append``."""
+    have = output[Stream.COMBINED].size
+    if offset > have:
+        own = max(0, min(offset - have, position - output[stream].size))
+        other = Stream.STDERR if stream is Stream.STDOUT else Stream.STDOUT
+        output.pad(other, offset - have - own)
+        output.pad(stream, own)
+        have = offset
+    fresh = data[have - offset :]
+    if fresh:
+        output.append(stream, fresh)
 
 
 class RemoteSession(Session):
@@ -62,27 +66,69 @@ class RemoteSession(Session):
         trees: TreeBackend,
         on_finish: Callable[[Session], None],
         *,
-        node: str,
-        call: Callable[..., Awaitable[dict[str, Any]]],
+        node: str | None,
+        call: Call | None,
+        node_dropped: dict[Stream, int] | None = None,
         kill_grace: float = 5.0,
     ) -> None:
         super().__init__(record["id"], scope, spec, output, trees, on_finish, kill_grace=kill_grace)
-        self.node = node
-        self._call = call
+        self.node = node  # None while it waits on the daemon for a lane slot
+        self._call_node = call
         self._calls: set[asyncio.Task[None]] = set()
+        self._usage = Usage()  # as the node last reported it
+        # What the node's cap dropped of each view, as it last said (its copy's views report it).
+        self.node_dropped: dict[Stream, int] = {} if node_dropped is None else node_dropped
+        if node is not None and call is not None:
+            self.bind(record, node=node, call=call)
+
+    def bind(self, record: dict[str, Any], *, node: str, call: Call) -> None:
+        """The session that waited for its lane slot has started on ``node``."""
+        self.node = node
+        self._call_node = call
         self.pid = record["pid"]
         self.started_at = record["started_at"]
         self.stdin_open = bool(record["stdin_open"])
         if record["state"] == SessionState.RUNNING.value:
             self._set_state(SessionState.RUNNING)
 
+    async def _call(self, kind: str, *args: Any, **options: Any) -> dict[str, Any]:
+        if self._call_node is None:  # queued here: no node has it yet
+            raise StdinClosed(f"session {self.id} has not started: it waits for a slot in lane {self.spec.lane!r}")
+        return await self._call_node(kind, *args, **options)
+
     @property
     def waiting_for_input(self) -> bool:
-        return False  # only the node could tell (its /proc); not asked on every result
+        """The node's last answer (its /proc), as ``ClusterSupervisor.observe`` brought it."""
+        return self.is_running and self.stdin_open and self._input_check is not None and self._input_check[0]
+
+    def usage_report(self) -> Usage:
+        return self._usage  # the node's figures: its tree is not on this host to sample
+
+    def apply_status(self, status: dict[str, Any]) -> None:
+        """The node's report on the running tree: its usage so far, whether it waits on stdin."""
+        if status.get("usage") is not None:
+            self._usage = self._usage.max(Usage(**status["usage"]))
+        if status.get("waiting") is not None:
+            self._input_check = (bool(status["waiting"]), time.monotonic())
+        self._note_dropped(status.get("dropped"))
 
     @property
     def log_files(self) -> list[str]:
         return sorted(str(p) for p in self.output.directory.glob("combined.*"))
+
+    async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
+        return await node_page(self._call, self.scope, self.id, self.output, stream, offset, limit, self.node_dropped)
+
+    async def page_lines(
+        self, stream: Stream, first: int, count: int | None, max_bytes: int | None = None, *, keep_end: bool = False
+    ) -> LineSlice:
+        return await node_lines(
+            self._call, self.scope, self.id, self.output, stream, first, count, max_bytes, keep_end, self.node_dropped
+        )
+
+    def _note_dropped(self, dropped: dict[str, int] | None) -> None:
+        for name, size in (dropped or {}).items():
+            self.node_dropped[Stream(name)] = size
 
     # -- from the node -------------------------------------------------------------------------
 
@@ -96,6 +142,9 @@ class RemoteSession(Session):
         self.error = record["error"]
         self._signal_sent = record["signal_sent"] or self._signal_sent
         self.timed_out_waiting_for_input = bool(record["timed_out_waiting_for_input"])
+        if record.get("usage") is not None:
+            self._usage = self._usage.max(Usage(**record["usage"]))  # the node's final figures
+        self._note_dropped(record.get("dropped"))
         self.started_at = record["started_at"] or self.started_at
         self._end(SessionState(record["state"]), duration_ms=record["duration_ms"])
 

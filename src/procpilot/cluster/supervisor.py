@@ -4,7 +4,8 @@ It *is* a ``Supervisor`` whose sessions all run on the cluster's nodes: ``spawn`
 admission (the engine's fence, the agent's policy) here, places the session on a node (its
 agent's ``placement`` resource, else the least busy node) and starts it there through that
 node's actor; everything that reads a session (get, list, wait, poll, log, the exit events)
-works on the daemon's copy of it, kept current by one stream per session. A node that dies
+works on the daemon's copy of it, kept current by one stream per session (a bounded copy: a
+page it does not hold is read from the node, ``pages.py``). A node that dies
 ends its sessions ``lost`` (``node_lost``); a node that joins is used from then on.
 
 Invariants: every live session has exactly one pump task reading its node's stream, and a
@@ -17,20 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from procpilot.cluster.pages import copy_output
 from procpilot.cluster.placement import NodeView, choose_node
 from procpilot.cluster.ray_backend import NodeActor, NodeGone, NodeInfo, NodeUnreachable, alive_nodes, join, leave
 from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
-from procpilot.engine.capture import ReadResult, SessionOutput, Stream
+from procpilot.engine.capture import Stream
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
-from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import NodeUnavailable, ProcpilotError, SessionNotFound
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor, new_session_id
+from procpilot.engine.warm import WarmShell
+from procpilot.errors import NodeUnavailable, ProcpilotError
 
 __all__ = ["ClusterSupervisor"]
 
@@ -38,6 +43,7 @@ _log = logging.getLogger(__name__)
 _WATCH_INTERVAL = 2.0  # seconds between two looks at the cluster's membership (a control-plane call)
 _JOIN_TIMEOUT = 120.0
 _FOLLOW_RETRIES = 3  # a stream that broke while Ray still counts its node alive is followed again
+_STATUS_TIMEOUT = 2.0  # for a node's report on its sessions' trees: a result waits no longer for it
 _FOLLOW_RETRY_DELAY = 1.0  # a node actor's start: its worker process, the engine's probes
 
 
@@ -84,10 +90,19 @@ class ClusterSupervisor(Supervisor):
     async def _watch_nodes(self) -> None:
         while True:
             await asyncio.sleep(_WATCH_INTERVAL)
+            for node in list(self._nodes.values()):  # the beat each node's actor waits for (NodeAgent)
+                self._in_background(self._beat(node))
             try:
                 await self._refresh_nodes()
             except Exception:  # a control-plane hiccup: look again next time
                 _log.warning("could not read the cluster's nodes", exc_info=True)
+
+    async def _beat(self, node: _Node) -> None:
+        try:
+            await node.actor.call("beat", timeout=_WATCH_INTERVAL)
+        except NodeUnavailable as exc:
+            if exc.details.get("actor_died"):  # gone for good: the next look starts a new one
+                self._node_lost(node.info.node_id, "its actor died")
 
     async def _refresh_nodes(self) -> None:
         live = await asyncio.to_thread(alive_nodes)
@@ -127,23 +142,74 @@ class ClusterSupervisor(Supervisor):
 
     # -- spawning ------------------------------------------------------------------------------
 
-    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
+    async def spawn(self, spec: SpawnSpec, *, scope: str, session_id: str | None = None) -> Session:
         spec = await self._admit(spec, scope)
         if self._store is None:
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
-        resource = self.settings.policy.for_agent(scope).placement
-        views = [NodeView(n, node.info.resources, self._running_on(n)) for n, node in self._nodes.items()]
-        node = self._nodes[choose_node(views, resource)]
-        # Shielded: a caller that gives up must not leave a session the daemon never heard of.
-        call = asyncio.ensure_future(node.actor.call("spawn", scope, spec))
+        # A name is unique among the agent's live sessions on every node: checked here, where
+        # all of them are known (each node sees only its own).
+        if spec.name is not None:
+            self._take_name(scope, spec.name)
         try:
-            reply = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            call.add_done_callback(lambda done: self._abandon(node, scope, done))
+            return await self._admitted(spec, scope, session_id)
+        finally:
+            if spec.name is not None:
+                self._starting_names.discard((scope, spec.name))
+
+    async def _admitted(self, spec: SpawnSpec, scope: str, session_id: str | None) -> RemoteSession:
+        # Lanes are the daemon's, so a cap holds across the cluster: a session that waits for a
+        # slot waits here (no node chosen yet) and its node runs it with no lane of its own.
+        if spec.lane is None:
+            return await self._place(spec, scope, session_id)
+        if not self._lanes.try_acquire(spec.lane, scope):
+            return self._queue(spec, scope)
+        try:
+            return await self._place(spec, scope, session_id)
+        except BaseException:
+            self._lanes.release(spec.lane, scope)
             raise
+
+    async def _place(
+        self, spec: SpawnSpec, scope: str, session_id: str | None, queued: RemoteSession | None = None
+    ) -> RemoteSession:
+        """Start ``spec`` on a node (its lane slot, if any, held) and follow it: as a new session,
+        or as ``queued``, the session that waited here for its slot."""
+        resource = self.settings.policy.for_agent(scope).placement
+        while True:
+            views = [NodeView(n, node.info.resources, self._running_on(n)) for n, node in self._nodes.items()]
+            node = self._nodes[choose_node(views, resource)]
+            try:
+                reply = await self._start_on(node, scope, spec.without_lane(), session_id)
+                break
+            except NodeUnavailable as exc:
+                if not exc.details.get("actor_died"):
+                    raise
+                # Its actor is gone (it gave up on a silent daemon, or crashed): a new actor on
+                # each live node that has none, and placed again.
+                self._node_lost(node.info.node_id, "its actor died")
+                await self._refresh_nodes()
         raise_reply(reply)
         record = reply["record"]
-        output = SessionOutput(self._store.session_dir(record["id"]), self.config.max_log_bytes)
+        if queued is not None and queued.finished:  # killed here while its node started it
+            self._in_background(node.actor.call("forget", scope, record["id"]))
+            return queued
+        if queued is not None:
+            queued.bind(record, node=node.info.node_id, call=node.actor.call)
+            session = queued
+        else:
+            session = self._remote(record, scope, spec, node.info.node_id, node.actor.call)
+        if self._store is not None:
+            self._store.save(session.id, session.record())
+        pump = asyncio.ensure_future(self._pump(session, node))
+        self._pumps.add(pump)
+        pump.add_done_callback(self._pumps.discard)
+        return session
+
+    def _remote(
+        self, record: dict[str, Any], scope: str, spec: SpawnSpec, node: str | None, call: Any
+    ) -> RemoteSession:
+        node_dropped: dict[Stream, int] = {}  # shared by the session and its copy's views
+        output = copy_output(self._store_dir(record["id"]), self.config.max_log_bytes, node_dropped)
         session = RemoteSession(
             record,
             scope,
@@ -151,16 +217,51 @@ class ClusterSupervisor(Supervisor):
             output,
             self._tree_backend,
             self._on_finish,
-            node=node.info.node_id,
-            call=node.actor.call,
+            node=node,
+            call=call,
+            node_dropped=node_dropped,
             kill_grace=self.config.kill_grace_sec,
         )
         self._sessions[session.id] = session
-        self._store.save(session.id, session.record())
-        pump = asyncio.ensure_future(self._pump(session, node))
-        self._pumps.add(pump)
-        pump.add_done_callback(self._pumps.discard)
         return session
+
+    def _store_dir(self, session_id: str) -> Path:
+        if self._store is None:
+            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        return self._store.session_dir(session_id)
+
+    def _queue(self, spec: SpawnSpec, scope: str) -> RemoteSession:
+        """A session waiting for its lane slot: no node yet, an id of the daemon's making."""
+        session_id = new_session_id()
+        record = {"id": session_id, "state": SessionState.QUEUED.value, "pid": None, "started_at": None}
+        session = self._remote(record, scope, spec, None, None)
+        if self._store is not None:
+            self._store.save(session.id, session.record())
+        self._spawn_task(self._start_when_free(session, spec.lane or ""))
+        return session
+
+    async def _start(self, session: Session, warm: WarmShell | None = None, *, again: bool = False) -> None:
+        """Place a session that waited here for its lane slot, now held (the engine's
+        ``_start_when_free`` calls this); the slot goes back if it never starts."""
+        if not isinstance(session, RemoteSession) or session.spec.lane is None:
+            raise TypeError(f"the cluster starts only sessions queued for a lane here, not {session!r}")
+        lane = session.spec.lane
+        try:
+            await self._place(session.spec, session.scope, session.id, queued=session)
+        except BaseException:
+            self._lanes.release(lane, session.scope)
+            raise
+        if session.started_at is None:  # killed here while its node started it
+            self._lanes.release(lane, session.scope)
+
+    async def _start_on(self, node: _Node, scope: str, spec: SpawnSpec, session_id: str | None) -> dict[str, Any]:
+        # Shielded: a caller that gives up must not leave a session the daemon never heard of.
+        call = asyncio.ensure_future(node.actor.call("spawn", scope, spec, session_id))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda done: self._abandon(node, scope, done))
+            raise
 
     def _abandon(self, node: _Node, scope: str, done: asyncio.Future[Any]) -> None:
         if done.cancelled() or done.exception() is not None or "record" not in done.result():
@@ -202,11 +303,8 @@ class ClusterSupervisor(Supervisor):
         async for item in node.actor.follow(session.scope, session.id):
             if session.finished:  # ended here first (killed while queued): its copy is closed
                 return
-            if item[0] == "both":  # one stretch of stdout or stderr, and where it sits in combined
-                mirror(session.output, Stream(item[1]), item[2], item[4])
-                mirror(session.output, Stream.COMBINED, item[3], item[4])
-            elif item[0] == "out":  # one view on its own
-                mirror(session.output, Stream(item[1]), item[2], item[3])
+            if item[0] == "both":  # one run of stdout or stderr, and where it sits in combined
+                mirror(session.output, Stream(item[1]), item[2], item[3], item[4])
             elif item[0] == "end":
                 session.apply_end(item[1])
                 return
@@ -225,7 +323,9 @@ class ClusterSupervisor(Supervisor):
     # -- what the base class does for local sessions -------------------------------------------
 
     def _on_finish(self, session: Session) -> None:
-        # No lane, no orphans here: those are the node's. The journal and the exit event are ours.
+        # No orphans here: those are the node's. The lane slot, the journal and the exit event are ours.
+        if session.spec.lane is not None and session.started_at is not None:
+            self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
         if session.spec.notify_on_exit and self.exits.has_listeners:
@@ -263,15 +363,25 @@ class ClusterSupervisor(Supervisor):
 
     # -- the cluster's own reads ---------------------------------------------------------------
 
-    async def page(self, scope: str, session_id: str, stream: Stream, offset: int, limit: int) -> ReadResult:
-        """Bytes of a session's log read from the node that holds it (its files are the truth)."""
-        session = self.get(scope, session_id)
-        node = self._nodes.get(session.node or "")
-        if node is None:
-            raise SessionNotFound(f"session {session_id}'s node is gone", session_id=session_id)
-        reply = await node.actor.call("page", scope, session_id, stream.value, offset, limit)
-        raise_reply(reply)
-        return ReadResult(reply["data"], reply["start"], reply["end"], reply["dropped"], reply["total"])
+    async def observe(self, sessions: Sequence[Session]) -> None:
+        """Ask each node running some of ``sessions`` for their usage and stdin waits: one call
+        per node, at most ``_STATUS_TIMEOUT`` seconds; a node that does not answer leaves what
+        was known."""
+        by_node: dict[str, list[RemoteSession]] = {}
+        for session in sessions:
+            if isinstance(session, RemoteSession) and session.is_running and session.node in self._nodes:
+                by_node.setdefault(session.node, []).append(session)
+        await asyncio.gather(*(self._observe_on(self._nodes[n], mine) for n, mine in by_node.items()))
+
+    async def _observe_on(self, node: _Node, sessions: list[RemoteSession]) -> None:
+        wanted = [(s.scope, s.id) for s in sessions]
+        try:
+            reply = await node.actor.call("status", wanted, timeout=_STATUS_TIMEOUT)
+        except NodeUnavailable:
+            return
+        for session in sessions:
+            if session.id in reply:
+                session.apply_status(reply[session.id])
 
     def nodes(self) -> list[dict[str, Any]]:
         """The live nodes: their sessions (as this daemon counts them), resources and mechanisms."""

@@ -4,10 +4,13 @@ sessions' shells record while no server runs, and the cgroups of servers gone be
 A supervisor with an ``owner`` (``procpilot serve``: "serve"; ``procpilot mcp --agent A``:
 "mcp:A") keeps its sessions across a crash or a restart:
 
-* at spawn, the session's descriptors go to the holder (engine/holder.py), and the session's
-  first shell lines include :func:`status_line`: an EXIT trap that writes ``$?`` to
+* at spawn, the session's descriptors go to the holder (engine/holder.py), and a shell
+  session's first lines include :func:`status_line`: an EXIT trap that writes ``$?`` to
   ``sessions/<id>.exit`` only if the server that started it is gone by then (while it lives, it
   reaps the leader itself and nothing is written);
+* once that server is gone, the holder takes the kernel's exit record of the leader
+  (engine/exit_records.py) and writes it beside the session's spool: exact for every session
+  (argv, boxed, a script ending in ``exec``, a signal), where the host lets it (root);
 * at start, the next server of the same owner takes the lock (:class:`OwnerLock`), takes back the
   descriptors, and adopts every session its journal says is running (Supervisor._adopt).
 
@@ -18,19 +21,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.exit_records import probe, read_outcome, record_path
 from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession, HolderLink, read_spool
 from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
 from procpilot.engine.ownership import OwnerLock
 from procpilot.engine.trees import AdoptedScanTrees, CgroupTrees, ScanTrees, TreeBackend
 
-__all__ = ["Restarts", "leader_status", "read_status", "replay_spool", "status_line"]
+__all__ = [
+    "Restarts",
+    "leader_status",
+    "outage_exits",
+    "read_status",
+    "replay_spool",
+    "status_line",
+]
 
 _EXIT_SUFFIX = ".exit"
 _LOCK_WAIT = 3.0
@@ -51,16 +63,46 @@ def status_line(exit_file: Path, server_pid: int, probe_fd: int, lock: Path) -> 
     return f"trap {q(action)} EXIT"
 
 
-def leader_status(pid: int, exit_file: Path, *, own_child: bool) -> int | None:
+def leader_status(pid: int, exit_file: Path, record: Path, *, own_child: bool, recorded: bool) -> int | str | None:
     """How an adopted session's leader ended, as ``os.waitstatus_to_exitcode`` says it (negative:
     the signal): from ``wait`` where it is our own child (a supervisor that detached and one that
-    adopted in the same process), else from what its shell recorded; None if nobody knows."""
+    adopted in the same process), else from the kernel's record the holder wrote, else from what
+    its shell recorded. A str says why nobody knows; None: not yet, the holder (``recorded``:
+    it watches this leader) writes its record as soon as it sees the pidfd we saw."""
     if own_child:
         with contextlib.suppress(ChildProcessError):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 return os.waitstatus_to_exitcode(status)
-    return read_status(exit_file)
+    held = read_outcome(str(record))
+    if isinstance(held, int):
+        with contextlib.suppress(OSError):
+            exit_file.unlink()  # the shell's $? too, if it wrote one: the kernel's is exact
+        return held
+    shell = read_status(exit_file)
+    if shell is not None:
+        return shell
+    if held is None and recorded:
+        return None
+    return held or "no exit record: the holder did not keep it (or is gone) and its shell recorded nothing"
+
+
+def outage_exits(said: dict[str, str] | None = None) -> dict[str, str]:
+    """Which mechanism records how a session ended while no server could wait for it (doctor):
+    as the holder ``said`` it, else as this process finds it (the holder a server starts has the
+    server's privileges)."""
+    mechanism, why = (said.get("mechanism"), said.get("why")) if said else _probed()
+    if mechanism is not None:
+        return {"mechanism": f"{mechanism}: the holder keeps the kernel's exit record of every session"}
+    return {
+        "mechanism": "the shell's EXIT trap only: shell commands that do not end in exec; the rest end lost",
+        "why": why or "unknown",
+    }
+
+
+@functools.cache
+def _probed() -> tuple[str | None, str | None]:
+    return probe()
 
 
 def read_status(exit_file: Path) -> int | None:
@@ -117,8 +159,15 @@ class Restarts:
             return None
         return status_line(self.exit_file(session_id), os.getpid(), lock.probe_fd, lock.path)
 
+    def outage_exits(self) -> dict[str, str]:
+        return outage_exits(self.link.records if self.link.connected else None)
+
     def exit_file(self, session_id: str) -> Path:
         return self.sessions_root / f"{session_id}{_EXIT_SUFFIX}"
+
+    def record_file(self, session_id: str) -> Path:
+        """Where the holder writes the kernel's record of how the session's leader ended."""
+        return Path(record_path(str(self.sessions_root / session_id / SPOOL_NAME)))
 
     def trees_for(self, root: str | None, current: TreeBackend) -> TreeBackend:
         """The tree backend of an adopted session: ours if it lives in our cgroup directory (or no
@@ -161,6 +210,8 @@ class Restarts:
                 limits.close()
         self._trees.clear()
         self._limits.clear()
+        if not detach:
+            self.link.flush()  # every session ended: the holder forgets them all, keeps nothing
         self.link.close()
         if self._lock is not None:
             self._lock.release()

@@ -1,7 +1,7 @@
 """This process's descriptor limit (RLIMIT_NOFILE) against the sessions it is to hold.
 
 A running session holds :data:`PER_SESSION` descriptors in the supervisor (its stdin, stdout and
-stderr pipes and its pidfd; log files are shared, see ``capture._OpenWriters``), so a limit of
+stderr pipes and its pidfd; output files are shared, see ``segments.OpenWriters``), so a limit of
 20,000 holds about 4,900 sessions and 10,000 need about 41,000. A server raises its own soft limit
 to what it needs, up to the hard limit, and with CAP_SYS_RESOURCE (root) the hard limit too, up
 to ``/proc/sys/fs/nr_open``. Only this process's limit: nothing host-wide, and what was done is

@@ -11,9 +11,12 @@ drains it: every chunk goes, in arrival order, into the session's spool file (``
 a 9-byte header per chunk, then the bytes), so the combined view's order survives. The next server
 of the same owner says hello and gets the descriptors back; it replays the spool into the logs.
 
-A session that ends while no server runs (EOF on its output and its leader gone) is let go: its
-spool and the exit status its shell wrote are on disk for the next server. The holder exits when
-it holds nothing and no server is connected.
+A session that ends while no server runs (EOF on its output and its leader gone) keeps no
+descriptor: its spool and how it ended are on disk for the next server, which forgets it once
+read (its entry, and its cgroup locks, wait for that server up to an hour). How it ended: nobody
+can ``wait`` for a leader whose server died (init reaps it), so from then on, adopted or not,
+the holder takes the kernel's exit record for it (engine/exit_records.py, root only) and writes
+it beside the spool. The holder exits when it holds nothing and no server is connected.
 
 Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
 the package: it must start in tens of milliseconds and stay small (one per state directory).
@@ -25,7 +28,9 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                    {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
   holder → server  {"op": "held", "id", "roles", "eof", "exited"} + one fd per role still open
-                   {"op": "end", "protocol": PROTOCOL}
+                   {"op": "end", "protocol": PROTOCOL, "records": R}
+                                                               R: how it records exits nobody can wait
+                                                               for, {"mechanism"} or {"why"}; None: unknown
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import importlib.util
 import json
 import os
 import selectors
@@ -41,6 +47,12 @@ import socket
 import struct
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from procpilot.engine.exit_records import ExitWatch
 
 # One spool record: a tag (b"o" stdout, b"e" stderr, b"d" bytes dropped past the cap) and a length.
 SPOOL_HEADER = struct.Struct(">cQ")
@@ -55,6 +67,8 @@ _MAX_MSG = 64 * 1024
 _MAX_FDS = 253  # SCM_MAX_FD: a batch of sessions' descriptors in one message
 _SEND_TIMEOUT = 10.0
 _IDLE_EXIT = 10.0
+# Sessions that ended while no server ran are kept (their cgroup locks) this long for the next one.
+_KEEP_ENDED = 3600.0
 
 
 @dataclass
@@ -73,6 +87,7 @@ class Held:
     dropped: int = 0
     spool_fd: int | None = None
     roots: list[str] = field(default_factory=list)
+    orphan: bool = False  # its server is gone: nobody can wait for its leader, we record its exit
 
     @property
     def done(self) -> bool:
@@ -91,6 +106,7 @@ class Holder:
         # count of sessions in it: a starting supervisor ends the trees of a dead one's directory
         # unless somebody holds that lock, and these trees are waiting for their next server.
         self.roots: dict[str, tuple[int, int]] = {}
+        self.exits: ExitWatch | None = None  # loaded with the first sessions we are given
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -98,9 +114,12 @@ class Holder:
         while True:
             # Idle (nothing held, nobody connected) only before the first server connects, or if
             # the one that started us died first: then wait a while for one, and go.
-            events = self.sel.select(timeout=_IDLE_EXIT if not self.conns and not self.sessions else None)
+            events = self.sel.select(timeout=None if self.conns else _KEEP_ENDED if self.sessions else _IDLE_EXIT)
             if not events and not self.conns and not self.sessions:
                 return
+            if not events and not self.conns and all(h.done for h in self.sessions.values()):
+                for sid in list(self.sessions):  # no server came for a long while: let the records go
+                    self._drop(sid)
             for key, _ in events:
                 kind, obj = key.data
                 if kind == "accept":
@@ -111,6 +130,8 @@ class Holder:
                     self._on_output(*obj)
                 elif kind == "pidfd":
                     self._on_exit(obj)
+                elif kind == "exits":
+                    self._exits_change(lambda watch: watch.read())
             if not self.conns and not self.sessions:
                 return
 
@@ -164,7 +185,11 @@ class Holder:
         if owner is None or owner in self.conns.values():
             return
         # The server is gone without forgetting these: from now on their output is ours to keep.
-        for held in [h for h in self.sessions.values() if h.owner == owner]:
+        gone = [h for h in self.sessions.values() if h.owner == owner]
+        for held in gone:
+            held.orphan = True
+        self._exits_change(lambda watch: watch.add({h.id: h.fds["pidfd"] for h in gone if "pidfd" in h.fds}))
+        for held in gone:
             self._drain(held)
 
     # -- sessions -----------------------------------------------------------------------------
@@ -181,6 +206,9 @@ class Holder:
             for fd in fds:
                 os.close(fd)
             return
+        if self.exits is None:  # loaded now, not as an outage begins: its first milliseconds count
+            with contextlib.suppress(ImportError, OSError, SyntaxError):  # then no exit records, nothing worse
+                self.exits = _load_exit_records().ExitWatch()
         pos = 0
         for one in sessions:
             count = len(one["roles"])
@@ -246,6 +274,8 @@ class Holder:
         held.fds.clear()
         self._close_spool(held)
         self._release_roots(held)
+        if held.orphan:
+            self._exits_change(lambda watch: watch.discard(held.id))
 
     def _hello(self, conn: socket.socket, owner: str) -> None:
         self.conns[conn] = owner
@@ -256,7 +286,8 @@ class Holder:
                 roles = [r for r in held.fds if r != "pidfd" or not held.exited]
                 body = {"op": "held", "id": held.id, "roles": roles, "eof": sorted(held.eof), "exited": held.exited}
                 socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
-            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL}).encode())
+            records = None if self.exits is None else self.exits.said
+            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records}).encode())
         except OSError:
             self._disconnect(conn)
 
@@ -266,15 +297,17 @@ class Holder:
             if role in held.fds:
                 self.sel.register(held.fds[role], selectors.EVENT_READ, ("out", (held, role)))
         if "pidfd" in held.fds:
-            self.sel.register(held.fds["pidfd"], selectors.EVENT_READ, ("pidfd", held))
+            with contextlib.suppress(KeyError):  # an orphan's is watched already, since its first outage
+                self.sel.register(held.fds["pidfd"], selectors.EVENT_READ, ("pidfd", held))
         elif not any(r in held.fds for r in OUTPUT_ROLES):
             held.exited = True
         self._maybe_done(held)
 
     def _stop_draining(self, held: Held) -> None:
-        """A server takes the session back: whatever we read so far is on disk before it replays."""
+        """A server takes the session back: whatever we read so far is on disk before it replays.
+        An orphan's pidfd stays watched: its new server is not its parent either."""
         if held.draining:
-            for role in (*OUTPUT_ROLES, "pidfd"):
+            for role in (*OUTPUT_ROLES, "pidfd") if not held.orphan else OUTPUT_ROLES:
                 if role in held.fds:
                     with contextlib.suppress(KeyError, ValueError):
                         self.sel.unregister(held.fds[role])
@@ -300,16 +333,48 @@ class Holder:
         self._maybe_done(held)
 
     def _on_exit(self, held: Held) -> None:
+        if held.orphan:
+            self._record_exit(held)
         fd = held.fds.pop("pidfd")
         self.sel.unregister(fd)
         os.close(fd)
         held.exited = True
+        if held.orphan:
+            self._exits_change(lambda watch: watch.discard(held.id))
         self._maybe_done(held)
 
     def _maybe_done(self, held: Held) -> None:
         if held.done:
-            # Its spool and its exit status are on disk: the next server reads them from there.
-            self._drop(held.id)
+            # Its spool and how it ended are on disk: the next server reads them from there. Its
+            # entry (no descriptor left) and its cgroup locks stay until that server forgets it:
+            # a starting server's sweep would remove the dead one's cgroups, and with them the
+            # trace of an OOM kill that makes it limit_exceeded.
+            for role in list(held.fds):
+                os.close(held.fds.pop(role))  # its stdin: nobody reads it any more
+            self._close_spool(held)
+
+    # -- exits nobody can wait for (engine/exit_records.py) -------------------------------------
+
+    def _exits_change(self, change: Callable[[ExitWatch], None]) -> None:
+        """Listen to the kernel's exit records while an orphan's leader lives, and only then."""
+        if self.exits is None:
+            return
+        before = self.exits.fileno()
+        change(self.exits)
+        after = self.exits.fileno()
+        if before != after:  # opened or closed, never both at once
+            if before is not None:
+                self.sel.unregister(before)
+            if after is not None:
+                self.sel.register(after, selectors.EVENT_READ, ("exits", None))
+
+    def _record_exit(self, held: Held) -> None:
+        """Its leader is gone (its pidfd readable): how it ended, beside its spool, before anyone is told."""
+        found: list[dict[str, object]] = []
+        self._exits_change(lambda watch: found.append(watch.outcome(held.id)))
+        if found:
+            module = _load_exit_records()
+            module.write_outcome(module.record_path(held.spool), found[0])
 
     # -- the spool ----------------------------------------------------------------------------
 
@@ -339,6 +404,19 @@ class Holder:
         if held.spool_fd is not None:
             os.close(held.spool_fd)
             held.spool_fd = None
+
+
+def _load_exit_records() -> Any:
+    """engine/exit_records.py, by its path beside ours: we run as a script, not in the package."""
+    name = "procpilot_exit_records"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "exit_records.py"))
+        if spec is None or spec.loader is None:
+            raise ImportError("exit_records.py is not beside holder.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def main(path: str) -> int:

@@ -15,9 +15,10 @@ import logging
 import os
 import select
 import socket
+import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,19 +68,48 @@ class HolderLink:
         self._sock: socket.socket | None = None
         self.problem: str | None = None  # why sessions would not survive a crash, if they would not
         self.mismatch = False  # True iff a holder runs but speaks another protocol: it keeps its sessions
+        # How the holder records the exits of sessions whose server died ({"mechanism"} or {"why"},
+        # engine/exit_records.py); None: a holder that does not say, and writes no such records.
+        self.records: dict[str, str] | None = None
         self._pending_adds: dict[str, tuple[Spawned, dict[str, object]]] = {}
         self._pending_forgets: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Called (on the loop) when the holder goes away while we are connected: its copies died
+        # with it, ours did not, so the supervisor starts another and hands everything over again.
+        self.on_lost: Callable[[], None] | None = None
 
     @property
     def connected(self) -> bool:
         return self._sock is not None
 
+    @property
+    def pid(self) -> int | None:
+        """The holder's pid, as the kernel tells it (SO_PEERCRED), while connected."""
+        sock = self._sock
+        if sock is None:
+            return None
+        with contextlib.suppress(OSError):
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            return int(struct.unpack("3i", creds)[0])
+        return None
+
     def connect(self) -> list[HeldSession]:
         """Reach the holder (starting one if none runs) and take back what it holds for our owner."""
+        found = self.open()
+        if found is None:
+            return []
+        sock, held = found
+        self.install(sock)
+        return held
+
+    def open(self) -> tuple[socket.socket, list[HeldSession]] | None:
+        """Reach the holder (starting one if none runs) and say hello: a connection not yet in use
+        and what it holds for our owner, or None (``problem`` says why). Changes nothing else of
+        the link, so it may run in a worker thread while the loop serves."""
         if len(self.path) >= _MAX_SOCKET_PATH:
             self.problem = f"the state directory's path is too long for a Unix socket ({self.path})"
-            return []
+            return None
         for _ in range(3):
             sock = self._try_connect() or (self._start() and self._try_connect())
             if not sock:
@@ -94,12 +124,43 @@ class HolderLink:
             except OSError:
                 sock.close()
                 continue  # a holder that was exiting as we came: start another
-            self._sock = sock
-            self.problem = None
-            return held
+            return sock, held
         self.problem = self.problem or f"could not start or reach the holder at {self.path}"
         _log.warning("sessions will not survive a crash of this server: %s", self.problem)
-        return []
+        return None
+
+    def install(self, sock: socket.socket) -> None:
+        """Use ``sock`` (from :meth:`open`) from now on, and hear at once if the holder goes away."""
+        self._sock = sock
+        self.problem = None
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None  # no loop to watch from: a lost holder is noticed at the next send
+        if self._loop is not None:
+            # The holder never speaks first after the hello: readable means gone (EOF) or broken.
+            self._loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            data = sock.recv(_MAX_MSG)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lost(f"lost the holder: {exc.strerror or exc}")
+            return
+        if not data:
+            self._lost("the holder exited")
+
+    def _lost(self, why: str) -> None:
+        self.problem = why
+        _log.warning("sessions would not survive a crash of this server until another holder has them: %s", why)
+        self.close()
+        if self.on_lost is not None:
+            self.on_lost()
 
     def _try_connect(self) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -161,6 +222,8 @@ class HolderLink:
                             f"the holder at {self.path} speaks protocol {msg.get('protocol')!r}, this procpilot"
                             f" {holder_module.PROTOCOL}: restart it when no session runs"
                         )
+                    records = msg.get("records")
+                    self.records = {str(k): str(v) for k, v in records.items()} if isinstance(records, dict) else None
                     return held
                 roles = [str(r) for r in msg.get("roles", [])]
                 if len(roles) != len(fds):
@@ -243,9 +306,7 @@ class HolderLink:
         try:
             socket.send_fds(sock, [json.dumps(body).encode()], fds or [])
         except OSError as exc:
-            self.problem = f"lost the holder: {exc.strerror or exc}"
-            _log.warning("sessions will not survive a crash of this server: %s", self.problem)
-            self.close()
+            self._lost(f"lost the holder: {exc.strerror or exc}")
             return False
         return True
 
@@ -259,6 +320,8 @@ class HolderLink:
         self._pending_forgets.clear()
         if self._sock is not None:
             sock, self._sock = self._sock, None
+            if self._loop is not None:
+                self._loop.remove_reader(sock.fileno())
             sock.close()
 
 

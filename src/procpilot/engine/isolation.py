@@ -99,7 +99,7 @@ def _network_prefix() -> tuple[str, ...] | None:
         candidates.append([unshare, "--map-root-user", "--net", "--"])
     if bwrap:
         candidates.append(
-            [bwrap, "--dev-bind", "/", "/", "--unshare-net", "--cap-drop", "ALL", "--die-with-parent", "--"]
+            [bwrap, "--dev-bind", "/", "/", "--unshare-net", "--cap-drop", "ALL", "--"]
         )
     if unshare and setpriv:
         # An empty bounding set: not even root gets a capability back by exec'ing.
@@ -243,7 +243,9 @@ def isolation_prefix(isolation: Isolation) -> list[str]:
                 argv += ["--ro-bind", "/dev/null", str(path)]
         if not isolation.network:
             argv.append("--unshare-net")
-        return [*argv, "--die-with-parent", "--"]
+        # No --die-with-parent: bubblewrap's parent is the server, and a box must outlive a server
+        # crash like any session (adopted by the next one); its tree kill ends it, not its parent.
+        return [*argv, "--"]
     options: list[str] = []
     if isolation.readonly_root:
         if not _landlock():

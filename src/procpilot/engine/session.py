@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
+from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited, StdinClosed
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
@@ -34,6 +35,9 @@ _READ_SIZE = 1 << 20
 _ORPHAN_GRACE = 1.0
 # ... and the pipes this much longer to reach EOF before we stop waiting for them.
 _DRAIN_DEADLINE = 3.0
+# How long an adopted session's end waits for the holder's record of it: the holder sees the same
+# pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
+_RECORD_WAIT = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,22 @@ def _zombie_io(pid: int) -> tuple[int, int] | None:
         return None
 
 
+@dataclass(slots=True)
+class Custody:
+    """What ties a session to the servers before and after this one (engine/holder.py)."""
+
+    # Called just before our stdin copy closes: another holder of it (the holder) must let go
+    # too, or the child would never see EOF.
+    on_stdin_close: Callable[[], None] | None = None
+    # A previous server started it (Session.adopt): we are not its leader's parent, so its exit
+    # status comes from the kernel's record the holder kept or what its shell wrote, through
+    # read_status, or nowhere (LOST, with why).
+    adopted: bool = False
+    ended_in_outage: bool = False  # adopted already ended: its exit was announced to nobody yet
+    read_status: Callable[[], int | str | None] | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # what the supervisor keeps for the next server
+
+
 class Session:
     def __init__(
         self,
@@ -149,15 +169,7 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self.restarts = 0  # runs after the first (spec.restart)
         self.cycle = RestartCycle()
-        # Called just before our stdin copy closes: another holder of it (engine/holder.py) must
-        # let go too, or the child would never see EOF.
-        self.on_stdin_close: Callable[[], None] | None = None
-        # Set for a session a previous server started (adopt): we are not its leader's parent, so
-        # its exit status comes from what its shell wrote, through this, or nowhere (LOST).
-        self.adopted = False
-        self.ended_in_outage = False  # adopted already ended: its exit was announced to nobody yet
-        self._read_status: Callable[[], int | None] | None = None
-        self.extra_record: dict[str, Any] = {}  # what the supervisor keeps for the next server
+        self.custody = Custody()
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -172,6 +184,11 @@ class Session:
     @property
     def is_running(self) -> bool:
         return self.state is SessionState.RUNNING
+
+    @property
+    def spawned(self) -> Spawned | None:
+        """Its process and the descriptors still open (a closed one is -1 or None)."""
+        return self._spawned
 
     @property
     def terminating(self) -> bool:
@@ -218,6 +235,22 @@ class Session:
         found, when = self._input_check
         return found if time.monotonic() - when <= max_age else None
 
+    def usage_report(self) -> Usage | None:
+        """The tree's usage as measured where it runs, when that is not this host (a cluster
+        node's last report); None: this host's usage tracker samples the tree itself."""
+        return None
+
+    async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
+        """Bytes of a view as its log holds them: here, this host's files (a session on a cluster
+        node pages them from its node). Every face that pages a log reads through this."""
+        return self.output[stream].read(offset, limit)
+
+    async def page_lines(
+        self, stream: Stream, first: int, count: int | None, max_bytes: int | None = None, *, keep_end: bool = False
+    ) -> LineSlice:
+        """Lines of a view, as :meth:`SegmentedLog.read_lines` reads them, wherever the log is."""
+        return self.output[stream].read_lines(first, count, max_bytes, keep_end=keep_end)
+
     @property
     def log_files(self) -> list[str]:
         """The files that hold this session's combined output, oldest first: none (and no
@@ -259,17 +292,18 @@ class Session:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
 
     def adopt(
-        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | None]
+        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | str | None]
     ) -> None:
         """Take over a running session a previous server started (its descriptors came back from
         the holder; a stream already at EOF has fd -1, a pidfd already spent is None).
 
-        ``read_status`` gives the leader's exit status as its shell recorded it, or None: then
-        the session ends LOST, never with an invented exit."""
+        ``read_status`` gives the leader's exit status (negative: the signal) as it was recorded
+        while we were not its parent, or why it is unknown (a str: the session ends LOST, never
+        with an invented exit), or None: not recorded yet, ask again shortly."""
         self._spawned = spawned
         self.pid = spawned.pid
-        self.adopted = True
-        self._read_status = read_status
+        self.custody.adopted = True
+        self.custody.read_status = read_status
         self.started_at = started_at
         self._t0 = time.monotonic() - max(0.0, time.time() - started_at)
         self._set_state(SessionState.RUNNING)
@@ -303,10 +337,19 @@ class Session:
             self._loop.remove_reader(spawned.pidfd)
             os.close(spawned.pidfd)
             spawned.pidfd = None
-        status = self._read_status() if self._read_status is not None else None
+        self._settle_status(time.monotonic() + _RECORD_WAIT)
+
+    def _settle_status(self, deadline: float) -> None:
+        read = self.custody.read_status
+        status = read() if read is not None else "nothing recorded it"
         if status is None:
+            if time.monotonic() < deadline:
+                self._timers.append(self._loop.call_later(0.01, self._settle_status, deadline))
+                return
+            status = f"the holder wrote no exit record within {_RECORD_WAIT:g} s"
+        if isinstance(status, str):
             if self._requested_end is None:  # ended by our own signal: that is how it ended
-                self.error = self.error or "its leader exited while no server ran and its exit status was not recorded"
+                self.error = self.error or f"its exit status is unknown ({status})"
         elif status < 0:
             self.exit_signal = signal_name(-status)
         else:
@@ -442,7 +485,7 @@ class Session:
     def _finish(self) -> None:
         if self._finished.is_set():
             return
-        self.on_stdin_close = None  # ended: the supervisor tells the holder to forget all of it
+        self.custody.on_stdin_close = None  # ended: the supervisor tells the holder to forget all of it
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -461,7 +504,7 @@ class Session:
             # Even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`), and
             # even when an adopted session's shell died with it and recorded nothing (before LOST).
             end = SessionState.LIMIT_EXCEEDED
-        elif self.adopted and self.exit_code is None and self.exit_signal is None:
+        elif self.custody.adopted and self.exit_code is None and self.exit_signal is None:
             end = SessionState.LOST
         elif self.exit_code == 0:
             end = SessionState.EXITED_OK
@@ -681,8 +724,8 @@ class Session:
         spawned = self._spawned
         self.stdin_open = False
         if spawned is not None and spawned.stdin_fd is not None:
-            if self.on_stdin_close is not None:
-                self.on_stdin_close()
+            if self.custody.on_stdin_close is not None:
+                self.custody.on_stdin_close()
             fd, spawned.stdin_fd = spawned.stdin_fd, None
             self._loop.remove_writer(fd)
             os.close(fd)
@@ -725,5 +768,5 @@ class Session:
             "error": self.error,
             "name": self.name,
             "restarts": self.restarts,
-            **self.extra_record,
+            **self.custody.record,
         }

@@ -106,6 +106,13 @@ class SpawnSpec:
         object.__setattr__(confined, "isolation", isolation)
         return confined
 
+    def without_lane(self) -> SpawnSpec:
+        """This spec to run at once: for a supervisor that queued it behind its lane already (a
+        cluster's daemon, whose lanes span its nodes)."""
+        free = copy.copy(self)
+        object.__setattr__(free, "lane", None)
+        return free
+
     @property
     def display(self) -> str:
         if isinstance(self.command, str):

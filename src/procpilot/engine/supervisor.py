@@ -18,7 +18,9 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -27,10 +29,11 @@ import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
 from procpilot.engine import descriptors
-from procpilot.engine.adoption import Restarts, leader_status, replay_spool
+from procpilot.engine.adoption import Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
+from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
@@ -76,16 +79,31 @@ __all__ = ["Supervisor", "WaitOutcome", "disk_space"]
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 400
 _SCAN_CHUNK = 1 << 20
+# Pattern scans run here, off the event loop: one may take up to _PATTERN_TIMEOUT on one chunk,
+# and a hostile pattern would otherwise hold every other agent's calls that long, call after
+# call. Two threads: such scans queue behind each other, never behind the loop (the regex module
+# lets go of the GIL while it matches).
+_PATTERN_SCANS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="procpilot-pattern")
 _REAP_INTERVAL = 2.0
 _WATCHDOG_INTERVAL = 0.1
 _PATTERN_TIMEOUT = 0.5  # seconds one wait pattern may spend on one scan of output
 _LOW_SPACE_BYTES = 100 << 20  # under this (or 1% of the disk) doctor and capabilities warn
 _INLINE_CHECK_BYTES = 4096  # a filter reads a command this size in well under a millisecond
 _T = TypeVar("_T")
-_MAX_OUTAGE_EXITS = 1000  # per scope, kept until a stream of that scope takes them
+_MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
+# A holder that died while its server lives: tries at starting another, the first after this delay,
+# each next one twice as late (a holder that cannot start at all is reported, not spun on).
+_REHOLD_TRIES = 5
+_REHOLD_DELAY = 0.2
+# Set while run() starts its session: spawn() leaves the hand-over to the holder to run(), which
+# does it only if the session outlives its yield (a context variable: concurrent runs each their own).
+_RUN_HOLDS_LATER: ContextVar[bool] = ContextVar("procpilot_run_holds_later", default=False)
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
-_RECORD_FORMAT = 1
+# 2: the output is stored once (the combined log and its ordering index); 1: a copy per stream
+# as well, which this version still reads and goes on writing for a session adopted in it.
+_RECORD_FORMAT = 2
+_PER_STREAM_FORMAT = 1
 _ADOPTION_KEYS = (
     "format",
     "owner",
@@ -148,6 +166,12 @@ async def _in_passing_thread(fn: Callable[..., _T], *args: Any) -> _T:
             done.cancel()
 
 
+def _search(matcher: regex.Pattern[str], carry: str, data: bytes) -> tuple[str, regex.Match[str] | None]:
+    """One scan of a wait pattern (in _PATTERN_SCANS): the text scanned, and the match if any."""
+    text = carry + data.decode("utf-8", errors="replace")
+    return text, matcher.search(for_model(text), timeout=_PATTERN_TIMEOUT, concurrent=True)
+
+
 def new_session_id() -> str:
     """16 lowercase base32 characters: 80 bits from the OS's CSPRNG."""
     return base64.b32encode(secrets.token_bytes(10)).decode().lower()
@@ -200,10 +224,12 @@ class Supervisor:
         # restart hands them to the next server of the same owner (engine/adoption.py).
         self.owner = owner
         self._restarts: Restarts | None = None
+        self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
-        # Exits of sessions that ended while no server ran, per scope, until a listener of that
-        # scope takes them (take_outage_exits): nobody was there to be told when they happened.
-        self._outage_exits: dict[str, builtins.list[ExitInfo]] = {}
+        # Exits of sessions that ended while no server ran, per scope and session id, kept as long
+        # as the session is: nobody was there to be told when they happened, so every listener
+        # of the scope that connects is told (outage_exits).
+        self._outage_exits: dict[str, dict[str, ExitInfo]] = {}
         self._handed_over = asyncio.Event()  # set once detach() has left every session to the next server
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
@@ -268,6 +294,7 @@ class Supervisor:
             raise
         self._started = True
         if self._restarts is not None:
+            self._restarts.link.on_lost = self._holder_lost
             self._adopt(held)
         if self._warm_size > 0:
             self._warm = WarmPool(self._tree_backend, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
@@ -328,6 +355,7 @@ class Supervisor:
             "descriptors": descriptors.report(),
             "state_dir": self.state_dir_space(),
             "restarts": self._restart_capability(),
+            "outage_exits": self._restarts.outage_exits() if self._restarts else outage_exits(),
         }
 
     def warm_shells(self) -> dict[str, Any]:
@@ -358,7 +386,7 @@ class Supervisor:
             return {"survive": False, "why": "no owner: sessions end with this supervisor (procpilot serve has one)"}
         if not restarts.link.connected:
             return {"survive": False, "owner": restarts.owner, "why": restarts.link.problem}
-        return {"survive": True, "owner": restarts.owner, "holder": restarts.link.path}
+        return {"survive": True, "owner": restarts.owner, "holder": restarts.link.path, "holder_pid": restarts.link.pid}
 
     @property
     def usage(self) -> UsageTracker:
@@ -576,15 +604,32 @@ class Supervisor:
             )
         return spec
 
-    async def spawn(self, spec: SpawnSpec, *, scope: str) -> Session:
-        """Start ``spec`` (or queue it behind its lane) and return its session at once."""
+    async def spawn(self, spec: SpawnSpec, *, scope: str, session_id: str | None = None) -> Session:
+        """Start ``spec`` (or queue it behind its lane) and return its session at once.
+
+        ``session_id``: the id to use (a cluster's daemon names a session it queued itself);
+        None: a new one."""
+        session = await self._spawn(spec, scope, session_id)
+        if not _RUN_HOLDS_LATER.get():
+            self._hold_now()
+        return session
+
+    def _hold_now(self) -> None:
+        """Whatever is queued for the holder goes now. Called before a running session's id leaves
+        the engine: a client that has the id may see the server killed -9 the next moment, and a
+        session whose descriptors were still in the batch would die of SIGPIPE with it. A command
+        that ends within its yield never gets here, so exec's usual call still sends nothing."""
+        if self._restarts is not None:
+            self._restarts.link.flush()
+
+    async def _spawn(self, spec: SpawnSpec, scope: str, session_id: str | None = None) -> Session:
         spec = await self._admit(spec, scope)
         if self._store is None:  # _admit refused this already; said again for the type checker
             raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
         if spec.name is not None:
             self._take_name(scope, spec.name)
         try:
-            return await self._spawn_checked(spec, scope, self._store)
+            return await self._spawn_checked(spec, scope, self._store, session_id)
         finally:
             if spec.name is not None:
                 self._starting_names.discard((scope, spec.name))
@@ -600,10 +645,13 @@ class Supervisor:
             )
         self._starting_names.add((scope, name))
 
-    async def _spawn_checked(self, spec: SpawnSpec, scope: str, store: SessionStore) -> Session:
+    async def _spawn_checked(
+        self, spec: SpawnSpec, scope: str, store: SessionStore, given_id: str | None = None
+    ) -> Session:
         starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
-        warm = self._warm.take(spec) if starts_now and self._warm is not None else None
-        session_id = new_session_id() if warm is None else warm.session_id
+        # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
+        warm = self._warm.take(spec) if starts_now and self._warm is not None and given_id is None else None
+        session_id = given_id or (new_session_id() if warm is None else warm.session_id)
         directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
@@ -643,6 +691,7 @@ class Supervisor:
                 why = f"InternalError: {type(exc).__name__}"
             session.restart_failed(f"restart {session.restarts} could not start: {why}")
             return
+        self._hold_now()  # its clients have its id already
         session.restarted()
 
     async def _start(self, session: Session, warm: WarmShell | None = None, *, again: bool = False) -> None:
@@ -766,10 +815,60 @@ class Supervisor:
             extra["timeout"] = session.spec.timeout
         if not session.spec.notify_on_exit:
             extra["notify_on_exit"] = False
-        session.extra_record = extra
+        session.custody.record = extra
         link = restarts.link
-        if link.add(session.id, spawned, session.output.directory / "outage.spool", extra["max_log_bytes"], roots):
-            session.on_stdin_close = lambda: link.stdin_closed(session.id)
+        session.custody.on_stdin_close = lambda: link.stdin_closed(session.id)
+        self._hold(session, spawned)
+
+    def _hold(self, session: Session, spawned: Spawned) -> None:
+        """Queue copies of the session's open descriptors for the holder (see _hold_now)."""
+        restarts = self._restarts
+        if restarts is None:
+            return
+        extra = session.custody.record
+        roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
+        limit_roots = extra.get("limit_roots")
+        roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
+        cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
+        restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
+
+    def _holder_lost(self) -> None:
+        if not self._closed and (self._rehold is None or self._rehold.done()):
+            self._rehold = self._spawn_task(self._hold_again())
+
+    async def _hold_again(self) -> None:
+        """The holder died while we live. Its copies died with it, ours did not: start another and
+        hand it every running session again, so a crash of ours later still loses nothing."""
+        restarts = self._restarts
+        if restarts is None:
+            return
+        link = restarts.link
+        for attempt in range(_REHOLD_TRIES):
+            found = await asyncio.to_thread(link.open)  # starting a holder waits on its start-up
+            if self._closed or link.mismatch:
+                if found is not None:
+                    found[0].close()
+                    for copy in found[1]:
+                        copy.close()
+                return
+            if found is not None:
+                sock, held = found
+                link.install(sock)
+                for copy in held:
+                    # Only if our connection broke while the holder lived: it drained our sessions
+                    # meanwhile, so what it read is in their spools (ours are the live copies).
+                    session = self._sessions.get(copy.id)
+                    if session is not None and not session.finished:
+                        replay_spool(session.output, session.output.directory)
+                    copy.close()
+                for session in self._sessions.values():
+                    spawned = session.spawned
+                    if spawned is not None and not session.finished:
+                        self._hold(session, spawned)
+                link.flush()
+                _log.warning("a new holder (pid %s) has every running session again", link.pid)
+                return
+            await asyncio.sleep(_REHOLD_DELAY * 2**attempt)
 
     def _adopt(self, held: builtins.list[HeldSession]) -> None:
         """Take over every session of our owner that the journal says was running.
@@ -839,7 +938,9 @@ class Supervisor:
         session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish, kill_grace=grace)
         session.created_at = float(record.get("created_at") or time.time())
         session.backgrounded = True
-        session.extra_record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        # What its files are in now: a session with no output yet begins in this version's layout.
+        session.custody.record["format"] = _RECORD_FORMAT if output.layout == "once" else _PER_STREAM_FORMAT
         session.accounting.limit_backend = restarts.limits_for(record)
         self._register(session)
         pid = record.get("pid")
@@ -866,18 +967,21 @@ class Supervisor:
             os.set_blocking(fd, False)
         exited = held.exited if held is not None else True
         if exited and spec.notify_on_exit:
-            session.ended_in_outage = True
-        exit_file = restarts.exit_file(session_id)
+            session.custody.ended_in_outage = True
+        exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
+        # A leader alive with its pidfd held: a holder that records exits writes how it ends.
+        recorded = restarts.link.records is not None and "pidfd" in fds and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
+        own_child = record.get("server_pid") == os.getpid()
         session.adopt(
             spawned,
             started_at=float(record.get("started_at") or session.created_at),
             leader_exited=exited or (not alive and "pidfd" not in fds),
-            read_status=lambda: leader_status(pid, exit_file, own_child=record.get("server_pid") == os.getpid()),
+            read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=recorded),
         )
         link = restarts.link
-        session.on_stdin_close = lambda: link.stdin_closed(session_id)
+        session.custody.on_stdin_close = lambda: link.stdin_closed(session_id)
         return session
 
     def _on_finish(self, session: Session) -> None:
@@ -890,9 +994,10 @@ class Supervisor:
             self._warm.refill_soon()
         if self._restarts is not None:
             self._restarts.link.forget(session.id)
-            if session.adopted:
-                with contextlib.suppress(OSError):
-                    self._restarts.exit_file(session.id).unlink()
+            if session.custody.adopted:  # what recorded its end, whichever was not needed
+                for record in (self._restarts.exit_file(session.id), self._restarts.record_file(session.id)):
+                    with contextlib.suppress(OSError):
+                        record.unlink()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
@@ -900,10 +1005,10 @@ class Supervisor:
             self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
-        if session.ended_in_outage:
-            pending = self._outage_exits.setdefault(session.scope, [])
+        if session.custody.ended_in_outage:
+            pending = self._outage_exits.setdefault(session.scope, {})
             if len(pending) < _MAX_OUTAGE_EXITS:
-                pending.append(session.exit_info(self.tail_text(session)))
+                pending[session.id] = session.exit_info(self.tail_text(session))
         if session.spec.notify_on_exit and self.exits.has_listeners:
             self.exits.publish(session.exit_info(self.tail_text(session)))
 
@@ -953,6 +1058,11 @@ class Supervisor:
         """(active, waiting, cap) per lane in use: ``scope``'s, or every scope's keyed ``scope/lane``."""
         return self._lanes.usage(scope)
 
+    async def observe(self, sessions: Sequence[Session]) -> None:
+        """Bring what ``sessions`` say of their trees (usage, waiting for input) up to date before
+        a result shows it: a cluster asks the nodes that run them; on one host each session reads
+        its own tree when asked, so there is nothing to do."""
+
     def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
         view = session.output[Stream.COMBINED]
         raw = view.read(max(0, view.size - chars * 4)).data
@@ -966,12 +1076,17 @@ class Supervisor:
         ``yield_ms=None`` waits for the end; ``0`` returns at once. The process is never
         restarted or interrupted by the hand-over: it is the same session either way.
         """
-        session = await self.spawn(spec, scope=scope)
+        holds_later = _RUN_HOLDS_LATER.set(True)
+        try:
+            session = await self.spawn(spec, scope=scope)  # overridden by a cluster's supervisor
+        finally:
+            _RUN_HOLDS_LATER.reset(holds_later)
         timeout = None if yield_ms is None else yield_ms / 1000
         if timeout != 0:
             await session.wait_finished(timeout)
         if not session.finished:
             session.backgrounded = True
+            self._hold_now()
         return session
 
     async def write(
@@ -1022,8 +1137,9 @@ class Supervisor:
     ) -> WaitOutcome:
         """Block until exit, until ``pattern`` matches output (from byte ``since`` on), or ``timeout``.
 
-        A pattern gets at most half a second per scan: past that it is an ``InvalidPattern``
-        (catastrophic backtracking), not a server whose event loop stalls for every session.
+        A pattern is matched in a worker thread and gets at most half a second per scan: past that
+        it is an ``InvalidPattern`` (catastrophic backtracking), and the event loop, which every
+        other session and agent needs, never waits for it.
         """
         session = self.get(scope, session_id)
         # The regex module can give up on a match; re cannot. Same syntax and flag values.
@@ -1044,9 +1160,10 @@ class Supervisor:
                         if chunk.end >= view.size:
                             break  # only part of a character so far
                         keep = len(data)  # stray bytes before the cap's gap: never completed
-                text = carry + data[:keep].decode("utf-8", errors="replace")
                 try:
-                    found = matcher.search(for_model(text), timeout=_PATTERN_TIMEOUT)
+                    text, found = await asyncio.get_running_loop().run_in_executor(
+                        _PATTERN_SCANS, _search, matcher, carry, data[:keep]
+                    )
                 except TimeoutError:
                     raise InvalidPattern(
                         f"the pattern {matcher.pattern!r} takes too long to match (catastrophic backtracking)",
@@ -1106,6 +1223,9 @@ class Supervisor:
 
     def _forget(self, session: Session) -> None:
         self._sessions.pop(session.id, None)
+        missed = self._outage_exits.get(session.scope)
+        if missed is not None and missed.pop(session.id, None) is not None and not missed:
+            del self._outage_exits[session.scope]
         session.output.remove_files()
         if self._store is not None:
             self._store.delete(session.id)
@@ -1121,10 +1241,12 @@ class Supervisor:
 
     # -- events --------------------------------------------------------------------------------
 
-    def take_outage_exits(self, scope: str) -> builtins.list[ExitInfo]:
-        """The exits of ``scope``'s sessions that ended while no server ran (once: a stream that
-        connects after a restart delivers them; later ones get only what happens from then on)."""
-        return self._outage_exits.pop(scope, [])
+    def outage_exits(self, scope: str) -> builtins.list[ExitInfo]:
+        """The exits of ``scope``'s sessions that ended while no server ran, oldest first, for each
+        listener of that scope to hear as it connects (an SSE stream, an MCP listen stream, a
+        WebSocket), as long as the session is kept: which client was told cannot be known, only
+        which connection."""
+        return builtins.list(self._outage_exits.get(scope, {}).values())
 
     def on_exit(self, callback: Callable[[ExitInfo], None]) -> Callable[[], None]:
         """Call ``callback`` once per session when it ends; returns the remover."""

@@ -192,6 +192,9 @@ class UsageTracker:
 
     def usage(self, session: Session) -> Usage:
         """The session's usage now: sampled if it runs (and watched from now on), final if it ended."""
+        reported = session.usage_report()
+        if reported is not None:
+            return reported
         if session.finished:
             return self._finalize(session)
         if session.pid is None:  # queued: nothing has run yet
@@ -203,6 +206,9 @@ class UsageTracker:
     def latest(self, session: Session) -> Usage:
         """The usage at the last periodic sample, without sampling now (cheap enough to ask of
         every session every second); the session is watched from now on. Zeros until sampled."""
+        reported = session.usage_report()
+        if reported is not None:
+            return reported
         if session.finished:
             return self._finalize(session)
         if session.pid is None:
@@ -230,6 +236,10 @@ class UsageTracker:
         stale: list[tuple[float, Session]] = []
         now = time.monotonic()
         for session in sessions:
+            reported = session.usage_report()
+            if reported is not None:
+                found[session.id] = reported
+                continue
             if session.finished:
                 found[session.id] = self._finalize(session)
                 continue
@@ -259,7 +269,7 @@ class UsageTracker:
 
     def watch(self, session: Session) -> None:
         """Sample ``session`` periodically until it ends (cheap: one light task for all of them)."""
-        if session.finished:
+        if session.finished or session.usage_report() is not None:  # measured where it runs
             return
         self._watched.add(session)
         sup = self._sup()
@@ -375,7 +385,7 @@ def _read_within(trees: Any, trees_of: Sequence[tuple[str, int]], budget: float 
     deadline = None if budget is None else time.monotonic() + budget
     readings: list[_Reading] = []
     for session_id, leader in trees_of:
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             break
         readings.append(_read(trees, session_id, leader))
     return readings

@@ -326,6 +326,8 @@ class RunOutput(BaseModel):
     # Beyond spec 000: bytes of output the disk refused (ENOSPC...), and what to tell the model.
     output_dropped: int = 0
     output_note: str | None = None
+    # Beyond spec 000: on a cluster, the Ray node id the process runs on (absent on one host).
+    node: str | None = None
 
 
 class MonitorOutput(BaseModel):
@@ -340,6 +342,7 @@ class MonitorOutput(BaseModel):
     # the name given at process.run, and how often a restart policy restarted it.
     output_dropped: int = 0
     output_note: str | None = None
+    node: str | None = None  # as RunOutput.node
     name: str | None = None
     restarts: int | None = None  # None: no restart policy
 
@@ -349,6 +352,7 @@ class KillOutput(BaseModel):
     signal_sent: str
     process_id: str
     state: State | Literal["running"]
+    node: str | None = None  # as RunOutput.node
 
 
 class ListEntry(BaseModel):
@@ -362,6 +366,7 @@ class ListEntry(BaseModel):
     # Beyond spec 000: the name given at process.run, and how often a restart policy restarted it.
     name: str | None = None
     restarts: int | None = None  # None: no restart policy
+    node: str | None = None  # as RunOutput.node
 
 
 class ListOutput(BaseModel):
@@ -383,6 +388,7 @@ class LogsOutput(BaseModel):
     stderr_next_offset: int | None = None
     output_dropped: int = 0
     output_note: str | None = None
+    node: str | None = None  # as RunOutput.node
 
 
 # -- the capabilities --------------------------------------------------------------------------
@@ -401,14 +407,14 @@ class ProcessCapabilities:
     def _resource_usage(self, session: Session) -> ResourceUsage:
         return ResourceUsage(**self.usage.usage(session).as_dict())
 
-    def _summary(self, session: Session, stream: Stream, lines: int) -> str:
+    async def _summary(self, session: Session, stream: Stream, lines: int) -> str:
         """The last ``lines`` lines of a stream, as a model should read them."""
         if lines <= 0:
             return ""
         view = session.output[stream]
         limit = self.sup.settings.exec.result_max_chars
         start = max(view.offset_of_line(max(0, view.total_lines - lines)), view.size - 4 * limit)
-        result = view.read(start)
+        result = await session.page(stream, start)
         text, _ = tail_chars(for_model(result.data), limit)
         if result.dropped:
             text = f"[... {result.dropped} bytes dropped by {view.gap_cause} ...]\n" + text
@@ -467,12 +473,13 @@ class ProcessCapabilities:
             _raise_if_limit_exceeded(session)
             return RunOutput(
                 exit_code=spec_exit_code(session),
-                stdout_summary=self._summary(session, Stream.STDOUT, params.stdout_lines),
-                stderr_summary=self._summary(session, Stream.STDERR, params.stdout_lines),
+                stdout_summary=await self._summary(session, Stream.STDOUT, params.stdout_lines),
+                stderr_summary=await self._summary(session, Stream.STDERR, params.stdout_lines),
                 duration_ms=session.duration_ms,
                 process_id=session.id,
                 state=spec_state(session),
                 resource_usage=self._resource_usage(session),
+                node=session.node,
                 **_loss(session),
             )
 
@@ -483,6 +490,7 @@ class ProcessCapabilities:
         with _spec_errors():
             session = self._get(scope, params.process_id)
             _raise_if_limit_exceeded(session)
+            await self.sup.observe([session])
             return MonitorOutput(
                 process_id=session.id,
                 command=session.command,
@@ -535,6 +543,7 @@ class ProcessCapabilities:
                 signal_sent=session.signal_sent or name,
                 process_id=session.id,
                 state=spec_state(session),
+                node=session.node,
             )
 
     async def list(self, params: ListInput, scope: str) -> ListOutput:
@@ -550,6 +559,7 @@ class ProcessCapabilities:
             shown = matching[: params.limit]
             # Every tree read in a worker thread (a sample up to 2 s old reused): the spec's rows
             # carry usage, and a long list must not hold the event loop while it is read.
+            await self.sup.observe(shown)  # on a cluster: the nodes' figures
             usages = await self.usage.snapshot(shown, budget=None)
             entries = [
                 ListEntry(
@@ -583,7 +593,7 @@ class ProcessCapabilities:
             for name in ("stdout", "stderr"):
                 if params.stream not in (name, "both"):
                     continue
-                result = session.output[Stream(name)].read(offset, params.limit)
+                result = await session.page(Stream(name), offset, params.limit)
                 sizes[name] = result.total
                 data = result.data
                 next_offsets[name] = result.end
@@ -605,6 +615,7 @@ class ProcessCapabilities:
                 state=spec_state(session),
                 stdout_next_offset=next_offsets["stdout"],
                 stderr_next_offset=next_offsets["stderr"],
+                node=session.node,
                 **_loss(session),
             )
             return output, notes
@@ -616,21 +627,24 @@ def _loss(session: Session) -> dict[str, Any]:
 
 
 def _extras(session: Session) -> dict[str, Any]:
-    """Fields beyond spec 000 that only some processes have: a name, a restart count."""
-    return {"name": session.name, "restarts": session.restarts if session.spec.restart is not None else None}
+    """Fields beyond spec 000 that only some processes have: a name, a restart count, and on a
+    cluster the node it runs on."""
+    restarts = session.restarts if session.spec.restart is not None else None
+    return {"name": session.name, "restarts": restarts, "node": session.node}
 
 
 def _spec_shaped(data: dict[str, Any]) -> dict[str, Any]:
     """A result as spec 000 draws it: the extras a process does not have are left out."""
-    for key in ("name", "restarts"):
+    for key in ("name", "restarts", "node"):
         if key in data and data[key] is None:
             del data[key]
     return data
 
 
-def _dump(out: RunOutput | MonitorOutput | LogsOutput) -> dict[str, Any]:
+def _dump(out: RunOutput | MonitorOutput | LogsOutput | KillOutput) -> dict[str, Any]:
     """The result as spec 000 draws it, plus the loss fields only when something was lost."""
-    return _spec_shaped(out.model_dump(exclude={"output_dropped", "output_note"} if not out.output_dropped else set()))
+    lost = getattr(out, "output_dropped", 0)
+    return _spec_shaped(out.model_dump(exclude={"output_dropped", "output_note"} if not lost else set()))
 
 
 class ProcessAPI:
@@ -825,7 +839,7 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
         return rendered(_dump(out), [f"[{out.output_note}]"] if out.output_note else [])
 
     async def kill(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        return rendered((await caps.kill(parse_arguments(KillInput, arguments), scope)).model_dump())
+        return rendered(_dump(await caps.kill(parse_arguments(KillInput, arguments), scope)))
 
     async def list_(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         listing = (await caps.list(parse_arguments(ListInput, arguments), scope)).model_dump()

@@ -13,10 +13,10 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
-from procpilot.engine.capture import SegmentedLog, Stream
+from procpilot.engine.capture import OutputView, Stream
 from procpilot.engine.session import Session
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument
+from procpilot.errors import InvalidArgument, ProcpilotError
 
 __all__ = ["MAX_ROWS", "PAGE_MAX", "act", "log_page", "output_chunks", "rows", "view"]
 
@@ -59,20 +59,20 @@ def row(sup: Supervisor, s: Session) -> dict[str, Any]:
     }
 
 
-def view(session: Session, name: str) -> SegmentedLog:
+def view(session: Session, name: str) -> OutputView:
     if name not in _STREAMS:
         raise InvalidArgument("stream: combined, stdout or stderr", field="stream")
     return session.output[_STREAMS[name]]
 
 
-def log_page(session: Session, stream: str, offset: int, limit: int) -> dict[str, Any]:
+async def log_page(session: Session, stream: str, offset: int, limit: int) -> dict[str, Any]:
     """At most ``limit`` (≤ ``PAGE_MAX``) bytes from ``offset``; a negative offset or one past the
     end gives the last ``limit``. One bounded read, whatever the size of the log."""
     log = view(session, stream)
     limit = min(max(1, limit), PAGE_MAX)
     if offset < 0 or offset >= log.size:
         offset = max(0, log.size - limit)
-    page = log.read(offset, limit)
+    page = await session.page(_STREAMS[stream], offset, limit)
     return {
         "offset": page.start,
         "end": page.end,
@@ -93,7 +93,10 @@ async def output_chunks(
     offset = max(0, log.size - CHUNK) if start < 0 else start
     while not closing.is_set():
         if offset < log.size:
-            page = log.read(offset, CHUNK)
+            try:
+                page = await session.page(_STREAMS[stream], offset, CHUNK)
+            except ProcpilotError:  # on a cluster, a node that is gone: what this host holds
+                page = log.read(offset, CHUNK)
             offset = page.end
             yield {"offset": page.start, "end": page.end, "dropped": page.dropped, "data": page.data}
             continue

@@ -287,7 +287,7 @@ class ExecProcessFace:
             how += f": the shell found no command {missing!r} (check the name; `command -v {missing}`)"
         return f"{how} after {session.duration_ms} ms"
 
-    def _read_tail(self, session: Session, stream: Stream, start: int, limit: int) -> tuple[str, int, int]:
+    async def _read_tail(self, session: Session, stream: Stream, start: int, limit: int) -> tuple[str, int, int]:
         """The last ``limit`` characters of the model text of bytes [start, end of the view).
 
         Only the last few times ``limit`` bytes are read, however much is unread: a poll after a
@@ -296,11 +296,11 @@ class ExecProcessFace:
         """
         end = session.output[stream].size
         skipped = max(0, end - start - limit * _TAIL_WINDOW_FACTOR)
-        text, used_end, _ = self._read_text(session, stream, start + skipped, end, mid_char=bool(skipped))
+        text, used_end, _ = await self._read_text(session, stream, start + skipped, end, mid_char=bool(skipped))
         shown, cut = tail_chars(text, limit)
         return shown, cut + skipped, used_end
 
-    def _read_text(
+    async def _read_text(
         self, session: Session, stream: Stream, start: int, end: int, *, mid_char: bool = False
     ) -> tuple[str, int, int]:
         """Model text of bytes [start, end); returns (text, end actually used, dropped bytes).
@@ -308,7 +308,7 @@ class ExecProcessFace:
         ``mid_char``: ``start`` may fall inside a character, whose leftover bytes are skipped.
         """
         view = session.output[stream]
-        result = view.read(start, end - start)
+        result = await session.page(stream, start, end - start)
         data = result.data
         if mid_char:
             lead = 0
@@ -372,7 +372,7 @@ class ExecProcessFace:
         data = self._summary(session)
         if session.finished:
             view = session.output[Stream.COMBINED]
-            shown, cut, end = self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
+            shown, cut, end = await self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
             self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = end
             data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
             header = ""
@@ -438,6 +438,7 @@ class ExecProcessFace:
         rows = []
         lines = []
         sessions = self.sup.list(scope)
+        await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         usages = await self.sup.usage.snapshot(sessions)
         fresh_checks = _LIST_INPUT_CHECKS
         for s in sessions:
@@ -467,7 +468,8 @@ class ExecProcessFace:
         # result cap), not a tail, so the last poll never hides the ending.
         default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
         limit = min(default if params.limit is None else params.limit, self.cfg.pending_max_chars)
-        shown, cut, end = self._read_tail(session, stream, cursor, limit)
+        shown, cut, end = await self._read_tail(session, stream, cursor, limit)
+        await self.sup.observe([session])
         self._poll_cursors.setdefault(session.id, {})[stream] = end
         data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
         if shown or cut or session.finished:
@@ -477,7 +479,7 @@ class ExecProcessFace:
             self._empty_polls[session.id] = n + 1
             data["retryInMs"] = _RETRY_STEPS_MS[min(n, len(_RETRY_STEPS_MS) - 1)]
         if self.profile.aggregated:
-            data["aggregated"] = self._aggregated(session)
+            data["aggregated"] = await self._aggregated(session)
         head = ""
         if view.size > _OFFLOAD_BYTES:
             data["logPath"] = self._where(session)
@@ -493,9 +495,9 @@ class ExecProcessFace:
             note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
         return ToolResult(head + self.profile.running_text(shown, note + "]"), data)
 
-    def _aggregated(self, session: Session) -> str:
+    async def _aggregated(self, session: Session) -> str:
         """The output so far as OpenClaw's ``aggregated`` holds it: its newest ``resultMaxChars``."""
-        return self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)[0]
+        return (await self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars))[0]
 
     async def _log(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
@@ -517,7 +519,7 @@ class ExecProcessFace:
         # keeps its end (the text before it is cut), with an offset it keeps its start.
         keep_end = params.offset is None
         window = self.cfg.result_max_chars * _TAIL_WINDOW_FACTOR
-        lines = view.read_lines(first, count, max_bytes=window, keep_end=keep_end)
+        lines = await session.page_lines(stream, first, count, max_bytes=window, keep_end=keep_end)
         text = for_model(b"\n".join(lines.lines))
         shown, cut = (tail_chars if keep_end else head_chars)(text, self.cfg.result_max_chars)
         cut += lines.unread_bytes
@@ -534,7 +536,7 @@ class ExecProcessFace:
             "stream": stream.value,
         }
         if self.profile.aggregated:
-            data["aggregated"] = self._aggregated(session)
+            data["aggregated"] = await self._aggregated(session)
         parts = [shown] if shown else []
         if cut:
             advice = f"read the file {self._where(session)} or ask for fewer lines"

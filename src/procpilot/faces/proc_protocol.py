@@ -126,6 +126,8 @@ class ProcError(BaseModel):
 
 class _Response(_Message):
     error: ProcError | None = None
+    # Beyond spec 003: on a cluster, the Ray node id the process runs on (absent on one host).
+    node: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -232,11 +234,15 @@ class ProcConfig(BaseModel):
 LOG_PAGE = 256 * 1024
 
 
-def _log_error(rid: Any, code: str, message: str) -> dict[str, Any]:
-    return {"type": "proc/log/resp", "id": rid, "error": {"code": code, "message": message, "hints": {}}}
+def _log_error(rid: Any, code: str, message: str, hints: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"type": "proc/log/resp", "id": rid, "error": {"code": code, "message": message, "hints": hints or {}}}
 
 
 EventCallback = Callable[[dict[str, Any]], None]
+
+
+def _node(node: str | None) -> dict[str, Any]:
+    return {} if node is None else {"node": node}
 
 
 def _error(code: str, message: str, hints: dict[str, str] | None = None) -> ProcError:
@@ -298,7 +304,7 @@ class ProcHandler:
 
     # -- the daemon's additions to spec 003 (plain dicts: the spec has no models for them) --------
 
-    def log_page(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    async def log_page(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """``proc/log/req {proc_id, stream_type, offset, limit}``: a byte range of a process's
         output from its log (at most ``LOG_PAGE`` bytes, never ending inside a character)."""
         rid = request.get("id")
@@ -312,7 +318,10 @@ class ProcHandler:
             session = self.sup.get(self.scope, proc_id)
         except SessionNotFound:
             return _log_error(rid, "unknown_proc", f"no process {proc_id!r}")
-        result = session.output[Stream(name)].read(max(0, offset), max(0, min(limit, LOG_PAGE)))
+        try:
+            result = await session.page(Stream(name), max(0, offset), max(0, min(limit, LOG_PAGE)))
+        except ProcpilotError as exc:  # on a cluster: the node holding the log is gone
+            return _log_error(rid, exc.proc_code(), exc.message, exc.hints)
         data = result.data
         if result.end < result.total:
             data = data[: complete_utf8_prefix(data)]
@@ -327,7 +336,7 @@ class ProcHandler:
             "size": result.total,
             "dropped_bytes": result.dropped,
             "finished": session.finished,
-        }
+        } | _node(session.node)
 
     def exit_event(self, info: ExitInfo) -> dict[str, Any]:
         """``proc/exit/event``: how a process ended, after its last output event."""
@@ -338,7 +347,7 @@ class ProcHandler:
             "exit_code": info.exit_code,
             "exit_signal": info.exit_signal,
             "duration_ms": info.duration_ms,
-        }
+        } | _node(info.node)
 
     def exited_already(self, proc_id: str) -> ExitInfo | None:
         """The exit of a process that ended before anyone listened (an instant failure), if so."""
@@ -382,9 +391,9 @@ class ProcHandler:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
             resp = resp_model(id=request_id if isinstance(request_id, str) else None)
             resp.error = _error("invalid_request", f"invalid {kind}: {problems}")
-            return resp.model_dump(mode="json")
+            return resp.model_dump(mode="json", exclude={"node"})
         response = await self.dispatch(parsed)
-        return response.model_dump(mode="json")
+        return response.model_dump(mode="json", exclude=None if response.node else {"node"})
 
     async def dispatch(self, request: _Message) -> _Response:
         """Answer a parsed request (the typed entry point; :meth:`handle` is the dict one)."""
@@ -455,7 +464,12 @@ class ProcHandler:
         self._mine.add(session.id)
         self._attach(session)
         return ProcSpawnResponse(
-            id=req.id, session_id=req.session_id, proc_id=session.id, pid=session.pid, state=proc_state(session)
+            id=req.id,
+            session_id=req.session_id,
+            proc_id=session.id,
+            pid=session.pid,
+            state=proc_state(session),
+            node=session.node,
         )
 
     def _running(self, proc_id: str) -> bool:
@@ -475,7 +489,10 @@ class ProcHandler:
         self._pumps[session.id] = pump
         # Whatever is there already (nothing, as spawn returns before the loop reads a pipe; but a
         # queued session, or a future engine change, may differ): per stream, from offset 0 ...
-        backlog = [(stream, session.output[stream].read(0).data) for stream in (Stream.STDOUT, Stream.STDERR)]
+        # At most the pump's budget of each: past it nothing more is pushed anyway, and reading a
+        # whole capped stream (an index walk per switch of streams) would hold the event loop.
+        budget = pump.budget
+        backlog = [(stream, session.output[stream].read(0, budget).data) for stream in (Stream.STDOUT, Stream.STDERR)]
         # ... then every chunk from now on, in the same loop step: nothing in between, nothing twice.
         pump.unsubscribe = session.output.subscribe(lambda stream, data: self._on_output(pump, stream, data))
         for stream, data in backlog:
@@ -541,9 +558,14 @@ class ProcHandler:
                 proc_id=req.proc_id,
                 stdin_closed=True,
                 error=_error("stdin_closed", exc.message, exc.hints),
+                node=session.node,
             )
         return ProcWriteResponse(
-            id=req.id, proc_id=req.proc_id, bytes_written=written, stdin_closed=not session.stdin_open
+            id=req.id,
+            proc_id=req.proc_id,
+            bytes_written=written,
+            stdin_closed=not session.stdin_open,
+            node=session.node,
         )
 
     async def _kill(self, req: ProcKillRequest) -> ProcKillResponse:
@@ -566,6 +588,7 @@ class ProcHandler:
             signal_sent=session.signal_sent or req.signal,
             state=proc_state(session),
             exit_code=session.exit_code,
+            node=session.node,
         )
 
     def _status(self, req: ProcStatusRequest) -> ProcStatusResponse:
@@ -580,4 +603,5 @@ class ProcHandler:
             duration_ms=session.duration_ms,
             reason=session.error,
             output_dropped=session.output[Stream.COMBINED].lost,
+            node=session.node,
         )

@@ -147,7 +147,11 @@ def serve(
         bool, typer.Option(help="Take every running session over from the daemon already on this state dir.")
     ] = False,
     keep_sessions: Annotated[
-        bool, typer.Option(help="On SIGTERM/SIGINT leave running sessions to the next server (SIGUSR2 always does).")
+        bool,
+        typer.Option(
+            help="On SIGTERM/SIGINT leave running sessions to the next server (SIGUSR2 always does; SIGHUP"
+            " does and re-execs the daemon in place)."
+        ),
     ] = False,
 ) -> None:
     """Run the daemon: REST, WebSocket, server-sent events and MCP for many agents, one supervisor."""
@@ -165,10 +169,14 @@ def serve(
         overrides["server"] = server
     if state_dir is not None:
         overrides["state_dir"] = state_dir
-    try:
-        settings = load_settings(
+
+    def settings_now() -> Settings:
+        return load_settings(
             config, None, **overrides, **_workspace(workspace), **_tool_choice(tool_names, tools, profile)
         )
+
+    try:
+        settings = settings_now()
     except ProcpilotError as exc:
         _fail(exc, 2)
 
@@ -194,7 +202,13 @@ def serve(
     try:
         asyncio.run(
             run_daemon(
-                settings, open_agent=agent, tcp=tcp, announce=announce, keep_sessions=keep_sessions, takeover=takeover
+                settings,
+                open_agent=agent,
+                tcp=tcp,
+                announce=announce,
+                keep_sessions=keep_sessions,
+                takeover=takeover,
+                recheck=settings_now,  # before a SIGHUP re-exec: the new image must be able to start
             )
         )
     except ProcpilotError as exc:

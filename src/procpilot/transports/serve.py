@@ -2,9 +2,11 @@
 
 ``serve`` binds the sockets itself (so port 0 and a Unix socket work together under one uvicorn
 server and one app lifespan), prints where it listens, writes ``<state_dir>/daemon.json`` for the
-CLI to find it, and on SIGTERM/SIGINT/SIGHUP/SIGQUIT: closes the streams clients hold open,
+CLI to find it, and on SIGTERM/SIGINT/SIGQUIT: closes the streams clients hold open,
 forwards the signal to every session tree (SIGKILL after the grace period), stops serving, and
 returns only when every tree is gone. Connections still open after the grace period (plus 5 s) are cut.
+SIGUSR2 leaves the sessions running to the next server instead; SIGHUP does too, and runs the
+daemon again in this process (reexec.py), unless it came from a terminal that hung up.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from procpilot.contract import ToolSpec
 from procpilot.engine.events import EventBus
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ServeRefused
+from procpilot.transports.reexec import Reload, inherited_listeners
 
 if TYPE_CHECKING:
     from procpilot.policy.gate import Gate
@@ -190,13 +193,21 @@ def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervis
     return handler
 
 
-def bind_listeners(server: ServerSettings, *, tcp: bool) -> tuple[list[socket.socket], DaemonAddress]:
-    """Listen on TCP (unless ``tcp`` is False) and the Unix socket the settings name."""
+def bind_listeners(
+    server: ServerSettings, *, tcp: bool, inherited: tuple[socket.socket | None, socket.socket | None] = (None, None)
+) -> tuple[list[socket.socket], DaemonAddress]:
+    """Listen on TCP (unless ``tcp`` is False) and the Unix socket the settings name, or go on
+    listening on the ``inherited`` ones (TCP, Unix) a previous image of the daemon bound."""
     sockets: list[socket.socket] = []
     url = None
     path = None
+    inherited_inet, inherited_unix = inherited
     try:
-        if tcp:
+        if inherited_inet is not None:
+            sockets.append(inherited_inet)
+            host, port = inherited_inet.getsockname()[:2]
+            url = f"http://[{host}]:{port}" if inherited_inet.family == socket.AF_INET6 else f"http://{host}:{port}"
+        elif tcp:
             family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
             # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only when it is said.
             inet = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -208,7 +219,10 @@ def bind_listeners(server: ServerSettings, *, tcp: bool) -> tuple[list[socket.so
             port = inet.getsockname()[1]
             host = f"[{server.host}]" if family == socket.AF_INET6 else server.host
             url = f"http://{host}:{port}"
-        if server.unix_socket is not None:
+        if inherited_unix is not None:
+            sockets.append(inherited_unix)
+            path = str(server.unix_socket)
+        elif server.unix_socket is not None:
             path = str(server.unix_socket)
             _remove_stale_socket(path)
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -294,6 +308,7 @@ async def serve_until_signal(
     *,
     prepare: Callable[[], Awaitable[None]] | None = None,
     keep: bool = False,
+    reload: Reload | None = None,
 ) -> int:
     """Run ``serve`` until it returns or a shutdown signal comes; returns the signal (0 if none).
 
@@ -305,36 +320,51 @@ async def serve_until_signal(
 
     SIGUSR2, and with ``keep`` every way of stopping (a signal, or ``serve`` returning: a stdio
     client that went away), leaves the running sessions to the next server instead
-    (``Supervisor.detach``; where no holder keeps them, they end as before).
+    (``Supervisor.detach``; where no holder keeps them, they end as before); so does the SIGHUP
+    that asks ``reload`` (the daemon's) for a re-exec. With ``reload``, signals caught before this
+    was called are acted on now, and those after a re-exec was asked for are kept for the new image.
     """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(serve())
     received: list[int] = []
     stopping: list[asyncio.Future[None]] = []
+    reexec = reload is not None and reload.asked
 
     async def shut_down(sig: int) -> None:
         if prepare is not None:
             await prepare()
-        if keep or sig == HANDOVER_SIGNAL:
+        if keep or sig == HANDOVER_SIGNAL or reexec:
             await sup.detach()
         else:
             await sup.aclose(sig)
 
     def on_signal(sig: int) -> None:
+        nonlocal reexec
         if received:
+            if reexec and reload is not None and sig not in reload.later:
+                reload.later.append(sig)  # for the new image: this one is past acting on it
+            return
+        answer = "stop" if reload is None else reload.answer(sig)
+        if answer == "ignore":
             return
         received.append(sig)
+        reexec = answer == "reexec"
         stopping.append(asyncio.ensure_future(shut_down(sig)))
         (stop or task.cancel)()
 
     for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
         loop.add_signal_handler(sig, on_signal, sig)
+    for early in reload.early if reload is not None else []:
+        on_signal(early)
     try:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     finally:
         for sig in (*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL):
-            loop.remove_signal_handler(sig)
+            # Before a re-exec every signal stays caught (see Reload): a default action now would
+            # end the process before the new image runs.
+            if not reexec:
+                loop.remove_signal_handler(sig)
         for future in stopping:
             with contextlib.suppress(Exception):
                 await future
@@ -352,22 +382,34 @@ async def serve(
     announce: Callable[[DaemonAddress], None] | None = None,
     keep_sessions: bool = False,
     takeover: bool = False,
+    recheck: Callable[[], Settings] | None = None,
 ) -> int:
     """Serve until a shutdown signal; returns the signal number that stopped it (0 if none).
 
     SIGUSR2 (and, with ``keep_sessions``, every shutdown signal) stops serving but leaves each
     running session to the next server on this state directory. ``takeover`` first asks the
-    daemon that runs there (daemon.json) to do just that, and waits for it to go."""
+    daemon that runs there (daemon.json) to do just that, and waits for it to go. SIGHUP hands
+    everything over the same way and runs this command line again in this process (reexec.py),
+    never returning; from a terminal that hung up it ends every session as before. ``recheck``
+    loads the configuration as the command line does: a SIGHUP while it fails changes nothing."""
     import uvicorn
 
     from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
+    def startable() -> None:  # what a new image checks first: a config that loads and a binding it allows
+        if recheck is not None:
+            check_binding(recheck().server, tcp=tcp)
+
+    reload = Reload(startable)
+    reload.catch_early((*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL))
     check_binding(settings.server, tcp=tcp)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    if takeover:
+    inherited = inherited_listeners(settings.server, tcp=tcp)
+    if takeover and inherited == (None, None):  # a re-exec'd daemon takes over from nobody
         await asyncio.to_thread(_take_over, daemon_file(settings))
-    sockets, address = bind_listeners(settings.server, tcp=tcp)
+    sockets, address = bind_listeners(settings.server, tcp=tcp, inherited=inherited)
+    reload.sockets = sockets
     marker = daemon_file(settings)
     stopped_by = 0
     try:
@@ -402,16 +444,21 @@ async def serve(
                 lambda: setattr(server, "should_exit", True),
                 prepare=daemon.begin_shutdown,
                 keep=keep_sessions,
+                reload=reload,
             )
     finally:
         for sock in sockets:
             sock.close()
-        if address.unix_socket:
+        if not reload.asked:  # a re-exec keeps listening there, and daemon.json stays true
+            if address.unix_socket:
+                with contextlib.suppress(OSError):
+                    os.unlink(address.unix_socket)
             with contextlib.suppress(OSError):
-                os.unlink(address.unix_socket)
-        with contextlib.suppress(OSError):
-            if json.loads(marker.read_text()).get("pid") == os.getpid():
-                marker.unlink()
+                if json.loads(marker.read_text()).get("pid") == os.getpid():
+                    marker.unlink()
+    if reload.asked:
+        logging.getLogger(__name__).warning("SIGHUP: every session handed over; running again")
+        reload.run()
     return stopped_by
 
 
@@ -421,6 +468,8 @@ def _take_over(marker: Path) -> None:
         pid = int(json.loads(marker.read_text())["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return  # nobody to take over from: a plain start
+    if pid == os.getpid():
+        return  # our own previous image (a re-exec): it has handed over already
     try:
         os.kill(pid, HANDOVER_SIGNAL)
     except ProcessLookupError:

@@ -339,7 +339,7 @@ class Console:
             session = self._session(request)
             limit = _int_param(request, "limit", console_view.CHUNK, 1, console_view.PAGE_MAX)
             offset = _int_param(request, "offset", -1, -1, 1 << 62)
-            page = console_view.log_page(session, request.query_params.get("stream", "combined"), offset, limit)
+            page = await console_view.log_page(session, request.query_params.get("stream", "combined"), offset, limit)
         except ProcpilotError as exc:
             return _json(exc.to_dict(), exc.http_status)
         return _json({**page, "data": base64.b64encode(page["data"]).decode()})

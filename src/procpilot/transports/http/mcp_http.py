@@ -39,10 +39,12 @@ if TYPE_CHECKING:
 
 class _ScopedBus:
     """A subscriptions/listen bus that hears each listener's agent: a session's resource-updated
-    event reaches only the listen streams of the agent that owns the session."""
+    event reaches only the listen streams of the agent that owns the session. A new listener is
+    first told what its agent missed (``missed(agent)``: exits while no server ran)."""
 
-    def __init__(self) -> None:
+    def __init__(self, missed: Callable[[str], list[Any]]) -> None:
         self._listeners: dict[object, tuple[str | None, Callable[[Any], None]]] = {}
+        self._missed = missed
 
     async def publish(self, event: Any) -> None:
         self.publish_to(None, event)
@@ -58,7 +60,14 @@ class _ScopedBus:
 
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         key = object()
-        self._listeners[key] = (current_agent.get(), listener)
+        agent = current_agent.get()
+        self._listeners[key] = (agent, listener)
+        # The SDK buffers what a listener is given before its acknowledgement, and sends it after.
+        for event in self._missed(agent) if agent is not None else []:
+            try:
+                listener(event)
+            except Exception:
+                _log.exception("subscription listener failed")
 
         def unsubscribe() -> None:
             self._listeners.pop(key, None)
@@ -89,7 +98,7 @@ class _McpFace:
         from procpilot.transports.mcp import build_mcp_server
 
         self.daemon = daemon
-        self.bus = _ScopedBus()
+        self.bus = _ScopedBus(self._missed)
         self._legacy: dict[str, list[tuple[str, Any]]] = {}
         self._legacy_prune_at = 256
         wrapped = [self._wrap(spec) for spec in tools]
@@ -202,6 +211,11 @@ class _McpFace:
         return EmptyResult()
 
     # -- notifications --
+
+    def _missed(self, agent: str) -> list[Any]:
+        from mcp.shared.subscriptions import ResourceUpdated
+
+        return [ResourceUpdated(uri=f"proc://{info.session_id}") for info in self.daemon.sup.outage_exits(agent)]
 
     def session_ended(self, info: ExitInfo) -> None:
         from mcp.shared.subscriptions import ResourceUpdated

@@ -157,7 +157,7 @@ class ProcConnection:
     async def _handle(self, request: dict[str, Any]) -> None:
         try:
             if request.get("type") == "proc/log/req":
-                response = self.handler.log_page(request)
+                response = await self.handler.log_page(request)
             else:
                 response = await self.handler.handle(request)
                 if response.get("type") == "proc/spawn/resp" and response.get("proc_id") and not response.get("error"):
@@ -176,6 +176,10 @@ class ProcConnection:
     async def run(self, closing: asyncio.Event) -> None:
         unsubscribe = self.handler.subscribe(self.push)
         remove_exit = self.daemon.sup.on_exit(self.on_exit)  # after the handler's: its last events go first
+        # Exits of the agent's sessions that ended while no server ran: told to nobody yet, so to
+        # every connection (a client that spawned them on a connection of the last server).
+        for info in self.daemon.sup.outage_exits(self.agent):
+            self._queue(self.handler.exit_event(info))
         read_task = asyncio.ensure_future(self.reader())
         write_task = asyncio.ensure_future(self.writer())
         close_task = asyncio.ensure_future(closing.wait())

@@ -239,9 +239,9 @@ class Daemon:
         queue = _EventQueue()
         entry = (agent, queue)
         self._queues.add(entry)
-        # What ended while no server ran was told to nobody: the agent's first stream hears it.
-        for info in self.sup.take_outage_exits(agent):
-            queue.put("exit", exit_event(info))
+        # What ended while no server ran was told to nobody: every stream of the agent hears it.
+        for info in self.sup.outage_exits(agent):
+            queue.put("exit", exit_event(info, profile_for(self.settings)))
 
         async def stream() -> AsyncIterator[bytes]:
             counter = 0
