@@ -19,7 +19,6 @@ from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import (
-    JOIN_WAIT,
     CgroupTrees,
     ScanTrees,
     hold_instance,
@@ -164,41 +163,3 @@ async def test_a_live_supervisors_directories_are_left_alone(settings: Settings)
                 fake.rmdir()
         assert s.is_running and backend.root.exists()
         await first.kill(A, s.id, wait=None)
-
-
-async def test_an_rmdir_waits_for_a_join_in_flight_but_not_for_ever(settings: Settings) -> None:
-    """A cgroup join holds the kernel's cgroup mutex (through an RCU grace period, after idle):
-    an rmdir on the event loop meanwhile would stall every call. So a session's cgroup is
-    removed once no join is in flight, or after JOIN_WAIT at the latest."""
-    async with Supervisor(settings, warm_shells=0) as sup:
-        backend = sup._tree_backend
-        if not isinstance(backend, CgroupTrees):
-            pytest.skip("the tree backend here is not cgroup v2")
-        ended, joining, never = (f"test-{name}" for name in ("ended", "joining", "never"))
-        backend.prepare(ended)
-        join_line = backend.prepare(joining)
-        assert join_line is not None and backend.join_pending()
-        backend.release(ended)
-        assert (backend.root / ended).is_dir()  # left for later: a join is in flight
-        member = subprocess.Popen(["/bin/sh", "-c", f"{join_line}; exec sleep 30"])
-        try:
-            for _ in range(500):
-                if not backend.join_pending():
-                    break
-                await asyncio.sleep(0.01)
-            assert not backend.join_pending()
-            await asyncio.sleep(0.05)
-            assert not (backend.root / ended).exists()
-            # A cgroup nobody ever joins holds an rmdir back for JOIN_WAIT, no longer.
-            backend.prepare(never)
-            backend.prepare(ended)
-            backend.release(ended)
-            assert (backend.root / ended).is_dir()
-            await asyncio.sleep(JOIN_WAIT + 0.1)
-            assert not (backend.root / ended).exists()
-            backend.release(never)
-        finally:
-            member.kill()
-            member.wait()
-            await asyncio.sleep(0.05)
-            backend.release(joining)

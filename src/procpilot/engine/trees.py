@@ -16,12 +16,10 @@ Both also reap adopted orphans (we are their parent now) so no zombie is left be
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import errno
 import fcntl
-import functools
 import os
 import platform
 import re
@@ -33,8 +31,6 @@ from pathlib import Path
 from typing import Protocol
 
 __all__ = [
-    "JOIN_POLL",
-    "JOIN_WAIT",
     "MARKER_ENV",
     "SUPERVISOR_ENV",
     "AdoptedScanTrees",
@@ -57,10 +53,6 @@ MARKER_ENV = "PROCPILOT_SESSION"
 # test suite beside a live daemon, tell one supervisor's processes from another's.
 SUPERVISOR_ENV = "PROCPILOT_SUPERVISOR"
 _PR_SET_CHILD_SUBREAPER = 36
-# How often, and how long at most, an rmdir (or a warm shell's refill) waits for a cgroup join
-# in flight to finish (CgroupTrees.join_pending): a join that takes longer is not waited for.
-JOIN_POLL = 0.002
-JOIN_WAIT = 0.1
 
 
 class TreeBackend(Protocol):
@@ -81,9 +73,6 @@ class TreeBackend(Protocol):
 
     def release(self, session_id: str) -> None:
         """Forget the session (its tree must be empty)."""
-
-    def join_pending(self) -> bool:
-        """Whether a process may be joining one of this backend's groups right now (see CgroupTrees)."""
 
     def close(self) -> None:
         """Forget everything this backend created."""
@@ -210,9 +199,6 @@ class ScanTrees:
     def release(self, session_id: str) -> None:
         return None
 
-    def join_pending(self) -> bool:
-        return False
-
     def close(self) -> None:
         return None
 
@@ -243,8 +229,6 @@ class CgroupTrees:
         self._root = str(root)
         self.subreaper = _set_subreaper()
         self._hold = hold_instance(root)
-        # Sessions whose cgroup was made and whose first process has not been seen in it yet.
-        self._joining: set[str] = set()
 
     def _dir(self, session_id: str) -> str:
         return f"{self._root}/{session_id}"
@@ -253,27 +237,7 @@ class CgroupTrees:
         path = self._dir(session_id)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path)
-        self._joining.add(session_id)
         return f'echo $$ > "{path}/cgroup.procs" || exit 125'
-
-    def join_pending(self) -> bool:
-        """Whether a process may be joining one of our cgroups right now.
-
-        A join (``echo $$ > cgroup.procs``) holds the kernel's cgroup mutex and takes the
-        threadgroup lock for writing, which waits for an RCU grace period unless a migration
-        happened moments ago (8-20 ms here). Meanwhile every fork on the host and every cgroup
-        mkdir and rmdir blocks: done on the event loop (a warm shell's refill, the rmdir of a
-        session that ended) it stalls every call for as long. So those wait until this is False.
-        A cgroup is joined once ``cgroup.events`` says populated (reading it takes neither lock)."""
-        for session_id in list(self._joining):
-            try:
-                with open(f"{self._root}/{session_id}/cgroup.events", "rb") as f:
-                    joined = b"populated 1" in f.read()
-            except OSError:
-                joined = True  # gone: nothing joins it
-            if joined:
-                self._joining.discard(session_id)
-        return bool(self._joining)
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
         try:
@@ -298,19 +262,7 @@ class CgroupTrees:
         # (The leader may not have joined yet either: killed before its first instruction.)
         return _signal_pids(first, sig) + _signal_pids(members - set(first), sig)
 
-    def release(self, session_id: str, *, waited: float = 0.0) -> None:
-        self._joining.discard(session_id)
-        if waited < JOIN_WAIT and self.join_pending():
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                pass
-            else:  # later: the rmdir would wait for another session's join, on the loop
-                loop.call_later(JOIN_POLL, functools.partial(self.release, session_id, waited=waited + JOIN_POLL))
-                return
-        self._remove(session_id)
-
-    def _remove(self, session_id: str) -> None:
+    def release(self, session_id: str) -> None:
         path = self._dir(session_id)
         for _ in range(50):
             try:
@@ -334,7 +286,7 @@ class CgroupTrees:
             if child.is_dir():
                 with contextlib.suppress(OSError):
                     (child / "cgroup.kill").write_text("1")
-                self._remove(child.name)
+                self.release(child.name)
         with contextlib.suppress(OSError):
             self.root.rmdir()
         release_instance(self._hold)

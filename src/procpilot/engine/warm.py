@@ -254,9 +254,9 @@ class WarmPool:
     def fill(self) -> None:
         """Start shells until ``size`` are waiting (not past a refusal by the OS, retried later).
 
-        It does not wait for a cgroup join in flight (trees.CgroupTrees.join_pending), although
-        its fork then waits for it on the loop: measured, waiting emptied the pool when calls
-        come back to back, and each cold start's fork waits just the same."""
+        It does not wait for a cgroup join in flight, although its fork then waits for it on the
+        loop: measured, waiting emptied the pool when calls come back to back, and each cold
+        start's fork waits just the same (docs/performance.md, "Back to back")."""
         if self._refill is not None:
             self._refill.cancel()
             self._refill = None
