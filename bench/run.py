@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from procpilot.config import load_settings
+from procpilot.engine import descriptors
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -314,10 +315,10 @@ def remove_own_cgroups() -> int:
     return len(left)
 
 
-def raise_nofile() -> tuple[int, int]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def raise_nofile(sessions: int) -> tuple[int, int]:
+    """As a server does at start (engine/descriptors.py): room for ``sessions`` running sessions,
+    and as many raw ``Popen``s with three pipes each (the baseline runs after them, never beside)."""
+    descriptors.raise_for(sessions)
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
@@ -886,7 +887,30 @@ def kill_raw_sleeps(procs: list[subprocess.Popen[bytes]]) -> None:
     reap_adopted_children()
 
 
-async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children) -> None:
+def raw_many(children: Children, n: int) -> dict[str, tuple[float, str]]:
+    """The baseline of the concurrency row: Popen with three pipes and a new session each, then
+    killpg + wait; per metric of the row, its value and its text."""
+    gc.collect()
+    rss0, fds0 = rss(), open_fds()
+    t0 = time.perf_counter()
+    raw = spawn_raw_sleeps(children, n)
+    started = time.perf_counter() - t0
+    time.sleep(0.2)
+    rss1, fds1 = rss(), open_fds()
+    procs = processes_in_sessions({p.pid for p in raw})
+    t0 = time.perf_counter()
+    kill_raw_sleeps(raw)
+    killed = time.perf_counter() - t0
+    return {
+        "start all": (started, f"{started:.2f} s"),
+        "sessions running / processes": (0.0, f"{n} / {procs}"),
+        "RSS growth": (max(1, rss1 - rss0), fmt_mib(rss1 - rss0)),
+        "open fds added": (fds1 - fds0, f"{fds1 - fds0:,}"),
+        "kill all + reap (aclose / killpg)": (killed, f"{killed:.2f} s"),
+    }
+
+
+async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children, *, with_raw: bool = True) -> None:
     n = sizes.sessions
     bench = f"4. {n} x sleep 60"
     me = psutil.Process()
@@ -921,36 +945,25 @@ async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children)
     await asyncio.sleep(0.05)
     survivors = processes_with_marker(ids)
 
-    # Baseline: Popen with three pipes and a new session each, then killpg + wait.
-    gc.collect()
-    b_rss0, b_fds0 = rss(), open_fds()
-    t0 = time.perf_counter()
-    raw = spawn_raw_sleeps(children, n)
-    b_start = time.perf_counter() - t0
-    await asyncio.sleep(0.2)
-    b_rss1, b_fds1 = rss(), open_fds()
-    b_procs = processes_in_sessions({p.pid for p in raw})
-    t0 = time.perf_counter()
-    kill_raw_sleeps(raw)
-    b_kill = time.perf_counter() - t0
-
-    out.add(bench, "start all", f"{t_start:.2f} s", f"{b_start:.2f} s", f"{t_start / b_start:.2f}x")
-    out.add(bench, "sessions running / processes", f"{running} / {procs}", f"{n} / {b_procs}")
-    out.add(
-        bench,
-        "RSS growth",
-        fmt_mib(rss1 - rss0),
-        fmt_mib(b_rss1 - b_rss0),
-        f"{(rss1 - rss0) / max(1, b_rss1 - b_rss0):.2f}x",
-    )
-    out.add(
-        bench, "open fds added", f"{fds1 - fds0:,}", f"{b_fds1 - b_fds0:,}", f"{(fds1 - fds0) / (b_fds1 - b_fds0):.2f}x"
-    )
+    ours = {
+        "start all": (t_start, f"{t_start:.2f} s"),
+        "sessions running / processes": (0.0, f"{running} / {procs}"),
+        "RSS growth": (rss1 - rss0, fmt_mib(rss1 - rss0)),
+        "open fds added": (fds1 - fds0, f"{fds1 - fds0:,}"),
+        "kill all + reap (aclose / killpg)": (t_kill, f"{t_kill:.2f} s"),
+    }
+    base = raw_many(children, n) if with_raw else {}
+    for metric, (value, text) in ours.items():
+        if metric not in base:
+            out.add(bench, metric, text)
+            continue
+        b_value, b_text = base[metric]
+        ratio = f"{value / b_value:.2f}x" if b_value and metric != "sessions running / processes" else ""
+        out.add(bench, metric, text, b_text, ratio)
     out.add(bench, "supervisor RSS with all running", fmt_mib(rss1), "", "", "≤ 200 MiB", verdict(rss1 <= 200 << 20))
     out.add(bench, "threads added", f"{threads1 - threads0}", "0")
     out.add(bench, "Supervisor.list(scope): median", fmt_ms(statistics.median(list_walls)))
     out.add(bench, "process tool list (face): median", fmt_ms(statistics.median(face_walls)))
-    out.add(bench, "kill all + reap (aclose / killpg)", f"{t_kill:.2f} s", f"{b_kill:.2f} s", f"{t_kill / b_kill:.2f}x")
     out.add(
         bench,
         "sessions KILLED / survivors",
@@ -1090,10 +1103,10 @@ def bench_isolation(root: Path, out: Results) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
-BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation", "kept")
+BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation", "kept", "openclaw")
 # "many" runs first, in a young heap: later, memory freed by earlier benchmarks would be reused and
 # hide the sessions' own RSS. The table is printed in the numbered order all the same.
-RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation", "kept")
+RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation", "kept", "openclaw")
 
 
 # -- 7. per-call cost with many finished sessions kept -------------------------------------------
@@ -1130,6 +1143,92 @@ async def bench_kept(root: Path, sizes: Sizes, out: Results) -> None:
     out.note(7, "kept: the tools procpilot serve builds (policy, gate, exec face); the ratio column is last / first")
 
 
+# -- 8. OpenClaw's exec tool as a peer -------------------------------------------------------------
+
+OPENCLAW_DIR_ENV = "PROCPILOT_BENCH_OPENCLAW"  # a directory holding node_modules/openclaw
+NODE_ENV = "PROCPILOT_BENCH_NODE"  # a Node >= 24 binary (default: node on PATH)
+OPENCLAW_SCRIPT = Path(__file__).with_name("openclaw_exec.mjs")
+
+
+def openclaw_setup() -> tuple[str, Path] | str:
+    """(node, install dir) of an OpenClaw the bench can run, or why it cannot."""
+    where = os.environ.get(OPENCLAW_DIR_ENV)
+    if not where:
+        return f"{OPENCLAW_DIR_ENV} is not set (bench/README.md says how to install OpenClaw for it)"
+    install = Path(where)
+    if not (install / "node_modules" / "openclaw" / "package.json").is_file():
+        return f"no node_modules/openclaw under {install}"
+    node = os.environ.get(NODE_ENV) or shutil.which("node")
+    if node is None:
+        return "no node on PATH (OpenClaw needs Node >= 24)"
+    try:
+        version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{node} --version failed: {exc}"
+    major = int(version.strip().lstrip("v").split(".")[0] or 0)
+    if major < 24:
+        return f"{node} is Node {version.strip()}; OpenClaw needs >= 24 (set {NODE_ENV})"
+    return node, install
+
+
+async def bench_openclaw(root: Path, sizes: Sizes, out: Results) -> None:
+    """OpenClaw's real exec tool, in-process in Node, beside procpilot's exec tool in-process and
+    the raw baseline, back to back and after the same idle gap."""
+    bench = "8. OpenClaw exec tool (in-process)"
+    found = openclaw_setup()
+    if isinstance(found, str):
+        out.add(bench, "skipped", found)
+        return
+    node, install = found
+    n, idle_n = sizes.exec_calls // 2, sizes.idle_calls
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [node, str(OPENCLAW_SCRIPT), str(install), str(n), str(idle_n), str(int(EXEC_IDLE * 1000))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=root,
+    )
+    if done.returncode != 0:
+        out.add(bench, "failed", done.stderr.strip().splitlines()[-1][:100] if done.stderr.strip() else "no output")
+        return
+    peer = json.loads(done.stdout.strip().splitlines()[-1])
+    async with supervisor(root, "peer") as sup:
+        exec_tool = exec_process_tools(sup)[0]
+
+        async def raw() -> None:
+            subprocess.run(["/bin/sh", "-c", "true"], check=True)  # noqa: ASYNC221 - the baseline
+
+        async def face() -> None:
+            result = await exec_tool.call({"command": "true"}, "b")
+            assert not result.is_error, result.text
+
+        methods = {"raw": raw, "face": face}
+        passes = {
+            "back to back": (await interleaved(methods, n, warmup=10), "exec", "raw"),
+            f"after {EXEC_IDLE * 1000:.0f} ms idle": (
+                await interleaved(methods, idle_n, warmup=2, idle=EXEC_IDLE),
+                "idle_exec",
+                "idle_raw",
+            ),
+        }
+    ms = 1e-3  # the Node script reports milliseconds
+    for pattern, (res, peer_key, peer_raw) in passes.items():
+        raw_med = statistics.median(res["raw"][0])
+        theirs = statistics.median(peer[peer_key]) * ms
+        ours = statistics.median(res["face"][0])
+        out.compare(bench, f"{pattern}: OpenClaw {peer['version']} exec true, median", theirs, raw_med, fmt_ms)
+        out.compare(bench, f"{pattern}: procpilot exec tool, median", ours, raw_med, fmt_ms)
+        node_raw = statistics.median(peer[peer_raw]) * ms
+        out.add(bench, f"{pattern}: Node spawnSync sh -c true, median", fmt_ms(node_raw))
+    out.note(
+        8,
+        f"OpenClaw: createExecTool({{}}).execute() in Node {peer['node']} (bench/openclaw_exec.mjs), then procpilot's "
+        "exec tool and the raw baseline interleaved in this process; both tools' ratios are against that baseline",
+    )
+
+
 async def settle() -> None:
     """Between benchmarks: flush what the last one left to the disk, so it does not stall the next."""
     gc.collect()
@@ -1153,10 +1252,11 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
         "exec": lambda: bench_exec(root, sizes, out),
         "mcp": lambda: bench_mcp(root, sizes, out, children),
         "output": lambda: bench_output(root, sizes, out, children),
-        "many": lambda: bench_many(root, sizes, out, children),
+        "many": lambda: bench_many(root, sizes, out, children, with_raw=not args.no_raw),
         "latency": lambda: bench_latency(root, sizes, out, children),
         "isolation": lambda: asyncio.to_thread(bench_isolation, root, out),
         "kept": lambda: bench_kept(root, sizes, out),
+        "openclaw": lambda: bench_openclaw(root, sizes, out),
     }
     try:
         for i, name in enumerate(chosen, 1):
@@ -1177,8 +1277,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in well under 30 s")
     parser.add_argument("--only", default=",".join(BENCHES), help="comma-separated subset of " + ",".join(BENCHES))
     parser.add_argument("--sessions", type=int, help="concurrent sessions in the 'many' benchmark (default 1,000)")
+    parser.add_argument(
+        "--no-raw", action="store_true", help="'many' without its raw baseline (under emulation: only counts compare)"
+    )
     args = parser.parse_args()
-    soft, _ = raise_nofile()
+    soft, _ = raise_nofile(args.sessions or Sizes.pick(args.quick).sessions)
     out = Results()
     children = Children()
     root = Path(tempfile.mkdtemp(prefix="procpilot-bench-", dir="/tmp"))

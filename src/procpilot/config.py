@@ -143,6 +143,10 @@ class ServerSettings(BaseModel):
     # once, a new one is answered 503 and closed (transports/connections.py).
     header_timeout_sec: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
     max_connections: Annotated[_Int, _clamp(16, 1_000_000)] = 4096
+    # Running sessions the server makes room for in its descriptor limit at start (4 descriptors
+    # each, and one per connection): its soft limit up to the hard one, as root the hard one too
+    # (engine/descriptors.py).
+    max_running_sessions: Annotated[_Int, _clamp(1, 200_000)] = 10_000
 
     @property
     def loopback_only(self) -> bool:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from pathlib import Path
 
+import pytest
+
+from procpilot.engine import segments
 from procpilot.engine.capture import SegmentedLog, SessionOutput, Stream, Utf8ChunkDecoder
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -149,3 +153,29 @@ async def test_a_200_mb_burst_loses_nothing(settings, tmp_path: Path) -> None:  
         assert s.output[Stream.COMBINED].size == 200_000_000
         assert view.total_lines == 2_500_000
         sup.clear("a", s.id)
+
+
+def test_open_log_files_are_bounded_across_sessions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions that printed once and went quiet hold no output file open: at most the table's
+    limit are, the most recently written, and a writer pushed out reopens its file on its next write."""
+    monkeypatch.setattr(segments.WRITERS, "limit", 4)
+
+    def open_in(directory: Path) -> int:
+        paths = (os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd"))
+        return sum(1 for path in paths if path.startswith(str(directory)))
+
+    outputs = [SessionOutput(tmp_path / str(i), cap_bytes=1 << 20) for i in range(10)]
+    for i, output in enumerate(outputs):
+        output.append(Stream.STDOUT, b"first %d\n" % i)
+    assert open_in(tmp_path) == 4  # two sessions' log and order index
+    for i, output in enumerate(outputs):
+        output.append(Stream.STDOUT, b"second %d\n" % i)
+        output.append(Stream.STDERR, b"err %d\n" % i)
+    assert open_in(tmp_path) <= 4
+    for i, output in enumerate(outputs):
+        assert output[Stream.STDOUT].read().data == b"first %d\nsecond %d\n" % (i, i)
+        assert output[Stream.COMBINED].read().data == b"first %d\nsecond %d\nerr %d\n" % (i, i, i)
+        assert output[Stream.STDERR].read().data == b"err %d\n" % i
+        output.mark_closed()
+    assert open_in(tmp_path) == 0
+    assert len(segments.WRITERS) == 0

@@ -458,6 +458,11 @@ def test_capabilities_endpoint_and_doctor(served: Served) -> None:
         caps = c.capabilities()
     assert {"tree_kill", "limits", "isolation", "pidfd"} <= set(caps)
     assert set(caps["limits"]) == {"mechanism", "enforced", "not_enforced", "passed_over"}
+    # The daemon made room for its sessions in its own descriptor limit, and says so.
+    fds = caps["descriptors"]
+    assert fds["raised_for_sessions"] == 10_000 and fds["per_session"] == 4
+    assert fds["soft"] == min(fds["hard"], 4 * 10_000 + 4096 + 2048)
+    assert ("note" in fds) is (fds["hard"] < 4 * 10_000 + 4096 + 2048)
     with Client(served.url, "wrong") as c, pytest.raises(Unauthorized):
         c.capabilities()
 
@@ -466,6 +471,7 @@ def test_capabilities_endpoint_and_doctor(served: Served) -> None:
     assert "Traceback" not in doctor.stderr
     assert "tree kill" in doctor.stdout and caps["tree_kill"] in doctor.stdout
     assert caps["limits"]["mechanism"] in doctor.stdout
+    assert "descriptors: soft" in doctor.stdout
     assert f"daemon reachable at {served.url}" in doctor.stdout
     as_json = json.loads(cli(served, "doctor", "--json").stdout)
     assert as_json["daemon"]["reachable"]

@@ -16,14 +16,17 @@ import enum
 import errno
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 __all__ = [
+    "WRITERS",
     "LineReads",
     "LineSlice",
+    "OpenWriters",
     "OutputView",
     "ReadResult",
     "SegmentTable",
@@ -40,6 +43,41 @@ _MAX_LOST_RANGES = 64
 _WINDOW = 64 * 1024  # bytes read at once when many small ranges are asked for together
 _EXTENT = 4 << 20  # ranges spread over at most this many bytes are read in one go
 _log = logging.getLogger(__name__)
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class OpenWriters:
+    """The output files held open for writing, across every session: the ``limit`` most recently
+    written. A session that printed once and now sleeps would otherwise hold its log's and its
+    index's descriptors for as long as it runs, half again the four it needs (stdin, stdout,
+    stderr, pidfd): the difference between 10,000 sleeping sessions fitting under a descriptor
+    limit or not. A writer pushed out reopens its file on its next write (~5 µs)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: OrderedDict[_Closable, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def touch(self, writer: _Closable) -> None:
+        """``writer`` holds a file open and just wrote to it: keep it, close the least recent."""
+        if writer in self._open:
+            self._open.move_to_end(writer)
+            return
+        self._open[writer] = None
+        while len(self._open) > self.limit:
+            oldest, _ = self._open.popitem(last=False)
+            oldest.close()
+
+    def forget(self, writer: _Closable) -> None:
+        self._open.pop(writer, None)
+
+
+WRITERS = OpenWriters(512)
 
 
 class Stream(enum.Enum):
@@ -281,6 +319,7 @@ class SegmentedLog(LineReads):
             try:
                 if index != self._fd_index or self._fd is None:
                     self._fd = self._open_segment(index)
+                WRITERS.touch(self)
                 # At its own offset, not appended: after a refused range the file has a hole
                 # there (the lost range), and later bytes still land where their offset says.
                 written = os.pwrite(self._fd, part, within)
@@ -324,9 +363,7 @@ class SegmentedLog(LineReads):
             self.close()  # reopen the segment on the next write
 
     def _open_segment(self, index: int) -> int:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self.close()
         # Segments skipped (the disk refused all their bytes) are covered by the entry before.
         if self._lines_before.reached <= index:
             self._lines_before.add(index, [self.lines])
@@ -351,6 +388,7 @@ class SegmentedLog(LineReads):
         return fd
 
     def close(self) -> None:
+        WRITERS.forget(self)  # always: the table's reference must not outlive the session
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

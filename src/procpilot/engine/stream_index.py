@@ -24,7 +24,15 @@ from collections.abc import Callable, Iterator
 from itertools import chain, islice, pairwise
 from pathlib import Path
 
-from procpilot.engine.segments import LineReads, ReadResult, SegmentedLog, SegmentTable, Stream, describe_gaps
+from procpilot.engine.segments import (
+    WRITERS,
+    LineReads,
+    ReadResult,
+    SegmentedLog,
+    SegmentTable,
+    Stream,
+    describe_gaps,
+)
 
 __all__ = ["INDEX_NAME", "OrderIndex", "StreamView"]
 
@@ -149,6 +157,7 @@ class OrderIndex:
         word = offset | (_STDERR_BIT if stream is Stream.STDERR else 0)
         try:
             fd = self._fd if self._fd is not None and self._fd_index == index else self._open(index)
+            WRITERS.touch(self)
             # At its own place, not appended: a record torn by a full disk is overwritten by the next.
             written = os.pwrite(fd, _RECORD.pack(word, self.size[Stream.STDOUT]), self._fd_size)
             if written != _RECORD.size:
@@ -179,6 +188,7 @@ class OrderIndex:
         return fd
 
     def close(self) -> None:
+        WRITERS.forget(self)
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self._fd_index, self._run = None, -1, None

@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
+from procpilot.engine import descriptors
 from procpilot.engine.adoption import Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
@@ -214,6 +215,7 @@ class Supervisor:
         write_filter: Callable[[str, Session, bytes], None] | None = None,
         warm_shells: int | None = None,
         owner: str | None = None,
+        descriptors_for: tuple[int, int] | None = None,
     ) -> None:
         # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
@@ -256,6 +258,9 @@ class Supervisor:
         # 0 starts every session cold.
         self._warm_size = self.config.warm_shells if warm_shells is None else warm_shells
         self._warm: WarmPool | None = None
+        # A server raises this process's descriptor limit at start for (running sessions, other
+        # descriptors: its connections) (engine/descriptors.py); a library caller's keeps its own.
+        self._descriptors_for = descriptors_for
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
@@ -271,6 +276,8 @@ class Supervisor:
             return self
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         check_state_format(self.config.state_dir)
+        if self._descriptors_for is not None:
+            descriptors.raise_for(*self._descriptors_for)
         held: builtins.list[HeldSession] = []
         if self.owner is not None:
             # First of all: the lock (a second live server of this owner stops here), then what the
@@ -345,6 +352,7 @@ class Supervisor:
             "isolation": isolation_capabilities(),
             "pidfd": hasattr(os, "pidfd_open"),
             "warm_shells": self.warm_shells(),
+            "descriptors": descriptors.report(),
             "state_dir": self.state_dir_space(),
             "restarts": self._restart_capability(),
             "outage_exits": self._restarts.outage_exits() if self._restarts else outage_exits(),
@@ -718,6 +726,7 @@ class Supervisor:
             tree_prepared = True
             if tree_line:
                 prelude.append(tree_line)
+            prelude += descriptors.child_lines()
             if spec.limits is not None and not spec.limits.empty:
                 limits = self._limit_backend
                 session.accounting.limit_backend = limits

@@ -749,7 +749,9 @@ async def _probe_capabilities() -> dict[str, Any]:
             settings = load_settings(None, state_dir=tmp, workspace_root=tmp)
         except ProcpilotError:  # a bad environment variable is not what doctor is asked about
             settings = load_settings(None, {}, state_dir=tmp, workspace_root=tmp)
-        async with Supervisor(settings) as sup:
+        # Sized as a server's would be: the descriptor limit it reports is the one a daemon gets here.
+        server = settings.server
+        async with Supervisor(settings, descriptors_for=(server.max_running_sessions, server.max_connections)) as sup:
             found = sup.capabilities()
     # Whether sessions outlive a server is the daemon's to say (its own holder), not this probe's.
     found.pop("restarts", None)

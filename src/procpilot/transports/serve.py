@@ -105,7 +105,13 @@ def make_supervisor(settings: Settings, *, owner: str | None = None) -> Supervis
         from procpilot.cluster.supervisor import ClusterSupervisor
 
         return ClusterSupervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter)
-    return Supervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter, owner=owner)
+    return Supervisor(
+        settings,
+        spawn_filter=spawn_filter,
+        write_filter=write_filter,
+        owner=owner,
+        descriptors_for=(settings.server.max_running_sessions, settings.server.max_connections),
+    )
 
 
 @dataclass(frozen=True, slots=True)
