@@ -96,7 +96,10 @@ def raise_for(sessions: int, others: int = 0) -> DescriptorLimit:
     if (soft, hard) != before:
         _log.info("descriptor limit raised from %s to %s for %d running sessions", before, (soft, hard), sessions)
     if note is not None:
-        _log.warning("descriptor limit: %s", note)
+        # Said where an operator looks (doctor, /v1/capabilities), not on every start: most hosts
+        # allow far fewer than the default 10,000 sessions and run well, and a stdio server's
+        # stderr goes into its client's log at each call.
+        _log.info("descriptor limit: %s", note)
     return raised
 
 
