@@ -60,12 +60,18 @@ class Served:
         return self.log.read_text(errors="replace")
 
 
-def daemon_env(root: Path) -> dict[str, str]:
-    env = {"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
-    # A checkout that is not the installed one (a worktree) puts itself first: its daemons must run its code.
+def cli_env(**more: str) -> dict[str, str]:
+    """A clean environment for a `procpilot` subprocess: PATH, and PYTHONPATH where set (a
+    checkout that is not the installed one, a worktree, puts itself first: its commands must run
+    its code), plus ``more``."""
+    env = {"PATH": os.environ["PATH"], **more}
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
+
+
+def daemon_env(root: Path) -> dict[str, str]:
+    return cli_env(HOME=str(root), LANG="C.UTF-8")
 
 
 def write_config(

@@ -4,7 +4,6 @@ block through the config loader, a JSON block as JSON naming real tools and argu
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 
 from procpilot.config import load_settings
 from procpilot.faces.all_tools import definitions_json
-from tests.daemon import TOKEN_A, Served, start_daemon
+from tests.daemon import TOKEN_A, Served, cli_env, start_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -46,13 +45,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def test_python_example_runs(code: str, served: Served, tmp_path: Path) -> None:
     # The examples reach the daemon the way a reader's program would: PROCPILOT_URL/TOKEN; an
     # in-process Supervisor keeps its state in a directory of its own.
-    env = {
-        "PATH": os.environ["PATH"],
-        "PROCPILOT_URL": served.url,
-        "PROCPILOT_TOKEN": TOKEN_A,
-        "PROCPILOT_STATE_DIR": str(tmp_path / "state"),
-        "PROCPILOT_WORKSPACE": str(tmp_path),
-    }
+    env = cli_env(
+        PROCPILOT_URL=served.url,
+        PROCPILOT_TOKEN=TOKEN_A,
+        PROCPILOT_STATE_DIR=str(tmp_path / "state"),
+        PROCPILOT_WORKSPACE=str(tmp_path),
+    )
     script = tmp_path / "example.py"
     script.write_text(code)
     done = subprocess.run(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.daemon import PROCPILOT, Served, start_daemon
+from tests.daemon import PROCPILOT, Served, cli_env, start_daemon
 
 TOKENS = {"tok-appr-alpha-012345": "agent-a", "tok-appr-bravo-012345": "agent-b", "tok-appr-carol-012345": "agent-c"}
 TOKEN_A, TOKEN_B, TOKEN_C = list(TOKENS)
@@ -31,7 +30,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def cli(served: Served, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "COLUMNS": "200"}
+    env = cli_env(HOME="/nonexistent", COLUMNS="200")
     env |= {"PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": token}
     return subprocess.run([PROCPILOT, *args], env=env, capture_output=True, text=True, timeout=60, check=False)
 

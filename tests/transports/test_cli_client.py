@@ -18,7 +18,7 @@ import pytest
 
 from procpilot.client import AsyncClient, Client, DaemonNotRunning, ToolReply, Unauthorized, UnknownTool
 from procpilot.errors import InvalidArgument, ProcessAlreadyExited, ProcpilotError, SessionNotFound
-from tests.daemon import PROCPILOT, TOKEN_A, TOKEN_B, Served, start_daemon
+from tests.daemon import PROCPILOT, TOKEN_A, TOKEN_B, Served, cli_env, start_daemon
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def cli(
     served: Served | None, *args: str, token: str | None = TOKEN_A, timeout: float = 60, **kw: object
 ) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "COLUMNS": "200"}
-    if "PYTHONPATH" in os.environ:  # a checkout that is not the installed one runs its own code
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env = cli_env(HOME="/nonexistent", COLUMNS="200")
     if served is not None:
         env["PROCPILOT_URL"] = served.url
     if token is not None:
@@ -64,7 +62,7 @@ def test_run_refuses_a_mistyped_option_instead_of_running_it(served: Served) -> 
 
 
 def test_run_streams_live(served: Served) -> None:
-    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    env = cli_env(PROCPILOT_URL=served.url, PROCPILOT_TOKEN=TOKEN_A)
     proc = subprocess.Popen(
         [PROCPILOT, "run", "echo first; read go; echo second $go"],
         env=env,
@@ -84,7 +82,7 @@ def test_run_streams_live(served: Served) -> None:
 
 
 def test_run_interrupted_kills_the_session(served: Served) -> None:
-    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    env = cli_env(PROCPILOT_URL=served.url, PROCPILOT_TOKEN=TOKEN_A)
     proc = subprocess.Popen([PROCPILOT, "run", "echo up; sleep 60"], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline() == "up\n"
@@ -112,7 +110,7 @@ def test_run_forwards_piped_stdin(served: Served) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_run_terminated_kills_the_session(served: Served, sig: int) -> None:
-    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    env = cli_env(PROCPILOT_URL=served.url, PROCPILOT_TOKEN=TOKEN_A)
     proc = subprocess.Popen(
         [PROCPILOT, "run", "echo up; sleep 60"], env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
     )
@@ -188,7 +186,7 @@ def test_logs_follow_and_wait_codes(served: Served) -> None:
 
 def test_logs_follow_prints_a_complete_line_while_the_session_runs(served: Served) -> None:
     sid = cli(served, "run", "-d", "echo 'Listening on :3000'; sleep 30").stdout.strip()
-    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": TOKEN_A}
+    env = cli_env(PROCPILOT_URL=served.url, PROCPILOT_TOKEN=TOKEN_A)
     proc = subprocess.Popen([PROCPILOT, "logs", "-f", sid], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     try:
@@ -240,7 +238,7 @@ def test_clear_error_when_no_daemon_runs(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PROCPILOT_URL": f"http://127.0.0.1:{port}"}
+    env = cli_env(HOME=str(tmp_path), PROCPILOT_URL=f"http://127.0.0.1:{port}")
     result = subprocess.run([PROCPILOT, "ps"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1
     assert "DaemonNotRunning" in result.stderr
@@ -249,17 +247,13 @@ def test_clear_error_when_no_daemon_runs(tmp_path: Path) -> None:
 
 
 def test_cli_finds_the_daemon_through_its_state_dir(served: Served) -> None:
-    env = {
-        "PATH": os.environ["PATH"],
-        "PROCPILOT_STATE_DIR": str(served.root / "state"),
-        "PROCPILOT_TOKEN": TOKEN_A,
-    }
+    env = cli_env(PROCPILOT_STATE_DIR=str(served.root / "state"), PROCPILOT_TOKEN=TOKEN_A)
     result = subprocess.run([PROCPILOT, "ps"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
 
 
 def test_unix_socket_url(served: Served) -> None:
-    env = {"PATH": os.environ["PATH"], "PROCPILOT_URL": f"unix://{served.unix_socket}", "PROCPILOT_TOKEN": TOKEN_B}
+    env = cli_env(PROCPILOT_URL=f"unix://{served.unix_socket}", PROCPILOT_TOKEN=TOKEN_B)
     result = subprocess.run(
         [PROCPILOT, "run", "echo via-socket"], env=env, capture_output=True, text=True, timeout=60, check=False
     )
@@ -376,7 +370,7 @@ def test_daemon_dying_mid_request_is_a_clean_error(tmp_path: Path) -> None:
         sid = cli(daemon, "run", "-d", "sleep 60").stdout.strip()
         waiting = subprocess.Popen(
             [PROCPILOT, "wait", sid],
-            env={"PATH": os.environ["PATH"], "PROCPILOT_URL": daemon.url, "PROCPILOT_TOKEN": TOKEN_A, "COLUMNS": "200"},
+            env=cli_env(PROCPILOT_URL=daemon.url, PROCPILOT_TOKEN=TOKEN_A, COLUMNS="200"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -426,7 +420,7 @@ def test_serve_banner_says_how_to_connect(served: Served, tmp_path: Path) -> Non
     project.mkdir()
     proc = subprocess.Popen(
         [PROCPILOT, "serve", "--port", "0", "--workspace", str(project)],
-        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+        env=cli_env(HOME=str(tmp_path)),
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -496,7 +490,7 @@ def test_doctor_without_a_daemon(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "COLUMNS": "200"}
+    env = cli_env(HOME=str(tmp_path), COLUMNS="200")
     env["PROCPILOT_URL"] = f"http://127.0.0.1:{port}"
     result = subprocess.run([PROCPILOT, "doctor"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr

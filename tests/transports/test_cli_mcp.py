@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -17,17 +16,15 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.conftest import marked_processes
+from tests.daemon import cli_env
 
 PROCPILOT = str(Path(sys.executable).parent / "procpilot")
 
 
 def server_env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "PROCPILOT_STATE_DIR": str(tmp_path / "state"),
-        "PROCPILOT_WORKSPACE": str(tmp_path),
-    }
+    return cli_env(
+        HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path)
+    )
 
 
 async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:

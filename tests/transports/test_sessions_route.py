@@ -3,13 +3,12 @@ another agent's, or every agent's, each row naming its agent."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon import PROCPILOT, TOKEN_A, TOKEN_B, Served, cleanup, post, start_daemon
+from tests.daemon import PROCPILOT, TOKEN_A, TOKEN_B, Served, cleanup, cli_env, post, start_daemon
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +19,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def ps(served: Served, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "COLUMNS": "200"}
+    env = cli_env(HOME="/nonexistent", COLUMNS="200")
     env |= {"PROCPILOT_URL": served.url, "PROCPILOT_TOKEN": token}
     return subprocess.run([PROCPILOT, "ps", *args], env=env, capture_output=True, text=True, timeout=60, check=False)
 
