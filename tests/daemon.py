@@ -161,3 +161,20 @@ def cleanup(client: httpx2.Client) -> None:
     """Remove every session of the client's agent (the leak check wants no process left)."""
     for row in post(client, "process", action="list").json()["data"]["sessions"]:
         post(client, "process", action="remove", sessionId=row["sessionId"])
+
+
+def marked(session_id: str) -> list[int]:
+    """Live processes of a session (not zombies), wherever they run: read from the host's /proc,
+    so a pid namespace of the cluster tests' own is seen through too."""
+    needle = f"PROCPILOT_SESSION={session_id}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and needle in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
+                state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+                if state != b"Z":
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+

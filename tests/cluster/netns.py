@@ -217,21 +217,6 @@ def remove_sessions(cluster: Cluster, tokens: Iterable[str]) -> None:
                 tool(h, "process", action="remove", sessionId=row["sessionId"])
 
 
-def marked(session_id: str) -> list[int]:
-    """Live processes of a session, wherever in the namespace they run (read from the host's /proc)."""
-    needle = f"PROCPILOT_SESSION={session_id}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and needle in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
-                state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-                if state != b"Z":
-                    found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
 def _logs(root: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(root.glob("*.log")))
 

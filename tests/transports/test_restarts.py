@@ -23,7 +23,17 @@ from websockets.asyncio.client import connect
 from procpilot.engine.exit_records import probe
 from tests import daemon as daemons
 from tests.conftest import marked_processes
-from tests.daemon import PROCPILOT, TOKENS, Served, cleanup, daemon_env, post, start_daemon, write_config
+from tests.daemon import (
+    PROCPILOT,
+    TOKENS,
+    Served,
+    cleanup,
+    daemon_env,
+    marked,
+    post,
+    start_daemon,
+    write_config,
+)
 
 RECORDS = probe()[0] is not None
 PRINTER = "for i in $(seq 1 40); do echo line$i; sleep 0.05; done; echo to-stderr >&2; exit 7"
@@ -87,7 +97,7 @@ def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) 
         _kill_9(first)
         # The outage: the printer prints its last lines and exits, with no server at all.
         _until((state / f"{printer}.exit").exists, "the printer to end during the outage")
-        _until(lambda: not _alive_marked(execd), "the exec'd one to end")
+        _until(lambda: not marked(execd), "the exec'd one to end")
 
         second = start_daemon(root, log_name="second.log")
         # What ended in the outage was told to nobody: the agent's first event stream hears it.
@@ -121,7 +131,7 @@ def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) 
             killed = post(c, "process", action="kill", sessionId=long).json()["data"]
             assert killed["sessionId"] == long
             post(c, "process", action="wait", sessionId=long, timeout=10_000)
-            assert not _alive_marked(long)
+            assert not marked(long)
             cleanup(c)
         assert second.stop() == 0
         # Nothing held any more and no server: the holder went too.
@@ -296,7 +306,7 @@ def test_a_sigterm_during_a_sighup_reexec_is_not_lost(tmp_path: Path) -> None:
             daemon.proc.send_signal(signal.SIGTERM)
         assert daemon.proc.wait(timeout=30) == 0
         assert daemon.log_text().count("state:") == 2  # the new image ran, then stopped
-        assert not _alive_marked(sid)
+        assert not marked(sid)
     finally:
         _leave_nothing(root, daemon)
 
@@ -314,7 +324,7 @@ def test_a_sighup_from_a_terminal_that_closed_still_ends_every_session(tmp_path:
         os.close(controller)  # the terminal hangs up: SIGHUP to the daemon, its session's leader
         assert daemon.proc.wait(timeout=30) == 0
         assert daemon.log_text().count("state:") == 1  # not started again
-        assert not _alive_marked(sid)
+        assert not marked(sid)
     finally:
         with contextlib.suppress(OSError):
             os.close(controller)
@@ -392,24 +402,6 @@ def _exit_events(daemon: Served, count: int) -> dict[str, int | None]:
                 if len(found) == count:
                     return found
     raise AssertionError(f"the stream ended after {found}")
-
-
-def _alive_marked(session_id: str) -> bool:
-    """A live process carrying the session's marker."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-        except OSError:
-            continue
-        if f"PROCPILOT_SESSION={session_id}".encode() in env.split(b"\0"):
-            return True
-    return False
 
 
 def test_a_second_live_server_on_one_state_dir_is_refused(tmp_path: Path) -> None:
@@ -522,7 +514,7 @@ def test_keep_sessions_makes_sigterm_hand_over_instead_of_ending(tmp_path: Path)
             sleeper = _exec(c, "read line; echo got-$line")
             time.sleep(0.2)  # past the holder's batch window
         assert first.stop(signal.SIGTERM) == 0
-        assert _alive_marked(sleeper)  # SIGTERM left it running, its stdin open
+        assert marked(sleeper)  # SIGTERM left it running, its stdin open
         second = start_daemon(root, log_name="second.log")
         with second.http() as c:
             post(c, "process", action="write", sessionId=sleeper, data="x\n")

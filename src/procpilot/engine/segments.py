@@ -33,6 +33,7 @@ __all__ = [
     "SegmentedLog",
     "Stream",
     "describe_gaps",
+    "past_line",
 ]
 
 _HEAD_SEGMENTS = 4
@@ -220,6 +221,18 @@ class LineReads:
             lines.pop()
         dropped_lines = max(0, (last - first) - len(lines)) if result.dropped and not unread else 0
         return LineSlice(lines, first, total, dropped_lines, unread)
+
+
+def past_line(data: bytes, seen: int, line: int) -> tuple[int, int | None]:
+    """Count ``data``'s newlines on from ``seen`` (newlines before it): the count after them and
+    None, or, if one of them is newline number ``line``, ``line`` and the offset just past it."""
+    cursor = 0
+    while (hit := data.find(b"\n", cursor)) >= 0:
+        seen += 1
+        cursor = hit + 1
+        if seen == line:
+            return seen, cursor
+    return seen, None
 
 
 class SegmentedLog(LineReads):
@@ -501,12 +514,9 @@ class SegmentedLog(LineReads):
             data = self._pread(index, pos - base, min(_SCAN_CHUNK, end - pos))
             if not data:
                 break
-            cursor = 0
-            while (hit := data.find(b"\n", cursor)) >= 0:
-                seen += 1
-                cursor = hit + 1
-                if seen == line:
-                    return pos + cursor
+            seen, past = past_line(data, seen, line)
+            if past is not None:
+                return pos + past
             pos += len(data)
         return self.size
 

@@ -32,6 +32,7 @@ from procpilot.engine.segments import (
     SegmentTable,
     Stream,
     describe_gaps,
+    past_line,
 )
 
 __all__ = ["INDEX_NAME", "OrderIndex", "StreamView"]
@@ -373,12 +374,9 @@ class OrderIndex:
             held = iter(pieces)
             for offset, length in batch:
                 piece = next(held) if offset >= 0 else b""
-                cursor = 0
-                while (hit := piece.find(b"\n", cursor)) >= 0:
-                    seen += 1
-                    cursor = hit + 1
-                    if seen == line:
-                        return pos + cursor
+                seen, past = past_line(piece, seen, line)
+                if past is not None:
+                    return pos + past
                 pos += length
         return self.size[stream]
 
