@@ -26,11 +26,11 @@ from tests.cluster.netns import (
     Cluster,
     cluster_marks,
     daemon_config,
-    marked,
     remove_sessions,
     running,
     tool,
 )
+from tests.daemon import marked
 
 pytestmark = cluster_marks()
 

@@ -18,6 +18,7 @@ import pytest
 
 from tests.cluster import netns
 from tests.cluster.netns import Cluster, tool
+from tests.daemon import marked
 
 pytestmark = netns.cluster_marks()
 
@@ -47,17 +48,17 @@ def spread_trees(cluster: Cluster) -> list[str]:
     assert len({s["node"] for s in started}) == 2
     ids = [s["sessionId"] for s in started]
     deadline = time.monotonic() + 30
-    while any(len(netns.marked(i)) < 5 for i in ids) and time.monotonic() < deadline:
+    while any(len(marked(i)) < 5 for i in ids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert all(len(netns.marked(i)) >= 5 for i in ids)
+    assert all(len(marked(i)) >= 5 for i in ids)
     return ids
 
 
 def wait_gone(ids: list[str], within: float) -> dict[str, list[int]]:
     deadline = time.monotonic() + within
-    while any(netns.marked(i) for i in ids) and time.monotonic() < deadline:
+    while any(marked(i) for i in ids) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return {i: netns.marked(i) for i in ids}
+    return {i: marked(i) for i in ids}
 
 
 def test_the_nodes_of_a_frozen_daemon_end_its_sessions(cluster: Cluster) -> None:
@@ -108,7 +109,7 @@ def test_a_crashed_node_actor_leaves_no_tree_running(cluster: Cluster) -> None:
     victim_node = rows[ids[0]]["node"]
     victims = [i for i in ids if rows[i]["node"] == victim_node]
     others = [i for i in ids if rows[i]["node"] != victim_node]
-    environ = Path(f"/proc/{netns.marked(victims[0])[0]}/environ").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{marked(victims[0])[0]}/environ").read_bytes().split(b"\0")
     supervisor = next(v for v in environ if v.startswith(b"PROCPILOT_SUPERVISOR=")).split(b"=", 1)[1]
     actor = _host_pid_of(cluster, int(supervisor.split(b"-")[1]))
     os.kill(actor, signal.SIGKILL)
@@ -119,7 +120,7 @@ def test_a_crashed_node_actor_leaves_no_tree_running(cluster: Cluster) -> None:
             assert waited["status"] == "lost", waited
         for i in others:  # the other node's sessions never noticed
             assert tool(h, "process", action="poll", sessionId=i)["data"]["status"] == "running"
-    assert all(netns.marked(i) for i in others)
+    assert all(marked(i) for i in others)
     netns.remove_sessions(cluster, TOKENS)
 
 
