@@ -444,3 +444,23 @@ async def test_a_catastrophic_wait_pattern_never_holds_the_event_loop(supervisor
         waiting.result()
     assert ticks >= 5, ticks
     await supervisor.kill(A, s.id, wait=None)
+
+
+async def test_output_waits_in_its_pipe_while_no_descriptor_is_free(supervisor: Supervisor) -> None:
+    import resource
+
+    s = await supervisor.run(SpawnSpec("read line; echo \"got $line\""), scope=A, yield_ms=0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # The log's file is opened at the first byte: with a limit of 3 (0-2 are open) it cannot be,
+    # whatever other descriptors close meanwhile; those already open go on working.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))
+    try:
+        await s.write(b"it\n")
+        await asyncio.sleep(0.2)  # the command printed; its bytes must wait, not be dropped
+        assert s.output[Stream.COMBINED].read().data == b""
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert await s.wait_finished(timeout=10)
+    combined = s.output[Stream.COMBINED]
+    assert combined.read().data == b"got it\n"
+    assert combined.lost == 0

@@ -86,6 +86,13 @@ class SessionOutput:
         self._legacy[stream].write(data, newlines)
         self._combined.write(data, newlines)
 
+    def ready(self) -> bool:
+        """Whether bytes stored now would reach the disk: False while the process is out of
+        descriptors for the files (SegmentedLog.ready), when the reader should wait, not read."""
+        if self._index is not None:
+            return self._index.ready()
+        return all(log.ready() for log in self._legacy.values())
+
     def lose(self, stream: Stream, size: int, reason: OSError) -> None:
         """``size`` bytes of ``stream`` that were printed but cannot be stored: a counted gap."""
         if self._index is not None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 __all__ = [
+    "OUT_OF_DESCRIPTORS",
     "WRITERS",
     "LineReads",
     "LineSlice",
@@ -79,6 +80,9 @@ class OpenWriters:
 
 
 WRITERS = OpenWriters(512)
+# Errors that pass: the process (or the host) is out of descriptors for a moment. A writer told
+# one of these would rather leave the bytes where they are (a pipe) and be asked again shortly.
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 class Stream(enum.Enum):
@@ -348,6 +352,21 @@ class SegmentedLog(LineReads):
             self.size += written
             pos += written
         self._last_byte_newline = data[-1] == 10
+
+    def ready(self) -> bool:
+        """Whether the file the next byte goes to is open (opening it if need be). False only
+        while no descriptor can be had (``OUT_OF_DESCRIPTORS``): then bytes written now would be
+        lost, and the caller should leave them in their pipe and ask again shortly. Any other
+        refusal is True: ``write`` counts what it loses, and waiting would not mend a full disk."""
+        index = self.size // self.segment_size
+        if self._fd is not None and index == self._fd_index:
+            return True
+        try:
+            self._fd = self._open_segment(index)
+        except OSError as exc:
+            return exc.errno not in OUT_OF_DESCRIPTORS
+        WRITERS.touch(self)
+        return True
 
     def skip(self, size: int, reason: OSError) -> None:
         """``size`` bytes that were printed but cannot be stored: a counted gap at the end."""

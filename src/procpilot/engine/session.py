@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import os
 import resource
 import signal
+import struct
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ _READ_SIZE = 1 << 20
 _ORPHAN_GRACE = 1.0
 # ... and the pipes this much longer to reach EOF before we stop waiting for them.
 _DRAIN_DEADLINE = 3.0
+_STORE_RETRY = 0.02  # seconds before a read that waited for a descriptor is tried again
 # How long an adopted session's end waits for the holder's record of it: the holder sees the same
 # pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
 _RECORD_WAIT = 2.0
@@ -163,6 +167,7 @@ class Session:
         self._signal_sent: str | None = None
         self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
+        self._paused_reads: dict[int, asyncio.TimerHandle] = {}  # fd: when its reading resumes
         self._finished = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._stdin_waiter: asyncio.Future[None] | None = None
@@ -369,6 +374,12 @@ class Session:
     # -- output --------------------------------------------------------------------------------
 
     def _on_readable(self, fd: int, stream: Stream) -> None:
+        if _unread(fd) and not self.output.ready():
+            # Out of descriptors for the log's file (EMFILE): bytes read now would be lost. They
+            # wait in the pipe (a command that fills it blocks) and reading resumes shortly.
+            self._loop.remove_reader(fd)
+            self._paused_reads[fd] = self._loop.call_later(_STORE_RETRY, self._resume_reading, fd, stream)
+            return
         try:
             data = os.read(fd, _READ_SIZE)
         except BlockingIOError:
@@ -385,7 +396,14 @@ class Session:
             return
         self._close_stream(fd)
 
+    def _resume_reading(self, fd: int, stream: Stream) -> None:
+        del self._paused_reads[fd]
+        self._loop.add_reader(fd, self._on_readable, fd, stream)
+
     def _close_stream(self, fd: int) -> None:
+        paused = self._paused_reads.pop(fd, None)
+        if paused is not None:
+            paused.cancel()
         self._loop.remove_reader(fd)
         os.close(fd)
         self._open_streams -= 1
@@ -532,9 +550,10 @@ class Session:
     def detach(self) -> None:
         """Let go of a running session without ending it: stop reading, close our descriptors
         (the holder keeps its copies, stdin included: the child sees no EOF, no SIGPIPE)."""
-        for timer in self._timers:
+        for timer in (*self._timers, *self._paused_reads.values()):
             timer.cancel()
         self._timers.clear()
+        self._paused_reads.clear()
         spawned = self._spawned
         if spawned is None or self._finished.is_set():
             return
@@ -770,3 +789,11 @@ class Session:
             "restarts": self.restarts,
             **self.custody.record,
         }
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in pipe or pty ``fd`` (0 at EOF: nothing to store, so no file to open)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return 1  # cannot tell: assume bytes, as a read would

@@ -25,6 +25,7 @@ from itertools import chain, islice, pairwise
 from pathlib import Path
 
 from procpilot.engine.segments import (
+    OUT_OF_DESCRIPTORS,
     WRITERS,
     LineReads,
     ReadResult,
@@ -115,6 +116,21 @@ class OrderIndex:
             pos += take
         if data:
             self.ends_with_newline[stream] = data[-1] == 10
+
+    def ready(self) -> bool:
+        """Whether the log's and this index's files for the next byte are open (SegmentedLog.ready)."""
+        log = self._log
+        if not log.ready():
+            return False
+        index = log.size // log.segment_size
+        if self._fd is not None and self._fd_index == index:
+            return True
+        try:
+            self._open(index)
+        except OSError as exc:
+            return exc.errno not in OUT_OF_DESCRIPTORS
+        WRITERS.touch(self)
+        return True
 
     def skip(self, stream: Stream, size: int, reason: OSError) -> None:
         """``size`` bytes of ``stream`` that were printed but cannot be stored: a counted gap."""
