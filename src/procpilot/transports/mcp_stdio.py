@@ -7,6 +7,9 @@ it costs in a single-threaded one (0.3 vs 0.09 ms here), on every session. So wh
 are pipes or sockets (what an MCP client gives its server) they are read and written here, on the
 loop, non-blocking; anything else (a terminal, a file) is served by the SDK's own transport.
 
+A ``tools/call`` the SDK would answer as a plain function call is answered here without its
+dispatch (transports/mcp_direct.py); everything else goes through the SDK's low-level server.
+
 As the SDK does, fd 0 and fd 1 are moved out of the way while serving (to /dev/null and to
 stderr), so nothing else in the process, or started by it, can read the client's requests or
 write into the replies; they are put back on the way out.
@@ -18,7 +21,7 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
@@ -26,6 +29,7 @@ import mcp_types as types
 from mcp.shared.message import SessionMessage
 
 from procpilot.transports.http.mcp_sdk import context_streams, lowlevel_server
+from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
 
 __all__ = ["serve_stdio", "stdio_is_pipe"]
 
@@ -42,18 +46,21 @@ def stdio_is_pipe() -> bool:
     return all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in modes)
 
 
-async def serve_stdio(server: Any) -> None:
-    """Run an ``MCPServer`` on this process's stdin and stdout until the client closes stdin."""
+async def serve_stdio(server: Any, tools: Mapping[str, ToolCaller] | None = None) -> None:
+    """Run an ``MCPServer`` on this process's stdin and stdout until the client closes stdin;
+    calls of ``tools`` (the server's own tools, by name) are answered without its dispatch."""
     if not stdio_is_pipe():
         await server.run_stdio_async()
         return
     low = lowlevel_server(server)
     async with _claimed_stdio() as (wire_in, wire_out):
+        replies = _Replies(wire_out)
         read_writer, read_stream = context_streams(0)
         write_stream, write_reader = context_streams(0)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_read_lines, wire_in, read_writer)
-            tg.start_soon(_write_replies, wire_out, write_reader)
+            direct = DirectCalls(tools, replies.send, tg.start_soon) if tools else None
+            tg.start_soon(_read_lines, wire_in, read_writer, direct)
+            tg.start_soon(_forward_replies, write_reader, replies, direct)
             await low.run(read_stream, write_stream, low.create_initialization_options())
             tg.cancel_scope.cancel()
 
@@ -97,7 +104,7 @@ async def _ready(fd: int, *, write: bool = False) -> None:
         remove(fd)
 
 
-async def _read_lines(fd: int, sink: Any) -> None:
+async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None) -> None:
     """Each line a JSON-RPC message for the server (or the error it raised, as the SDK does)."""
     pending = b""
     skipping = False  # inside a line over _MAX_LINE: dropped up to its newline
@@ -116,6 +123,8 @@ async def _read_lines(fd: int, sink: Any) -> None:
                 if skipping:
                     skipping = False
                     continue
+                if direct is not None and direct.take(line):
+                    continue
                 if line.strip():
                     await sink.send(_parse(line))
             if len(pending) > _MAX_LINE:
@@ -130,15 +139,29 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
-async def _write_replies(fd: int, source: Any) -> None:
+class _Replies:
+    """The client's stdout: whole lines, one writer at a time (the SDK's replies and direct ones)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = asyncio.Lock()
+        self._gone = False
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            view = memoryview(data)
+            while view and not self._gone:
+                try:
+                    view = view[os.write(self._fd, view) :]
+                except BlockingIOError:
+                    await _ready(self._fd, write=True)  # the client reads slowly: wait, holding one reply only
+                except BrokenPipeError:
+                    self._gone = True  # the client is gone; the read side ends the server
+
+
+async def _forward_replies(source: Any, replies: _Replies, direct: DirectCalls | None) -> None:
     async with source:
         async for message in source:
-            data = (message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
-            view = memoryview(data)
-            while view:
-                try:
-                    view = view[os.write(fd, view) :]
-                except BlockingIOError:
-                    await _ready(fd, write=True)  # the client reads slowly: wait, holding one reply only
-                except BrokenPipeError:
-                    return  # the client is gone; the read side ends the server
+            if direct is not None and not direct.active:
+                direct.saw_reply(message.message)
+            await replies.send((message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode())

@@ -1,0 +1,163 @@
+"""``tools/call`` answered on the stdio transport itself, without the SDK's request dispatch.
+
+After idle, an ``exec true`` over MCP stdio cost 2.3x a raw ``sh -c true`` where a ``ping`` through
+the same server cost 0.8x: the difference was the SDK's path for a call (a pydantic parse of the
+message, two memory-stream hops, the dual-era dispatcher, a ``Context``, the result's conversion),
+~0.6 ms a call, paid again after each idle gap as cold code. A call the SDK would answer exactly as
+a plain function call is answered here instead: the tool runs in a task of its own and its reply
+is shaped by the SDK's own per-version serializer, so the bytes on the wire are the SDK's.
+
+Only what needs nothing else of the SDK goes this way, and everything else goes to the SDK
+untouched: a handshake-era connection (``initialize`` answered with a version,
+``notifications/initialized`` seen), a ``tools/call`` whose params are a known tool's ``name`` and
+its ``arguments`` and nothing more (no ``_meta``: no progress token, no 2026-era envelope), an id
+not already in use, and at most ``limit`` such calls at once. ``notifications/cancelled`` for a
+call answered here cancels it, and, as the SDK does, the cancelled call is never answered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from mcp_types import CallToolResult, TextContent
+from mcp_types.methods import SERVER_RESULTS, serialize_server_result
+from pydantic import ValidationError
+
+__all__ = ["DirectCalls", "ToolCaller"]
+
+ToolCaller = Callable[[dict[str, Any]], Awaitable[CallToolResult]]
+_log = logging.getLogger(__name__)
+_INTERNAL_ERROR = -32603
+# Lines worth a look: anything else goes to the SDK without being parsed here.
+_MARKERS = (b'"tools/call"', b'"notifications/cancelled"', b'"initialize"', b'"notifications/initialized"')
+
+
+class DirectCalls:
+    """Which lines are answered here, and the calls running for them.
+
+    ``send`` writes one whole reply line (the transport serializes writers); ``spawn`` starts a
+    task in the transport's task group, so calls end with the connection."""
+
+    def __init__(
+        self,
+        tools: Mapping[str, ToolCaller],
+        send: Callable[[bytes], Awaitable[None]],
+        spawn: Callable[..., object],
+        *,
+        limit: int = 256,
+    ) -> None:
+        self._tools = tools
+        self._send = send
+        self._spawn = spawn
+        self.limit = limit
+        self._initialize_id: object = None  # the id of the client's initialize request
+        self._version: str | None = None  # the protocol version the SDK answered it with
+        self._initialized = False  # notifications/initialized came
+        self._running: dict[tuple[bool, object], anyio.CancelScope] = {}
+
+    @property
+    def active(self) -> bool:
+        return self._version is not None and self._initialized
+
+    def take(self, line: bytes) -> bool:
+        """Whether ``line`` was dealt with here (a call started, or a cancel of one); if not,
+        it goes to the SDK as it is."""
+        if not any(marker in line for marker in _MARKERS):
+            return False
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return False  # the SDK answers malformed JSON as it always does
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return False
+        method = message.get("method")
+        if method == "tools/call":
+            return self._start(message)
+        if method == "notifications/cancelled":
+            return self._cancel(message.get("params"))
+        if method == "initialize" and self._initialize_id is None:
+            self._initialize_id = _key(message.get("id"))
+        elif method == "notifications/initialized":
+            self._initialized = True
+        return False
+
+    def saw_reply(self, message: Any) -> None:
+        """A message the SDK wrote: its answer to ``initialize`` says which version is spoken."""
+        if self._version is not None or self._initialize_id is None:
+            return
+        if _key(getattr(message, "id", None)) != self._initialize_id:
+            return
+        result = getattr(message, "result", None)
+        version = result.get("protocolVersion") if isinstance(result, dict) else None
+        if isinstance(version, str) and ("tools/call", version) in SERVER_RESULTS:
+            self._version = version
+
+    def _start(self, message: dict[str, Any]) -> bool:
+        params, request_id, version = message.get("params"), message.get("id"), self._version
+        if version is None or not self._initialized or len(self._running) >= self.limit:
+            return False
+        if not isinstance(params, dict) or not params.keys() <= {"name", "arguments"}:
+            return False
+        tool = self._tools.get(params.get("name"))  # type: ignore[arg-type]
+        arguments = params.get("arguments", {})
+        key = _key(request_id)
+        if key is None or tool is None or not isinstance(arguments, dict) or key in self._running:
+            return False
+        scope = self._running[key] = anyio.CancelScope()
+        self._spawn(self._call, _Call(tool, arguments, request_id, key, version), scope)
+        return True
+
+    def _cancel(self, params: object) -> bool:
+        key = _key(params.get("requestId")) if isinstance(params, dict) else None
+        scope = self._running.get(key) if key is not None else None
+        if scope is None:
+            return False  # not one of ours: the SDK's to apply (or to ignore)
+        scope.cancel()
+        return True
+
+    async def _call(self, call: _Call, scope: anyio.CancelScope) -> None:
+        reply = b""
+        try:
+            with scope:
+                reply = await _reply(call)
+        finally:
+            del self._running[call.key]
+        if not scope.cancel_called:
+            await self._send(reply)
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    tool: ToolCaller
+    arguments: dict[str, Any]
+    request_id: object
+    key: tuple[bool, object]
+    version: str  # the connection's protocol version, which shapes the result
+
+
+async def _reply(call: _Call) -> bytes:
+    try:
+        result = await call.tool(call.arguments)
+    except Exception as exc:  # as the SDK does: an error result, and the trace in the log
+        _log.exception("Tool raised an unexpected exception")
+        result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": call.request_id}
+    try:
+        dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        message["result"] = serialize_server_result("tools/call", call.version, dumped)
+    except ValidationError:
+        _log.exception("a tool returned an invalid result")
+        message["error"] = {"code": _INTERNAL_ERROR, "message": "Handler returned an invalid result"}
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def _key(request_id: object) -> tuple[bool, object] | None:
+    """A JSON-RPC id as a dict key: 1 and "1" are different ids (and true is none at all)."""
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        return None
+    return (isinstance(request_id, str), request_id)

@@ -1,0 +1,173 @@
+"""``tools/call`` answered on the stdio transport without the SDK's dispatch (transports/mcp_direct.py):
+the same bytes the SDK would write, cancellation as the SDK does it, and only the calls it may take."""
+
+from __future__ import annotations
+
+import json
+import re
+import select
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp_types import CallToolResult, JSONRPCResponse, TextContent
+
+from procpilot.transports.mcp_direct import DirectCalls
+from tests.daemon import cli_env
+
+PROCPILOT = str(Path(sys.executable).parent / "procpilot")
+# Volatile fields of a result: everything else must be identical whichever path answered.
+_VOLATILE = {"sessionId", "pid", "durationMs"}
+
+
+class Bare:
+    """A bare JSON-RPC client on a real ``procpilot mcp``'s pipes."""
+
+    def __init__(self, tmp_path: Path, version: str) -> None:
+        env = cli_env(
+            HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path)
+        )
+        args = [PROCPILOT, "mcp", "--agent", "t"]
+        self.server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        hello = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello})
+        assert self.reply()["result"]["protocolVersion"] == version
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.write(json.dumps(message).encode() + b"\n")
+        self.server.stdin.flush()
+
+    def reply(self, timeout: float = 30) -> dict[str, Any]:
+        assert self.server.stdout is not None
+        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
+        assert ready, f"no reply within {timeout} s"
+        return dict(json.loads(self.server.stdout.readline()))
+
+    def call(self, request_id: int, params: dict[str, Any]) -> dict[str, Any]:
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+        return self.reply()
+
+    def close(self) -> None:
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.server.stdin.close()
+        assert self.server.wait(timeout=30) == 0
+        self.server.stdout.close()
+
+
+@pytest.fixture
+def bare(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Bare]:
+    client = Bare(tmp_path, getattr(request, "param", "2025-06-18"))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _masked(result: dict[str, Any]) -> Any:
+    """``result`` with what differs from one session to the next (its id, pid and duration,
+    wherever they appear) masked."""
+    data = result.get("structuredContent", {})
+    tokens = [str(data[k]) for k in ("sessionId", "pid") if data.get(k) is not None]
+
+    def mask(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: "*" if k in _VOLATILE else mask(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mask(v) for v in value]
+        if isinstance(value, str):
+            for token in tokens:
+                value = value.replace(token, "*")
+            return re.sub(r"after \d+ ms", "after * ms", value)
+        return value
+
+    return mask(result)
+
+
+@pytest.mark.parametrize("bare", ["2024-11-05", "2025-06-18", "2025-11-25"], indirect=True)
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"command": "printf 'h\\xc3\\xa9\\n'; echo err >&2; exit 3"},  # an exit code, stderr, non-ASCII
+        {"comand": "typo"},  # a typed error result
+        {"command": "sleep 5", "yieldMs": 10},  # backgrounded
+    ],
+)
+def test_a_direct_reply_is_what_the_sdk_would_have_written(bare: Bare, arguments: dict[str, Any]) -> None:
+    direct = bare.call(1, {"name": "exec", "arguments": arguments})
+    # ``_meta`` keeps a call on the SDK's path.
+    through_sdk = bare.call(2, {"name": "exec", "arguments": arguments, "_meta": {}})
+    assert direct["id"] == 1 and through_sdk["id"] == 2
+    assert _masked(direct["result"]) == _masked(through_sdk["result"])
+    assert set(direct) == set(through_sdk) == {"jsonrpc", "id", "result"}
+
+
+@pytest.mark.parametrize("meta", [None, {}], ids=["direct", "sdk"])
+def test_a_cancelled_call_is_never_answered(bare: Bare, meta: dict[str, Any] | None) -> None:
+    # Uncancelled, this call would be answered after a second.
+    params: dict[str, Any] = {"name": "exec", "arguments": {"command": "sleep 1", "yieldMs": 60000}}
+    if meta is not None:
+        params["_meta"] = meta
+    bare.send({"jsonrpc": "2.0", "id": "long", "method": "tools/call", "params": params})
+    bare.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "long"}})
+    bare.send({"jsonrpc": "2.0", "id": 7, "method": "ping"})
+    assert bare.reply() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    assert bare.server.stdout is not None
+    assert select.select([bare.server.stdout], [], [], 2.5)[0] == []  # and nothing more came
+
+
+def test_unknown_tools_and_malformed_calls_still_get_the_sdks_answers(bare: Bare) -> None:
+    unknown = bare.call(1, {"name": "nosuch", "arguments": {}})
+    assert unknown["result"]["isError"] is True and "nosuch" in unknown["result"]["content"][0]["text"]
+    no_name = bare.call(2, {"arguments": {}})
+    assert no_name["error"]["code"] == -32602
+    bad_arguments = bare.call(3, {"name": "exec", "arguments": ["not", "an", "object"]})
+    assert "error" in bad_arguments
+
+
+# -- which lines are taken ---------------------------------------------------------------------
+
+
+async def _echo(arguments: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(arguments))])
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode()
+
+
+def _handshake(calls: DirectCalls) -> None:
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    assert not calls.take(_line({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}))
+
+    calls.saw_reply(JSONRPCResponse(jsonrpc="2.0", id=0, result={"protocolVersion": "2025-06-18"}))
+    assert not calls.active  # not before notifications/initialized
+    assert not calls.take(_line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+    assert calls.active
+
+
+async def test_only_plain_calls_of_known_tools_after_the_handshake_are_taken() -> None:
+    started: list[tuple[Any, ...]] = []
+    calls = DirectCalls({"exec": _echo}, send=lambda data: None, spawn=lambda *a: started.append(a), limit=2)  # type: ignore[arg-type,return-value]
+
+    def call(request_id: object, **params: Any) -> bytes:
+        return _line({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+
+    assert not calls.take(call(1, name="exec", arguments={}))  # before the handshake: the SDK's
+    _handshake(calls)
+    assert calls.take(call(1, name="exec", arguments={"command": "true"}))
+    assert not calls.take(call(1, name="exec", arguments={}))  # an id in use
+    assert not calls.take(call(2, name="exec", arguments={}, _meta={"progressToken": 1}))
+    assert not calls.take(call(3, name="nosuch", arguments={}))
+    assert not calls.take(call(4, name="exec", arguments=[]))
+    assert not calls.take(call(True, name="exec", arguments={}))  # not an id
+    assert not calls.take(b'{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {')  # not JSON
+    assert calls.take(call("1", name="exec"))  # "1" is not 1; no arguments is {}
+    assert not calls.take(call(5, name="exec", arguments={}))  # the limit (2) is reached
+    assert len(started) == 2
+    assert not calls.take(_line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 9}}))
+    assert calls.take(_line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}))
