@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from procpilot.engine import spawn
 from procpilot.engine.limits import Limits
 from procpilot.engine.spawn import SpawnSpec, build_env, resolve_workdir, spawn_process
 from procpilot.engine.trees import MARKER_ENV
@@ -69,6 +70,26 @@ def test_a_symlink_out_of_the_workspace_is_out_of_scope(tmp_path: Path) -> None:
     (ws / "out").symlink_to(tmp_path)
     with pytest.raises(PathOutOfScope):
         resolve_workdir(ws, "out")
+
+
+def test_a_workspace_repointed_is_followed_once_its_resolution_is_rechecked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The resolved root is kept (a spawn must not walk the path each time), but not past a
+    # repointing: a symlinked workspace swapped to another release is where commands run next.
+    first, second = tmp_path / "r1", tmp_path / "r2"
+    first.mkdir()
+    second.mkdir()
+    ws = tmp_path / "current"
+    ws.symlink_to(first)
+    assert SpawnSpec("true", workspace=ws).cwd == first.resolve()
+    os.unlink(ws)
+    ws.symlink_to(second)
+    assert SpawnSpec("true", workspace=ws).cwd == first.resolve()  # within a second: as it was
+    monkeypatch.setattr(spawn, "_ROOT_RECHECK", 0.0)
+    assert SpawnSpec("true", workspace=ws).cwd == second.resolve()
+    with pytest.raises(PathOutOfScope):  # and what lies in the old one is now outside
+        resolve_workdir(ws, str(first))
 
 
 def test_a_missing_working_directory_is_an_invalid_argument(tmp_path: Path) -> None:

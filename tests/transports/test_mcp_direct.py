@@ -1,5 +1,5 @@
 """``tools/call`` answered on the stdio transport without the SDK's dispatch (transports/mcp_direct.py):
-the same bytes the SDK would write, cancellation as the SDK does it, and only the calls it may take."""
+the same JSON the SDK would write, cancellation as the SDK does it, and only the calls it may take."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_types import CallToolResult, JSONRPCResponse, TextContent
+from mcp_types import JSONRPCResponse
 
-from procpilot.transports.mcp_direct import DirectCalls
+from procpilot.contract import ToolResult
+from procpilot.transports.mcp_direct import SHAPED_ALIKE, DirectCalls
 from tests.daemon import cli_env
 
 PROCPILOT = str(Path(sys.executable).parent / "procpilot")
@@ -88,7 +89,7 @@ def _masked(result: dict[str, Any]) -> Any:
     return mask(result)
 
 
-@pytest.mark.parametrize("bare", ["2024-11-05", "2025-06-18", "2025-11-25"], indirect=True)
+@pytest.mark.parametrize("bare", sorted(SHAPED_ALIKE), indirect=True)
 @pytest.mark.parametrize(
     "arguments",
     [
@@ -132,8 +133,8 @@ def test_unknown_tools_and_malformed_calls_still_get_the_sdks_answers(bare: Bare
 # -- which lines are taken ---------------------------------------------------------------------
 
 
-async def _echo(arguments: dict[str, Any]) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=json.dumps(arguments))])
+async def _echo(arguments: dict[str, Any]) -> ToolResult:
+    return ToolResult(json.dumps(arguments), dict(arguments))
 
 
 def _line(message: dict[str, Any]) -> bytes:

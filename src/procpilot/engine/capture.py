@@ -86,6 +86,13 @@ class SessionOutput:
         self._legacy[stream].write(data, newlines)
         self._combined.write(data, newlines)
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the files the next bytes go to are open (then ``ready`` is True at no cost)."""
+        if self._index is not None:
+            return self._index.is_open
+        return all(log.is_open for log in self._legacy.values())
+
     def ready(self) -> bool:
         """Whether bytes stored now would reach the disk: False while the process is out of
         descriptors for the files (SegmentedLog.ready), when the reader should wait, not read."""

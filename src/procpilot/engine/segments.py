@@ -353,16 +353,20 @@ class SegmentedLog(LineReads):
             pos += written
         self._last_byte_newline = data[-1] == 10
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the file the next byte goes to is open."""
+        return self._fd is not None and self._fd_index == self.size // self.segment_size
+
     def ready(self) -> bool:
         """Whether the file the next byte goes to is open (opening it if need be). False only
         while no descriptor can be had (``OUT_OF_DESCRIPTORS``): then bytes written now would be
         lost, and the caller should leave them in their pipe and ask again shortly. Any other
         refusal is True: ``write`` counts what it loses, and waiting would not mend a full disk."""
-        index = self.size // self.segment_size
-        if self._fd is not None and index == self._fd_index:
+        if self.is_open:
             return True
         try:
-            self._fd = self._open_segment(index)
+            self._fd = self._open_segment(self.size // self.segment_size)
         except OSError as exc:
             return exc.errno not in OUT_OF_DESCRIPTORS
         WRITERS.touch(self)

@@ -25,6 +25,7 @@ from typing import Any
 from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
+from procpilot.engine.procfs import read_small
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
@@ -99,8 +100,7 @@ def signal_name(sig: int) -> str:
 
 def _zombie_io(pid: int) -> tuple[int, int] | None:
     try:
-        with open(f"/proc/{pid}/io", "rb") as f:
-            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        fields = dict(line.split(b":", 1) for line in read_small(f"/proc/{pid}/io").splitlines() if b":" in line)
         return int(fields[b"rchar"]), int(fields[b"wchar"])
     except (OSError, KeyError, ValueError):
         return None
@@ -281,7 +281,7 @@ class Session:
         else:  # a restart: the last run's ending is the log's now
             self.exit_code = self.exit_signal = None
         self.cycle.respawning = False
-        self.accounting.spawner_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.accounting.spawner_maxrss_kb = _spawner_maxrss_kb()
         self.stdin_open = spawned.stdin_fd is not None
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
         if spawned.stderr_fd is not None:
@@ -374,7 +374,7 @@ class Session:
     # -- output --------------------------------------------------------------------------------
 
     def _on_readable(self, fd: int, stream: Stream) -> None:
-        if _unread(fd) and not self.output.ready():
+        if not self.output.is_open and _unread(fd) and not self.output.ready():
             # Out of descriptors for the log's file (EMFILE): bytes read now would be lost. They
             # wait in the pipe (a command that fills it blocks) and reading resumes shortly.
             self._loop.remove_reader(fd)
@@ -789,6 +789,18 @@ class Session:
             "restarts": self.restarts,
             **self.custody.record,
         }
+
+
+_maxrss_read: list[float] = [-1.0, 0]  # when the server's peak RSS was last read, and its value
+
+
+def _spawner_maxrss_kb() -> int:
+    """This process's peak RSS, read at most once a second: it only grows, slowly, and a system
+    call on the spawn path costs 20-50 µs after an agent's idle gap."""
+    now = time.monotonic()
+    if now - _maxrss_read[0] > 1.0:
+        _maxrss_read[:] = [now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]
+    return int(_maxrss_read[1])
 
 
 def _unread(fd: int) -> int:

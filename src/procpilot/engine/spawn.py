@@ -20,6 +20,7 @@ import shlex
 import struct
 import subprocess
 import termios
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,21 +230,53 @@ async def spawn_process(
     else:
         for index, word in enumerate(spec.command):
             check_os_string(f"command[{index}]", word, field="command")
-    cwd_fd = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else None
+    cwd_fd, entered = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else (None, None)
     try:
         check_command(spec.command, env, spec.cwd)
         if launch is not None:
-            return launch(spec, env, prelude, None if cwd_fd is None else os.readlink(f"/proc/self/fd/{cwd_fd}"))
+            if cwd_fd is not None and entered is None:
+                entered = os.readlink(f"/proc/self/fd/{cwd_fd}")
+            return launch(spec, env, prelude, entered)
         return await _spawn_with_retries(spec, env, prelude, cwd_fd)
     finally:
         if cwd_fd is not None:
             os.close(cwd_fd)
 
 
+_ROOTS: dict[Path, tuple[Path, int, int, float]] = {}  # workspace: real path, its (dev, inode), when checked
+_MAX_ROOTS = 256
+_ROOT_RECHECK = 1.0  # seconds a resolved workspace is trusted without a look
+
+
+def _real_root(workspace: Path) -> Path:
+    """``workspace`` with symlinks followed, as ``resolve()`` gives it, without a system call
+    when resolved in the last second and with one (a stat, against one per path component)
+    when it still leads where it led: this runs twice on every spawn, where each system call
+    after an agent's idle gap costs 20-50 µs. A workspace repointed since (a symlink swapped)
+    is resolved again; until then, commands stay confined to where it led (the check that
+    confines them is the kernel's path of the directory entered, compared with this)."""
+    now = time.monotonic()
+    known = _ROOTS.get(workspace)
+    if known is not None and now - known[3] < _ROOT_RECHECK:
+        return known[0]
+    try:
+        st = os.stat(workspace)
+    except OSError:
+        return workspace.resolve()
+    if known is not None and known[1:3] == (st.st_dev, st.st_ino):
+        _ROOTS[workspace] = (known[0], st.st_dev, st.st_ino, now)
+        return known[0]
+    root = workspace.resolve()
+    if len(_ROOTS) >= _MAX_ROOTS:
+        _ROOTS.clear()
+    _ROOTS[workspace] = (root, st.st_dev, st.st_ino, now)
+    return root
+
+
 def resolve_workdir(workspace: Path, value: Path | str | None) -> Path:
     """``value`` resolved against the workspace (``..`` collapsed, symlinks followed) and checked
     to be an existing directory inside it; None is the workspace itself."""
-    root = workspace.resolve()
+    root = _real_root(workspace)
     if value is None or str(value) == "":
         return root
     check_os_string("working_directory", str(value))
@@ -269,8 +302,9 @@ def resolve_workdir(workspace: Path, value: Path | str | None) -> Path:
     return resolved
 
 
-def _open_workdir(cwd: Path, workspace: Path | None) -> int:
-    """A descriptor of the working directory, checked to lie inside ``workspace``.
+def _open_workdir(cwd: Path, workspace: Path | None) -> tuple[int, str | None]:
+    """A descriptor of the working directory, checked to lie inside ``workspace``, and the path
+    the kernel says it has (None when there was no workspace to check it against).
 
     The child enters the directory through this descriptor, never by its path again: whatever
     happens to the path after the check (a component swapped for a symlink), the directory
@@ -285,17 +319,18 @@ def _open_workdir(cwd: Path, workspace: Path | None) -> int:
             hints={"fix_workdir": "Pass an existing directory, or omit workdir to use the default."},
             field="workdir",
         ) from None
-    if workspace is not None:
-        entered = Path(os.readlink(f"/proc/self/fd/{fd}"))
-        root = workspace.resolve()
-        if entered != root and root not in entered.parents:
-            os.close(fd)
-            raise PathOutOfScope(
-                f"workdir {cwd} leads to {entered}, outside the workspace root {root}",
-                working_directory=str(cwd),
-                workspace_root=str(root),
-            )
-    return fd
+    if workspace is None:
+        return fd, None
+    entered_at = os.readlink(f"/proc/self/fd/{fd}")
+    entered, root = Path(entered_at), _real_root(workspace)
+    if entered != root and root not in entered.parents:
+        os.close(fd)
+        raise PathOutOfScope(
+            f"workdir {cwd} leads to {entered}, outside the workspace root {root}",
+            working_directory=str(cwd),
+            workspace_root=str(root),
+        )
+    return fd, entered_at
 
 
 async def _spawn_with_retries(

@@ -117,6 +117,12 @@ class OrderIndex:
         if data:
             self.ends_with_newline[stream] = data[-1] == 10
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the log's and this index's files for the next byte are open."""
+        log = self._log
+        return log.is_open and self._fd is not None and self._fd_index == log.size // log.segment_size
+
     def ready(self) -> bool:
         """Whether the log's and this index's files for the next byte are open (SegmentedLog.ready)."""
         log = self._log

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from procpilot.engine.procfs import read_small
+
 __all__ = [
     "MARKER_ENV",
     "SUPERVISOR_ENV",
@@ -241,8 +243,7 @@ class CgroupTrees:
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
         try:
-            with open(f"{self._root}/{session_id}/cgroup.procs", "rb") as f:
-                data = f.read()
+            data = read_small(f"{self._root}/{session_id}/cgroup.procs")
         except OSError:
             return set()
         return {int(line) for line in data.split()}

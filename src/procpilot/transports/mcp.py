@@ -9,7 +9,7 @@ error. Works in both protocol eras the SDK speaks (legacy initialize, and 2026-0
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -18,7 +18,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from procpilot.contract import ToolResult, ToolSpec
 
-__all__ = ["build_mcp_server", "to_call_result", "tool_caller"]
+__all__ = ["build_mcp_server", "to_call_result"]
 
 _INSTRUCTIONS = (
     "procpilot runs shell commands for you. Use exec for a command; if it is still running after "
@@ -52,19 +52,13 @@ class _FaceTool(Tool):
         return self.fn_metadata.convert_result(result) if convert_result else result
 
 
-def tool_caller(spec: ToolSpec, scope: ScopeSource) -> Callable[[dict[str, Any]], Awaitable[CallToolResult]]:
-    """``spec`` as an MCP tool function: the client's arguments in, the call's result out."""
-
+def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
     async def call(arguments: dict[str, Any]) -> CallToolResult:
         caller = scope if isinstance(scope, str) else scope()
         return to_call_result(await spec.call(arguments, caller))
 
-    return call
-
-
-def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
     tool = _FaceTool.from_function(
-        tool_caller(spec, scope),
+        call,
         name=spec.name,
         description=spec.description,
         annotations=ToolAnnotations(title=spec.name, destructive_hint=spec.tier.value != "autonomous"),

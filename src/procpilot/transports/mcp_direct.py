@@ -2,17 +2,21 @@
 
 After idle, an ``exec true`` over MCP stdio cost 2.3x a raw ``sh -c true`` where a ``ping`` through
 the same server cost 0.8x: the difference was the SDK's path for a call (a pydantic parse of the
-message, two memory-stream hops, the dual-era dispatcher, a ``Context``, the result's conversion),
-~0.6 ms a call, paid again after each idle gap as cold code. A call the SDK would answer exactly as
-a plain function call is answered here instead: the tool runs in a task of its own and its reply
-is shaped by the SDK's own per-version serializer, so the bytes on the wire are the SDK's.
+message, two memory-stream hops, the dual-era dispatcher, a ``Context``, the result's conversion
+through three pydantic models), ~0.6 ms a call, paid again after each idle gap as cold code (the
+result's conversion alone: 5 µs back to back, 350 µs after 100 ms of idle). A call the SDK would
+answer as a plain function call is answered here instead: the tool runs in a task of its own and
+its result is written as the JSON the SDK writes for it, field for field, in every protocol version
+this path serves (tests/transports/test_mcp_direct.py compares the two for each).
 
 Only what needs nothing else of the SDK goes this way, and everything else goes to the SDK
 untouched: a handshake-era connection (``initialize`` answered with a version,
 ``notifications/initialized`` seen), a ``tools/call`` whose params are a known tool's ``name`` and
 its ``arguments`` and nothing more (no ``_meta``: no progress token, no 2026-era envelope), an id
-not already in use, and at most ``limit`` such calls at once. ``notifications/cancelled`` for a
-call answered here cancels it, and, as the SDK does, the cancelled call is never answered.
+not already in use, at most ``limit`` such calls at once, and a protocol version whose result
+shape is the one written here (``SHAPED_ALIKE``; a newer one goes to the SDK until it is added).
+``notifications/cancelled`` for a call answered here cancels it, and, as the SDK does, the
+cancelled call is never answered.
 """
 
 from __future__ import annotations
@@ -24,15 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from mcp_types import CallToolResult, TextContent
-from mcp_types.methods import SERVER_RESULTS, serialize_server_result
-from pydantic import ValidationError
 
-__all__ = ["DirectCalls", "ToolCaller"]
+from procpilot.contract import ToolResult
 
-ToolCaller = Callable[[dict[str, Any]], Awaitable[CallToolResult]]
+__all__ = ["SHAPED_ALIKE", "DirectCalls", "ToolCaller"]
+
+ToolCaller = Callable[[dict[str, Any]], Awaitable[ToolResult]]
+# The protocol versions whose tools/call result is written here as the SDK writes it.
+SHAPED_ALIKE = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
 _log = logging.getLogger(__name__)
-_INTERNAL_ERROR = -32603
 # Lines worth a look: anything else goes to the SDK without being parsed here.
 _MARKERS = (b'"tools/call"', b'"notifications/cancelled"', b'"initialize"', b'"notifications/initialized"')
 
@@ -94,7 +98,7 @@ class DirectCalls:
             return
         result = getattr(message, "result", None)
         version = result.get("protocolVersion") if isinstance(result, dict) else None
-        if isinstance(version, str) and ("tools/call", version) in SERVER_RESULTS:
+        if version in SHAPED_ALIKE:
             self._version = version
 
     def _start(self, message: dict[str, Any]) -> bool:
@@ -143,17 +147,18 @@ class _Call:
 async def _reply(call: _Call) -> bytes:
     try:
         result = await call.tool(call.arguments)
-    except Exception as exc:  # as the SDK does: an error result, and the trace in the log
+    except Exception as exc:  # (faces turn errors into results; this is a bug) as the SDK does
         _log.exception("Tool raised an unexpected exception")
-        result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
-    message: dict[str, Any] = {"jsonrpc": "2.0", "id": call.request_id}
-    try:
-        dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        message["result"] = serialize_server_result("tools/call", call.version, dumped)
-    except ValidationError:
-        _log.exception("a tool returned an invalid result")
-        message["error"] = {"code": _INTERNAL_ERROR, "message": "Handler returned an invalid result"}
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        wire: dict[str, Any] = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+    else:
+        wire = {
+            "content": [{"type": "text", "text": result.text}],
+            "structuredContent": result.data,
+            "isError": result.is_error,
+        }
+    message = {"jsonrpc": "2.0", "id": call.request_id, "result": wire}
+    # default=str as transports/mcp.py's to_call_result: a path or a datetime in data is its text
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, default=str).encode() + b"\n"
 
 
 def _key(request_id: object) -> tuple[bool, object] | None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
-from procpilot.transports.mcp import build_mcp_server, tool_caller
+from procpilot.transports.mcp import build_mcp_server
 from procpilot.transports.serve import (
     audit_file,
     bind_listeners,
@@ -55,7 +55,7 @@ async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, ke
     from procpilot.transports.mcp_stdio import serve_stdio
 
     server = build_mcp_server(tools, scope=agent)
-    direct = {spec.name: tool_caller(spec, agent) for spec in tools}
+    direct = {spec.name: functools.partial(spec.call, scope=agent) for spec in tools}
     await serve_until_signal(sup, lambda: serve_stdio(server, direct), keep=keep_sessions)
 
 
