@@ -12,6 +12,7 @@ import asyncio
 import re
 import signal as signal_module
 from collections.abc import Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_name
 from procpilot.engine.capture import Stream
 from procpilot.engine.keys import encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
-from procpilot.engine.session import ExitInfo, Session
+from procpilot.engine.session import ExitInfo, Session, check_inputs
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -439,15 +440,17 @@ class ExecProcessFace:
         lines = []
         sessions = self.sup.list(scope)
         await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
-        usages = await self.sup.usage.snapshot(sessions)
-        fresh_checks = _LIST_INPUT_CHECKS
+        # waitingForInput: a recent answer, else a fresh one for the newest sessions only, read
+        # off the loop beside the usage figures
+        unchecked = (s for s in sessions if s.is_running and s.last_waiting_for_input(_INPUT_CHECK_AGE) is None)
+        usages, _ = await asyncio.gather(
+            self.sup.usage.snapshot(sessions), check_inputs(list(islice(unchecked, _LIST_INPUT_CHECKS)))
+        )
         for s in sessions:
-            # waitingForInput: a recent answer, else a fresh one for the newest sessions only
-            check = s.is_running and fresh_checks > 0 and s.last_waiting_for_input(_INPUT_CHECK_AGE) is None
-            fresh_checks -= check
             usage = usages[s.id]  # None: running, not sampled yet (unknown, never a false zero)
-            row = self._summary(s, input_check=check) | {
-                "runtimeMs": s.duration_ms,
+            row = self._summary(s, input_check=False)
+            row |= {
+                "runtimeMs": row["durationMs"],
                 "backgrounded": s.backgrounded,
                 "startedAt": s.created_at,
                 "cpuMs": None if usage is None else usage.cpu_ms,
