@@ -81,21 +81,3 @@ async def test_a_listing_samples_within_its_budget_and_says_unknown_rather_than_
     again = await tracker.snapshot([running], budget=0)  # within the reuse window: no reading needed
     assert again[running.id] == sampled
     await supervisor.kill("a", running.id, wait=None)
-
-
-async def test_what_a_listing_did_not_reach_is_read_after_it(supervisor: Supervisor) -> None:
-    # The listing answers at once; the trees it left unread are read in the background, so the
-    # next listing has their figures without waiting for them.
-    tracker = usage_tracker(supervisor)
-    sessions = [await supervisor.spawn(SpawnSpec("sleep 30"), scope="a") for _ in range(3)]
-    first = await tracker.snapshot(sessions, budget=0)
-    assert all(first[s.id] is None for s in sessions)
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
-        later = await tracker.snapshot(sessions, budget=0)  # (reads nothing itself)
-        if all(later[s.id] is not None for s in sessions) or asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.02)
-    assert all(later[s.id] is not None for s in sessions)
-    for s in sessions:
-        await supervisor.kill("a", s.id, wait=None)

@@ -52,8 +52,7 @@ _YOUNG_SEC = 3.0
 # (stalest first, so successive listings cover them all): psutil costs ~0.1 ms a process, and a
 # list of a thousand running sessions must answer in milliseconds, not a tenth of a second.
 _LIST_SAMPLE_AGE = 2.0
-_LIST_SAMPLE_BUDGET = 0.002  # a listing waits this long for fresh figures; the rest come after it
-_APPLY_CHUNK = 256  # readings folded in per turn of the loop by a refresh after a listing
+_LIST_SAMPLE_BUDGET = 0.002  # a listing waits this long for fresh figures (the stalest first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +189,6 @@ class UsageTracker:
         self._tracks: weakref.WeakKeyDictionary[Session, _Track] = weakref.WeakKeyDictionary()
         self._watched: weakref.WeakSet[Session] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
-        self._refresh: asyncio.Task[None] | None = None  # what a listing left unread, read after it
 
     def usage(self, session: Session) -> Usage:
         """The session's usage now: sampled if it runs (and watched from now on), final if it ended."""
@@ -233,8 +231,10 @@ class UsageTracker:
         one's best so far if sampled in the last couple of seconds, else sampled afresh in a
         worker thread, stalest first, for as long as ``budget`` seconds allow (None: all of them).
         A running tree not reached and never sampled is None (unknown, not zero); one sampled
-        before keeps that value. Those not reached are read after the listing, in the background
-        (one such refresh at a time), so the next listing has them. Nothing is watched."""
+        before keeps that value, and the next listing reaches it first. Nothing is watched.
+
+        (Not read after the listing in the background instead: a thread reading a thousand trees
+        holds the GIL between its reads, and the next listing's rows then took twice as long.)"""
         found: dict[str, Usage | None] = {}
         stale: list[tuple[float, Session]] = []
         now = time.monotonic()
@@ -268,22 +268,7 @@ class UsageTracker:
             for session, _ in order:
                 if session.finished:  # ended while its tree was read: the final figures
                     found[session.id] = self._finalize(session)
-            unread = order[len(readings) :]
-            if unread and not sup._closed and (self._refresh is None or self._refresh.done()):
-                self._refresh = sup._spawn_task(self._read_after(unread))
         return found
-
-    async def _read_after(self, order: list[tuple[Session, tuple[str, int]]]) -> None:
-        sup = self._sup()
-        if sup is None:
-            return
-        readings = await asyncio.to_thread(_read_within, sup._tree_backend, [tree for _, tree in order], None)
-        for start in range(0, len(readings), _APPLY_CHUNK):
-            if start:
-                await asyncio.sleep(0)  # thousands of trees: the loop serves others in between
-            for (session, _), reading in zip(order[start : start + _APPLY_CHUNK], readings[start:], strict=False):
-                if not session.finished:
-                    self._apply(session, reading)
 
     def watch(self, session: Session) -> None:
         """Sample ``session`` periodically until it ends (cheap: one light task for all of them)."""
