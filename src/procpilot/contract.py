@@ -144,13 +144,53 @@ def redact_environment(arguments: Mapping[str, Any]) -> dict[str, Any]:
 
 def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments as an audit trail keeps them: environment values hidden, what is written to a
-    process reduced to its size, omitted (None) ones left out."""
+    process reduced to its size, omitted (None) ones left out, and the rest cut past
+    ``AUDIT_ARGUMENTS_BUDGET`` characters and items in all. The trail keeps its last events in
+    memory (the console's ring, listeners' queues): uncut, every refused 1 MB command an agent
+    sent was a MB held there."""
+    budget = [AUDIT_ARGUMENTS_BUDGET]
     out: dict[str, Any] = {}
-    for key, value in redact_environment(arguments).items():
+    for count, (key, value) in enumerate(redact_environment(arguments).items()):
+        if count >= _AUDIT_NAMES and budget[0] <= 0:
+            out["..."] = f"<{len(arguments) - count} more arguments>"
+            break
         if value is None:
             continue
-        out[key] = f"<{len(value) if isinstance(value, str | list) else 1} items/chars>" if key in _SIZED else value
+        name = str(key)[:64]
+        budget[0] -= 1 + len(name)
+        if key in _SIZED:
+            out[name] = f"<{len(value) if isinstance(value, str | list) else 1} items/chars>"
+        else:
+            out[name] = _cut(value, budget, 1)
     return out
+
+
+AUDIT_ARGUMENTS_BUDGET = 4096
+_AUDIT_NAMES = 32  # argument names kept past the budget (a schema's worth), each as a short marker
+
+
+def _cut(value: Any, budget: list[int], depth: int) -> Any:
+    """``value`` with what lies past ``budget[0]`` characters and items (spent as it goes) cut,
+    and said: a string ends ``…[N more chars]``, a list or a mapping with ``<N more items>``."""
+    if isinstance(value, str):
+        keep = max(0, min(len(value), budget[0]))
+        budget[0] -= keep
+        return value if keep == len(value) else f"{value[:keep]}…[{len(value) - keep} more chars]"
+    if not isinstance(value, Mapping | list | tuple):
+        return value
+    if depth >= 4 or budget[0] <= 0:
+        return f"<{len(value)} items>"
+    pairs = value.items() if isinstance(value, Mapping) else enumerate(value)
+    kept: list[tuple[Any, Any]] = []
+    for key, item in pairs:  # stops at the budget: a 100,000-item list is never copied whole
+        if budget[0] <= 0:
+            break
+        budget[0] -= 1
+        kept.append((_cut(key, budget, depth + 1), _cut(item, budget, depth + 1)))
+    more = len(value) - len(kept)
+    if isinstance(value, Mapping):
+        return dict(kept) | ({"...": f"<{more} more items>"} if more else {})
+    return [item for _, item in kept] + ([f"<{more} more items>"] if more else [])
 
 
 # -- audit -------------------------------------------------------------------------------------

@@ -90,6 +90,12 @@ def test_a_workspace_repointed_is_followed_once_its_resolution_is_rechecked(
     assert SpawnSpec("true", workspace=ws).cwd == second.resolve()
     with pytest.raises(PathOutOfScope):  # and what lies in the old one is now outside
         resolve_workdir(ws, str(first))
+    # Moved (the same directory under another name) and the link pointed after it: found again.
+    moved = tmp_path / "r2-moved"
+    second.rename(moved)
+    os.unlink(ws)
+    ws.symlink_to(moved)
+    assert SpawnSpec("true", workspace=ws).cwd == moved.resolve()
 
 
 def test_a_missing_working_directory_is_an_invalid_argument(tmp_path: Path) -> None:

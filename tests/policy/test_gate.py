@@ -188,3 +188,19 @@ async def test_send_keys_are_checked_whatever_their_encoding(tmp_path: Path, wor
         await asyncio.sleep(0.3)
         assert not mark.exists()
         await process.call({"action": "remove", "sessionId": sid}, "a1")
+
+
+def test_audited_arguments_are_cut_and_say_so() -> None:
+    from procpilot.contract import AUDIT_ARGUMENTS_BUDGET, audit_arguments
+
+    kept = audit_arguments(
+        {"command": "x" * 100_000, "env": {f"V{i}": "s" for i in range(100_000)}, "stdin": "pw", "timeout": 5}
+    )
+    shown, _, cut = kept["command"].partition("…")
+    assert set(shown) == {"x"} and len(shown) <= AUDIT_ARGUMENTS_BUDGET
+    assert cut == f"[{100_000 - len(shown)} more chars]"
+    assert kept["env"] == "<100000 items>" and kept["stdin"] == "<2 items/chars>" and kept["timeout"] == 5
+    many = audit_arguments({f"k{i}": i for i in range(100_000)})
+    assert len(json.dumps(many)) < 4 * AUDIT_ARGUMENTS_BUDGET and many["..."].endswith("more arguments>")
+    small = {"command": "ls", "args": ["-l", "src"], "env": {"A": "secret"}}
+    assert audit_arguments(small) == {"command": "ls", "args": ["-l", "src"], "env": {"A": "<redacted>"}}

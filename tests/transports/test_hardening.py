@@ -49,6 +49,20 @@ def test_a_huge_command_is_refused_at_once(served: Served) -> None:
         assert time.monotonic() - started < 5  # was 12 s of a stalled event loop
 
 
+def test_refused_huge_commands_are_not_kept_by_the_audit_trail(served: Served) -> None:
+    # Each call's audit event (kept in memory: the console's ring, listeners' queues) held the
+    # whole arguments: 80 refused 1 MB commands grew the daemon by 80 MB, never given back.
+    with served.http(TOKEN_A) as c:
+        post(c, "exec", command="echo " + "A" * 1_000_000)  # the allocator's first growth
+        before = rss_mib(served.proc.pid)
+        for _ in range(80):
+            assert post(c, "exec", command="echo " + "A" * 1_000_000).status_code == 422
+        assert rss_mib(served.proc.pid) - before < 40
+    audit = served.root / "state" / "audit.jsonl"
+    last = json.loads(audit.read_text().splitlines()[-1])
+    assert last["arguments"]["command"].endswith("more chars]") and len(json.dumps(last)) < 8192
+
+
 def test_big_commands_do_not_stall_a_quiet_agent(served: Served) -> None:
     # The largest command the kernel takes, analysed by the allowlist policy over and over, while
     # another agent calls: its calls are answered as they come (generous bound: a shared CI box).

@@ -250,20 +250,22 @@ _ROOT_RECHECK = 1.0  # seconds a resolved workspace is trusted without a look
 
 def _real_root(workspace: Path) -> Path:
     """``workspace`` with symlinks followed, as ``resolve()`` gives it, without a system call
-    when resolved in the last second and with one (a stat, against one per path component)
-    when it still leads where it led: this runs twice on every spawn, where each system call
-    after an agent's idle gap costs 20-50 µs. A workspace repointed since (a symlink swapped)
-    is resolved again; until then, commands stay confined to where it led (the check that
-    confines them is the kernel's path of the directory entered, compared with this)."""
+    when resolved in the last second and with two (stats of it and of what it resolved to,
+    against one per path component) when both still name the same directory: this runs twice
+    on every spawn, where each system call after an agent's idle gap costs 20-50 µs. A
+    workspace repointed since (a symlink swapped) or moved is resolved again; until then,
+    commands stay confined to where it led (the check that confines them is the kernel's path
+    of the directory entered, compared with this)."""
     now = time.monotonic()
     known = _ROOTS.get(workspace)
     if known is not None and now - known[3] < _ROOT_RECHECK:
         return known[0]
     try:
         st = os.stat(workspace)
+        same = known is not None and known[1:3] == (st.st_dev, st.st_ino) == _identity(known[0])
     except OSError:
         return workspace.resolve()
-    if known is not None and known[1:3] == (st.st_dev, st.st_ino):
+    if known is not None and same:
         _ROOTS[workspace] = (known[0], st.st_dev, st.st_ino, now)
         return known[0]
     root = workspace.resolve()
@@ -271,6 +273,14 @@ def _real_root(workspace: Path) -> Path:
         _ROOTS.clear()
     _ROOTS[workspace] = (root, st.st_dev, st.st_ino, now)
     return root
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def resolve_workdir(workspace: Path, value: Path | str | None) -> Path:

@@ -147,7 +147,7 @@ class _Call:
 async def _reply(call: _Call) -> bytes:
     try:
         result = await call.tool(call.arguments)
-    except Exception as exc:  # (faces turn errors into results; this is a bug) as the SDK does
+    except Exception as exc:  # ToolSpec.call makes errors results: this is a bug, answered as the SDK would
         _log.exception("Tool raised an unexpected exception")
         wire: dict[str, Any] = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
     else:
