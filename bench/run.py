@@ -934,12 +934,15 @@ async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children,
             sup.list("many")
             list_walls.append(time.perf_counter() - t)
         process_tool = exec_process_tools(sup)[1]
-        face_walls = []
-        for _ in range(3):
-            t = time.perf_counter()
-            result = await process_tool.call({"action": "list"}, "many")
-            face_walls.append(time.perf_counter() - t)
-            assert result.data["total"] == n, result.text[:200]
+        face_walls: list[float] = []
+        idle_walls: list[float] = []
+        for walls, idle in ((face_walls, 0.0), (idle_walls, EXEC_IDLE)):
+            for _ in range(3):
+                await asyncio.sleep(idle)
+                t = time.perf_counter()
+                result = await process_tool.call({"action": "list"}, "many")
+                walls.append(time.perf_counter() - t)
+                assert result.data["total"] == n, result.text[:200]
         t_kill = await close_timed(sup)  # the shutdown path: SIGTERM to every tree, SIGKILL after the grace
         killed = sum(1 for s in sup.all_sessions() if s.state is SessionState.KILLED)
     await asyncio.sleep(0.05)
@@ -964,6 +967,9 @@ async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children,
     out.add(bench, "threads added", f"{threads1 - threads0}", "0")
     out.add(bench, "Supervisor.list(scope): median", fmt_ms(statistics.median(list_walls)))
     out.add(bench, "process tool list (face): median", fmt_ms(statistics.median(face_walls)))
+    out.add(
+        bench, f"process tool list, after {EXEC_IDLE * 1000:.0f} ms idle: median", fmt_ms(statistics.median(idle_walls))
+    )
     out.add(
         bench,
         "sessions KILLED / survivors",

@@ -90,6 +90,10 @@ class Stream(enum.Enum):
     STDOUT = "stdout"
     STDERR = "stderr"
 
+    # Members are singletons compared by identity: hashing by identity too spares every dict keyed
+    # by a stream (each byte counted, each view looked up) Enum's hash, a Python-level call.
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:

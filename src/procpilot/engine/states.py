@@ -33,6 +33,8 @@ class SessionState(enum.Enum):
     FAILED_TO_START = "failed_to_start"
     LOST = "lost"  # how it ended is not known (a server outage, a dead node: see Session.error)
 
+    __hash__ = object.__hash__  # singletons compared by identity (see segments.Stream)
+
     @property
     def is_end(self) -> bool:
         return self in END_STATES

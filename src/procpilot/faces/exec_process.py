@@ -255,7 +255,8 @@ class ExecProcessFace:
         }
         if session.spec.restart is not None:
             data["restarts"] = session.restarts
-        data |= _node(session.node)
+        if session.node is not None:
+            data["node"] = session.node
         if session.error:
             data["error"] = session.error
         if lost := session.output[Stream.COMBINED].lost:
