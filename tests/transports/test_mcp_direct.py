@@ -16,7 +16,7 @@ import pytest
 from mcp_types import JSONRPCResponse
 
 from procpilot.contract import ToolResult
-from procpilot.transports.mcp_direct import SHAPED_ALIKE, DirectCalls
+from procpilot.transports.mcp_direct import MODERN, SHAPED_ALIKE, DirectCalls
 from tests.daemon import cli_env
 
 PROCPILOT = str(Path(sys.executable).parent / "procpilot")
@@ -25,7 +25,8 @@ _VOLATILE = {"sessionId", "pid", "durationMs"}
 
 
 class Bare:
-    """A bare JSON-RPC client on a real ``procpilot mcp``'s pipes."""
+    """A bare JSON-RPC client on a real ``procpilot mcp``'s pipes: the handshake of ``version``,
+    or for 2026-07-28 a ``server/discover`` under the envelope every request then carries."""
 
     def __init__(self, tmp_path: Path, version: str) -> None:
         env = cli_env(
@@ -33,10 +34,29 @@ class Bare:
         )
         args = [PROCPILOT, "mcp", "--agent", "t"]
         self.server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        hello = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        client = {"name": "t", "version": "0"}
+        self.envelope: dict[str, Any] | None = None
+        if version == MODERN:
+            self.envelope = {
+                "io.modelcontextprotocol/protocolVersion": version,
+                "io.modelcontextprotocol/clientInfo": client,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+            self.send({"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {"_meta": self.envelope}})
+            assert "result" in self.reply()
+            return
+        hello = {"protocolVersion": version, "capabilities": {}, "clientInfo": client}
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello})
         assert self.reply()["result"]["protocolVersion"] == version
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def params(self, params: dict[str, Any], *, through_sdk: bool = False) -> dict[str, Any]:
+        """A call's params as this client sends them; ``through_sdk``: with a ``_meta`` that keeps
+        the call on the SDK's path (one the direct path has not seen the SDK accept)."""
+        if self.envelope is None:
+            return params | ({"_meta": {}} if through_sdk else {})
+        other = {"io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}} if through_sdk else {}
+        return params | {"_meta": self.envelope | other}
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.server.stdin is not None
@@ -89,7 +109,7 @@ def _masked(result: dict[str, Any]) -> Any:
     return mask(result)
 
 
-@pytest.mark.parametrize("bare", sorted(SHAPED_ALIKE), indirect=True)
+@pytest.mark.parametrize("bare", [*sorted(SHAPED_ALIKE), MODERN], indirect=True)
 @pytest.mark.parametrize(
     "arguments",
     [
@@ -99,24 +119,24 @@ def _masked(result: dict[str, Any]) -> Any:
     ],
 )
 def test_a_direct_reply_is_what_the_sdk_would_have_written(bare: Bare, arguments: dict[str, Any]) -> None:
-    direct = bare.call(1, {"name": "exec", "arguments": arguments})
-    # ``_meta`` keeps a call on the SDK's path.
-    through_sdk = bare.call(2, {"name": "exec", "arguments": arguments, "_meta": {}})
+    direct = bare.call(1, bare.params({"name": "exec", "arguments": arguments}))
+    through_sdk = bare.call(2, bare.params({"name": "exec", "arguments": arguments}, through_sdk=True))
     assert direct["id"] == 1 and through_sdk["id"] == 2
     assert _masked(direct["result"]) == _masked(through_sdk["result"])
     assert set(direct) == set(through_sdk) == {"jsonrpc", "id", "result"}
 
 
-@pytest.mark.parametrize("meta", [None, {}], ids=["direct", "sdk"])
-def test_a_cancelled_call_is_never_answered(bare: Bare, meta: dict[str, Any] | None) -> None:
+@pytest.mark.parametrize("bare", ["2025-06-18", MODERN], indirect=True)
+@pytest.mark.parametrize("through_sdk", [False, True], ids=["direct", "sdk"])
+def test_a_cancelled_call_is_never_answered(bare: Bare, through_sdk: bool) -> None:
     # Uncancelled, this call would be answered after a second.
-    params: dict[str, Any] = {"name": "exec", "arguments": {"command": "sleep 1", "yieldMs": 60000}}
-    if meta is not None:
-        params["_meta"] = meta
+    call = {"name": "exec", "arguments": {"command": "sleep 1", "yieldMs": 60000}}
+    params = bare.params(call, through_sdk=through_sdk)
     bare.send({"jsonrpc": "2.0", "id": "long", "method": "tools/call", "params": params})
-    bare.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "long"}})
-    bare.send({"jsonrpc": "2.0", "id": 7, "method": "ping"})
-    assert bare.reply() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    bare.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": bare.params({"requestId": "long"})})
+    bare.send({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": bare.params({})})
+    listed = bare.reply()  # the next line is this answer, not the cancelled call's
+    assert listed["id"] == 7 and "tools" in listed["result"]
     assert bare.server.stdout is not None
     assert select.select([bare.server.stdout], [], [], 2.5)[0] == []  # and nothing more came
 
@@ -172,3 +192,27 @@ async def test_only_plain_calls_of_known_tools_after_the_handshake_are_taken() -
     assert len(started) == 2
     assert not calls.take(_line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 9}}))
     assert calls.take(_line({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}))
+
+
+async def test_a_2026_call_is_taken_only_under_an_envelope_the_sdk_accepted() -> None:
+    started: list[tuple[Any, ...]] = []
+    calls = DirectCalls({"exec": _echo}, send=lambda data: None, spawn=lambda *a: started.append(a))  # type: ignore[arg-type,return-value]
+    envelope = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientInfo": {"name": "t"}}
+
+    def call(request_id: int, meta: dict[str, Any]) -> bytes:
+        params = {"name": "exec", "arguments": {}, "_meta": meta}
+        return _line({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+
+    discover = {"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {"_meta": envelope}}
+    assert not calls.take(_line(discover))
+    assert not calls.take(call(1, envelope))  # not accepted yet: the SDK's
+    calls.saw_reply(JSONRPCResponse(jsonrpc="2.0", id=0, result={"_meta": {}}))  # no stamp: not enough
+    assert not calls.take(call(2, envelope))
+    assert not calls.take(_line(discover | {"id": 3}))
+    stamped = {"_meta": {"io.modelcontextprotocol/serverInfo": {"name": "procpilot", "version": "1"}}}
+    calls.saw_reply(JSONRPCResponse(jsonrpc="2.0", id=3, result=stamped))
+    assert calls.active
+    assert calls.take(call(4, envelope))
+    assert not calls.take(call(5, envelope | {"progressToken": 1}))  # anything else: the SDK's
+    assert not calls.take(_line({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "exec"}}))
+    assert len(started) == 1

@@ -10,11 +10,12 @@ its result is written as the JSON the SDK writes for it, field for field, in eve
 this path serves (tests/transports/test_mcp_direct.py compares the two for each).
 
 Only what needs nothing else of the SDK goes this way, and everything else goes to the SDK
-untouched: a handshake-era connection (``initialize`` answered with a version,
-``notifications/initialized`` seen), a ``tools/call`` whose params are a known tool's ``name`` and
-its ``arguments`` and nothing more (no ``_meta``: no progress token, no 2026-era envelope), an id
-not already in use, at most ``limit`` such calls at once, and a protocol version whose result
-shape is the one written here (``SHAPED_ALIKE``; a newer one goes to the SDK until it is added).
+untouched: a ``tools/call`` whose params are a known tool's ``name`` and its ``arguments``, an id
+not already in use, at most ``limit`` such calls at once, and either a handshake-era connection
+(``initialize`` answered with a version in ``SHAPED_ALIKE``, ``notifications/initialized`` seen)
+and no ``_meta`` (so no progress token), or a 2026-07-28 connection and a ``_meta`` envelope equal
+to one the SDK has already answered with a result on this connection (so one it validated;
+anything else in ``_meta``, a progress token included, goes to the SDK).
 ``notifications/cancelled`` for a call answered here cancels it, and, as the SDK does, the
 cancelled call is never answered.
 """
@@ -31,14 +32,19 @@ import anyio
 
 from procpilot.contract import ToolResult
 
-__all__ = ["SHAPED_ALIKE", "DirectCalls", "ToolCaller"]
+__all__ = ["MODERN", "SHAPED_ALIKE", "DirectCalls", "ToolCaller"]
 
 ToolCaller = Callable[[dict[str, Any]], Awaitable[ToolResult]]
 # The protocol versions whose tools/call result is written here as the SDK writes it.
 SHAPED_ALIKE = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
+MODERN = "2026-07-28"  # per-request envelopes: the result adds resultType and the server's stamp
+_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+_STAMP_KEY = "io.modelcontextprotocol/serverInfo"
+_PENDING = 8  # enveloped requests remembered while waiting for the SDK to accept one
 _log = logging.getLogger(__name__)
 # Lines worth a look: anything else goes to the SDK without being parsed here.
 _MARKERS = (b'"tools/call"', b'"notifications/cancelled"', b'"initialize"', b'"notifications/initialized"')
+_ENVELOPE_MARKER = _VERSION_KEY.encode()
 
 
 class DirectCalls:
@@ -62,16 +68,22 @@ class DirectCalls:
         self._initialize_id: object = None  # the id of the client's initialize request
         self._version: str | None = None  # the protocol version the SDK answered it with
         self._initialized = False  # notifications/initialized came
+        # 2026-07-28: an envelope the SDK accepted, and the server's stamp from its answer
+        self._envelope: dict[str, Any] | None = None
+        self._stamp: Any = None
+        self._pending: dict[tuple[bool, object], dict[str, Any]] = {}  # id: envelope, until answered
         self._running: dict[tuple[bool, object], anyio.CancelScope] = {}
 
     @property
     def active(self) -> bool:
-        return self._version is not None and self._initialized
+        """Whether calls can be answered here (after that, ``saw_reply`` has nothing to learn)."""
+        return (self._version is not None and self._initialized) or self._envelope is not None
 
     def take(self, line: bytes) -> bool:
         """Whether ``line`` was dealt with here (a call started, or a cancel of one); if not,
         it goes to the SDK as it is."""
-        if not any(marker in line for marker in _MARKERS):
+        learning = self._envelope is None and _ENVELOPE_MARKER in line
+        if not learning and not any(marker in line for marker in _MARKERS):
             return False
         try:
             message = json.loads(line)
@@ -80,6 +92,8 @@ class DirectCalls:
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             return False
         method = message.get("method")
+        if learning:
+            self._note_envelope(message)
         if method == "tools/call":
             return self._start(message)
         if method == "notifications/cancelled":
@@ -91,21 +105,41 @@ class DirectCalls:
         return False
 
     def saw_reply(self, message: Any) -> None:
-        """A message the SDK wrote: its answer to ``initialize`` says which version is spoken."""
-        if self._version is not None or self._initialize_id is None:
-            return
-        if _key(getattr(message, "id", None)) != self._initialize_id:
-            return
+        """A message the SDK wrote: its answer to ``initialize`` says which version is spoken, and
+        its answer to an enveloped request that the envelope was accepted (and with which stamp)."""
+        key = _key(getattr(message, "id", None))
         result = getattr(message, "result", None)
-        version = result.get("protocolVersion") if isinstance(result, dict) else None
-        if version in SHAPED_ALIKE:
-            self._version = version
+        if key is None or not isinstance(result, dict):
+            return
+        if key == self._initialize_id and self._version is None:
+            version = result.get("protocolVersion")
+            if version in SHAPED_ALIKE:
+                self._version = version
+        envelope = self._pending.pop(key, None)
+        meta = result.get("_meta")
+        if envelope is not None and self._envelope is None and isinstance(meta, dict) and meta.get(_STAMP_KEY):
+            self._envelope, self._stamp = envelope, meta[_STAMP_KEY]
+            self._pending.clear()
+
+    def _note_envelope(self, message: dict[str, Any]) -> None:
+        params, key = message.get("params"), _key(message.get("id"))
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if not isinstance(meta, dict) or meta.get(_VERSION_KEY) != MODERN:
+            return
+        if key is not None and len(self._pending) < _PENDING:
+            self._pending[key] = meta
 
     def _start(self, message: dict[str, Any]) -> bool:
-        params, request_id, version = message.get("params"), message.get("id"), self._version
-        if version is None or not self._initialized or len(self._running) >= self.limit:
+        params, request_id = message.get("params"), message.get("id")
+        if not isinstance(params, dict) or len(self._running) >= self.limit:
             return False
-        if not isinstance(params, dict) or not params.keys() <= {"name", "arguments"}:
+        if "_meta" in params:  # 2026-07-28: the very envelope the SDK accepted before
+            if self._envelope is None or params["_meta"] != self._envelope:
+                return False
+            version: str | None = MODERN
+        else:
+            version = self._version if self._initialized else None
+        if version is None or not params.keys() <= {"name", "arguments", "_meta"}:
             return False
         tool = self._tools.get(params.get("name"))  # type: ignore[arg-type]
         arguments = params.get("arguments", {})
@@ -113,7 +147,7 @@ class DirectCalls:
         if key is None or tool is None or not isinstance(arguments, dict) or key in self._running:
             return False
         scope = self._running[key] = anyio.CancelScope()
-        self._spawn(self._call, _Call(tool, arguments, request_id, key, version), scope)
+        self._spawn(self._call, _Call(tool, arguments, request_id, key, version, self._stamp), scope)
         return True
 
     def _cancel(self, params: object) -> bool:
@@ -142,6 +176,7 @@ class _Call:
     request_id: object
     key: tuple[bool, object]
     version: str  # the connection's protocol version, which shapes the result
+    stamp: Any  # 2026-07-28: the server's info, stamped on every result
 
 
 async def _reply(call: _Call) -> bytes:
@@ -156,6 +191,8 @@ async def _reply(call: _Call) -> bytes:
             "structuredContent": result.data,
             "isError": result.is_error,
         }
+    if call.version == MODERN:
+        wire |= {"resultType": "complete", "_meta": {_STAMP_KEY: call.stamp}}
     message = {"jsonrpc": "2.0", "id": call.request_id, "result": wire}
     # default=str as transports/mcp.py's to_call_result: a path or a datetime in data is its text
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False, default=str).encode() + b"\n"
