@@ -128,11 +128,10 @@ class OrderIndex:
         log = self._log
         if not log.ready():
             return False
-        index = log.size // log.segment_size
-        if self._fd is not None and self._fd_index == index:
+        if self.is_open:
             return True
         try:
-            self._open(index)
+            self._open(log.size // log.segment_size)
         except OSError as exc:
             return exc.errno not in OUT_OF_DESCRIPTORS
         WRITERS.touch(self)

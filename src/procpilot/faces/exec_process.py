@@ -255,8 +255,7 @@ class ExecProcessFace:
         }
         if session.spec.restart is not None:
             data["restarts"] = session.restarts
-        if session.node is not None:
-            data["node"] = session.node
+        data |= _node(session.node)
         if session.error:
             data["error"] = session.error
         if lost := session.output[Stream.COMBINED].lost:
