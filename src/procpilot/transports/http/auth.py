@@ -154,9 +154,9 @@ class AuthMiddleware:
         if agent is not None and scope["method"] == "POST":
             if await refuse_oversized(scope, send, max_bytes=limit):
                 return
-            # The slot first, then the body: until its turn the body waits in the kernel's
-            # buffers, so an agent holds at most requests_per_agent bodies in memory, and a slow
-            # one holds only that agent's own slot, and only for body_timeout.
+            # The slot first, then the body: until its turn uvicorn stops reading it past 64 KiB,
+            # so an agent holds at most requests_per_agent whole bodies in memory, and a slow one
+            # holds only that agent's own slot, and only for body_timeout.
             async with self.in_flight.setdefault(agent, asyncio.Semaphore(self.requests_per_agent)):
                 body = await read_body(scope, receive, send, max_bytes=limit, timeout=self.body_timeout)
                 if body is not None:
