@@ -139,9 +139,11 @@ class ServerSettings(BaseModel):
     websockets_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 32
     # Calls (REST, MCP) one agent may have running at once; more wait for one of them to end.
     requests_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 16
-    # Every connection must finish each request's head within this; past max_connections open at
-    # once, a new one is answered 503 and closed (transports/connections.py).
+    # Every connection must finish each request's head within this, and its body within
+    # body_timeout_sec after the head (else 408, and closed); past max_connections open at once, a
+    # new one is answered 503 and closed (transports/connections.py, transports/http/bodies.py).
     header_timeout_sec: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
+    body_timeout_sec: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
     max_connections: Annotated[_Int, _clamp(16, 1_000_000)] = 4096
     # Running sessions the server makes room for in its descriptor limit at start (4 descriptors
     # each, and one per connection): its soft limit up to the hard one, as root the hard one too

@@ -44,6 +44,7 @@
     ├── CsrfRejected                         403                    a console change without the page's CSRF token
     ├── UnknownTool                          404                    no tool by that name
     ├── RequestTooLarge                      413                    a body over the daemon's limit
+    ├── RequestTimeout                       408                    a body not received within its deadline
     ├── TooManyConnections                   429                    the agent holds as many sessions as it may
     ├── UnsupportedMediaType                 415                    a body that is not JSON
     ├── ServeRefused                         500                    the daemon will not start (address, tokens)
@@ -93,6 +94,7 @@ __all__ = [
     "ProcessNotFound",
     "ProcpilotError",
     "ProtectedVariable",
+    "RequestTimeout",
     "RequestTooLarge",
     "ResourceLimitExceeded",
     "ScriptHasShellSyntax",
@@ -466,6 +468,16 @@ class RequestTooLarge(ProcpilotError):
     http_status: ClassVar[int] = 413
     default_hints: ClassVar[dict[str, str]] = {
         "smaller": "Send less at once: write big inputs to a file in the workspace, or in several writes.",
+    }
+
+
+class RequestTimeout(ProcpilotError):
+    """A request's body did not arrive within ``[server] body_timeout_sec`` of its head; the
+    connection is closed after this answer."""
+
+    http_status: ClassVar[int] = 408
+    default_hints: ClassVar[dict[str, str]] = {
+        "send_at_once": "Send the whole body right after the head; a body this slow is taken for a stalled client.",
     }
 
 

@@ -79,8 +79,7 @@ async def _serve_http(
     sockets, address = bind_listeners(settings.server.model_copy(update={"port": port, "unix_socket": None}), tcp=True)
     app = guarded_mcp_app(server, settings, open_agent=agent)
     try:
-        limits = settings.server
-        http = guarded_h11(limits.header_timeout_sec, limits.max_connections)
+        http = guarded_h11(settings.server)
         uvicorn_ = uvicorn_server(uvicorn.Config(app, log_level="warning", http=http))
         announce(f"{address.url}/mcp")
         stop = functools.partial(setattr, uvicorn_, "should_exit", True)

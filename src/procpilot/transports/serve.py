@@ -428,7 +428,7 @@ async def serve(
                 timeout_graceful_shutdown=int(grace) + 5,
                 ws_ping_interval=20.0,
                 ws_max_size=WS_MAX_MESSAGE,
-                http=guarded_h11(settings.server.header_timeout_sec, settings.server.max_connections),
+                http=guarded_h11(settings.server),
             )
             server = uvicorn_server(config)
 

@@ -65,6 +65,7 @@ def create_app(
         auth=auth,
         loopback_only=settings.server.loopback_only,
         requests_per_agent=settings.server.requests_per_agent,
+        body_timeout=settings.server.body_timeout_sec,
         browser=browser,
     )
     return app

@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 from collections.abc import Mapping
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from procpilot.errors import (
-    RequestTooLarge,
-)
+from procpilot.transports.http.bodies import read_body, refuse_oversized
 from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
 from procpilot.transports.http.common import _LOOPBACK_HOSTS, _MAX_BODY, _header, current_agent
 
@@ -74,11 +71,15 @@ def _loopback_origin(origin: str | None) -> bool:
 # (no "token expired", "unknown agent", "bad host"), so a prober learns nothing from them.
 _UNAUTHORIZED = b'{"error":"Unauthorized","message":"Unauthorized."}'
 _FORBIDDEN = b'{"error":"Forbidden","message":"Forbidden."}'
+# A body sent before any token is known: the console's login ({"token": ...}, a token at most
+# 4 KiB) needs a few hundred bytes; anything bigger is nobody's login.
+_MAX_ANONYMOUS_BODY = 64 * 1024
 
 
 class AuthMiddleware:
     """Pure ASGI: resolves the bearer token to an agent, refuses everything else with a bare 401,
-    and refuses a body over ``max_body`` bytes (413) before anything reads it."""
+    refuses a body over ``max_body`` bytes (413) before anything reads it, and gives the rest
+    ``body_timeout`` seconds to arrive (bodies.py)."""
 
     def __init__(
         self,
@@ -88,6 +89,7 @@ class AuthMiddleware:
         loopback_only: bool,
         max_body: int = _MAX_BODY,
         requests_per_agent: int = 16,
+        body_timeout: float = 10.0,
         browser: BrowserAuth | None = None,
     ) -> None:
         self.app = app
@@ -100,6 +102,10 @@ class AuthMiddleware:
         # wait their turn, so a flood from one agent queues behind itself, not before the others.
         self.requests_per_agent = requests_per_agent
         self.in_flight: dict[str, asyncio.Semaphore] = {}
+        # The calls of requests with no agent yet (the console's login): a set of their own, so
+        # they never take an agent's, and held only while the call runs, never while a body arrives.
+        self.anonymous = asyncio.Semaphore(requests_per_agent)
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -132,61 +138,40 @@ class AuthMiddleware:
             # The MCP SDK binds each MCP session to the principal that opened it: another agent's
             # token presenting that Mcp-Session-Id is answered as if the session did not exist.
             scope["user"] = AuthenticatedUser(AccessToken(token="", client_id=agent, scopes=[]))
-        if scope["type"] == "http":
-            bounded = await self._bounded_body(scope, receive, send)
-            if bounded is None:
-                return
-            receive = bounded
         token = current_agent.set(agent)
         try:
-            if scope["type"] == "http" and scope["method"] == "POST":
-                # The console's login page (no agent yet) shares one slot set.
-                slots = self.in_flight.setdefault(agent or "", asyncio.Semaphore(self.requests_per_agent))
-                async with slots:
-                    await self.app(scope, receive, send)
-            else:  # event streams and WebSockets are long-lived: bounded per agent elsewhere
+            if scope["type"] == "http":
+                await self._serve_http(scope, receive, send, agent)
+            else:  # WebSockets are long-lived: bounded per agent elsewhere
                 await self.app(scope, receive, send)
         finally:
             current_agent.reset(token)
 
-    async def _bounded_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-        """``receive`` for a body within the cap (a declared length is trusted: the server never
-        delivers more), or None once a 413 has been sent. A chunked body is read here, at most
-        the cap, and handed on from memory."""
-        declared = _header(scope, b"content-length")
-        if declared is not None:
-            if declared.isdigit() and int(declared) <= self.max_body:
-                return receive
-            await self._too_large(send)
-            return None
-        if _header(scope, b"transfer-encoding") is None:
-            return receive  # no body at all
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return receive  # the client left; the app sees it as it would have
-            size += len(message.get("body", b""))
-            if size > self.max_body:
-                await self._too_large(send)
-                return None
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
-
-        async def replayed() -> Message:
-            return replay.pop() if replay else await receive()
-
-        return replayed
-
-    async def _too_large(self, send: Send) -> None:
-        error = RequestTooLarge(f"the request body is larger than {self.max_body} bytes", limit=self.max_body).to_dict()
-        body = json.dumps(error).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    async def _serve_http(self, scope: Scope, receive: Receive, send: Send, agent: str | None) -> None:
+        """Serve a request with its whole body read first, within ``body_timeout``; each POST
+        (a call) while holding one of its agent's slots, or of the anonymous set's."""
+        limit = self.max_body if agent is not None else _MAX_ANONYMOUS_BODY
+        if agent is not None and scope["method"] == "POST":
+            if await refuse_oversized(scope, send, max_bytes=limit):
+                return
+            # The slot first, then the body: until its turn uvicorn stops reading it past 64 KiB,
+            # so an agent holds at most requests_per_agent whole bodies in memory, and a slow one
+            # holds only that agent's own slot, and only for body_timeout.
+            async with self.in_flight.setdefault(agent, asyncio.Semaphore(self.requests_per_agent)):
+                body = await read_body(scope, receive, send, max_bytes=limit, timeout=self.body_timeout)
+                if body is not None:
+                    await self.app(scope, body, send)
+            return
+        # Nobody yet (the console's login, its page) or no call: the body is read before any slot
+        # is taken, so however many clients send theirs slowly, none of them holds a slot.
+        body = await read_body(scope, receive, send, max_bytes=limit, timeout=self.body_timeout)
+        if body is None:
+            return
+        if scope["method"] == "POST":
+            async with self.anonymous:
+                await self.app(scope, body, send)
+        else:
+            await self.app(scope, body, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, body: bytes) -> None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

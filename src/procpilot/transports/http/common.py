@@ -38,7 +38,7 @@ WS_MAX_MESSAGE = _MAX_BODY  # one proc/* frame: a proc/write carries as much as 
 
 
 #: Every status a tool endpoint can answer (the OpenAPI document lists exactly these).
-ERROR_STATUSES = (401, 403, 404, 409, 413, 415, 422, 429, 500, 501, 503)
+ERROR_STATUSES = (401, 403, 404, 408, 409, 413, 415, 422, 429, 500, 501, 503)
 
 
 def status_for_error(code: str) -> int:

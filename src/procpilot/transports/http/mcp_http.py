@@ -287,7 +287,7 @@ def guarded_mcp_app(server: Any, settings: Settings, *, open_agent: str) -> ASGI
         transport_security=_transport_security(loopback),
     )
     auth = TokenAuth(settings.server.tokens, open_agent)
-    return AuthMiddleware(inner, auth, loopback_only=loopback)
+    return AuthMiddleware(inner, auth, loopback_only=loopback, body_timeout=settings.server.body_timeout_sec)
 
 
 def _mcp_endpoint(daemon: Daemon) -> ASGIApp:

@@ -54,6 +54,7 @@ _STATUS_TEXT = {
     401: "No bearer token, or a wrong one (the body says nothing more).",
     403: "Refused by the agent's policy (PermissionDenied, ApprovalDenied, *Denied), or a non-loopback Host/Origin.",
     404: "SessionNotFound (including another agent's session) or UnknownTool.",
+    408: "RequestTimeout: the body did not arrive within [server] body_timeout_sec; the connection is closed.",
     409: "The session is in the wrong state (ProcessAlreadyExited, SessionStillRunning, StdinClosed).",
     413: "RequestTooLarge: the body is over the daemon's limit (1 MiB by default).",
     415: "The body is not application/json.",

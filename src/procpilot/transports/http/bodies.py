@@ -1,0 +1,79 @@
+"""A request's body, read whole before its route runs: at most a cap, within a deadline.
+
+A client decides how fast it sends a body; without a deadline one that declares 1000 bytes and
+sends 500 holds whatever waits on it (a call slot, a task, a descriptor) for as long as it stays
+connected. So the body is read here, at most ``max_bytes`` of it (413 before a byte is read when
+the declared length is over), within ``timeout`` seconds (408 ``RequestTimeout`` past it, and the
+connection closed: what is left of the body would otherwise be the next request's head), and
+handed on from memory. A body the route's answer never needed (a 401 before any reading) is
+bounded by the connection itself (transports/connections.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.types import Message, Receive, Scope, Send
+
+from procpilot.errors import ProcpilotError, RequestTimeout, RequestTooLarge
+from procpilot.transports.http.common import _header
+
+__all__ = ["read_body", "refuse_oversized"]
+
+
+async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: int, timeout: float) -> Receive | None:
+    """``receive`` replaying the request's whole body, or None once the request is answered (413,
+    408) or its client has gone. A request that declares no body is handed on as it is."""
+    if _header(scope, b"content-length") is None and _header(scope, b"transfer-encoding") is None:
+        return receive  # no body at all (h11 has refused a body without either header)
+    if await refuse_oversized(scope, send, max_bytes=max_bytes):
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None  # the client left: nobody to answer
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > max_bytes:  # chunked: no length declared up front
+                    await _answer(send, _too_large(max_bytes))
+                    return None
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    break
+    except TimeoutError:
+        said = f"the request body did not arrive within {timeout:g} s ({size} bytes did)"
+        await _answer(send, RequestTimeout(said, timeout=timeout), close=True)
+        return None
+    replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+    async def replayed() -> Message:
+        return replay.pop() if replay else await receive()
+
+    return replayed
+
+
+async def refuse_oversized(scope: Scope, send: Send, *, max_bytes: int) -> bool:
+    """Answer 413, before a byte of the body is read, when its declared length is over ``max_bytes``."""
+    declared = _header(scope, b"content-length")
+    if declared is None or (declared.isdigit() and int(declared) <= max_bytes):
+        return False
+    await _answer(send, _too_large(max_bytes))
+    return True
+
+
+def _too_large(max_bytes: int) -> RequestTooLarge:
+    return RequestTooLarge(f"the request body is larger than {max_bytes} bytes", limit=max_bytes)
+
+
+async def _answer(send: Send, error: ProcpilotError, *, close: bool = False) -> None:
+    body = json.dumps(error.to_dict()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))  # uvicorn closes the connection after this answer
+    await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
