@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlparse
 
 
 class Page(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+    def do_GET(self) -> None:
         print(f"cookie: {self.headers.get('Cookie', '')}", flush=True)
         body = b"<!doctype html><title>an agent's page</title><p>nothing to see</p>"
         self.send_response(200)
@@ -24,7 +24,7 @@ class Page(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: object) -> None:
         return  # stdout carries the cookie lines only
 
 

@@ -160,28 +160,47 @@ def test_a_page_without_a_token_shows_nothing(open_page: Callable[..., Any], ser
         kill(served, TOKEN_A, secret)
 
 
-def test_the_token_is_an_httponly_cookie_and_changes_need_the_csrf_token(
+def test_the_login_lives_in_the_tab_and_its_cookie_alone_is_nobody(
     open_page: Callable[..., Any], served: Served
 ) -> None:
     page = open_page(TOKEN_A)
     assert TOKEN_A not in page.url
-    cookies = page.context.cookies()
-    (cookie,) = [c for c in cookies if c["name"].startswith("procpilot_token_")]
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    (cookie,) = [c for c in page.context.cookies() if c["name"].startswith("procpilot")]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and TOKEN_A not in cookie["value"]
     assert page.evaluate("document.cookie") == ""  # no script of the page can read it
+    # The page keeps its session's secret (not the token) in this tab's sessionStorage.
+    kept = page.evaluate("JSON.stringify([Object.entries(sessionStorage), Object.entries(localStorage)])")
+    assert TOKEN_A not in kept and "procpilot-session" in kept
     sid = start(served, TOKEN_A, "sleep 3002")
     try:
-        # The cookie alone does not let a change through: the page's CSRF token must come with it.
-        forged = page.evaluate(
-            "(p) => fetch(p, {method: 'POST', headers: {'Content-Type': 'application/json'},"
-            " body: JSON.stringify({signal: 'SIGKILL'})}).then(r => r.status)",
+        # The cookie alone, which the browser sends on its own, is nobody: reading or changing.
+        statuses = page.evaluate(
+            """(p) => Promise.all([fetch('/console/api/me'), fetch(p, {method: 'POST',
+               headers: {'Content-Type': 'application/json'}, body: JSON.stringify({signal: 'SIGKILL'})})])
+               .then(rs => rs.map(r => r.status))""",
             f"/console/api/sessions/agent-a/{sid}/signal",
         )
-        assert forged == 403
+        assert statuses == [401, 401]
         with served.http(TOKEN_A) as c:
             assert post(c, "process", action="poll", sessionId=sid).json()["data"]["status"] == "running"
     finally:
         kill(served, TOKEN_A, sid)
+    # A reload keeps the tab's login; a new tab logs in on its own, and both then work.
+    page.reload()
+    expect(page.locator("#who")).to_contain_text("agent agent-a")
+    other = page.context.new_page()
+    other.goto(served.url + "/console/")
+    other.get_by_label("Token").fill(TOKEN_A)
+    other.get_by_role("button", name="Log in").click()
+    expect(other.locator("#who")).to_contain_text("agent agent-a")
+    page.reload()
+    expect(page.locator("#who")).to_contain_text("agent agent-a")
+    # Log out ends this browser's sessions on the daemon: the first tab asks for a login too.
+    other.get_by_role("button", name="Log out").click()
+    other.get_by_label("Token").wait_for(state="visible")
+    page.reload()
+    page.get_by_label("Token").wait_for(state="visible")
+    assert page.locator("#nav").is_hidden()
 
 
 def test_an_operator_sees_and_acts_on_another_agents_sessions(open_page: Callable[..., Any], served: Served) -> None:
