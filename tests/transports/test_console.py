@@ -307,8 +307,7 @@ def test_a_cookie_another_port_sets_does_not_make_the_console_someone_elses(
         ops.goto(url + "/toss?" + urlencode([("c", c) for c in planted]))
         assert any(c["value"] in "".join(planted) for c in ops.context.cookies() if c["name"].startswith("procpilot"))
         ops.goto(served.url + "/console/")  # back to the console's tab
-        ops.locator("#login:visible, #who:not(:empty)").first.wait_for()
-        ops.wait_for_timeout(300)  # what a stream would have delivered by now
+        ops.locator("#login:visible, #who:not(:empty)").first.wait_for()  # the page has decided
         # Not agent-a's console: it asks for a login instead.
         assert "agent-a" not in (ops.locator("#who").text_content() or "")
         assert ops.get_by_label("Token").is_visible() and ops.locator("#nav").is_hidden()
