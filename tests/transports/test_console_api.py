@@ -149,6 +149,9 @@ def test_logout_ends_the_browsers_sessions_on_the_daemon(served: Served) -> None
         assert c.get("/console/api/me", headers=held).status_code == 200
         # Without the session (the cookie alone, as any other page could send it): nothing ends.
         assert c.post("/console/api/logout", headers={"Cookie": f"{name}={binding}"}).json()["ended"] is False
+        port = int(served.url.rsplit(":", 1)[1])
+        foreign = {"Origin": f"http://127.0.0.1:{port + 1}", **held}
+        assert c.post("/console/api/logout", headers=foreign).status_code == 403
         assert c.get("/console/api/me", headers=held).status_code == 200
         out = c.post("/console/api/logout", headers=held)
         assert out.status_code == 200 and out.json()["ended"] is True

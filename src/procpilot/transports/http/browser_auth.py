@@ -34,7 +34,14 @@ from starlette.types import Scope
 
 from procpilot.transports.http.common import _header
 
-__all__ = ["SESSION_HEADER", "BrowserAuth", "ConsoleSession", "is_public_path"]
+__all__ = [
+    "SESSIONS_PER_AGENT",
+    "SESSION_HEADER",
+    "SESSION_LIFETIME",
+    "BrowserAuth",
+    "ConsoleSession",
+    "is_public_path",
+]
 
 SESSION_HEADER = "x-procpilot-session"
 SESSION_LIFETIME = 12 * 3600.0  # seconds: a console left open overnight logs in again

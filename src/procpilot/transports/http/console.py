@@ -222,6 +222,8 @@ class Console:
     async def logout(self, request: Request) -> Response:
         """Public (a page whose session already ended still clears its cookie); it ends sessions
         only for a request that presents one, so no other page can log anyone out by calling it."""
+        if not self.browser.same_origin(request.scope):  # nor clear its cookie from another site
+            return _json({"error": "Forbidden", "message": "Forbidden."}, 403)
         ended = self.browser.logout(request.scope)
         response = _json({"ok": True, "ended": ended})
         response.headers.append("set-cookie", self.browser.clear_cookie(request.scope))
