@@ -361,7 +361,9 @@ def test_output_streams_and_stdin_reaches_a_pipe_session(open_page: Callable[...
     sid = start(
         served,
         TOKEN_A,
-        "echo to-stderr >&2; for i in 1 2 3 4 5 6; do echo tick-$i; sleep 0.4; done;"
+        # The ticks after the first wait for a line from the page: what shows up then streamed in
+        # while the page was open (a timed wait would race a loaded machine).
+        "echo to-stderr >&2; echo tick-1; read -r go; for i in 2 3 4 5 6; do echo tick-$i-$go; sleep 0.2; done;"
         " while read -r l; do echo heard-$l; done",
     )
     try:
@@ -369,8 +371,10 @@ def test_output_streams_and_stdin_reaches_a_pipe_session(open_page: Callable[...
         page.goto(f"{served.url}/console/#/session/agent-a/{sid}")
         text = page.locator("#log-text")
         expect(text).to_contain_text("tick-1")
-        assert "tick-6" not in text.text_content()  # it was not there yet: it streams in
-        expect(text).to_contain_text("tick-6")
+        assert "tick-2" not in text.text_content()  # not written yet
+        page.get_by_label("Stdin").fill("go")
+        page.get_by_role("button", name="Send").click()
+        expect(text).to_contain_text("tick-6-go")
         page.get_by_label("Stdin").fill("hello-pipe")
         page.get_by_role("button", name="Send").click()
         expect(text).to_contain_text("heard-hello-pipe")
