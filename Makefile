@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint bench clean install
+.PHONY: run test lint bench clean install console-shots
 
 # $(call apt_optional,COMMAND,PACKAGE,WHAT IS LOST WITHOUT IT)
 apt_optional = command -v $(1) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
@@ -73,6 +73,11 @@ test: $(DEV_STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# The console's screenshots in docs/images/, made afresh by its browser tests (a plain test run
+# writes them to a temporary directory instead).
+console-shots: $(DEV_STAMP)
+	PROCPILOT_REFRESH_SHOTS=1 $(BIN)/python -m pytest -q tests/transports/test_console.py
 
 bench: $(DEV_STAMP)
 	$(BIN)/python bench/run.py

@@ -41,7 +41,7 @@
     ├── ApprovalForbidden                    403                    only approvers may see and decide approvals
     ├── SelfApprovalDenied                   403                    an agent may not decide its own request
     ├── OperatorForbidden                    403                    only operators may act on other agents' sessions
-    ├── CsrfRejected                         403                    a console change without the page's CSRF token
+    ├── CsrfRejected                         403                    a console change without the page's secret
     ├── UnknownTool                          404                    no tool by that name
     ├── RequestTooLarge                      413                    a body over the daemon's limit
     ├── RequestTimeout                       408                    a body not received within its deadline
@@ -440,7 +440,7 @@ class OperatorForbidden(ProcpilotError):
 class CsrfRejected(ProcpilotError):
     http_status: ClassVar[int] = 403
     default_hints: ClassVar[dict[str, str]] = {
-        "reload": "Reload the console page: GET /console/api/me gives the CSRF token to send as X-Procpilot-CSRF.",
+        "reload": "Reload the console page: GET /console/api/me gives the value to send as X-Procpilot-Session.",
     }
 
 

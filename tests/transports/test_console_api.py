@@ -1,4 +1,4 @@
-"""The console's HTTP side without a browser: what is public, the cookie, CSRF and Origin checks, the
+"""The console's HTTP side without a browser: what is public, console sessions and Origin checks, the
 operators' agent filter, bounded log pages, and that the page's files ship in the wheel."""
 
 from __future__ import annotations
@@ -52,43 +52,127 @@ def test_the_page_and_its_files_are_public_and_hold_no_data(served: Served) -> N
             post(c, "process", action="remove", sessionId=sid)
 
 
-def test_login_sets_an_httponly_strict_cookie_and_changes_need_csrf_and_our_origin(served: Served) -> None:
+def login(served: Served, token: str, cookie: str | None = None) -> tuple[str, str, str]:
+    """A console login as a browser makes it (``cookie``: the Cookie header its browser holds):
+    the cookie's name, its value, and the session's secret."""
+    with served.http(None) as browser:
+        r = browser.post("/console/api/login", json={"token": token}, headers={"Cookie": cookie} if cookie else {})
+        assert r.status_code == 200, r.text
+        name, _, rest = r.headers["set-cookie"].partition("=")
+        return name, rest.split(";")[0], r.json()["session"]
+
+
+def as_browser(name: str, bindings: list[str], secret: str | None) -> dict[str, str]:
+    headers = {"Cookie": "; ".join(f"{name}={b}" for b in bindings)} if bindings else {}
+    return headers | ({"X-Procpilot-Session": secret} if secret else {})
+
+
+def test_a_login_is_a_secret_for_the_page_bound_to_a_cookie_that_alone_is_nobody(served: Served) -> None:
     with served.http(None) as browser:
         assert browser.post("/console/api/login", json={"token": "wrong"}).status_code == 401
         port = int(served.url.rsplit(":", 1)[1])
         elsewhere = {"Origin": f"http://localhost:{port + 1}"}
         assert browser.post("/console/api/login", json={"token": TOKEN_A}, headers=elsewhere).status_code == 403
         assert not browser.cookies  # nothing was set
-        login = browser.post("/console/api/login", json={"token": TOKEN_A})
-        assert login.status_code == 200, login.text
-        cookie = login.headers["set-cookie"]
-        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN_A in cookie
-        csrf = login.json()["csrf"]
-        assert browser.get("/console/api/me").json()["agent"] == "agent-a"
+        r = browser.post("/console/api/login", json={"token": TOKEN_A})
+        assert r.status_code == 200 and r.json()["agent"] == "agent-a", r.text
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and TOKEN_A not in cookie
+        secret = r.json()["session"]
+        assert TOKEN_A not in secret
+        # The cookie the browser sends on its own, alone: nobody, and no bearer token either.
+        assert browser.get("/console/api/me").status_code == 401
+        binding = next(iter(browser.cookies.values()))
+        with served.http(binding) as as_bearer:
+            assert as_bearer.get("/console/api/me").status_code == 401
+        # The page's secret without that cookie: nobody either.
+        with served.http(None) as fresh:
+            assert fresh.get("/console/api/me", headers={"X-Procpilot-Session": secret}).status_code == 401
+        # Both: agent-a, reading and changing, in the console and in the REST API.
+        mine = {"X-Procpilot-Session": secret}
+        assert browser.get("/console/api/me", headers=mine).json()["agent"] == "agent-a"
         # Other apps on localhost share the Cookie header, malformed cookies and all.
         name = cookie.split("=", 1)[0]
-        crowded = {"Cookie": f'app={{"a": 1, "b": [2]}}; other="x y"; {name}={TOKEN_A}; last=1'}
+        crowded = {"Cookie": f'app={{"a": 1, "b": [2]}}; other="x y"; {name}={binding}; last=1', **mine}
         with served.http(None) as fresh:
             assert fresh.get("/console/api/me", headers=crowded).json()["agent"] == "agent-a"
-        sid = post(browser, "exec", command="sleep 3101", yieldMs=0)  # a change by cookie alone
-        assert sid.status_code == 403
-        with_csrf = {"X-Procpilot-CSRF": csrf}
-        started = browser.post("/v1/tools/exec", json={"command": "sleep 3101", "yieldMs": 0}, headers=with_csrf)
+        started = browser.post("/v1/tools/exec", json={"command": "sleep 3101", "yieldMs": 0}, headers=mine)
         assert started.status_code == 200, started.text
         session = started.json()["data"]["sessionId"]
         try:
-            # Another loopback origin (a dev server an agent runs, say) may not use the cookie.
-            foreign = {"Origin": f"http://127.0.0.1:{port + 1}", "X-Procpilot-CSRF": csrf}
+            # Another loopback origin (a dev server an agent runs, say) may not use it.
+            foreign = {"Origin": f"http://127.0.0.1:{port + 1}", **mine}
             assert browser.get("/console/api/me", headers=foreign).status_code == 403
             signal = f"/console/api/sessions/agent-a/{session}/signal"
             assert browser.post(signal, json={"signal": "SIGKILL"}, headers=foreign).status_code == 403
-            done = browser.post(signal, json={"signal": "SIGKILL"}, headers={"X-Procpilot-CSRF": csrf})
+            done = browser.post(signal, json={"signal": "SIGKILL"}, headers=mine)
             assert done.status_code == 200 and done.json()["state"] == "killed"
         finally:
             with served.http(TOKEN_A) as c:
                 post(c, "process", action="remove", sessionId=session)
-        assert browser.post("/console/api/logout", headers={"X-Procpilot-CSRF": csrf}).status_code == 200
-        assert browser.get("/console/api/me").status_code == 401
+
+
+def test_whose_request_it_is_comes_from_the_pages_secret_never_from_a_cookie(served: Served) -> None:
+    name, ops_binding, ops_secret = login(served, TOKEN_OPS)
+    _, a_binding, a_secret = login(served, TOKEN_A)
+    assert a_binding != ops_binding
+    with served.http(None) as c:
+
+        def me(bindings: list[str], secret: str) -> object:
+            r = c.get("/console/api/me", headers=as_browser(name, bindings, secret))
+            return r.json()["agent"] if r.status_code == 200 else r.status_code
+
+        assert me([ops_binding], ops_secret) == "ops"
+        assert me([a_binding], ops_secret) == 401  # agent-a's cookie planted: the operator's page is refused
+        assert me([ops_binding], a_secret) == 401
+        assert me([a_binding, ops_binding], ops_secret) == "ops"  # planted beside ours: still the operator
+        assert me([a_binding, ops_binding], a_secret) == "agent-a"
+    # A second tab of the operator's browser keeps its cookie (the first tab goes on working)...
+    _, again, ops_secret_2 = login(served, TOKEN_OPS, f"{name}={ops_binding}")
+    assert again == ops_binding
+    # ...but a login as anyone else, or from a browser holding a planted cookie, gets a fresh one.
+    _, other, _ = login(served, TOKEN_A, f"{name}={ops_binding}")
+    _, fresh, _ = login(served, TOKEN_OPS, f"{name}={a_binding}")
+    assert other not in (ops_binding, a_binding) and fresh not in (ops_binding, a_binding)
+    with served.http(None) as c:
+        for secret in (ops_secret, ops_secret_2):
+            assert c.get("/console/api/me", headers=as_browser(name, [ops_binding], secret)).json()["agent"] == "ops"
+
+
+def test_logout_ends_the_browsers_sessions_on_the_daemon(served: Served) -> None:
+    name, binding, secret = login(served, TOKEN_A)
+    _, same, second_tab = login(served, TOKEN_A, f"{name}={binding}")
+    assert same == binding
+    _, elsewhere, other_browser = login(served, TOKEN_A)
+    held = as_browser(name, [binding], secret)
+    with served.http(None) as c:
+        assert c.get("/console/api/me", headers=held).status_code == 200
+        # Without the session (the cookie alone, as any other page could send it): nothing ends.
+        assert c.post("/console/api/logout", headers={"Cookie": f"{name}={binding}"}).json()["ended"] is False
+        port = int(served.url.rsplit(":", 1)[1])
+        foreign = {"Origin": f"http://127.0.0.1:{port + 1}", **held}
+        assert c.post("/console/api/logout", headers=foreign).status_code == 403
+        assert c.get("/console/api/me", headers=held).status_code == 200
+        out = c.post("/console/api/logout", headers=held)
+        assert out.status_code == 200 and out.json()["ended"] is True
+        assert "Max-Age=0" in out.headers["set-cookie"]
+        # What the browser held before, sent again: refused, in this tab and the other.
+        assert c.get("/console/api/me", headers=held).status_code == 401
+        assert c.get("/console/api/me", headers=as_browser(name, [binding], second_tab)).status_code == 401
+        # Another browser of the same agent is not logged out.
+        assert c.get("/console/api/me", headers=as_browser(name, [elsewhere], other_browser)).status_code == 200
+
+
+def test_an_agents_logins_are_bounded_and_push_out_only_its_own(served: Served) -> None:
+    from procpilot.transports.http.browser_auth import SESSIONS_PER_AGENT
+
+    name, ops_binding, ops_secret = login(served, TOKEN_OPS)
+    first = login(served, TOKEN_A)
+    with served.http(None) as c:
+        for _ in range(SESSIONS_PER_AGENT):
+            assert c.post("/console/api/login", json={"token": TOKEN_A}).status_code == 200
+        assert c.get("/console/api/me", headers=as_browser(name, [first[1]], first[2])).status_code == 401
+        assert c.get("/console/api/me", headers=as_browser(name, [ops_binding], ops_secret)).status_code == 200
 
 
 def test_operators_act_in_any_agents_scope_and_nobody_else_does(served: Served) -> None:
@@ -144,7 +228,7 @@ def test_every_file_of_the_page_ships_in_the_wheel() -> None:
         assert (STATIC_DIR / licence).read_text().strip()
 
 
-def test_without_tokens_the_page_shows_everything_and_changes_still_need_csrf(
+def test_without_tokens_the_page_shows_everything_and_changes_need_its_secret(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     root = tmp_path_factory.mktemp("console-open")
@@ -156,12 +240,12 @@ def test_without_tokens_the_page_shows_everything_and_changes_still_need_csrf(
     try:
         with daemon.http(None) as page:
             me = page.get("/console/api/me").json()
-            assert me["agent"] == "default" and me["operator"] and not me["tokensRequired"]
+            assert me["agent"] == "default" and me["operator"] and not me["tokensRequired"] and me["session"]
             sid = post(page, "exec", command="sleep 3103", yieldMs=0).json()["data"]["sessionId"]
             signal = f"/console/api/sessions/default/{sid}/signal"
             refused = page.post(signal, json={"signal": "SIGKILL"})
             assert refused.status_code == 403 and refused.json()["error"] == "CsrfRejected"
-            done = page.post(signal, json={"signal": "SIGKILL"}, headers={"X-Procpilot-CSRF": me["csrf"]})
+            done = page.post(signal, json={"signal": "SIGKILL"}, headers={"X-Procpilot-Session": me["session"]})
             assert done.status_code == 200, done.text
             with page.stream("GET", "/console/api/stream") as events:
                 seen = ""

@@ -14,7 +14,7 @@
 Every request carries ``Authorization: Bearer <token>``; the token alone decides the caller's
 agent (its scope), never a request field. A missing or wrong token is a bare 401. With no tokens
 configured (loopback only) every caller is the one ``open_agent``. A browser on the console
-may present the token as a cookie instead, trusted under the rules of ``browser_auth.py``; an
+presents a console session instead (a secret header bound to a cookie: ``browser_auth.py``); an
 operator (``[server] operators``) may act in another agent's scope with ``?agent=`` (tool calls
 and the event stream). On a
 loopback binding the ``Host`` and ``Origin`` headers must name the loopback too, so a web page

@@ -94,7 +94,7 @@ class AuthMiddleware:
     ) -> None:
         self.app = app
         self.auth = auth
-        # The console's cookie login (None: bearer headers only); see browser_auth.py.
+        # The console's sessions (None: bearer headers only); see browser_auth.py.
         self.browser = browser
         self.loopback_only = loopback_only
         self.max_body = max_body
@@ -118,15 +118,14 @@ class AuthMiddleware:
             return
         authorization = _header(scope, b"authorization")
         if authorization is None and self.browser is not None and self.auth.required:
-            cookie = self.browser.token_from_cookie(scope)
-            if cookie is not None:
-                # Sent by the browser on its own: trusted only from the same origin, and for a
-                # change only with the CSRF token a page of that origin read.
-                if not self.browser.same_origin(scope) or not self.browser.csrf_ok(scope, cookie):
-                    await self._refuse(scope, receive, send, 403, _FORBIDDEN)
-                    return
-                authorization = f"Bearer {cookie}"
-        agent = self.auth.agent_for(authorization)
+            # The console's session: the page's secret header and its browser's binding cookie
+            # together (browser_auth.py); a cookie alone is nobody.
+            agent = self.browser.agent_of(scope)
+            if agent is not None and not self.browser.same_origin(scope):
+                await self._refuse(scope, receive, send, 403, _FORBIDDEN)
+                return
+        else:
+            agent = self.auth.agent_for(authorization)
         public = self.browser is not None and is_public_path(scope.get("path", ""))
         if agent is None and not public:
             await self._refuse(scope, receive, send, 401, _UNAUTHORIZED)

@@ -1,18 +1,24 @@
-"""How a browser authenticates: the token in an HttpOnly cookie, and a CSRF token on every change.
+"""How a browser authenticates: a per-login secret the page keeps, bound to a cookie that alone authorizes nothing.
 
-A browser cannot be given a bearer header by a page it loads without keeping the token where
-scripts (and so injected scripts) can read it; the console's login sets it instead as an
-``HttpOnly; SameSite=Strict`` cookie, never in a URL. A cookie is sent by the browser on its own,
-so a request authenticated by one is trusted only when:
+A browser sends a host's cookies to every port of it, and a page on any port may set cookies for
+all of them (``SameSite`` does not separate ports: they are the same site). An agent's web server
+on another loopback port therefore receives whatever cookie the console holds, and can plant one
+of its own. So no cookie carries authority here:
 
-* it changes nothing (GET, HEAD), or it carries ``X-Procpilot-CSRF``: an HMAC of the token under a
-  secret made at start-up, which only a page that read ``/console/api/me`` (same origin: a foreign
-  page gets no CORS grant to read it) can know; and
-* its ``Origin``, where the browser sends one (always on a WebSocket), names the host it was sent
-  to, so no other site can open the event stream or a socket with the cookie.
+* A login (a token, once) makes a *console session*: a random **secret**, sent once in the login
+  response's body, which the page keeps in ``sessionStorage`` (per tab and per origin, and an
+  origin includes the port, so no other port can read it) and sends as ``X-Procpilot-Session`` on
+  every request; and a random **binding**, set as an ``HttpOnly`` cookie. The daemon keeps their
+  hashes, the agent and an expiry; never the token.
+* A request is the session's agent only when it carries the secret *and*, among its cookies of
+  that name, the session's binding. Whose request it is comes from the secret alone: a planted
+  cookie can make a request fail (the page then asks to log in), never make it another agent's.
+  A leaked cookie lacks the secret; a leaked secret lacks the cookie of the browser it was made in.
+* No page of another origin can send that header: a custom header on a cross-origin request needs
+  a CORS grant, which the daemon never gives. That is also why no CSRF token is needed.
 
-The cookie's name carries the port: cookies ignore ports, and two daemons on one host (a test
-daemon beside the one serving real agents) must not overwrite each other's.
+Sessions live in memory: a restart of the daemon ends them all. Each agent holds at most
+``per_agent`` of them (its oldest goes first), so no agent's logins push out another's.
 """
 
 from __future__ import annotations
@@ -20,18 +26,28 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from http.cookies import SimpleCookie
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.types import Scope
 
 from procpilot.transports.http.common import _header
 
-__all__ = ["CSRF_HEADER", "BrowserAuth", "is_public_path"]
+__all__ = [
+    "SESSIONS_PER_AGENT",
+    "SESSION_HEADER",
+    "SESSION_LIFETIME",
+    "BrowserAuth",
+    "ConsoleSession",
+    "is_public_path",
+]
 
-CSRF_HEADER = "x-procpilot-csrf"
-_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-_COOKIE_MAX_AGE = 12 * 3600  # a console left open overnight logs in again
-_MAX_COOKIE_HEADER = 8192  # parsed per request: bounded before the parser sees it
+SESSION_HEADER = "x-procpilot-session"
+SESSION_LIFETIME = 12 * 3600.0  # seconds: a console left open overnight logs in again
+SESSIONS_PER_AGENT = 64  # live console logins one agent holds; past it its oldest ends
+_MAX_COOKIE_HEADER = 8192  # parsed per request: bounded before it is split
+_MAX_SECRET = 128  # a header longer than any secret made here is not looked up
 
 # What a browser may fetch before logging in: the page's own static files (they hold no data:
 # everything shown comes from the authenticated API) and the login/logout calls themselves.
@@ -49,50 +65,142 @@ def _port_of(scope: Scope) -> str:
     return port if colon and port.isdigit() and not name.endswith("[") else "80"
 
 
-class BrowserAuth:
-    """The cookie's name and attributes, and the CSRF token of a session token."""
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
 
-    def __init__(self) -> None:
-        self._secret = secrets.token_bytes(32)  # new each start: a restart invalidates old pages' CSRF tokens
+
+@dataclass(frozen=True)
+class ConsoleSession:
+    """One console login: whose it is, the hash of its browser's binding cookie, when it ends."""
+
+    agent: str
+    binding: bytes
+    expires: float  # on ``BrowserAuth``'s clock
+
+
+class BrowserAuth:
+    """The console's sessions, and the cookie and header that present one.
+
+    ``clock`` is a monotonic clock in seconds (``time.monotonic`` unless a test needs another).
+    """
+
+    def __init__(
+        self,
+        *,
+        lifetime: float = SESSION_LIFETIME,
+        per_agent: int = SESSIONS_PER_AGENT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lifetime = lifetime
+        self.per_agent = per_agent
+        self._clock = clock
+        # hash(secret) -> session, oldest login first (dicts keep insertion order).
+        self._sessions: dict[bytes, ConsoleSession] = {}
+        # With no tokens configured every caller is the open agent; this per-start value, which
+        # only a page of the daemon's own origin can read (from /console/api/me), is what a change
+        # made from the console must carry, so a page on another port cannot make one.
+        self.open_secret = secrets.token_urlsafe(32)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # -- the cookie --
 
     def cookie_name(self, scope: Scope) -> str:
-        return f"procpilot_token_{_port_of(scope)}"
+        # The port is in the name: two daemons on one host (a test daemon beside the one serving
+        # real agents) must not overwrite each other's, since cookies ignore ports.
+        return f"procpilot_console_{_port_of(scope)}"
 
-    def token_from_cookie(self, scope: Scope) -> str | None:
+    def cookie_values(self, scope: Scope) -> list[str]:
+        """Every value of the console's cookie in the request: a page on another port may have
+        added its own beside ours (at another path), so there can be several."""
         raw = _header(scope, b"cookie")
         if not raw or len(raw) > _MAX_COOKIE_HEADER:
-            return None
+            return []
         # Split by hand: every app on localhost shares this header, and SimpleCookie stops at the
         # first cookie it finds malformed (a dev server's JSON value), losing ours after it.
         name = self.cookie_name(scope)
+        values = []
         for pair in raw.split(";"):
             key, eq, value = pair.strip().partition("=")
             if eq and key == name and value:
-                return value
-        return None
+                values.append(value)
+        return values
 
-    def set_cookie(self, scope: Scope, token: str) -> str:
-        jar: SimpleCookie = SimpleCookie()
-        name = self.cookie_name(scope)
-        jar[name] = token
-        jar[name]["httponly"] = True
-        jar[name]["samesite"] = "Strict"
-        jar[name]["path"] = "/"
-        jar[name]["max-age"] = _COOKIE_MAX_AGE
-        return jar[name].OutputString()
+    def set_cookie(self, scope: Scope, binding: str) -> str:
+        return (
+            f"{self.cookie_name(scope)}={binding}; HttpOnly; SameSite=Strict; Path=/; Max-Age={int(self.lifetime)}"
+        )
 
     def clear_cookie(self, scope: Scope) -> str:
         return f"{self.cookie_name(scope)}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"
 
-    def csrf_for(self, token: str) -> str:
-        """The CSRF token that goes with a session token ('' when no tokens are configured)."""
-        return hmac.new(self._secret, b"csrf:" + token.encode(), hashlib.sha256).hexdigest()
+    # -- sessions --
 
-    def csrf_ok(self, scope: Scope, token: str) -> bool:
-        if scope["type"] == "http" and scope["method"] in _SAFE_METHODS:
-            return True
-        presented = _header(scope, CSRF_HEADER.encode()) or ""
-        return hmac.compare_digest(presented.encode(), self.csrf_for(token).encode())
+    def login(self, scope: Scope, agent: str) -> tuple[str, str]:
+        """A new session of ``agent`` for the browser of this request: ``(secret, binding)``.
+
+        The browser's binding is kept when it already binds live sessions of this same agent (the
+        console open in another tab, which would otherwise lose its cookie); any other cookie
+        value (unknown, expired, another agent's, a planted one) gets a fresh binding."""
+        self._prune()
+        binding = next((v for v in self.cookie_values(scope) if self._binds(_digest(v), agent)), None)
+        if binding is None:
+            binding = secrets.token_urlsafe(32)
+        secret = secrets.token_urlsafe(32)
+        self._sessions[_digest(secret)] = ConsoleSession(agent, _digest(binding), self._clock() + self.lifetime)
+        mine = [key for key, s in self._sessions.items() if s.agent == agent]
+        for key in mine[: max(0, len(mine) - self.per_agent)]:
+            del self._sessions[key]
+        return secret, binding
+
+    def session_of(self, scope: Scope) -> ConsoleSession | None:
+        """The session this request presents: its secret in the header and its binding among the
+        cookies, before it expires. None for anything else."""
+        secret = _header(scope, SESSION_HEADER.encode())
+        if not secret or len(secret) > _MAX_SECRET:
+            return None
+        key = _digest(secret)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        if session.expires <= self._clock():
+            del self._sessions[key]
+            return None
+        bound = False
+        for value in self.cookie_values(scope):  # every one compared: no early exit
+            bound |= hmac.compare_digest(_digest(value), session.binding)
+        return session if bound else None
+
+    def agent_of(self, scope: Scope) -> str | None:
+        session = self.session_of(scope)
+        return None if session is None else session.agent
+
+    def logout(self, scope: Scope) -> bool:
+        """End the request's session and every other of its browser (all one agent's, since a
+        binding holds one agent's only). False when the request presents no live session."""
+        session = self.session_of(scope)
+        if session is None:
+            return False
+        for key in [k for k, s in self._sessions.items() if s.binding == session.binding]:
+            del self._sessions[key]
+        return True
+
+    def _binds(self, binding: bytes, agent: str) -> bool:
+        """``binding`` is that of live sessions, all of them ``agent``'s."""
+        agents = {s.agent for s in self._sessions.values() if s.binding == binding}
+        return agents == {agent}
+
+    def _prune(self) -> None:
+        now = self._clock()
+        for key in [k for k, s in self._sessions.items() if s.expires <= now]:
+            del self._sessions[key]
+
+    # -- the open daemon (no tokens) --
+
+    def open_secret_ok(self, scope: Scope) -> bool:
+        presented = _header(scope, SESSION_HEADER.encode()) or ""
+        return hmac.compare_digest(presented.encode(), self.open_secret.encode())
 
     @staticmethod
     def same_origin(scope: Scope) -> bool:

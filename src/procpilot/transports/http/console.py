@@ -2,9 +2,9 @@
 
     GET  /                                   redirects to /console/
     GET  /console/, /console/static/...      the page and its files (no data: served before login)
-    POST /console/api/login {"token"}        sets the token as an HttpOnly, SameSite=Strict cookie
-    POST /console/api/logout                 clears it
-    GET  /console/api/me                     who the page speaks for, and its CSRF token
+    POST /console/api/login {"token"}        a console session: its secret in the body, its binding cookie
+    POST /console/api/logout                 ends the browser's sessions on the daemon, clears the cookie
+    GET  /console/api/me                     who the page speaks for
     GET  /console/api/stream                 SSE: sessions (snapshots), audit events, approvals
     GET  /console/api/sessions/A/ID/log      one page of a session's output (bytes, base64)
     GET  /console/api/sessions/A/ID/output   SSE: a session's output from an offset, live
@@ -14,8 +14,9 @@
 
 What a session looks like and what can be done to it is the face's (``faces/console_view.py``);
 this module carries it over HTTP. Approvals are decided through the daemon's own
-``POST /v1/approvals/{id}``. Who sees what is
-``operators.py``'s rule; every POST here needs the CSRF token of ``/console/api/me``. What a
+``POST /v1/approvals/{id}``. Who sees what is ``operators.py``'s rule; how a browser proves who
+it is, ``browser_auth.py``'s (every request of the page carries its session's secret as
+``X-Procpilot-Session``, the event streams included: the page reads them with ``fetch``). What a
 person does here is audited (tool ``console.<action>``, ``decided_by`` the person's agent).
 
 Everything is bounded: a log page is at most 256 KiB, an output event 64 KiB (read from the log
@@ -29,7 +30,6 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import hmac
 import json
 import os
 import time
@@ -53,8 +53,8 @@ from procpilot.errors import (
     TooManyConnections,
 )
 from procpilot.faces import console_view
-from procpilot.transports.http.browser_auth import CSRF_HEADER, BrowserAuth
-from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _header, _json, _json_body
+from procpilot.transports.http.browser_auth import BrowserAuth
+from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _json, _json_body
 from procpilot.transports.http.events import _sse, audit_event
 from procpilot.transports.http.operators import acting_scope, is_operator
 
@@ -164,20 +164,15 @@ class Console:
 
     # -- who is asking --
 
-    def _presented_token(self, request: Request) -> str:
-        authorization = request.headers.get("authorization", "")
-        if authorization.lower().startswith("bearer "):
-            return authorization[7:].strip()
-        return self.browser.token_from_cookie(request.scope) or ""
-
-    def _check_csrf(self, request: Request) -> None:
-        """Every change needs the CSRF token, unless the caller sent its own bearer header (which
-        no other site can make a browser send)."""
-        if request.headers.get("authorization"):
+    def _check_change(self, request: Request) -> None:
+        """With tokens, the middleware has already required a bearer header or a console session,
+        neither of which another page can make a browser send. Without tokens every caller is the
+        open agent, so a change must carry the open daemon's secret that only the console's own
+        page could read (a bearer header, which no other page can make a browser send, will do)."""
+        if self.auth.required or request.headers.get("authorization"):
             return
-        presented = _header(request.scope, CSRF_HEADER.encode()) or ""
-        if not hmac.compare_digest(presented.encode(), self.browser.csrf_for(self._presented_token(request)).encode()):
-            raise CsrfRejected("this change lacks the console's CSRF token")
+        if not self.browser.open_secret_ok(request.scope):
+            raise CsrfRejected("this change lacks the console page's X-Procpilot-Session header")
 
     def _session(self, request: Request) -> Session:
         agent = _agent()
@@ -218,26 +213,35 @@ class Console:
         agent = self.auth.agent_for(f"Bearer {token}")
         if agent is None or not self.auth.required:
             return _json({"error": "Unauthorized", "message": "Unauthorized."}, 401)
-        response = _json(self._me(agent, token))
-        response.headers.append("set-cookie", self.browser.set_cookie(request.scope, token))
+        secret, binding = self.browser.login(request.scope, agent)
+        # The secret only here, in the body: the page keeps it; the cookie alone is nobody.
+        response = _json({**self._me(agent), "session": secret})
+        response.headers.append("set-cookie", self.browser.set_cookie(request.scope, binding))
         return response
 
     async def logout(self, request: Request) -> Response:
-        response = _json({"ok": True})
+        """Public (a page whose session already ended still clears its cookie); it ends sessions
+        only for a request that presents one, so no other page can log anyone out by calling it."""
+        if not self.browser.same_origin(request.scope):  # nor clear its cookie from another site
+            return _json({"error": "Forbidden", "message": "Forbidden."}, 403)
+        ended = self.browser.logout(request.scope)
+        response = _json({"ok": True, "ended": ended})
         response.headers.append("set-cookie", self.browser.clear_cookie(request.scope))
         return response
 
     async def me(self, request: Request) -> Response:
-        return _json(self._me(_agent(), self._presented_token(request)))
+        me = self._me(_agent())
+        if not self.auth.required:
+            me["session"] = self.browser.open_secret  # readable by the daemon's own origin only
+        return _json(me)
 
-    def _me(self, agent: str, token: str) -> dict[str, Any]:
+    def _me(self, agent: str) -> dict[str, Any]:
         server = self.daemon.settings.server
         return {
             "agent": agent,
             "operator": is_operator(server, agent),
             "approver": agent in server.approvers and self.daemon.gate is not None,
             "tokensRequired": self.auth.required,
-            "csrf": self.browser.csrf_for(token),
         }
 
     # -- the live stream --
@@ -376,7 +380,7 @@ class Console:
 
     async def act(self, request: Request) -> Response:
         try:
-            self._check_csrf(request)
+            self._check_change(request)
             session = self._session(request)
             action = request.path_params["action"]
             body = await _json_body(request)

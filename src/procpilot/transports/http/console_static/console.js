@@ -3,7 +3,11 @@
 import { Terminal } from "./vendor/xterm/xterm.mjs";
 
 const API = "/console/api";
-const state = { me: null, sessions: [], approvals: { pending: [], decided: [] }, audit: [], cpuPrev: new Map(), stream: null };
+// The console session's secret (see browser_auth.py): sent as a header on every request. Kept in
+// sessionStorage, per tab and per origin (the port included), so a reload keeps the login, a new
+// tab logs in on its own, and no page on another port can read it. Never in a cookie or a URL.
+const SECRET_KEY = "procpilot-session";
+const state = { me: null, secret: sessionStorage.getItem(SECRET_KEY), sessions: [], approvals: { pending: [], decided: [] }, audit: [], cpuPrev: new Map(), stream: null, started: false };
 const AUDIT_KEEP = 2000;
 const main = document.getElementById("main");
 let leaveView = () => {}; // closes what the current view opened (streams, a terminal)
@@ -21,21 +25,72 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+function authHeaders() {
+  return state.secret ? { "X-Procpilot-Session": state.secret } : {};
+}
+
+function keepSecret(secret) {
+  state.secret = secret ?? null;
+  if (state.secret) sessionStorage.setItem(SECRET_KEY, state.secret);
+  else sessionStorage.removeItem(SECRET_KEY);
+}
+
 async function api(path, { method = "GET", body, retried = false } = {}) {
-  const headers = {};
-  if (method !== "GET") {
-    headers["X-Procpilot-CSRF"] = state.me?.csrf ?? "";
-    if (body !== undefined) headers["Content-Type"] = "application/json";
-  }
+  const headers = authHeaders();
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   const res = await fetch(path, { method, headers, credentials: "same-origin", body: body === undefined ? undefined : JSON.stringify(body) });
   const data = await res.json().catch(() => ({}));
-  if (res.status === 403 && method !== "GET" && !retried && path !== `${API}/login`) {
-    // The daemon restarted since the page loaded (a new CSRF secret): fetch the token again, once.
-    state.me = await api(`${API}/me`);
+  if (data.error === "CsrfRejected" && !retried) {
+    // No tokens, and the daemon restarted since the page loaded (a new secret): fetch it, once.
+    keepSecret((await api(`${API}/me`)).session);
     return api(path, { method, body, retried: true });
   }
+  // The session ended (logged out, expired, the daemon restarted, or this browser's cookie was
+  // replaced by a page on another port): ask for a login, never carry on as anyone else.
+  if (res.status === 401 && path !== `${API}/login` && state.started) signedOut();
   if (!res.ok) throw Object.assign(new Error(data.message || res.statusText), { status: res.status, data });
   return data;
+}
+
+// A server-sent event stream read with fetch, which can send the session header (EventSource
+// cannot). Like EventSource it reconnects after 3 s when the connection drops, and gives up on
+// an answer other than 200; a 401 asks for a login. Returns { close }.
+function eventStream(url, handlers) {
+  const abort = new AbortController();
+  let closed = false;
+  const close = () => { closed = true; abort.abort(); };
+  (async () => {
+    while (!closed) {
+      try {
+        const res = await fetch(url, { headers: authHeaders(), credentials: "same-origin", signal: abort.signal });
+        if (res.status === 401) { if (state.started) signedOut(); return; }
+        if (!res.ok) return;
+        const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value; // the daemon ends its lines with \n alone
+          let cut;
+          while ((cut = buffer.indexOf("\n\n")) >= 0) {
+            const block = buffer.slice(0, cut);
+            buffer = buffer.slice(cut + 2);
+            let name = "message";
+            const data = [];
+            for (const line of block.split("\n")) {
+              if (line.startsWith("event:")) name = line.slice(6).trim();
+              else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+            }
+            if (data.length && handlers[name] && !closed) handlers[name]({ data: data.join("\n") });
+          }
+        }
+      } catch (err) {
+        if (closed) return;
+      }
+      if (!closed) await new Promise((resolve) => setTimeout(resolve, 3000));
+    }
+  })();
+  return { close };
 }
 
 const bytes = (n) => (n >= 1 << 30 ? (n / (1 << 30)).toFixed(1) + " GiB" : n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : n >= 1024 ? (n / 1024).toFixed(0) + " KiB" : n + " B");
@@ -56,9 +111,11 @@ function b64bytes(b64) {
 
 async function boot() {
   try {
-    state.me = await api(`${API}/me`);
+    const me = await api(`${API}/me`);
+    if (me.session) keepSecret(me.session); // no tokens: the open daemon's secret, for changes
+    state.me = me;
   } catch (err) {
-    if (err.status === 401) return showLogin();
+    if (err.status === 401) { keepSecret(null); return showLogin(); }
     main.textContent = `The daemon refused the console: ${err.message}`;
     return;
   }
@@ -68,12 +125,17 @@ async function boot() {
 function showLogin() {
   const form = document.getElementById("login");
   form.hidden = false;
+  form.token.focus();
   form.onsubmit = async (ev) => {
     ev.preventDefault();
     try {
-      state.me = await api(`${API}/login`, { method: "POST", body: { token: form.token.value } });
+      const me = await api(`${API}/login`, { method: "POST", body: { token: form.token.value } });
+      keepSecret(me.session);
+      delete me.session;
+      state.me = me;
       form.token.value = "";
       form.hidden = true;
+      document.getElementById("login-error").textContent = "";
       start();
     } catch (err) {
       document.getElementById("login-error").textContent = err.status === 401 ? "That token is not known here." : err.message;
@@ -81,41 +143,66 @@ function showLogin() {
   };
 }
 
+// The session is gone: everything it showed goes with it, and the page asks for a login.
+function signedOut() {
+  if (!state.started) return;
+  state.started = false;
+  keepSecret(null);
+  state.stream?.close();
+  state.stream = null;
+  window.removeEventListener("hashchange", route);
+  leaveView();
+  leaveView = () => {};
+  Object.assign(state, { me: null, sessions: [], approvals: { pending: [], decided: [] }, audit: [] });
+  state.cpuPrev.clear();
+  main.replaceChildren();
+  document.getElementById("nav").hidden = true;
+  document.getElementById("who").textContent = "";
+  document.getElementById("logout").hidden = true;
+  document.getElementById("pending-count").textContent = "";
+  showLogin();
+}
+
 function start() {
+  state.started = true;
   document.getElementById("nav").hidden = false;
   const who = document.getElementById("who");
   who.textContent = `agent ${state.me.agent}` + (state.me.operator ? " · operator (all agents)" : "") + (state.me.approver ? " · approver" : "");
   const logout = document.getElementById("logout");
   logout.hidden = !state.me.tokensRequired;
-  logout.onclick = async () => { await api(`${API}/logout`, { method: "POST" }); location.reload(); };
+  logout.onclick = async () => {
+    await api(`${API}/logout`, { method: "POST" }).catch(() => {});
+    keepSecret(null);
+    location.reload();
+  };
   openStream();
   window.addEventListener("hashchange", route);
   route();
 }
 
 function openStream() {
-  const es = new EventSource(`${API}/stream`);
-  state.stream = es;
-  es.addEventListener("sessions", (ev) => {
-    const now = performance.now();
-    state.sessions = JSON.parse(ev.data);
-    for (const s of state.sessions) {
-      const prev = state.cpuPrev.get(s.id);
-      s.cpuPercent = prev && now > prev.t ? Math.max(0, ((s.cpuMs - prev.cpu) / (now - prev.t)) * 100) : 0;
-      if (!prev || now - prev.t > 800) state.cpuPrev.set(s.id, { t: now, cpu: s.cpuMs, pct: s.cpuPercent });
-      else s.cpuPercent = prev.pct;
-    }
-    document.dispatchEvent(new CustomEvent("pp:sessions"));
-  });
-  es.addEventListener("approvals", (ev) => {
-    state.approvals = JSON.parse(ev.data);
-    document.getElementById("pending-count").textContent = state.approvals.pending.length ? `(${state.approvals.pending.length})` : "";
-    document.dispatchEvent(new CustomEvent("pp:approvals"));
-  });
-  es.addEventListener("audit", (ev) => {
-    state.audit.push(...JSON.parse(ev.data).events);
-    if (state.audit.length > AUDIT_KEEP) state.audit.splice(0, state.audit.length - AUDIT_KEEP);
-    document.dispatchEvent(new CustomEvent("pp:audit"));
+  state.stream = eventStream(`${API}/stream`, {
+    sessions: (ev) => {
+      const now = performance.now();
+      state.sessions = JSON.parse(ev.data);
+      for (const s of state.sessions) {
+        const prev = state.cpuPrev.get(s.id);
+        s.cpuPercent = prev && now > prev.t ? Math.max(0, ((s.cpuMs - prev.cpu) / (now - prev.t)) * 100) : 0;
+        if (!prev || now - prev.t > 800) state.cpuPrev.set(s.id, { t: now, cpu: s.cpuMs, pct: s.cpuPercent });
+        else s.cpuPercent = prev.pct;
+      }
+      document.dispatchEvent(new CustomEvent("pp:sessions"));
+    },
+    approvals: (ev) => {
+      state.approvals = JSON.parse(ev.data);
+      document.getElementById("pending-count").textContent = state.approvals.pending.length ? `(${state.approvals.pending.length})` : "";
+      document.dispatchEvent(new CustomEvent("pp:approvals"));
+    },
+    audit: (ev) => {
+      state.audit.push(...JSON.parse(ev.data).events);
+      if (state.audit.length > AUDIT_KEEP) state.audit.splice(0, state.audit.length - AUDIT_KEEP);
+      document.dispatchEvent(new CustomEvent("pp:audit"));
+    },
   });
 }
 
@@ -271,9 +358,10 @@ function ptyPane(parent, base, session) {
       try { await api(`${base}/write`, { method: "POST", body: { data: chunk } }); } catch (err) { term.write(`\r\n[input refused: ${err.message}]\r\n`); }
     }, 25);
   });
-  const es = new EventSource(`${base}/output?from=-1`);
-  es.addEventListener("data", (ev) => term.write(b64bytes(JSON.parse(ev.data).data)));
-  es.addEventListener("end", (ev) => { term.write(`\r\n[session ended: ${JSON.parse(ev.data).state}]\r\n`); es.close(); });
+  const es = eventStream(`${base}/output?from=-1`, {
+    data: (ev) => term.write(b64bytes(JSON.parse(ev.data).data)),
+    end: (ev) => { term.write(`\r\n[session ended: ${JSON.parse(ev.data).state}]\r\n`); es.close(); },
+  });
   term.focus();
   return () => { es.close(); term.dispose(); };
 }
@@ -324,14 +412,15 @@ function pipePane(parent, base, session) {
     es?.close();
     decoder = new TextDecoder();
     tail = "";
-    es = new EventSource(`${base}/output?stream=${streamSel.value}&from=-1`);
-    es.addEventListener("data", (ev) => {
-      const msg = JSON.parse(ev.data);
-      total = Math.max(total, msg.end);
-      tail = (tail + decoder.decode(b64bytes(msg.data), { stream: true })).slice(-TAIL_KEEP);
-      if (follow.checked) showTail(); else setHeight();
+    es = eventStream(`${base}/output?stream=${streamSel.value}&from=-1`, {
+      data: (ev) => {
+        const msg = JSON.parse(ev.data);
+        total = Math.max(total, msg.end);
+        tail = (tail + decoder.decode(b64bytes(msg.data), { stream: true })).slice(-TAIL_KEEP);
+        if (follow.checked) showTail(); else setHeight();
+      },
+      end: () => { es.close(); if (follow.checked) showTail(); },
     });
-    es.addEventListener("end", () => { es.close(); if (follow.checked) showTail(); });
   }
   async function showAt(scrollTop) {
     const span = Math.max(1, height() - viewer.clientHeight);
