@@ -79,13 +79,14 @@ def test_a_slow_bwrap_probe_is_no_answer_and_is_probed_again(root: Path) -> None
         _stop(served, TOKEN_A)
 
 
-def test_a_readonly_root_becomes_landlock_only_where_the_operator_allowed_it(root: Path) -> None:
-    outside = Path("/var/tmp") / f"{root.name}-outside"
-    policy = (
-        "[policy.agents.agent-a]\nreadonly_root = true\n"
-        '[policy.agents.agent-b]\nreadonly_root = true\nisolation_fallback = ["landlock"]\n'
-    )
+def _outside(root: Path) -> Path:
+    return Path("/var/tmp") / f"{root.name}-outside"  # beside the root: read-only in any box
+
+
+def test_a_readonly_root_never_becomes_landlock_unasked(root: Path) -> None:
+    outside = _outside(root)
     # A host without a working bubblewrap: the probe runs it, and it fails.
+    policy = "[policy.agents.agent-a]\nreadonly_root = true\n"
     served = start_daemon(root, extra=policy, wrap=_fake_bwrap(root, "exit 1"))
     try:
         with served.http(TOKEN_A) as a:
@@ -95,6 +96,19 @@ def test_a_readonly_root_becomes_landlock_only_where_the_operator_allowed_it(roo
             assert "does not allow the weaker Landlock box" in refused.json()["message"]
             assert "allow_fallback" in refused.json()["hints"]
             assert not outside.exists()  # never run with the root writable, nor silently under Landlock
+            caps = a.get("/v1/capabilities").json()["isolation"]
+            assert caps["readonly_root"] == "landlock" and caps["fallback_allowed"] == [], caps
+            assert caps["warning"] is None, caps
+    finally:
+        outside.unlink(missing_ok=True)
+        _stop(served, TOKEN_A)
+
+
+def test_a_landlock_box_the_operator_allowed_says_so(root: Path) -> None:
+    outside = _outside(root)
+    policy = '[policy.agents.agent-b]\nreadonly_root = true\nisolation_fallback = ["landlock"]\n'
+    served = start_daemon(root, extra=policy, wrap=_fake_bwrap(root, "exit 1"))
+    try:
         with served.http(TOKEN_B) as b:
             ran = post(b, "exec", command=f"touch {outside} || echo read-only")
             assert ran.status_code == 200, ran.text
@@ -108,6 +122,9 @@ def test_a_readonly_root_becomes_landlock_only_where_the_operator_allowed_it(roo
             caps = b.get("/v1/capabilities").json()["isolation"]
             assert caps["readonly_root"] == "landlock" and caps["fallback_allowed"] == ["agent agent-b: landlock"]
             assert caps["warning"].startswith("agent agent-b get read-only root by Landlock"), caps
+        with served.http(TOKEN_A) as a:  # an agent without a box: nothing weaker to say
+            plain = post(a, "exec", command="true").json()["data"]
+            assert "weakerBox" not in plain, plain
     finally:
         outside.unlink(missing_ok=True)
         _stop(served, TOKEN_A, TOKEN_B)

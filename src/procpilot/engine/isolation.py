@@ -152,8 +152,14 @@ class _Decided(Generic[_T]):
     def known(self) -> bool:
         return bool(self._found)
 
-    def __call__(self) -> _T:
-        with self._lock:
+    def __call__(self, *, wait: bool = True) -> _T:
+        """The answer, probing for it if none is had; ``wait=False`` (a report on the event loop):
+        never wait for a probe another thread runs now, say there is no answer yet instead."""
+        if self._found:
+            return self._found[0]
+        if not self._lock.acquire(blocking=wait):
+            raise ProbeUndecided(f"the {self.name} probe is running now")
+        try:
             if self._found:
                 return self._found[0]
             why = ProbeUndecided(f"the {self.name} probe was not run")
@@ -168,6 +174,8 @@ class _Decided(Generic[_T]):
                 self._found.append(value)
                 return value
             raise why
+        finally:
+            self._lock.release()
 
     def cache_clear(self) -> None:
         self._found.clear()
@@ -320,33 +328,40 @@ def _undecided(why: str) -> IsolationUnavailable:
 # -- reports -------------------------------------------------------------------------------------
 
 
+def _now(probe: Callable[[], _T]) -> _T:
+    """The probe's answer without waiting on one another thread is probing for (a report)."""
+    return probe(wait=False) if isinstance(probe, _Decided) else probe()
+
+
 def _network_mechanism() -> str | None:
-    net = _network_prefix()
+    net = _now(_network_prefix)
     if net is not None:
         return "bwrap" if "bwrap" in net[0] else " ".join(net[:-1])
-    return "seccomp" if _seccomp() else None
+    return "seccomp" if _now(_seccomp) else None
 
 
-def _or_none(probe: Callable[[], _T]) -> _T | None:
+def _or_none(probe: Callable[[], _T], pending: set[str]) -> _T | None:
     try:
-        return probe()
-    except ProbeUndecided:
-        return None  # said under "pending"
+        return _now(probe)
+    except ProbeUndecided as exc:
+        pending.add(str(exc))
+        return None
 
 
 def isolation_capabilities() -> dict[str, object]:
     """Which mechanism serves each kind of isolation here (None: unavailable, or no answer yet:
     ``pending`` lists the probes that gave none, which run again on next use)."""
-    network = _or_none(_network_mechanism)
-    bwrap = _or_none(_bwrap)
-    readonly = "bwrap" if bwrap else ("landlock" if _or_none(_landlock) else None)
+    pending: set[str] = set()  # probes that another thread runs now; then those that gave no answer
+    network = _or_none(_network_mechanism, pending)
+    bwrap = _or_none(_bwrap, pending)
+    readonly = "bwrap" if bwrap else ("landlock" if _or_none(_landlock, pending) else None)
     return {
         "network_off": network,
         # What "network off" leaves: a loopback of its own, or (seccomp) no IP at all.
         "network_off_loopback": None if network is None else ("none" if network == "seccomp" else "private"),
         "readonly_root": readonly,
         "private_box": "bwrap" if bwrap else None,
-        "pending": [f"{name}: {why}" for name, why in sorted(_PENDING.items())],
+        "pending": sorted(pending | set(_PENDING.values())),
     }
 
 
