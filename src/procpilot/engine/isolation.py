@@ -21,7 +21,8 @@
   back. A mask on the file itself would not last: a socket unlinked and bound again (a daemon's
   re-exec) or a config file replaced by rename detaches a mount on it, and a path that does not
   exist has nothing to mount on in a read-only root. The price: inside the box, entries made in
-  that directory later (on either side) are not shared.
+  that directory later (on either side) are not shared, and in a read-only box the directory's
+  own top level is read-only even where it lies in a writable path.
 
 Every mechanism is probed by a process that proves the restriction holds, not that the tool runs.
 A definitive answer (it works, it is absent, it fails) is kept for the daemon's life; a probe that
@@ -514,6 +515,10 @@ def _masks(isolation: Isolation) -> list[str]:
             for w in writable:  # a writable path deeper inside a read-only entry, writable again
                 if target in w.parents:
                     argv += ["--bind", str(w), str(w)]
+        if isolation.readonly_root:
+            # The tmpfs itself read-only too (its entries keep their own mounts): a write there
+            # fails as anywhere outside the writable paths, rather than vanishing with the box.
+            argv += ["--remount-ro", str(parent)]
     for path in (*dirs, _CGROUP_FS):
         if path.is_dir():
             argv += ["--tmpfs", str(path)]
