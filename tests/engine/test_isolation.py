@@ -481,3 +481,16 @@ async def test_paths_hidden_alone_still_get_a_box(supervisor: Supervisor, worksp
         assert out == b"visible\nbeside\n", (out, s.output[Stream.STDERR].read().data)
     finally:
         shutil.rmtree(secret)
+
+
+@needs_seccomp
+def test_no_network_becomes_seccomp_only_where_allowed(no_namespaces: None) -> None:
+    # Without a namespace, the filter is another box (no loopback, the host's abstract sockets
+    # reachable): refused unless the operator allowed it, and then said.
+    with pytest.raises(IsolationUnavailable, match="does not allow the seccomp filter"):
+        isolation_prefix(Isolation(network=False))
+    allowed = Isolation(network=False, fallback=frozenset({"seccomp"}))
+    assert isolation_prefix(allowed)[-2:] == ["--no-network", "--"]
+    note = iso.weaker_box(allowed)
+    assert note is not None and "seccomp" in note and "not even loopback" in note
+    assert iso.weaker_box(Isolation(network=False)) is None  # nothing allowed, nothing ran weaker
