@@ -49,14 +49,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 from procpilot.engine import sandbox_exec
 from procpilot.errors import IsolationUnavailable
 
 __all__ = [
     "FALLBACKS",
-    "Fallback",
     "Isolation",
     "IsolationUnavailable",
     "isolation_capabilities",
@@ -65,7 +64,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-Fallback = Literal["landlock", "seccomp"]
 # What each weaker mechanism lacks, as results and `doctor` say it.
 FALLBACKS: dict[str, str] = {
     "landlock": (
