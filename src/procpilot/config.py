@@ -189,6 +189,10 @@ class AgentPolicy(BaseModel):
     # Its sessions cannot see, signal or read the logs of any other agent's, nor reach the daemon.
     isolate: bool = False
     writable: tuple[str, ...] = ()
+    # Weaker mechanisms a box may fall back to where bubblewrap or network namespaces are missing:
+    # "landlock" (a read-only root without a pid namespace, a private /tmp or hidden paths),
+    # "seccomp" (no network by socket family: no loopback either). Empty: refuse instead.
+    isolation_fallback: tuple[Literal["landlock", "seccomp"], ...] = ()
     elevated_allowed: bool = False  # may ask to run outside the box above
     max_procs: int | None = Field(None, ge=1)  # running sessions at once
     memory_limit: int | None = Field(None, ge=1 << 20)  # bytes; the agent's allocation and default

@@ -168,6 +168,9 @@ SECCOMP = _libseccomp_loads()
 needs_landlock = pytest.mark.skipif(not LANDLOCK, reason="the kernel has no (enabled) Landlock")
 needs_seccomp = pytest.mark.skipif(not SECCOMP, reason="libseccomp or seccomp filters are not available")
 WRAPPER = str(Path(sandbox_exec.__file__))
+# What the operator allows below: the weaker mechanisms these tests exercise when bubblewrap or
+# namespaces are made to look missing.
+FALLBACK = frozenset({"landlock", "seccomp"})
 
 
 @pytest.fixture
@@ -190,7 +193,7 @@ async def test_landlock_readonly_root_leaves_only_the_workspace_writable(
     supervisor: Supervisor, workspace: Path, no_bwrap: None
 ) -> None:
     assert isolation_capabilities()["readonly_root"] == "landlock"
-    isolation = Isolation(readonly_root=True, writable=(workspace,))
+    isolation = Isolation(fallback=FALLBACK, readonly_root=True, writable=(workspace,))
     assert WRAPPER in isolation_prefix(isolation)
     outside = _outside(workspace, "landlock")
     script = (
@@ -222,7 +225,7 @@ async def test_landlock_readonly_root_leaves_only_the_workspace_writable(
 async def test_a_pty_shell_under_landlock_keeps_its_terminal(
     supervisor: Supervisor, workspace: Path, no_bwrap: None
 ) -> None:
-    isolation = Isolation(readonly_root=True, writable=(workspace,), new_session=False)
+    isolation = Isolation(fallback=FALLBACK, readonly_root=True, writable=(workspace,), new_session=False)
     shell = await supervisor.spawn(
         SpawnSpec(("bash", "--norc", "-i"), pty=True, cwd=workspace, isolation=isolation), scope=A
     )
@@ -248,7 +251,7 @@ async def test_landlock_cannot_be_remounted_or_undone(supervisor: Supervisor, wo
         f"unshare --map-root-user sh -c 'echo out > {outside}' && echo UNSHARED; "
         f"echo out > {outside} && echo WROTE"
     )
-    isolation = Isolation(readonly_root=True, writable=(workspace,))
+    isolation = Isolation(fallback=FALLBACK, readonly_root=True, writable=(workspace,))
     try:
         s = await supervisor.run(SpawnSpec(script, cwd=workspace, isolation=isolation), scope=A, yield_ms=None)
         out = s.output[Stream.STDOUT].read().data.decode()
@@ -288,7 +291,7 @@ async def test_seccomp_network_off_cannot_reach_a_host_loopback_listener(
 ) -> None:
     caps = isolation_capabilities()
     assert caps["network_off"] == "seccomp" and caps["network_off_loopback"] == "none"
-    isolation = Isolation(network=False)
+    isolation = Isolation(fallback=FALLBACK, network=False)
     assert isolation_prefix(isolation)[-2:] == ["--no-network", "--"]
     port = listener.getsockname()[1]
     await _seccomp_refuses_ip(supervisor, isolation, port)
@@ -326,7 +329,7 @@ def test_another_syscall_abi_cannot_slip_past_the_filter() -> None:
 async def test_without_bwrap_or_namespaces_one_wrapper_does_both(
     supervisor: Supervisor, listener: socket.socket, workspace: Path, no_namespaces: None
 ) -> None:
-    isolation = Isolation(network=False, readonly_root=True, writable=(workspace,))
+    isolation = Isolation(fallback=FALLBACK, network=False, readonly_root=True, writable=(workspace,))
     prefix = isolation_prefix(isolation)
     assert prefix.count(WRAPPER) == 1 and "--landlock" in prefix and "--no-network" in prefix, prefix
     await _seccomp_refuses_ip(supervisor, isolation, listener.getsockname()[1])
@@ -349,7 +352,7 @@ async def test_landlock_goes_inside_a_network_namespace(
     supervisor: Supervisor, listener: socket.socket, workspace: Path, no_bwrap: None
 ) -> None:
     # unshare writes /proc/self/uid_map: it must run before Landlock makes that read-only.
-    isolation = Isolation(network=False, readonly_root=True, writable=(workspace,))
+    isolation = Isolation(fallback=FALLBACK, network=False, readonly_root=True, writable=(workspace,))
     prefix = isolation_prefix(isolation)
     assert prefix.index(WRAPPER) > 0 and "--no-network" not in prefix, prefix
     port = listener.getsockname()[1]
@@ -375,7 +378,7 @@ async def test_landlock_goes_inside_a_network_namespace(
 async def test_the_wrapper_execs_the_command_in_place(
     supervisor: Supervisor, workspace: Path, no_namespaces: None
 ) -> None:
-    isolation = Isolation(network=False, readonly_root=True, writable=(workspace,))
+    isolation = Isolation(fallback=FALLBACK, network=False, readonly_root=True, writable=(workspace,))
     probe = ("python3", "-c", "import os, sys, time; print(os.getpid(), flush=True); time.sleep(30)")
     s = await supervisor.spawn(SpawnSpec(probe, isolation=isolation), scope=A)
     try:
@@ -403,11 +406,12 @@ def test_when_no_mechanism_works_isolation_fails_closed(
         "network_off_loopback": None,
         "readonly_root": None,
         "private_box": None,
+        "pending": [],
     }
     for isolation in (
-        Isolation(network=False),
-        Isolation(readonly_root=True, writable=(workspace,)),
-        Isolation(network=False, readonly_root=True, writable=(workspace,)),
+        Isolation(fallback=FALLBACK, network=False),
+        Isolation(fallback=FALLBACK, readonly_root=True, writable=(workspace,)),
+        Isolation(fallback=FALLBACK, network=False, readonly_root=True, writable=(workspace,)),
     ):
         with pytest.raises(IsolationUnavailable):
             isolation_prefix(isolation)
@@ -417,7 +421,7 @@ def test_when_no_mechanism_works_isolation_fails_closed(
 @needs_seccomp
 def test_a_private_box_still_needs_bwrap(no_namespaces: None) -> None:
     with pytest.raises(IsolationUnavailable, match="bubblewrap"):
-        isolation_prefix(Isolation(private=True))
+        isolation_prefix(Isolation(fallback=FALLBACK, private=True))
 
 
 async def test_a_refused_isolation_never_starts_the_command(
@@ -426,7 +430,10 @@ async def test_a_refused_isolation_never_starts_the_command(
     monkeypatch.setattr(iso, "_landlock", lambda: False)
     monkeypatch.setattr(iso, "_seccomp", lambda: False)
     marker = workspace / "ran.txt"
-    for isolation in (Isolation(network=False), Isolation(readonly_root=True, writable=(workspace,))):
+    for isolation in (
+        Isolation(fallback=FALLBACK, network=False),
+        Isolation(fallback=FALLBACK, readonly_root=True, writable=(workspace,)),
+    ):
         with pytest.raises(IsolationUnavailable):
             await supervisor.run(
                 SpawnSpec(f"touch {marker}", cwd=workspace, isolation=isolation), scope=A, yield_ms=None
@@ -450,3 +457,40 @@ def test_without_landlock_the_wrapper_exits_with_its_own_code(
     assert done.returncode == sandbox_exec.LANDLOCK_UNAVAILABLE, done
     assert done.stderr.startswith(b"procpilot-sandbox: Landlock is not available"), done.stderr
     assert not marker.exists()
+
+
+@pytest.mark.skipif(CAPS["private_box"] is None, reason="bubblewrap is not installed on this host")
+async def test_paths_hidden_alone_still_get_a_box(supervisor: Supervisor, workspace: Path) -> None:
+    # A non-empty isolation is a prefix at the exec point, never nothing: here, only a hidden file.
+    secret = Path("/var/tmp") / f"procpilot-secret-{workspace.parent.name}"
+    secret.mkdir()
+    try:
+        (secret / "token").write_text("s3cret")
+        (secret / "beside").write_text("visible")
+        isolation = Isolation(hidden=(secret / "token", secret / "later"))
+        assert not isolation.empty and isolation_prefix(isolation)
+        script = (
+            f"cat {secret}/token; cat {secret}/beside; echo; "
+            f"while [ ! -e {workspace}/go ]; do sleep 0.02; done; ls {secret}"
+        )
+        s = await supervisor.spawn(SpawnSpec(script, isolation=isolation), scope=A)
+        (secret / "later").write_text("made after the start")
+        (workspace / "go").touch()
+        await s.wait_finished()
+        out = s.output[Stream.STDOUT].read().data
+        assert out == b"visible\nbeside\n", (out, s.output[Stream.STDERR].read().data)
+    finally:
+        shutil.rmtree(secret)
+
+
+@needs_seccomp
+def test_no_network_becomes_seccomp_only_where_allowed(no_namespaces: None) -> None:
+    # Without a namespace, the filter is another box (no loopback, the host's abstract sockets
+    # reachable): refused unless the operator allowed it, and then said.
+    with pytest.raises(IsolationUnavailable, match="does not allow the seccomp filter"):
+        isolation_prefix(Isolation(network=False))
+    allowed = Isolation(network=False, fallback=frozenset({"seccomp"}))
+    assert isolation_prefix(allowed)[-2:] == ["--no-network", "--"]
+    note = iso.weaker_box(allowed)
+    assert note is not None and "seccomp" in note and "not even loopback" in note
+    assert iso.weaker_box(Isolation(network=False)) is None  # nothing allowed, nothing ran weaker

@@ -1,7 +1,9 @@
 """The node side: a plain procpilot Supervisor on one Ray node, run as an actor pinned there.
 
-The engine runs unchanged (its own state directory, trees, limits and isolation of this host);
-the daemon ran the policy before the spec got here, so this supervisor has no filters. Output
+The engine runs unchanged (its own state directory, trees, limits and isolation of this host).
+The daemon ran the policy before the spec got here, and this supervisor runs the same spawn filter
+again on what it receives: a spec that reaches the actor by another way (any driver of the Ray
+cluster can call it) gets the agent's box and checks all the same, never the box it claims. Output
 stays in this node's files: ``follow`` reads them forward for the daemon (``follow.py``: each
 byte once, in arrival order) and ``page`` reads any part on demand.
 
@@ -17,7 +19,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from procpilot.cluster.follow import FOLLOW_CHUNK, follow_output
@@ -37,6 +39,7 @@ _INPUT_CHECKS = 32  # of them, read afresh from /proc (~0.1 ms each, on this nod
 _INPUT_AGE = 5.0  # the rest: an answer this recent, else none
 ORPHAN_AFTER = 10.0  # seconds without the daemon's beat (every 2 s) before a node ends its trees
 _log = logging.getLogger(__name__)
+SpawnFilter = Callable[[str, SpawnSpec, int], SpawnSpec]
 
 
 def session_record(session: Session) -> dict[str, Any]:
@@ -65,13 +68,21 @@ def dropped_by_view(session: Session) -> dict[str, int]:
 class NodeAgent:
     """One node's supervisor. Every call names the scope, and the engine's scoping applies."""
 
-    def __init__(self, settings: Settings, node_id: str, orphan_after: float = ORPHAN_AFTER) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        node_id: str,
+        orphan_after: float = ORPHAN_AFTER,
+        spawn_filter: SpawnFilter | None = None,
+    ) -> None:
         # One state directory per node: on one host (the tests' two-node cluster) two nodes must
         # not share session directories or a journal.
         state_dir = settings.state_dir / "nodes" / node_id[:16]
         self.node_id = node_id
         self._settings = settings.model_copy(update={"state_dir": state_dir})
         self._sup: Supervisor | None = None
+        # The daemon's own filter (the policy's), applied here again to every spec received.
+        self._spawn_filter = spawn_filter
         self._orphan_after = orphan_after
         self._beaten: asyncio.Event | None = None  # made on the actor's own event loop, by start()
         self._watchdog: asyncio.Task[None] | None = None
@@ -84,7 +95,7 @@ class NodeAgent:
 
     async def start(self) -> dict[str, Any]:
         if self._sup is None:
-            self._sup = await Supervisor(self._settings).start()
+            self._sup = await Supervisor(self._settings, spawn_filter=self._spawn_filter).start()
             self._beaten = asyncio.Event()
             self._watchdog = asyncio.ensure_future(self._watch_daemon())
         return {"node": self.node_id, "pid": os.getpid(), "capabilities": self.sup.capabilities()}

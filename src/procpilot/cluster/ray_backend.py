@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from procpilot.cluster.node import NodeAgent
+from procpilot.cluster.node import NodeAgent, SpawnFilter
 from procpilot.config import Settings
 from procpilot.errors import NodeUnavailable, ServeRefused
 
@@ -92,7 +92,7 @@ def alive_nodes() -> list[NodeInfo]:
 class NodeActor:
     """The daemon's handle on one node's ``NodeAgent`` actor."""
 
-    def __init__(self, settings: Settings, node_id: str) -> None:
+    def __init__(self, settings: Settings, node_id: str, spawn_filter: SpawnFilter | None = None) -> None:
         self.node_id = node_id
         remote_class: Any = ray.remote(NodeAgent)
         self._actor = remote_class.options(
@@ -104,7 +104,7 @@ class NodeActor:
             lifetime="detached",
             max_concurrency=_MAX_CONCURRENCY,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(settings, node_id)
+        ).remote(settings, node_id, spawn_filter=spawn_filter)
 
     async def call(self, method: str, *args: Any, timeout: float = _CALL_TIMEOUT) -> Any:
         """One call; a dead or unreachable node is ``NodeUnavailable`` (nothing was done there)."""

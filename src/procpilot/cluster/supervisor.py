@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from procpilot.cluster.node import SpawnFilter
 from procpilot.cluster.pages import copy_output
 from procpilot.cluster.placement import NodeView, choose_node
 from procpilot.cluster.ray_backend import NodeActor, NodeGone, NodeInfo, NodeUnreachable, alive_nodes, join, leave
@@ -61,7 +62,10 @@ class ClusterSupervisor(Supervisor):
         *,
         spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
         write_filter: Callable[[str, Session, bytes], None] | None = None,
+        node_filter: Callable[[Settings], SpawnFilter] | None = None,
     ) -> None:
+        """``node_filter`` builds the spawn filter each node applies again to the specs it gets
+        (``make_spawn_filter``): from the nodes' settings, so no token travels with it."""
         super().__init__(settings, spawn_filter=spawn_filter, write_filter=write_filter)
         self._nodes: dict[str, _Node] = {}  # live nodes in the order they joined
         self._joining: set[str] = set()
@@ -71,6 +75,7 @@ class ClusterSupervisor(Supervisor):
         # What the nodes get: the engine's settings and the policy's, never the daemon's tokens.
         server = settings.server.model_copy(update={"tokens": {}})
         self._node_settings = settings.model_copy(update={"server": server})
+        self._node_filter = None if node_filter is None else node_filter(self._node_settings)
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -115,7 +120,7 @@ class ClusterSupervisor(Supervisor):
     async def _join_node(self, info: NodeInfo) -> None:
         self._joining.add(info.node_id)
         try:
-            actor = NodeActor(self._node_settings, info.node_id)
+            actor = NodeActor(self._node_settings, info.node_id, self._node_filter)
             try:
                 started = await actor.call("start", timeout=_JOIN_TIMEOUT)
             except NodeUnavailable:

@@ -30,7 +30,14 @@ from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
 from procpilot.engine.precheck import check_command, check_size, check_timeout
 from procpilot.engine.restart import RestartPolicy
-from procpilot.errors import CommandNotFound, InvalidArgument, PathOutOfScope, ProtectedVariable, SpawnFailed
+from procpilot.errors import (
+    CommandNotFound,
+    InvalidArgument,
+    IsolationUnavailable,
+    PathOutOfScope,
+    ProtectedVariable,
+    SpawnFailed,
+)
 
 __all__ = [
     "Launcher",
@@ -233,14 +240,27 @@ async def spawn_process(
     cwd_fd, entered = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else (None, None)
     try:
         check_command(spec.command, env, spec.cwd)
+        prefix = await _box(spec.isolation)
         if launch is not None:
             if cwd_fd is not None and entered is None:
                 entered = os.readlink(f"/proc/self/fd/{cwd_fd}")
             return launch(spec, env, prelude, entered)
-        return await _spawn_with_retries(spec, env, prelude, cwd_fd)
+        return await _spawn_with_retries(spec, env, prelude, cwd_fd, prefix)
     finally:
         if cwd_fd is not None:
             os.close(cwd_fd)
+
+
+async def _box(isolation: Isolation | None) -> list[str]:
+    """The isolation prefix, built in a worker thread: a mechanism whose probe has not answered
+    yet may take seconds to probe, and hidden paths are listed on disk; every other session goes
+    on meanwhile. The exec point's invariant: an isolation asked for is a prefix, or a refusal."""
+    if isolation is None or isolation.empty:
+        return []
+    prefix = await asyncio.to_thread(isolation_prefix, isolation)
+    if not prefix:
+        raise IsolationUnavailable(f"no mechanism was chosen for {isolation!r}: refusing to run it unconfined")
+    return prefix
 
 
 _ROOTS: dict[Path, tuple[Path, int, int, float]] = {}  # workspace: real path, its (dev, inode), when checked
@@ -344,13 +364,13 @@ def _open_workdir(cwd: Path, workspace: Path | None) -> tuple[int, str | None]:
 
 
 async def _spawn_with_retries(
-    spec: SpawnSpec, env: Mapping[str, str], prelude: Sequence[str], cwd_fd: int | None
+    spec: SpawnSpec, env: Mapping[str, str], prelude: Sequence[str], cwd_fd: int | None, prefix: list[str]
 ) -> Spawned:
     for attempt, delay in enumerate((0.0, *_RETRY_DELAYS)):
         if delay:
             await asyncio.sleep(delay)  # the loop keeps serving every other session meanwhile
         try:
-            return _spawn_once(spec, env, prelude, cwd_fd)
+            return _spawn_once(spec, env, prelude, cwd_fd, prefix)
         except OSError as exc:
             if exc.errno in _TRANSIENT and attempt < len(_RETRY_DELAYS):
                 continue
@@ -361,10 +381,11 @@ async def _spawn_with_retries(
     raise AssertionError("unreachable")
 
 
-def _spawn_once(spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str], cwd_fd: int | None) -> Spawned:
+def _spawn_once(
+    spec: SpawnSpec, env: Mapping[str, str], lines: Sequence[str], cwd_fd: int | None, prefix: list[str]
+) -> Spawned:
     # Shell lines run in the child before the user's command: joining cgroups, taking the pty.
     prelude = list(lines)
-    prefix = isolation_prefix(spec.isolation) if spec.isolation is not None else []
     to_close: list[int] = []
     parent_fds: list[int] = []
     try:

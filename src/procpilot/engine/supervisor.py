@@ -35,7 +35,7 @@ from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession
-from procpilot.engine.isolation import isolation_capabilities
+from procpilot.engine.isolation import FALLBACKS, isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
 from procpilot.engine.limits import (
     CgroupV1Limits,
@@ -349,7 +349,7 @@ class Supervisor:
                 "not_enforced": sorted({"memory", "cpu", "pids"} - limits.enforces),
                 "passed_over": [f"{name}: {why}" for name, why in limits.passed_over.items()],
             },
-            "isolation": isolation_capabilities(),
+            "isolation": self._isolation_report(),
             "pidfd": hasattr(os, "pidfd_open"),
             "warm_shells": self.warm_shells(),
             "descriptors": descriptors.report(),
@@ -357,6 +357,23 @@ class Supervisor:
             "restarts": self._restart_capability(),
             "outage_exits": self._restarts.outage_exits() if self._restarts else outage_exits(),
         }
+
+    def _isolation_report(self) -> dict[str, Any]:
+        """The host's mechanisms, which weaker boxes the policy allows (``isolation_fallback``), and
+        a warning when, on this host, a box does run weaker because of that."""
+        found = isolation_capabilities()
+        policy = self.settings.policy
+        allowed = {"default": policy.default.isolation_fallback}
+        allowed |= {f"agent {name}": policy.for_agent(name).isolation_fallback for name in policy.agents}
+        found["fallback_allowed"] = [f"{who}: {', '.join(kinds)}" for who, kinds in allowed.items() if kinds]
+        weaker = []
+        served = {"landlock": found["readonly_root"] == "landlock", "seccomp": found["network_off"] == "seccomp"}
+        for kind, serves in served.items():
+            users = [who for who, kinds in allowed.items() if kind in kinds]
+            if serves and users:
+                weaker.append(f"{', '.join(users)} get {FALLBACKS[kind]}")
+        found["warning"] = "; ".join(weaker) or None
+        return found
 
     def warm_shells(self) -> dict[str, Any]:
         """The pool of shells started ahead of time, and whether the host's cgroup v2 mount favours

@@ -48,6 +48,7 @@ from procpilot.contract import (
 )
 from procpilot.engine.capture import Stream
 from procpilot.engine.events import EventBus
+from procpilot.engine.isolation import weaker_box
 from procpilot.engine.limits import Limits
 from procpilot.engine.restart import RestartPolicy
 from procpilot.engine.session import Session
@@ -328,6 +329,9 @@ class RunOutput(BaseModel):
     output_note: str | None = None
     # Beyond spec 000: on a cluster, the Ray node id the process runs on (absent on one host).
     node: str | None = None
+    # Beyond spec 000: what the process's box lacks, when a weaker one the operator allowed
+    # (isolation_fallback) served it (absent: the full box, or none asked for).
+    weaker_box: str | None = None
 
 
 class MonitorOutput(BaseModel):
@@ -480,6 +484,7 @@ class ProcessCapabilities:
                 state=spec_state(session),
                 resource_usage=self._resource_usage(session),
                 node=session.node,
+                weaker_box=weaker_box(session.spec.isolation),
                 **_loss(session),
             )
 
@@ -635,7 +640,7 @@ def _extras(session: Session) -> dict[str, Any]:
 
 def _spec_shaped(data: dict[str, Any]) -> dict[str, Any]:
     """A result as spec 000 draws it: the extras a process does not have are left out."""
-    for key in ("name", "restarts", "node"):
+    for key in ("name", "restarts", "node", "weaker_box"):
         if key in data and data[key] is None:
             del data[key]
     return data
@@ -832,6 +837,8 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
             )
         if out.output_note:
             notes.append(f"[{out.output_note}]")
+        if out.weaker_box:
+            notes.append(f"[weaker box: {out.weaker_box}]")
         return rendered(_dump(out), notes)
 
     async def monitor(arguments: Mapping[str, Any], scope: str) -> ToolResult:

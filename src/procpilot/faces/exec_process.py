@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_named, parse_arguments
 from procpilot.engine.capture import Stream
+from procpilot.engine.isolation import weaker_box
 from procpilot.engine.keys import encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
 from procpilot.engine.session import ExitInfo, Session, check_inputs
@@ -256,6 +257,8 @@ class ExecProcessFace:
         if session.spec.restart is not None:
             data["restarts"] = session.restarts
         data |= _node(session.node)
+        if (weaker := weaker_box(session.spec.isolation)) is not None:
+            data["weakerBox"] = weaker  # the operator allowed a fallback, and it serves this session
         if session.error:
             data["error"] = session.error
         if lost := session.output[Stream.COMBINED].lost:
@@ -387,11 +390,11 @@ class ExecProcessFace:
             if cut or view.size > _OFFLOAD_BYTES:
                 data["logPath"] = self._where(session)
             text = self.profile.finished_text(session, shown, self._ending(session), poll=False)
-            return _noting_loss(session, ToolResult(text + header, data))
+            return _noting_loss(session, ToolResult(text + header + _weaker_note(data), data))
         tail = self.sup.tail_text(session, _TAIL_CHARS)
         data |= {"tail": tail, "logPath": self._where(session)}
         text = self.profile.backgrounded_text(session, tail, announced=self._exit_is_announced(session))
-        return _noting_loss(session, ToolResult(text, data))
+        return _noting_loss(session, ToolResult(text + _weaker_note(data), data))
 
     # -- process -------------------------------------------------------------------------------
 
@@ -681,6 +684,10 @@ _PRUNE_MIN = 256  # entries in the face's per-session tables before they are fir
 _NOT_FOUND = re.compile(
     rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:eval: )?(.{1,200}?): (?:command )?not found$", re.M
 )
+
+
+def _weaker_note(data: Mapping[str, Any]) -> str:
+    return f"\n[weaker box: {data['weakerBox']}]" if "weakerBox" in data else ""
 
 
 def _noting_loss(session: Session, result: ToolResult) -> ToolResult:

@@ -11,6 +11,7 @@ own checks, made before any filter runs.)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from procpilot.config import AgentPolicy, Settings
@@ -106,6 +107,10 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
                 private=policy.isolate,
                 hidden=_daemon_paths(settings),
             )
+        if isolation is not None:
+            # Only the operator's word weakens a box, whoever built it (the policy, or a face's
+            # network_disabled): what the spec brought is replaced, never kept.
+            isolation = replace(isolation, fallback=frozenset(policy.isolation_fallback))
         return spec.confined(_limits(policy, spec.limits), isolation)
 
     return spawn_filter

@@ -104,7 +104,9 @@ def make_supervisor(settings: Settings, *, owner: str | None = None) -> Supervis
         # Imported only here: the single-host daemon never loads Ray.
         from procpilot.cluster.supervisor import ClusterSupervisor
 
-        return ClusterSupervisor(settings, spawn_filter=spawn_filter, write_filter=write_filter)
+        return ClusterSupervisor(
+            settings, spawn_filter=spawn_filter, write_filter=write_filter, node_filter=make_spawn_filter
+        )
     return Supervisor(
         settings,
         spawn_filter=spawn_filter,
