@@ -35,7 +35,7 @@ from pathlib import Path
 from procpilot.engine import sandbox_exec
 from procpilot.errors import IsolationUnavailable
 
-__all__ = ["Isolation", "IsolationUnavailable", "isolation_capabilities", "isolation_prefix"]
+__all__ = ["Isolation", "IsolationUnavailable", "isolation_capabilities", "isolation_prefix", "unrenamable"]
 
 
 
@@ -219,6 +219,29 @@ def isolation_capabilities() -> dict[str, str | None]:
     }
 
 
+def unrenamable(writable: tuple[Path, ...], hidden: tuple[Path, ...]) -> list[Path]:
+    """Every directory between a writable path and a hidden path inside it, outermost first.
+
+    The hidden path is a mount point in the box (a tmpfs, /dev/null) and so is the writable one
+    (its bind): neither can be renamed (EBUSY). A directory between them could, and the real one
+    would move on the host with the daemon's files in it (``mv .venv elsewhere`` with the config
+    in ``.venv/procpilot-run/``), the daemon then writing a fresh state directory at the old path,
+    in the box's reach. Bound onto itself, each of them is a mount point too: still writable, but
+    never renamed or removed while the box lives. Resolved paths: a mount goes on the real one."""
+    roots = [Path(os.path.realpath(path)) for path in writable]
+    found: dict[Path, None] = {}
+    for path in hidden:
+        target = Path(os.path.realpath(path))
+        inside = [root for root in roots if target != root and target.is_relative_to(root)]
+        if not inside:
+            continue
+        outermost = min(inside, key=lambda root: len(root.parts))
+        between = (parent for parent in target.parents if parent != outermost and parent.is_relative_to(outermost))
+        # Only what exists: bubblewrap refuses a bind of nothing, and nothing there cannot be moved.
+        found.update(dict.fromkeys(parent for parent in between if parent.is_dir()))
+    return sorted(found, key=lambda path: len(path.parts))
+
+
 def isolation_prefix(isolation: Isolation) -> list[str]:
     """The argv prefix that puts a command inside ``isolation``; raises if that cannot be had."""
     if isolation.empty:
@@ -230,6 +253,8 @@ def isolation_prefix(isolation: Isolation) -> list[str]:
         if isolation.readonly_root:
             argv = [bwrap, *_BWRAP_BOX, "--tmpfs", "/tmp"]  # noqa: S108 - a private tmpfs
             for path in isolation.writable:
+                argv += ["--bind", str(path), str(path)]
+            for path in unrenamable(isolation.writable, isolation.hidden):
                 argv += ["--bind", str(path), str(path)]
         else:
             argv = [bwrap, "--bind", "/", "/", *_BWRAP_BOX[3:]]
