@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -246,3 +247,19 @@ def test_damage_in_the_state_dir_is_a_typed_refusal_with_its_own_exit_code(
     assert done.returncode == 3, done.stderr
     assert flat.startswith(f"StateDirDamaged: {damaged} ("), flat
     assert f"mv {damaged} {damaged}.damaged" in flat
+
+
+def test_a_sighup_into_such_a_layout_changes_nothing(served: Served) -> None:
+    """The new image would refuse to start: the running one serves on and says why."""
+    state = served.root / "state"
+    write_config(served.root, served.tokens, extra=f'{BOXED}writable = ["{state}"]\n')
+    served.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while "SIGHUP ignored" not in served.log_text():
+        assert time.monotonic() < deadline and served.proc.poll() is None, served.log_text()
+        time.sleep(0.05)
+    said = " ".join(served.log_text().split())  # the log folds long paths: the words around them
+    assert "[policy.agents.agent-b]: the writable path" in said and "its sessions would write the daemon's" in said
+    with served.http(TOKEN_A) as c:
+        assert post(c, "exec", command="echo serving").json()["data"]["output"] == "serving\n"
+        cleanup(c)
