@@ -57,7 +57,10 @@ unix_socket = "procpilot.sock"
 # "a-long-random-secret" = "my-agent"
 
 # Agents that do not trust each other: each in a box of its own (needs bubblewrap), so no command
-# of one can see, signal or read the logs of another's sessions. See docs/security.md.
+# of one can see, signal or read the logs of another's sessions, nor move this file or the socket
+# (the directories above them are pinned in the box). The workspace is the checkout unless
+# WORKSPACE says otherwise: give such agents another one, or they can edit the daemon's code.
+# See docs/security.md.
 # [policy.default]
 # isolate = true
 endef

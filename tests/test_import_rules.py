@@ -58,7 +58,13 @@ def imported_modules(path: Path) -> set[str]:
 
 # What a layer may import although a rule above forbids its prefix: the engine's front door.
 ALLOWED = {
-    "transports": {"procpilot.engine.supervisor", "procpilot.engine.events", "procpilot.engine.session"},
+    # state_files: daemon.json and audit.jsonl live in the state directory, under its rules of damage.
+    "transports": {
+        "procpilot.engine.supervisor",
+        "procpilot.engine.events",
+        "procpilot.engine.session",
+        "procpilot.engine.state_files",
+    },
 }
 
 

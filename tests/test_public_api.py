@@ -48,6 +48,7 @@ PUBLIC = {
     "SpawnFailed",
     "SpawnSpec",
     "StateDirBusy",
+    "StateDirDamaged",
     "StateDirIncompatible",
     "StdinClosed",
     "Stream",

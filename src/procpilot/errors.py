@@ -50,6 +50,7 @@
     ├── ServeRefused                         500                    the daemon will not start (address, tokens)
     │   ├── StateDirBusy                     409                    another live server owns these sessions
     │   └── StateDirIncompatible             409                    another procpilot version's state directory
+    ├── StateDirDamaged                      500                    a state directory file is not what it must be
     ├── DaemonNotRunning                     503                    the client found no daemon to talk to
     ├── NodeUnavailable                      503                    no live cluster node can run the session
     └── DaemonConnectionLost                 503                    the daemon stopped answering mid-request
@@ -107,6 +108,7 @@ __all__ = [
     "SpawnError",
     "SpawnFailed",
     "StateDirBusy",
+    "StateDirDamaged",
     "StateDirIncompatible",
     "StdinClosed",
     "TooManyConnections",
@@ -508,6 +510,18 @@ class StateDirIncompatible(ServeRefused):
     http_status: ClassVar[int] = 409
     default_hints: ClassVar[dict[str, str]] = {
         "separate": "Give this server a state_dir of its own (state_dir in the config, or PROCPILOT_STATE_DIR).",
+    }
+
+
+class StateDirDamaged(ProcpilotError):
+    """A file or directory of the state directory is not what procpilot left there (a directory
+    where the journal or a lock goes, a file that cannot be read or holds garbage), or the state
+    directory is no longer the one the server started with (moved or replaced): raised at start,
+    before anything is adopted, and at a spawn, before any file is made. ``path`` names it."""
+
+    http_status: ClassVar[int] = 500
+    default_hints: ClassVar[dict[str, str]] = {
+        "look": "Look at the named path: procpilot made it a plain file (or directory) and never replaces it.",
     }
 
 

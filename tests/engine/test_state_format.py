@@ -14,7 +14,7 @@ from procpilot.config import Settings
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.state_format import FORMAT, check_state_format
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import StateDirIncompatible
+from procpilot.errors import StateDirDamaged, StateDirIncompatible
 
 
 async def test_a_new_directory_is_marked_and_a_marked_one_is_used_again(settings: Settings) -> None:
@@ -48,9 +48,9 @@ def test_a_format_it_cannot_read_is_refused_with_what_wrote_it_and_what_to_do(
 @pytest.mark.parametrize("content", ["{", '{"format": "1"}', '{"format": true}', "[]", '{"written_by": "x"}'])
 def test_a_marker_procpilot_did_not_write_is_refused(tmp_path: Path, content: str) -> None:
     (tmp_path / "format.json").write_text(content)
-    with pytest.raises(StateDirIncompatible, match="not one procpilot wrote") as info:
+    with pytest.raises(StateDirDamaged, match="not one procpilot wrote") as info:
         check_state_format(tmp_path)
-    assert set(info.value.hints) == {"separate", "check"}
+    assert set(info.value.hints) == {"look", "move_aside", "check"}
 
 
 def test_the_server_refuses_to_start_on_it_with_a_clear_message(tmp_path: Path) -> None:

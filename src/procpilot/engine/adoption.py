@@ -33,6 +33,7 @@ from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession, HolderLink, read_spool
 from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
 from procpilot.engine.ownership import OwnerLock
+from procpilot.engine.state_files import make_state_dir
 from procpilot.engine.trees import AdoptedScanTrees, CgroupTrees, ScanTrees, TreeBackend
 
 __all__ = [
@@ -148,8 +149,8 @@ class Restarts:
 
     def begin(self) -> list[HeldSession]:
         """Take the owner's lock (StateDirBusy if a live server has it), then the holder's copies."""
+        make_state_dir(self.sessions_root, "the sessions' output")
         self._lock = OwnerLock(self.state_dir, self.owner, wait=_LOCK_WAIT)
-        self.sessions_root.mkdir(parents=True, exist_ok=True)
         return self.link.connect()
 
     def status_line(self, session_id: str) -> str | None:

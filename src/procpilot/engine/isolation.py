@@ -48,6 +48,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -60,6 +61,7 @@ __all__ = [
     "IsolationUnavailable",
     "isolation_capabilities",
     "isolation_prefix",
+    "unrenamable",
     "weaker_box",
 ]
 
@@ -385,6 +387,32 @@ def weaker_box(isolation: Isolation | None) -> str | None:
     return "; ".join(used) or None
 
 
+@lru_cache(maxsize=64)
+def unrenamable(writable: tuple[Path, ...], hidden: tuple[Path, ...]) -> tuple[Path, ...]:
+    """Every directory between a writable path and a hidden path inside it, outermost first.
+
+    The hidden path is a mount point in the box (a tmpfs, /dev/null) and so is the writable one
+    (its bind): neither can be renamed (EBUSY). A directory between them could, and the real one
+    would move on the host with the daemon's files in it (``mv .venv elsewhere`` with the config
+    in ``.venv/procpilot-run/``), the daemon then writing a fresh state directory at the old path,
+    in the box's reach. Bound onto itself, each of them is a mount point too: still writable, but
+    never renamed or removed while the box lives. Resolved paths: a mount goes on the real one.
+    Cached (the realpaths cost ~0.3 ms, a box's spawn ~3 ms): the daemon's paths and an agent's
+    writable ones are settings, and the directories above an existing file stay while it does."""
+    roots = [Path(os.path.realpath(path)) for path in writable]
+    found: dict[Path, None] = {}
+    for path in hidden:
+        target = Path(os.path.realpath(path))
+        inside = [root for root in roots if target != root and target.is_relative_to(root)]
+        if not inside:
+            continue
+        outermost = min(inside, key=lambda root: len(root.parts))
+        between = (parent for parent in target.parents if parent != outermost and parent.is_relative_to(outermost))
+        # Only what exists: bubblewrap refuses a bind of nothing, and nothing there cannot be moved.
+        found.update(dict.fromkeys(parent for parent in between if parent.is_dir()))
+    return tuple(sorted(found, key=lambda path: len(path.parts)))
+
+
 # -- prefixes ------------------------------------------------------------------------------------
 
 
@@ -453,6 +481,8 @@ def _bwrap_prefix(bwrap: str, isolation: Isolation) -> list[str]:
     if isolation.readonly_root:
         argv = [bwrap, *_BWRAP_BOX, "--tmpfs", str(_TMP)]
         for path in isolation.writable:
+            argv += ["--bind", str(path), str(path)]
+        for path in unrenamable(isolation.writable, isolation.hidden):
             argv += ["--bind", str(path), str(path)]
     else:
         argv = [bwrap, "--bind", "/", "/", *_BWRAP_BOX[3:]]

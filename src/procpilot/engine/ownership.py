@@ -17,6 +17,7 @@ import re
 import time
 from pathlib import Path
 
+from procpilot.engine.state_files import make_state_dir, open_state_file
 from procpilot.errors import StateDirBusy
 
 __all__ = ["OwnerLock"]
@@ -40,10 +41,10 @@ class OwnerLock:
         """Take the lock, waiting up to ``wait`` seconds for a server that is stopping (per-call
         stdio servers start the next one while the last is still closing)."""
         directory = state_dir / "owners"
-        directory.mkdir(parents=True, exist_ok=True)
+        make_state_dir(directory, "the owner locks")
         self.path = directory / f"{lock_name(owner)}.lock"
         self.owner = owner
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_state_file(self.path, os.O_RDWR | os.O_CREAT, f"the {owner!r} owner lock")
         deadline = time.monotonic() + wait
         try:
             while True:

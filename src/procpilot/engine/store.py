@@ -23,6 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
+from procpilot.engine.state_files import check_state_file, make_state_dir, open_state_file
+
 __all__ = ["FileStore", "SessionStore"]
 
 _log = logging.getLogger(__name__)
@@ -96,8 +98,9 @@ class FileStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / "sessions"
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_state_dir(self.root, "the sessions' output")
         self.journal = state_dir / _JOURNAL
+        check_state_file(self.journal, "the session journal")  # at start, not at the first save
         self._journal = str(self.journal)
         self._root = str(self.root)
         # Opened at the first save: reading records (``load``) holds no fd.
@@ -248,10 +251,11 @@ class FileStore:
     def load(self) -> dict[str, dict[str, Any]]:
         """The latest intact record of every session not deleted, by id."""
         try:
-            with open(self._journal, "rb") as f:
-                data = f.read()
+            fd = open_state_file(self._journal, os.O_RDONLY, "the session journal")
         except FileNotFoundError:
             return {}
+        with open(fd, "rb") as f:
+            data = f.read()
         latest, _ = _latest(data)
         return {session_id: json.loads(raw) for session_id, raw in latest.items()}
 

@@ -47,6 +47,7 @@ from procpilot.engine.limits import (
 )
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
+from procpilot.engine.state_files import StateDirIdentity, make_state_dir
 from procpilot.engine.state_format import check_state_format
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore, SessionStore
@@ -224,6 +225,8 @@ class Supervisor:
         # restart hands them to the next server of the same owner (engine/adoption.py).
         self.owner = owner
         self._restarts: Restarts | None = None
+        # The state directory as it was at start: a spawn refuses to make files in another one.
+        self._state_dir: StateDirIdentity | None = None
         self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
         # Exits of sessions that ended while no server ran, per scope and session id, kept as long
@@ -274,7 +277,8 @@ class Supervisor:
     async def start(self) -> Supervisor:
         if self._started:
             return self
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        make_state_dir(self.config.state_dir, "the state directory")
+        self._state_dir = StateDirIdentity(self.config.state_dir)
         check_state_format(self.config.state_dir)
         if self._descriptors_for is not None:
             descriptors.raise_for(*self._descriptors_for)
@@ -665,6 +669,8 @@ class Supervisor:
     async def _spawn_checked(
         self, spec: SpawnSpec, scope: str, store: SessionStore, given_id: str | None = None
     ) -> Session:
+        if self._state_dir is not None:
+            self._state_dir.check()  # one stat, before anything is taken: its files go there
         starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
         # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
         warm = self._warm.take(spec) if starts_now and self._warm is not None and given_id is None else None

@@ -21,6 +21,7 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.errors import ElevationDenied, LimitAboveAllocation, ProcLimit
 from procpilot.policy.commands import CommandPolicy, UnanalyzableCommand
+from procpilot.policy.daemon_files import check_daemon_files, daemon_paths
 
 __all__ = ["ElevationDenied", "LimitAboveAllocation", "ProcLimit", "make_spawn_filter", "make_write_filter"]
 
@@ -61,15 +62,11 @@ def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
     return None if limits.empty and limits.address_space_bytes is None else limits
 
 
-def _daemon_paths(settings: Settings) -> tuple[Path, ...]:
-    """What a boxed session must not see of the daemon: its state (session logs, the journal, the
-    audit log, daemon.json), its config file (every agent's token) and its Unix socket."""
-    paths = [settings.state_dir, settings.config_file, settings.server.unix_socket]
-    return tuple(Path(p) for p in paths if p is not None)
-
-
 def make_spawn_filter(settings: Settings) -> SpawnFilter:
-    """The filter for ``Supervisor(spawn_filter=...)``, built from ``settings.policy``."""
+    """The filter for ``Supervisor(spawn_filter=...)``, built from ``settings.policy``; a layout in
+    which a box could write or move the daemon's own files is refused here (ConfigError)."""
+    check_daemon_files(settings)
+    hidden = daemon_paths(settings)
     command_policies: dict[str, CommandPolicy] = {}
 
     def policy_for(scope: str) -> AgentPolicy:
@@ -105,7 +102,7 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
                 writable=writable,
                 new_session=not spec.pty,
                 private=policy.isolate,
-                hidden=_daemon_paths(settings),
+                hidden=hidden,
             )
         if isolation is not None:
             # Only the operator's word weakens a box, whoever built it (the policy, or a face's

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from procpilot.config import load_settings
-from procpilot.errors import ProcpilotError
+from procpilot.errors import ProcpilotError, StateDirDamaged
 
 if TYPE_CHECKING:
     from procpilot.client import Client, ToolReply
@@ -114,7 +114,7 @@ def mcp(
     try:
         asyncio.run(serving)
     except ProcpilotError as exc:  # a refused binding, a tool set that names no tool...
-        _fail(exc, 2)
+        _fail(exc, _refused(exc))
 
 
 # -- the daemon and its client commands (procpilot serve, run, ps, logs, write, kill, wait, rm) --
@@ -212,7 +212,17 @@ def serve(
             )
         )
     except ProcpilotError as exc:
-        _fail(exc, 2)
+        _fail(exc, _refused(exc))
+
+
+# A damaged state directory: not 2 (a setting to change) but its own code, so that a service
+# manager can be told not to restart into the same damage (systemd: RestartPreventExitStatus=3).
+EXIT_STATE_DIR_DAMAGED = 3
+
+
+def _refused(exc: ProcpilotError) -> int:
+    """The exit code of a server that will not start (or serve on) for ``exc``."""
+    return EXIT_STATE_DIR_DAMAGED if isinstance(exc, StateDirDamaged) else 2
 
 
 def _how_to_connect(address: DaemonAddress, settings: Settings) -> list[str]:

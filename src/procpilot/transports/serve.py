@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from procpilot.config import ServerSettings, Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.events import EventBus
+from procpilot.engine.state_files import check_state_file, damaged, make_state_dir, open_state_file
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ServeRefused
 from procpilot.transports.reexec import Reload, inherited_listeners
@@ -153,8 +154,8 @@ def record_audit(bus: EventBus[Any], path: Path) -> Callable[[], None]:
     """
     import dataclasses
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    make_state_dir(path.parent, "the state directory")
+    fd = open_state_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "the audit log")
 
     def write(event: Any) -> None:
         data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
@@ -399,20 +400,26 @@ async def serve(
     from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
-    def startable() -> None:  # what a new image checks first: a config that loads and a binding it allows
+    def startable() -> None:  # what a new image checks first: a config that loads, a binding and a layout it allows
         if recheck is not None:
-            check_binding(recheck().server, tcp=tcp)
+            from procpilot.policy.daemon_files import check_daemon_files
+
+            again = recheck()
+            check_binding(again.server, tcp=tcp)
+            check_daemon_files(again)
 
     reload = Reload(startable)
     reload.catch_early((*SHUTDOWN_SIGNALS, HANDOVER_SIGNAL))
     check_binding(settings.server, tcp=tcp)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    make_state_dir(settings.state_dir, "the state directory")
+    marker = daemon_file(settings)
+    for path in (marker, _marker_tmp(marker)):  # written once serving: found damaged before anything starts
+        check_state_file(path, _MARKER)
     inherited = inherited_listeners(settings.server, tcp=tcp)
     if takeover and inherited == (None, None):  # a re-exec'd daemon takes over from nobody
         await asyncio.to_thread(_take_over, daemon_file(settings))
     sockets, address = bind_listeners(settings.server, tcp=tcp, inherited=inherited)
     reload.sockets = sockets
-    marker = daemon_file(settings)
     stopped_by = 0
     try:
         async with (
@@ -455,7 +462,7 @@ async def serve(
             if address.unix_socket:
                 with contextlib.suppress(OSError):
                     os.unlink(address.unix_socket)
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # not ours, or not JSON: left be
                 if json.loads(marker.read_text()).get("pid") == os.getpid():
                     marker.unlink()
     if reload.asked:
@@ -503,8 +510,18 @@ def _running(pid: int) -> bool:
 def _write_marker(path: Path, address: DaemonAddress) -> None:
     """Where the daemon listens (never a token), for the CLI on the same machine."""
     data = {"url": address.client_url, "http": address.url, "unixSocket": address.unix_socket, "pid": os.getpid()}
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    tmp = _marker_tmp(path)
+    fd = open_state_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _MARKER)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise damaged(path, _MARKER, f"cannot be written: {exc.strerror or exc}") from None
+
+
+_MARKER = "where the CLI finds this daemon"
+
+
+def _marker_tmp(path: Path) -> Path:
+    return path.with_suffix(".tmp")
