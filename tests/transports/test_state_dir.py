@@ -96,10 +96,11 @@ def test_a_box_cannot_move_the_daemons_config_state_and_socket(root: Path) -> No
             after = post(c, "exec", command="echo still-here").json()["data"]
             assert after["output"] == "still-here\n"
             assert (state / "sessions" / after["sessionId"]).is_dir()  # the same state directory
-            # Pinned, not frozen: the box still writes beside the daemon's files.
-            wrote = post(c, "exec", command="echo x > .venv/mine && mkdir .venv/procpilot-run/d && echo ok")
+            # Pinned, not frozen: the box still writes in the directories above the daemon's files
+            # (the one that holds them is masked by a read-only tmpfs: security.md, "Hidden paths").
+            wrote = post(c, "exec", command="echo x > .venv/mine && mkdir .venv/d && echo ok")
             assert wrote.json()["data"]["output"] == "ok\n", wrote.text
-            assert (workspace / ".venv" / "mine").read_text() == "x\n" and (run_dir / "d").is_dir()
+            assert (workspace / ".venv" / "mine").read_text() == "x\n" and (workspace / ".venv" / "d").is_dir()
             cleanup(c)
     finally:
         assert daemon.stop() == 0, daemon.log_text()
