@@ -23,6 +23,7 @@ parser refuses them as invalid JSON, the stdio server answers them with a parse 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import Any
@@ -85,7 +86,7 @@ def _plain(value: Any, depth: int) -> Any:
     if isinstance(value, int):  # past ~4,300 digits Python refuses to write an int as text
         return value if value.bit_length() < _MAX_INT_BITS else f"<an integer of {value.bit_length()} bits>"
     if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+        return value if math.isfinite(value) else repr(value)
     if depth >= MAX_DEPTH:
         return f"<nested deeper than {MAX_DEPTH} levels>"
     if isinstance(value, dict):
