@@ -146,7 +146,7 @@ class ProcConnection:
                 return
             try:
                 request = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the parser's bound: answered as bad JSON
                 request = None
             if not isinstance(request, dict):
                 self._queue(_proc_error(None, "invalid_request", "each frame must be one JSON object"), answer=True)
