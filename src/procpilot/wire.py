@@ -54,20 +54,12 @@ def encode(value: str) -> bytes:
 
 def dumps(data: Any, *, separators: tuple[str, str] = _COMPACT) -> str:
     """``data`` as JSON text that encodes to UTF-8 and every JSON parser reads; never raises."""
-    try:
-        written = json.dumps(data, ensure_ascii=False, separators=separators, default=str, allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
-        written = json.dumps(_plain(data, 0), ensure_ascii=False, separators=separators)
-    return text(written)
+    return text(_json(data, separators))
 
 
 def dumps_bytes(data: Any, *, separators: tuple[str, str] = _COMPACT) -> bytes:
     """``dumps`` as UTF-8 bytes."""
-    try:
-        written = json.dumps(data, ensure_ascii=False, separators=separators, default=str, allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
-        written = json.dumps(_plain(data, 0), ensure_ascii=False, separators=separators)
-    return encode(written)
+    return encode(_json(data, separators))
 
 
 def total_std_streams() -> None:
@@ -77,6 +69,14 @@ def total_std_streams() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
+
+
+def _json(data: Any, separators: tuple[str, str]) -> str:
+    """JSON text of ``data``; it may still hold surrogates, which the callers replace."""
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=separators, default=str, allow_nan=False)
+    except Exception:  # NaN, a key, a cycle, depth, an object whose __str__ raises: the walk writes it
+        return json.dumps(_plain(data, 0), ensure_ascii=False, separators=separators)
 
 
 def _plain(value: Any, depth: int) -> Any:

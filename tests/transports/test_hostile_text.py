@@ -5,6 +5,7 @@ closes a stream (issue 20, finding 2)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import anyio
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.daemon import Served, start_daemon
+from tests.daemon import PROCPILOT, Served, cli_env, start_daemon
 
 TOKENS = {"tok-hostile-alpha-01234": "agent-a", "tok-hostile-ops-012345": "ops"}
 TOKEN_A, TOKEN_OPS = list(TOKENS)
@@ -102,3 +103,12 @@ async def test_the_websocket_answers_a_frame_nested_past_the_parsers_bound(serve
         with anyio.fail_after(15):
             answer = json.loads(await ws.recv())
         assert answer["id"] == "after", answer
+
+
+def test_the_cli_refuses_an_argument_that_is_not_utf8(served: Served) -> None:
+    # Such bytes reach Python as lone surrogates: the request could not be encoded, a traceback.
+    env = cli_env(HOME="/nonexistent", PROCPILOT_URL=served.url, PROCPILOT_TOKEN=TOKEN_A)
+    for args in ([b"run", b"echo \xff"], [b"logs", b"id\xed\xa0\x80"]):
+        result = subprocess.run([PROCPILOT.encode(), *args], env=env, capture_output=True, timeout=60, check=False)
+        assert result.returncode != 0 and b"Traceback" not in result.stderr, result.stderr
+        assert b"InvalidArgument" in result.stderr and b"not valid UTF-8" in result.stderr, result.stderr
