@@ -25,10 +25,9 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "REPLACEMENT", "dumps", "dumps_bytes", "encode", "text", "total_std_streams"]
+__all__ = ["MAX_DEPTH", "REPLACEMENT", "dumps", "dumps_bytes", "encode", "text"]
 
 REPLACEMENT = "\ufffd"
 MAX_DEPTH = 200  # nesting kept by the fallback walk; deeper is written as a marker
@@ -60,15 +59,6 @@ def dumps(data: Any, *, separators: tuple[str, str] = _COMPACT) -> str:
 def dumps_bytes(data: Any, *, separators: tuple[str, str] = _COMPACT) -> bytes:
     """``dumps`` as UTF-8 bytes."""
     return encode(_json(data, separators))
-
-
-def total_std_streams() -> None:
-    """Make this process's stdout and stderr write what they cannot encode as escapes (``\\ud800``)
-    instead of raising: a log line quoting an agent's text is never lost to an encoding error."""
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="backslashreplace")
 
 
 def _json(data: Any, separators: tuple[str, str]) -> str:

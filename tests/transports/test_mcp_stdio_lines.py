@@ -5,10 +5,12 @@ message, and a line past the 16 MiB cap each get a JSON-RPC error with the id wh
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from mcp_types import JSONRPCResponse
 
 from tests.transports.test_mcp_direct import Bare
 
@@ -105,3 +107,13 @@ def test_the_id_of_an_unreadable_line_is_read_from_its_head_only() -> None:
     assert read_id(b'{"jsonrpc":"2.0","params":{"id":5},"id":6') is None
     assert read_id(b'{"jsonrpc":"2.0","method":"x","id":true}') is None
     assert read_id(b'{"pad":"' + b"x" * 5000 + b'","id":7}') is None  # past the 4 KiB head
+
+
+def test_a_reply_the_sdk_made_with_a_lone_surrogate_is_written() -> None:
+    from procpilot.transports.mcp_stdio import reply_line
+
+    made = JSONRPCResponse(jsonrpc="2.0", id=1, result={"cwd": "/ws/\udcff"})
+    line = reply_line(made)
+    assert line.endswith(b"\n") and json.loads(line)["result"] == {"cwd": "/ws/\ufffd"}
+    plain = JSONRPCResponse(jsonrpc="2.0", id=2, result={"ok": "é"})  # the SDK's own bytes, as before
+    assert reply_line(plain) == (plain.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()

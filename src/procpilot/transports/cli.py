@@ -16,7 +16,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from procpilot import wire
 from procpilot.config import load_settings
 from procpilot.errors import ProcpilotError
 
@@ -808,7 +807,6 @@ def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
 
 
 def main() -> None:
-    wire.total_std_streams()  # a log line or a printed row quoting an agent's text always prints
     try:
         app()
     except KeyboardInterrupt:

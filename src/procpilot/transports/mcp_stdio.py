@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.shared.message import SessionMessage
+from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
 from procpilot import wire
@@ -34,7 +35,7 @@ from procpilot.transports.http.mcp_sdk import context_streams, lowlevel_server
 from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
 from procpilot.transports.mcp_refusals import INVALID_REQUEST, refusal, refusal_for
 
-__all__ = ["serve_stdio", "stdio_is_pipe"]
+__all__ = ["reply_line", "serve_stdio", "stdio_is_pipe"]
 
 _READ = 1 << 16
 _MAX_LINE = 16 << 20  # one JSON-RPC message; a longer line is refused, not buffered without end
@@ -178,11 +179,12 @@ async def _forward_replies(source: Any, replies: _Replies, direct: DirectCalls |
         async for message in source:
             if direct is not None and not direct.active:
                 direct.saw_reply(message.message)
-            await replies.send(_reply_line(message.message))
+            await replies.send(reply_line(message.message))
 
 
-def _reply_line(message: Any) -> bytes:
-    """A reply the SDK made, as one line; pydantic raises on a lone surrogate, wire.py does not."""
+def reply_line(message: BaseModel) -> bytes:
+    """A message the SDK made, as one line. pydantic raises on a lone surrogate (in a result a
+    handler made from a name decoded with surrogateescape, say), wire.py does not."""
     try:
         return (message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
     except PydanticSerializationError:
