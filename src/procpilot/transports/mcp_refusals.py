@@ -15,11 +15,11 @@ from pydantic import ValidationError
 
 from procpilot import wire
 
-__all__ = ["INVALID_REQUEST", "PARSE_ERROR", "read_id", "refusal", "refusal_for"]
+__all__ = ["HEAD", "INVALID_REQUEST", "PARSE_ERROR", "read_id", "refusal", "refusal_for"]
 
 PARSE_ERROR = -32700  # JSON-RPC 2.0: not JSON (here: not JSON the SDK's parser reads)
 INVALID_REQUEST = -32600  # JSON, but not a JSON-RPC message (or too long to be one)
-_HEAD = 4096  # bytes of a line searched for its id
+HEAD = 4096  # bytes of a line searched for its id (all of it that a refusal needs)
 # The top-level "id" member, after only scalar members (so never an "id" inside params): each
 # alternative starts with a different character, so the search is linear in the head.
 _ID = re.compile(rb'\A\s*\{(?:[^{}\[\]"]|"(?:[^"\\]|\\.)*")*?"id"\s*:\s*(-?\d{1,19}|"(?:[^"\\]|\\.){0,256}")')
@@ -27,8 +27,8 @@ _MESSAGE = 200  # characters of the parser's complaint quoted in the error
 
 
 def read_id(line: bytes) -> str | int | None:
-    """The request's id as far as the first ``_HEAD`` bytes of ``line`` tell, or None."""
-    found = _ID.match(line[:_HEAD])
+    """The request's id as far as the first ``HEAD`` bytes of ``line`` tell, or None."""
+    found = _ID.match(line[:HEAD])
     if found is None:
         return None
     try:

@@ -9,6 +9,10 @@ loop, non-blocking; anything else (a terminal, a file) is served by the SDK's ow
 
 A ``tools/call`` the SDK would answer as a plain function call is answered here without its
 dispatch (transports/mcp_direct.py); everything else goes through the SDK's low-level server.
+Every line is answered: one the SDK's parser refuses (not JSON, not a message, nested too deep)
+or one past ``_MAX_LINE`` gets a JSON-RPC error here (transports/mcp_refusals.py), where the
+SDK's transport would hand the server an exception it only logs; and every reply is written
+whatever text it holds (wire.py).
 
 As the SDK does, fd 0 and fd 1 are moved out of the way while serving (to /dev/null and to
 stderr), so nothing else in the process, or started by it, can read the client's requests or
@@ -33,7 +37,7 @@ from pydantic_core import PydanticSerializationError
 from procpilot import wire
 from procpilot.transports.http.mcp_sdk import context_streams, lowlevel_server
 from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
-from procpilot.transports.mcp_refusals import INVALID_REQUEST, refusal, refusal_for
+from procpilot.transports.mcp_refusals import HEAD, INVALID_REQUEST, refusal, refusal_for
 
 __all__ = ["reply_line", "serve_stdio", "stdio_is_pipe"]
 
@@ -135,7 +139,7 @@ async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None, replies: _
             if len(line) > _MAX_LINE:
                 # Answered now, not at its end: the caller learns at once, and nothing is buffered.
                 too_long = f"Invalid request: a line longer than {_MAX_LINE} bytes"
-                await replies.send(refusal(bytes(line[:4096]), INVALID_REQUEST, too_long))
+                await replies.send(refusal(bytes(line[:HEAD]), INVALID_REQUEST, too_long))
                 line.clear()
                 skipping = True
 
