@@ -38,6 +38,7 @@ import httpx2
 from procpilot.errors import (
     DaemonConnectionLost,
     DaemonNotRunning,
+    InvalidArgument,
     ProcpilotError,
     Unauthorized,
     UnknownTool,
@@ -203,6 +204,15 @@ def _tool_name(attribute: str) -> str:
 # -- the sync client ---------------------------------------------------------------------------
 
 
+def _not_utf8(exc: UnicodeEncodeError) -> InvalidArgument:
+    """An argument holds what UTF-8 cannot (bytes a command line could not decode arrive as lone
+    surrogates): refused here, as the daemon would, rather than sent changed."""
+    return InvalidArgument(
+        f"an argument holds text that is not valid UTF-8 ({exc.object[exc.start : exc.end]!r})",
+        hints={"fix_text": "Pass commands, ids and paths as UTF-8 text."},
+    )
+
+
 class Client:
     """The daemon's tools over REST, blocking. Use as a context manager, or call ``close()``."""
 
@@ -226,6 +236,8 @@ class Client:
             return self._http.request(method, path, **kwargs)
         except httpx2.TransportError as exc:
             raise _transport_error(self.url, exc) from None
+        except UnicodeEncodeError as exc:
+            raise _not_utf8(exc) from None
 
     def call(self, tool: str, /, **arguments: Any) -> ToolReply:
         """Run any tool by name; ``None`` arguments are left out (the tool's default applies)."""
@@ -319,6 +331,8 @@ class AsyncClient:
             return await self._http.request(method, path, **kwargs)
         except httpx2.TransportError as exc:
             raise _transport_error(self.url, exc) from None
+        except UnicodeEncodeError as exc:
+            raise _not_utf8(exc) from None
 
     async def call(self, tool: str, /, **arguments: Any) -> ToolReply:
         args = {k: v for k, v in arguments.items() if v is not None}

@@ -332,6 +332,7 @@ def session_dirs(supervisor: Supervisor) -> set[str]:
         ("exec", {"command": "true", "env": {"K": "a\0b"}}, "env"),
         ("exec", {"command": "true", "env": {"K": "\ud800"}}, "env"),
         ("exec", {"command": "true", "env": {"K\0": "v"}}, "env"),
+        ("exec", {"command": "true", "env": {"K\ud800": "v"}}, "env"),
         ("process", {"action": "write", "sessionId": "SID", "data": "\ud800"}, "data"),
         ("process", {"action": "paste", "sessionId": "SID", "text": "\ud800"}, "text"),
         ("process", {"action": "submit", "sessionId": "SID", "text": "\ud800"}, "text"),

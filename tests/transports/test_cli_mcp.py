@@ -219,8 +219,8 @@ def test_an_unknown_tool_set_is_a_clean_config_error(tmp_path: Path) -> None:
 
 def test_stdio_reads_messages_however_the_client_writes_them(tmp_path: Path) -> None:
     # A bare client on pipes (the server reads them on its event loop): two requests in one write,
-    # one request split over three, a line that is no JSON (answered by nothing, and the server
-    # serves on), then stdin closed: the server ends.
+    # one request split over three, a line that is no JSON (answered with a parse error, and the
+    # server serves on), then stdin closed: the server ends.
     server = subprocess.Popen(
         [PROCPILOT, "mcp", "--agent", "bare"],
         stdin=subprocess.PIPE,
@@ -246,6 +246,8 @@ def test_stdio_reads_messages_however_the_client_writes_them(tmp_path: Path) -> 
         send(b'{"jsonrpc":"2.0","id":2,"method":"ping"}\n{"jsonrpc":"2.0","id":3,"method":"ping"}\n')
         assert [reply()["id"], reply()["id"]] == [2, 3]
         send(b"this is not json\n")
+        refused = reply()
+        assert refused["id"] is None and refused["error"]["code"] == -32700, refused
         call = {"jsonrpc": "2.0", "id": 4, "method": "tools/call"}
         call["params"] = {"name": "exec", "arguments": {"command": "printf 'a\\nb'"}}
         raw = json.dumps(call).encode() + b"\n"

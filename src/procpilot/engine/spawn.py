@@ -169,6 +169,7 @@ def build_env(
             raise InvalidArgument(f"env: invalid variable name {key!r}", field="env")
         if key in markers:
             raise ProtectedVariable(f"cannot override protected environment variable(s): {key}", variables=[key])
+        check_os_string("a variable name in env", key, field="env")  # a lone surrogate: no bytes to pass
         check_os_string(f"env.{key}", value, field="env")
         env[key] = value
     env.update(markers)

@@ -16,6 +16,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
+from procpilot import wire
 from procpilot.contract import ToolResult, ToolSpec
 
 __all__ = ["build_mcp_server", "to_call_result"]
@@ -29,9 +30,11 @@ _INSTRUCTIONS = (
 
 
 def to_call_result(result: ToolResult) -> CallToolResult:
+    # Through wire: the SDK writes the result with pydantic, which raises on a lone surrogate
+    # (a file name decoded with surrogateescape, an agent's text quoted in an error).
     return CallToolResult(
-        content=[TextContent(type="text", text=result.text)],
-        structured_content=json.loads(json.dumps(result.data, default=str)),
+        content=[TextContent(type="text", text=wire.text(result.text))],
+        structured_content=json.loads(wire.dumps(result.data)),
         is_error=result.is_error,
     )
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from procpilot import wire
 from procpilot.contract import ToolResult
 
 __all__ = ["MODERN", "SHAPED_ALIKE", "DirectCalls", "ToolCaller"]
@@ -45,6 +47,8 @@ _log = logging.getLogger(__name__)
 # Lines worth a look: anything else goes to the SDK without being parsed here.
 _MARKERS = (b'"tools/call"', b'"notifications/cancelled"', b'"initialize"', b'"notifications/initialized"')
 _ENVELOPE_MARKER = _VERSION_KEY.encode()
+# A \uD800-\uDFFF escape (a pair too: rare, and the SDK reads those right)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class DirectCalls:
@@ -85,10 +89,12 @@ class DirectCalls:
         learning = self._envelope is None and _ENVELOPE_MARKER in line
         if not learning and not any(marker in line for marker in _MARKERS):
             return False
+        if _SURROGATE_ESCAPE.search(line):
+            return False  # json.loads reads a lone surrogate, the SDK's parser refuses it: as it does
         try:
             message = json.loads(line)
-        except ValueError:
-            return False  # the SDK answers malformed JSON as it always does
+        except (ValueError, RecursionError):
+            return False  # the transport answers what does not parse (or nests too deep to)
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             return False
         method = message.get("method")
@@ -184,18 +190,19 @@ async def _reply(call: _Call) -> bytes:
         result = await call.tool(call.arguments)
     except Exception as exc:  # ToolSpec.call makes errors results: this is a bug, answered as the SDK would
         _log.exception("Tool raised an unexpected exception")
-        wire: dict[str, Any] = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+        result_json: dict[str, Any] = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
     else:
-        wire = {
+        result_json = {
             "content": [{"type": "text", "text": result.text}],
             "structuredContent": result.data,
             "isError": result.is_error,
         }
     if call.version == MODERN:
-        wire |= {"resultType": "complete", "_meta": {_STAMP_KEY: call.stamp}}
-    message = {"jsonrpc": "2.0", "id": call.request_id, "result": wire}
-    # default=str as transports/mcp.py's to_call_result: a path or a datetime in data is its text
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, default=str).encode() + b"\n"
+        result_json |= {"resultType": "complete", "_meta": {_STAMP_KEY: call.stamp}}
+    message = {"jsonrpc": "2.0", "id": call.request_id, "result": result_json}
+    # as transports/mcp.py's to_call_result: a path or a datetime in data is its text, and a lone
+    # surrogate (a name decoded with surrogateescape) is U+FFFD, not an exception that ends the server
+    return wire.dumps_bytes(message) + b"\n"
 
 
 def _key(request_id: object) -> tuple[bool, object] | None:

@@ -9,6 +9,10 @@ loop, non-blocking; anything else (a terminal, a file) is served by the SDK's ow
 
 A ``tools/call`` the SDK would answer as a plain function call is answered here without its
 dispatch (transports/mcp_direct.py); everything else goes through the SDK's low-level server.
+Every line is answered: one the SDK's parser refuses (not JSON, not a message, nested too deep)
+or one past ``_MAX_LINE`` gets a JSON-RPC error here (transports/mcp_refusals.py), where the
+SDK's transport would hand the server an exception it only logs; and every reply is written
+whatever text it holds (wire.py).
 
 As the SDK does, fd 0 and fd 1 are moved out of the way while serving (to /dev/null and to
 stderr), so nothing else in the process, or started by it, can read the client's requests or
@@ -27,11 +31,15 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.shared.message import SessionMessage
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
+from procpilot import wire
 from procpilot.transports.http.mcp_sdk import context_streams, lowlevel_server
 from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
+from procpilot.transports.mcp_refusals import HEAD, INVALID_REQUEST, refusal, refusal_for
 
-__all__ = ["serve_stdio", "stdio_is_pipe"]
+__all__ = ["reply_line", "serve_stdio", "stdio_is_pipe"]
 
 _READ = 1 << 16
 _MAX_LINE = 16 << 20  # one JSON-RPC message; a longer line is refused, not buffered without end
@@ -59,7 +67,7 @@ async def serve_stdio(server: Any, tools: Mapping[str, ToolCaller] | None = None
         write_stream, write_reader = context_streams(0)
         async with anyio.create_task_group() as tg:
             direct = DirectCalls(tools, replies.send, tg.start_soon) if tools else None
-            tg.start_soon(_read_lines, wire_in, read_writer, direct)
+            tg.start_soon(_read_lines, wire_in, read_writer, direct, replies)
             tg.start_soon(_forward_replies, write_reader, replies, direct)
             await low.run(read_stream, write_stream, low.create_initialization_options())
             tg.cancel_scope.cancel()
@@ -104,9 +112,10 @@ async def _ready(fd: int, *, write: bool = False) -> None:
         remove(fd)
 
 
-async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None) -> None:
-    """Each line a JSON-RPC message for the server (or the error it raised, as the SDK does)."""
-    pending = b""
+async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None, replies: _Replies) -> None:
+    """Each line a JSON-RPC message for the server; a line it cannot take (not JSON, not a
+    message, over ``_MAX_LINE``) is answered here with an error, and the next line is read."""
+    line = bytearray()  # the line being read
     skipping = False  # inside a line over _MAX_LINE: dropped up to its newline
     async with sink:
         while True:
@@ -117,26 +126,36 @@ async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None) -> None:
                 continue
             if not chunk:
                 return  # the client closed stdin: the server ends
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if skipping:
-                    skipping = False
-                    continue
-                if direct is not None and direct.take(line):
-                    continue
-                if line.strip():
-                    await sink.send(_parse(line))
-            if len(pending) > _MAX_LINE:
-                await sink.send(ValueError(f"a message longer than {_MAX_LINE} bytes was refused"))
-                pending, skipping = b"", True
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                if not skipping:
+                    line += chunk[start:end]
+                    await _take(bytes(line), sink, direct, replies)
+                    line.clear()
+                skipping, start = False, end + 1
+            if skipping:
+                continue
+            line += chunk[start:]
+            if len(line) > _MAX_LINE:
+                # Answered now, not at its end: the caller learns at once, and nothing is buffered.
+                too_long = f"Invalid request: a line longer than {_MAX_LINE} bytes"
+                await replies.send(refusal(bytes(line[:HEAD]), INVALID_REQUEST, too_long))
+                line.clear()
+                skipping = True
 
 
-def _parse(line: bytes) -> SessionMessage | Exception:
+async def _take(line: bytes, sink: Any, direct: DirectCalls | None, replies: _Replies) -> None:
+    if direct is not None and direct.take(line):
+        return
+    if not line.strip():
+        return
     try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-    except Exception as exc:  # the SDK's transport hands the server the error, and so do we
-        return exc
+        message = SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except Exception as exc:
+        # The SDK's transport would hand the server the error, which logs it and answers nothing.
+        await replies.send(refusal_for(line, exc))
+        return
+    await sink.send(message)
 
 
 class _Replies:
@@ -164,4 +183,13 @@ async def _forward_replies(source: Any, replies: _Replies, direct: DirectCalls |
         async for message in source:
             if direct is not None and not direct.active:
                 direct.saw_reply(message.message)
-            await replies.send((message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode())
+            await replies.send(reply_line(message.message))
+
+
+def reply_line(message: BaseModel) -> bytes:
+    """A message the SDK made, as one line. pydantic raises on a lone surrogate (in a result a
+    handler made from a name decoded with surrogateescape, say), wire.py does not."""
+    try:
+        return (message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode()
+    except PydanticSerializationError:
+        return wire.dumps_bytes(message.model_dump(mode="json", by_alias=True, exclude_unset=True)) + b"\n"

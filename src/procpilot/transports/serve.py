@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from procpilot import wire
 from procpilot.config import ServerSettings, Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.events import EventBus
@@ -159,9 +160,11 @@ def record_audit(bus: EventBus[Any], path: Path) -> Callable[[], None]:
 
     def write(event: Any) -> None:
         data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
-        line = json.dumps({"event": type(event).__name__, **data}, ensure_ascii=False, default=str) + "\n"
+        # wire: a line of the record is written whatever text the agent sent (a lone surrogate
+        # is U+FFFD), never lost to an encoding error
+        line = wire.dumps_bytes({"event": type(event).__name__, **data}, separators=(", ", ": ")) + b"\n"
         try:
-            os.write(fd, line.encode())
+            os.write(fd, line)
         except OSError:
             logging.getLogger(__name__).exception("could not append to the audit log %s", path)
 

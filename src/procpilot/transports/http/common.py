@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
+from procpilot import wire
 from procpilot.errors import (
     InvalidArgument,
     UnsupportedMediaType,
@@ -48,7 +49,7 @@ def status_for_error(code: str) -> int:
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    body = wire.dumps_bytes(data)  # an agent's text echoed back (an env name) must not make it a 500
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 

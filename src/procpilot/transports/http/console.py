@@ -43,6 +43,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from procpilot import wire
 from procpilot.contract import AuditEvent
 from procpilot.engine.session import Session
 from procpilot.errors import (
@@ -298,16 +299,16 @@ class Console:
                 yield b"retry: 3000\n\n" + _sse("ready", {"agent": agent, "operator": operator})
                 while not self.daemon.closing.is_set():
                     wakeup.clear()
-                    rows = json.dumps(self._rows(None if operator else agent), default=str)
+                    rows = wire.dumps(self._rows(None if operator else agent))
                     if rows != sent_rows:
                         sent_rows = rows
-                        yield b"event: sessions\ndata: " + rows.encode() + b"\n\n"
+                        yield b"event: sessions\ndata: " + rows.encode() + b"\n\n"  # wire.dumps: encodes
                     fresh = [e for seq, who, e in self.audit if seq > seen and (operator or who == agent)]
                     seen = self._seq
                     if fresh:
                         yield _sse("audit", {"events": fresh[-500:]})
                     if approver:
-                        approvals = json.dumps(self._approvals(), default=str)
+                        approvals = wire.dumps(self._approvals())
                         if approvals != sent_approvals:
                             sent_approvals = approvals
                             yield b"event: approvals\ndata: " + approvals.encode() + b"\n\n"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from procpilot import wire
 from procpilot.contract import AuditEvent
 from procpilot.transports.http.common import _EVENT_QUEUE
 
@@ -50,5 +50,6 @@ class _EventQueue:
 
 def _sse(kind: str, data: Mapping[str, Any], event_id: int | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
-    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
-    return f"{head}event: {kind}\ndata: {body}\n\n".encode()
+    # wire.dumps: an agent's lone surrogate in one event must not close the stream (and, replayed,
+    # every later one); JSON escapes every line break, so the body is one data line
+    return f"{head}event: {kind}\ndata: ".encode() + wire.dumps_bytes(data) + b"\n\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from procpilot import wire
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.session import ExitInfo
@@ -253,7 +253,7 @@ class _McpFace:
             except SessionNotFound:
                 raise ResourceNotFoundError(f"no session {sessionId!r}") from None
             data = session_resource(sup, session)
-            return json.dumps(data, ensure_ascii=False)
+            return wire.dumps(data)
 
 
 async def _notify_legacy(session: Any, uri: str) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from procpilot import wire
 from procpilot.engine.session import ExitInfo
 from procpilot.transports.http.common import _log
 
@@ -121,7 +122,7 @@ class ProcConnection:
                         self.queued_events -= 1
                 else:
                     message = self.lagged.pop(next(iter(self.lagged)))
-                text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str)
+                text = wire.dumps(message)  # total: one frame's text never ends the writer
                 del message  # a 1 MiB log page is held once, as text, while the socket drains
                 try:
                     await self.ws.send_text(text)
@@ -145,7 +146,7 @@ class ProcConnection:
                 return
             try:
                 request = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the parser's bound: answered as bad JSON
                 request = None
             if not isinstance(request, dict):
                 self._queue(_proc_error(None, "invalid_request", "each frame must be one JSON object"), answer=True)
