@@ -9,7 +9,7 @@ error. Works in both protocol eras the SDK speaks (legacy initialize, and 2026-0
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -17,8 +17,9 @@ from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from procpilot.contract import ToolResult, ToolSpec
+from procpilot.faces.exit_notices import exit_line
 
-__all__ = ["build_mcp_server", "to_call_result"]
+__all__ = ["build_mcp_server", "exit_notification", "to_call_result"]
 
 _INSTRUCTIONS = (
     "procpilot runs shell commands for you. Use exec for a command; if it is still running after "
@@ -34,6 +35,16 @@ def to_call_result(result: ToolResult) -> CallToolResult:
         structured_content=json.loads(json.dumps(result.data, default=str)),
         is_error=result.is_error,
     )
+
+
+def exit_notification(notice: Mapping[str, Any]) -> dict[str, Any]:
+    """A session's exit as an MCP log notification (``notifications/message``): the one
+    server-to-client message every client era takes unasked; ``data`` is the exit as the
+    structured ``exits`` list holds it, plus its text line."""
+    return {
+        "method": "notifications/message",
+        "params": {"level": "notice", "logger": "procpilot/exit", "data": {**notice, "text": exit_line(notice)}},
+    }
 
 
 ScopeSource = str | Callable[[], str]
