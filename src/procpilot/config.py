@@ -124,9 +124,9 @@ class ExecSettings(BaseModel):
     @classmethod
     def _profile_budget(cls, data: Any) -> Any:
         """The openclaw profile's default result budget is OpenClaw's own (its agents expect it)."""
-        if isinstance(data, Mapping) and data.get("profile") == "openclaw":
-            if "resultMaxChars" not in data and "result_max_chars" not in data:
-                return {**data, "resultMaxChars": OPENCLAW_RESULT_CHARS}
+        unset = isinstance(data, Mapping) and not {"resultMaxChars", "result_max_chars"} & data.keys()
+        if unset and data.get("profile") == "openclaw":
+            return {**data, "resultMaxChars": OPENCLAW_RESULT_CHARS}
         return data
 
 

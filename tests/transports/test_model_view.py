@@ -27,6 +27,9 @@ SLACK = 2_000  # the status line, the marker and the fields around the output
 JSON_BOUND = (BUDGET + SLACK) * 5 // 4
 
 
+MARKER = r"…\[([\d,]+) lines, ([\d,]+) characters cut here; (process log [^\]]+) reads them\]…"
+
+
 def as_claude_code_reads_it(structured: dict[str, Any] | None) -> str:
     """What Claude Code gives its model for a non-error result: the structured content as JSON."""
     return json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
@@ -52,7 +55,7 @@ async def test_a_flood_reaches_the_model_whole_ended_and_bounded_in_each_form(tm
         for form, output in (("text", text), ("json", structured["output"])):
             assert output.startswith("1\n2\n3\n"), form  # the first lines, as a test run's configuration
             assert "199999\n200000" in output, form  # and the last ones
-            marker = re.search(r"…\[([\d,]+) lines, ([\d,]+) characters cut here; (process log [^\]]+) reads them\]…", output)
+            marker = re.search(MARKER, output)
             assert marker is not None, form
         assert len(text) <= BUDGET + SLACK and len(seen) <= JSON_BOUND
         assert "[done: exit code 0" in text

@@ -2,7 +2,8 @@
 
 An MCP server can only speak through notifications and results, and many clients pass no
 notification to their model (Claude Code subscribes to list changes only; over stdio nothing is
-pushed unless the transport pushes it). So every exit of a session an agent started is kept here
+pushed unless the transport pushes it). So every exit of a session an agent started and that went
+on in the background (one that ended within its call was told by that call's result) is kept here
 until a result has told it: the session's own result (exec, poll, wait, list, process.monitor...
 showing it ended) tells it, and else the next result of any tool names it at its top, once, in
 both forms (a text line, and an ``exits`` list in the structured content).
@@ -82,6 +83,8 @@ class ExitNotices:
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     def _on_exit(self, info: ExitInfo) -> None:
+        if not info.backgrounded:
+            return  # a run that ended within its call: that call's own result told it
         notice = exit_notice(info, self._profile.status(info.state, info.exit_code, info.exit_signal))
         queue = self._pending.get(info.scope)
         if queue is None:

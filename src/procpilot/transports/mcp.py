@@ -24,8 +24,11 @@ __all__ = ["build_mcp_server", "exit_notification", "to_call_result"]
 _INSTRUCTIONS = (
     "procpilot runs shell commands for you. Use exec for a command; if it is still running after "
     "yieldMs it continues in the background and you get a sessionId. Prefer process wait (blocks "
-    "until exit or a pattern) over repeated polls. Exits are announced as updates of the resource "
-    "proc://{sessionId}: on MCP 2026-07-28 only to a client that called subscriptions/listen."
+    "until exit or a pattern) over repeated polls. A background session's exit heads your next "
+    "result of any procpilot tool (a line, and the structured exits list) unless a result already "
+    "showed it ended. Output past the result budget is cut in the middle; the marker there names "
+    "the process log call that reads what was cut. The daemon also announces exits as updates of "
+    "the resource proc://{sessionId}: on MCP 2026-07-28 only to a client that called subscriptions/listen."
 )
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import stat
-import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
