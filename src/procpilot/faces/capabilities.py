@@ -416,7 +416,7 @@ class ProcessCapabilities:
         if lines <= 0:
             return ""
         view = session.output[stream]
-        limit = self.sup.settings.exec.result_max_chars
+        limit = self.sup.settings.exec.result_max_chars // 2  # two streams share one result's budget
         start = max(view.offset_of_line(max(0, view.total_lines - lines)), view.size - 4 * limit)
         result = await session.page(stream, start)
         text, _ = tail_chars(for_model(result.data), limit)

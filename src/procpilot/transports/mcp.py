@@ -17,6 +17,7 @@ from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from procpilot.contract import ToolResult, ToolSpec
+from procpilot.faces.definitions import RESULT_SCHEMA
 from procpilot.faces.exit_notices import exit_line
 
 __all__ = ["build_mcp_server", "exit_notification", "to_call_result"]
@@ -78,7 +79,9 @@ def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
         annotations=ToolAnnotations(title=spec.name, destructive_hint=spec.tier.value != "autonomous"),
         meta={"procpilot/permission": spec.tier.value, **spec.meta},
     )
-    return tool.model_copy(update={"parameters": spec.input_schema()})
+    # The open result schema: clients that show the structured content learn the fields there.
+    metadata = tool.fn_metadata.model_copy(update={"output_schema": RESULT_SCHEMA})
+    return tool.model_copy(update={"parameters": spec.input_schema(), "fn_metadata": metadata})
 
 
 def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str = "procpilot") -> MCPServer:
