@@ -21,7 +21,6 @@ __all__ = [
     "cut_marker",
     "derive_name",
     "for_model",
-    "head_and_tail",
     "head_chars",
     "strip_ansi",
     "tail_chars",
@@ -121,35 +120,25 @@ def head_chars(text: str, limit: int) -> tuple[str, int]:
     return text[:end], len(text) - end
 
 
-def head_and_tail(text: str, limit: int) -> tuple[str, str, int]:
-    """``text`` cut in the middle to at most ``limit`` characters: (head, tail, characters cut).
-
-    A run's first lines (its configuration, the first failure) matter as much as its last (the
-    summary), so both ends are kept, half the budget each; each end holds whole lines where a
-    newline lies near the cut (see :func:`head_chars`). ``tail`` is "" when nothing was cut.
-    """
-    _check_limit(limit)
-    if len(text) <= limit:
-        return text, "", 0
-    head, _ = head_chars(text, limit // 2)
-    tail, _ = tail_chars(text[len(head) :], limit - len(head))
-    return head, tail, len(text) - len(head) - len(tail)
-
-
 def cut_marker(lines: int, chars: int, call: str) -> str:
     """The line that stands where output was cut: how much, and the exact call that reads it."""
     what = f"{lines:,} lines, {chars:,} characters" if lines else f"{chars:,} characters"
     return f"…[{what} cut here; {call} reads them]…"
 
 
+# Control bytes no text holds, not even a terminal's: C0 controls but BEL, BS, \t, \n, VT, FF,
+# \r, SO, SI (a terminal's own) and ESC (which starts the escapes strip_ansi removes).
+_BINARY_CONTROLS = bytes([*range(0x00, 0x07), *range(0x10, 0x1B), *range(0x1C, 0x20)])
+
+
 def binary_bytes(raw: bytes) -> int:
-    """Bytes of ``raw`` a model cannot read: NUL bytes and bytes that are not UTF-8."""
-    nul = raw.count(0)
+    """Bytes of ``raw`` a model cannot read: control bytes no text holds (NUL...) and bytes that
+    are not UTF-8 (counted as the replacement characters decoding makes of them)."""
+    controls = len(raw) - len(raw.translate(None, _BINARY_CONTROLS))
     if raw.isascii():
-        return nul
-    return nul + raw.decode("utf-8", errors="replace").count("\ufffd") - raw.decode("utf-8", errors="ignore").count(
-        "\ufffd"
-    )
+        return controls
+    decoded = raw.decode("utf-8", errors="replace")
+    return controls + decoded.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
 
 
 def _utf8_length(lead: int) -> int:

@@ -56,7 +56,8 @@ def binary_note(binary: int, read_bytes: int, where: str) -> str | None:
     if not binary:
         return None
     share = "" if binary >= read_bytes else f" among {read_bytes:,} bytes"
-    return f"[{binary:,} bytes of binary output (NUL or not UTF-8){share}, not shown; the raw bytes are in {where}]"
+    what = f"{binary:,} bytes of binary output (NUL, controls or not UTF-8){share}"
+    return f"[{what}, not shown; the raw bytes are in {where}]"
 
 
 async def _text(session: Session, stream: Stream, start: int, end: int, *, mid_char: bool) -> tuple[str, int, int]:
