@@ -97,9 +97,9 @@ async def test_binary_output_is_said_never_silently_empty(tmp_path: Path) -> Non
             assert "100,000 bytes of binary output" in form and "not shown" in form
 
 
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_an_exit_over_stdio_is_pushed_and_heads_the_next_result_once(tmp_path: Path, mode: str) -> None:
-    # Finding 2: over stdio "its exit is not announced, so wait or poll".
+async def test_an_exit_over_stdio_is_pushed_and_heads_the_next_result_once(tmp_path: Path) -> None:
+    # Finding 2: over stdio "its exit is not announced, so wait or poll". A handshake-era client
+    # (Claude Code, Codex) is pushed the exit at once, and its model reads it in the next result.
     pushed: list[dict[str, Any]] = []
     arrived = anyio.Event()
 
@@ -109,7 +109,7 @@ async def test_an_exit_over_stdio_is_pushed_and_heads_the_next_result_once(tmp_p
             pushed.append(params.data)
             arrived.set()
 
-    async with Client(stdio(tmp_path), mode=mode, message_handler=on_message) as client:
+    async with Client(stdio(tmp_path), mode="legacy", message_handler=on_message) as client:
         started = await client.call_tool("exec", {"command": "exit 3", "background": True})
         sid = (started.structured_content or {})["sessionId"]
         assert "not announced" not in text_of(started)
@@ -125,6 +125,23 @@ async def test_an_exit_over_stdio_is_pushed_and_heads_the_next_result_once(tmp_p
         assert structured["exits"][0]["exitCode"] == 3 and structured["output"] == "next\n"
         again = await client.call_tool("exec", {"command": "true"})
         assert sid not in text_of(again) and "exits" not in (again.structured_content or {})
+
+
+async def test_an_exit_over_stdio_heads_the_next_result_for_the_default_client(tmp_path: Path) -> None:
+    # The SDK's default client speaks 2026-07-28 over stdio, where a server may not push a log
+    # notification unasked: the next result of any tool tells it.
+    async with Client(stdio(tmp_path)) as client:
+        started = await client.call_tool("exec", {"command": "sleep 0.2", "background": True})
+        sid = (started.structured_content or {})["sessionId"]
+        # No wait or poll: a foreground command waits until the server has reaped the process.
+        pid = (started.structured_content or {})["pid"]
+        results = [
+            await client.call_tool("exec", {"command": f"while kill -0 {pid} 2>/dev/null; do sleep 0.01; done"}),
+            await client.call_tool("exec", {"command": "true"}),
+        ]
+        telling = [r for r in results if "exits" in (r.structured_content or {})]
+        assert len(telling) == 1
+        assert text_of(telling[0]).startswith(f"[session {sid} (sleep 0.2) ended: done, exit code 0")
 
 
 async def test_an_exit_over_http_heads_the_next_result_for_the_default_client(tmp_path: Path) -> None:

@@ -172,8 +172,10 @@ class _Replies:
 
 
 async def _push(subscribe: Subscribe, replies: _Replies, direct: DirectCalls) -> None:
-    """Write each notification ``subscribe`` delivers, once the client has initialized (before
-    that a client may not take one); one that finds the queue full is dropped."""
+    """Write each notification ``subscribe`` delivers to a handshake-era client once it has
+    initialized (before that it may not take one; a 2026-07-28 client takes log notifications
+    only on requests that opted in, so it hears exits from results); one that finds the queue
+    full is dropped."""
     queue: asyncio.Queue[Notification] = asyncio.Queue(_PUSH_QUEUE)
 
     def put(message: Notification) -> None:
@@ -184,7 +186,7 @@ async def _push(subscribe: Subscribe, replies: _Replies, direct: DirectCalls) ->
     try:
         while True:
             message = await queue.get()
-            if direct.active:
+            if direct.handshake_era:
                 line = json.dumps({"jsonrpc": "2.0", **message}, ensure_ascii=False, separators=(",", ":"), default=str)
                 await replies.send(line.encode() + b"\n")
     finally:
