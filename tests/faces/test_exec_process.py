@@ -617,3 +617,25 @@ async def test_list_says_which_sessions_wait_for_input(tools: Tools) -> None:
     await tools["process"].call({"action": "wait", "sessionId": ask_id, "timeout": 10_000}, "a")
     for sid in (ask_id, sleep_id):
         await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+async def test_list_keeps_within_the_result_budget(settings: Settings) -> None:
+    # A result is read whole: a list of many sessions (or of long commands) keeps the newest.
+    small = settings.model_copy(
+        update={
+            "tools": settings.tools.model_copy(
+                update={"exec": settings.exec.model_copy(update={"result_max_chars": 2000})}
+            )
+        }
+    )
+    async with Supervisor(small) as sup:
+        tools = {spec.name: spec for spec in exec_process_tools(sup)}
+        started = [
+            (await tools["exec"].call({"command": f"sleep 30 # {n} " + "x" * 300, "background": True}, "a")).data
+            for n in range(6)
+        ]
+        listed = await tools["process"].call({"action": "list"}, "a")
+        shown = [row["sessionId"] for row in listed.data["sessions"]]
+        assert shown == [s["sessionId"] for s in reversed(started)][: len(shown)] and 1 <= len(shown) < 6
+        assert listed.data["total"] == 6 and listed.data["omitted"] == 6 - len(shown)
+        assert f"[{6 - len(shown)} older sessions not listed" in listed.text

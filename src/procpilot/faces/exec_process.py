@@ -428,7 +428,8 @@ class ExecProcessFace:
     async def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
-        sessions = self.sup.list(scope)
+        every = self.sup.list(scope)  # newest first
+        sessions = _within_budget(every, self.cfg.result_max_chars)
         await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         # waitingForInput: a recent answer, else a fresh one for the newest sessions only, read
         # off the loop beside the usage figures
@@ -448,8 +449,16 @@ class ExecProcessFace:
             }
             rows.append(row)
             lines.append(self.profile.list_line(s, row))
+        data: dict[str, Any] = {"sessions": rows, "total": len(every)}
+        if omitted := len(every) - len(sessions):
+            note = (
+                f"{omitted} older sessions not listed, to keep this result within its budget; "
+                "poll, log, wait and remove take any sessionId"
+            )
+            lines.append(f"[{note}]")
+            data |= {"omitted": omitted, "note": note}
         text = "\n".join(lines) if lines else "No sessions."
-        return ToolResult(text, {"sessions": rows, "total": len(rows)})
+        return ToolResult(text, data)
 
     async def _poll(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
@@ -697,6 +706,20 @@ _PRUNE_MIN = 256  # entries in the face's per-session tables before they are fir
 _NOT_FOUND = re.compile(
     rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:eval: )?(.{1,200}?): (?:command )?not found$", re.M
 )
+
+
+_ROW_CHARS = 600  # a list row's structured fields but its command and cwd, as JSON
+
+
+def _within_budget(sessions: list[Session], budget: int) -> list[Session]:
+    """The first of ``sessions`` whose list rows fit one result's budget (at least one): a row is
+    counted by its command and cwd, without rendering it."""
+    spent = 0
+    for count, session in enumerate(sessions):
+        spent += _ROW_CHARS + len(session.command) + len(str(session.spec.cwd or ""))
+        if spent > budget and count:
+            return sessions[:count]
+    return sessions
 
 
 def _noting_loss(session: Session, result: ToolResult) -> ToolResult:
