@@ -18,6 +18,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from tests.daemon import start_daemon
 from tests.transports.test_cli_mcp import PROCPILOT, server_env, start_http
 
 BUDGET = 30_000  # the default result budget, in characters of output
@@ -167,3 +168,24 @@ async def test_an_exit_over_http_heads_the_next_result_for_the_default_client(tm
         proc.wait(10)
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+async def test_an_exit_over_the_daemons_mcp_heads_the_next_result_for_the_default_client(tmp_path: Path) -> None:
+    # Finding 2, against `procpilot serve`: its MCP endpoint with the SDK 2.3 client's default mode,
+    # which heard no notification of an exit.
+    daemon = start_daemon(tmp_path)
+    try:
+        async with daemon.mcp() as client:  # mode="auto"
+            started = await client.call_tool("exec", {"command": "sleep 0.2", "background": True})
+            sid, pid = ((started.structured_content or {})[k] for k in ("sessionId", "pid"))
+            # A foreground command that ends once the server has reaped the session's process.
+            results = [
+                await client.call_tool("exec", {"command": f"while kill -0 {pid} 2>/dev/null; do sleep 0.01; done"}),
+                await client.call_tool("exec", {"command": "true"}),
+                await client.call_tool("exec", {"command": "true"}),
+            ]
+            telling = [r for r in results if "exits" in (r.structured_content or {})]
+            assert len(telling) == 1
+            assert text_of(telling[0]).startswith(f"[session {sid} (sleep 0.2) ended: done, exit code 0")
+    finally:
+        assert daemon.stop() == 0, daemon.log_text()
