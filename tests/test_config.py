@@ -38,7 +38,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "cleanup_ms": 1_800_000,
         "notify_on_exit": True,
         "max_output_chars": 500,
-        "result_max_chars": 200_000,
+        "result_max_chars": 30_000,
         "pending_max_chars": 200_000,
         "max_log_bytes": 64 * 1024 * 1024,
         "kill_grace_sec": 5.0,
@@ -97,6 +97,8 @@ def test_settings_are_frozen() -> None:
         ("PI_BASH_MAX_OUTPUT_CHARS", "result_max_chars", "5000", 5000),
         ("PI_BASH_MAX_OUTPUT_CHARS", "result_max_chars", "10", 1000),
         ("PI_BASH_MAX_OUTPUT_CHARS", "result_max_chars", "300000", 200_000),
+        ("PROCPILOT_RESULT_CHARS", "result_max_chars", "12000", 12_000),
+        ("PROCPILOT_RESULT_CHARS", "result_max_chars", "10", 1000),
         ("OPENCLAW_BASH_PENDING_MAX_OUTPUT_CHARS", "pending_max_chars", "7000", 7000),
         ("OPENCLAW_BASH_PENDING_MAX_OUTPUT_CHARS", "pending_max_chars", "5", 1000),
         ("OPENCLAW_BASH_PENDING_MAX_OUTPUT_CHARS", "pending_max_chars", "900000", 200_000),
@@ -110,6 +112,15 @@ def test_env_var_sets_and_clamps(var: str, field: str, raw: str, expected: int) 
     assert getattr(s.exec, field) == expected
     others = {k: v for k, v in s.exec.model_dump().items() if k != field}
     assert others == {k: v for k, v in ExecSettings().model_dump().items() if k != field}
+
+
+def test_the_result_budget_is_30000_and_the_openclaw_profile_keeps_its_own() -> None:
+    assert load_settings(env={}).exec.result_max_chars == 30_000
+    assert load_settings(env={}, exec={"profile": "openclaw"}).exec.result_max_chars == 200_000
+    chosen = {"profile": "openclaw", "result_max_chars": 5000}
+    assert load_settings(env={}, exec=chosen).exec.result_max_chars == 5000
+    both = {"PROCPILOT_RESULT_CHARS": "7000", "PI_BASH_MAX_OUTPUT_CHARS": "9000"}
+    assert load_settings(env=both).exec.result_max_chars == 7000  # ours first
 
 
 def test_openclaw_wins_over_clawdbot() -> None:
@@ -439,7 +450,7 @@ def test_describe_uses_toml_names(tmp_path: Path) -> None:
         "cleanupMs": 1_800_000,
         "notifyOnExit": True,
         "maxOutputChars": 500,
-        "resultMaxChars": 200_000,
+        "resultMaxChars": 30_000,
         "pendingMaxOutputChars": 200_000,
         "maxLogBytes": 64 * 1024 * 1024,
         "killGraceSec": 5.0,

@@ -322,3 +322,30 @@ def test_derive_name_is_at_most_40_characters(command: str, expected: str) -> No
 def test_derive_name_rejects_empty_command(command: str | list[str]) -> None:
     with pytest.raises(InvalidArgument, match="empty"):
         derive_name(command)
+
+
+def test_cut_marker_names_lines_characters_and_the_call() -> None:
+    from procpilot.render import cut_marker
+
+    marker = cut_marker(171_429, 1_200_345, "process log sessionId=x offset=10 limit=171429")
+    assert marker == (
+        "…[171,429 lines, 1,200,345 characters cut here; process log sessionId=x offset=10 limit=171429 reads them]…"
+    )
+    assert cut_marker(0, 50, "c") == "…[50 characters cut here; c reads them]…"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"plain text\n\tand tabs\r\n", 0),
+        (b"\x1b[31mred\x1b[0m \x07\x08", 0),  # a terminal's own controls are text
+        (b"\x00" * 100, 100),
+        (b"ok \xff\xfe ok", 2),
+        ("h\u00e9 \ufffd".encode(), 0),  # a real U+FFFD is text
+        (b"\x01\x02abc\x00", 3),
+    ],
+)
+def test_binary_bytes(raw: bytes, expected: int) -> None:
+    from procpilot.render import binary_bytes
+
+    assert binary_bytes(raw) == expected

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
@@ -83,6 +83,13 @@ def _camel(name: str) -> str:
     return first + "".join(part.title() for part in rest)
 
 
+# Characters of output one result shows at most: Claude Code's Bash tool keeps 30,000, and
+# Claude Code refuses a whole MCP result past 25,000 tokens (the text and the structured form
+# each carry the output, so each stays near this many characters).
+RESULT_CHARS = 30_000
+OPENCLAW_RESULT_CHARS = 200_000
+
+
 class ExecSettings(BaseModel):
     """``[tools.exec]``: the exec tool's keys, in the specs' camelCase (the aliases) in TOML."""
 
@@ -94,7 +101,9 @@ class ExecSettings(BaseModel):
     cleanup_ms: Annotated[_Int, _clamp(60_000, 10_800_000)] = 1_800_000
     notify_on_exit: _Bool = True
     max_output_chars: Annotated[_Int, _clamp(100, 200_000)] = 500
-    result_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = 200_000
+    # The result budget: characters of output one result shows at most, head and tail (default
+    # RESULT_CHARS; the openclaw profile keeps OpenClaw's own 200,000).
+    result_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = RESULT_CHARS
     pending_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = Field(200_000, alias="pendingMaxOutputChars")
     max_log_bytes: Annotated[int, Field(strict=True, ge=64 * _KIB)] = 64 * _MIB
     kill_grace_sec: Annotated[float, Field(strict=True, ge=0, le=600)] = 5.0
@@ -110,6 +119,15 @@ class ExecSettings(BaseModel):
     restart: Literal["no", "on-failure", "always"] = "no"
     max_restarts: Annotated[_Int, _clamp(0, 10_000)] = 10
     restart_backoff_ms: Annotated[_Int, _clamp(10, 600_000)] = 1000
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_budget(cls, data: Any) -> Any:
+        """The openclaw profile's default result budget is OpenClaw's own (its agents expect it)."""
+        unset = isinstance(data, Mapping) and not {"resultMaxChars", "result_max_chars"} & data.keys()
+        if unset and data.get("profile") == "openclaw":
+            return {**data, "resultMaxChars": OPENCLAW_RESULT_CHARS}
+        return data
 
 
 class ProcessToolSettings(BaseModel):
@@ -377,6 +395,7 @@ class Settings(BaseModel):
 _ENV_EXEC: tuple[tuple[str, str], ...] = (
     ("PI_BASH_YIELD_MS", "backgroundMs"),
     ("PI_BASH_JOB_TTL_MS", "cleanupMs"),
+    ("PROCPILOT_RESULT_CHARS", "resultMaxChars"),
     ("PI_BASH_MAX_OUTPUT_CHARS", "resultMaxChars"),
     ("OPENCLAW_BASH_PENDING_MAX_OUTPUT_CHARS", "pendingMaxOutputChars"),
     ("CLAWDBOT_BASH_PENDING_MAX_OUTPUT_CHARS", "pendingMaxOutputChars"),

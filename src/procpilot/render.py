@@ -15,8 +15,10 @@ from procpilot.shell.lexer import simple_commands
 
 __all__ = [
     "MAX_NAME_CHARS",
+    "binary_bytes",
     "collapse_cr",
     "complete_utf8_prefix",
+    "cut_marker",
     "derive_name",
     "for_model",
     "head_chars",
@@ -116,6 +118,27 @@ def head_chars(text: str, limit: int) -> tuple[str, int]:
         if newline != -1:
             end = newline + 1
     return text[:end], len(text) - end
+
+
+def cut_marker(lines: int, chars: int, call: str) -> str:
+    """The line that stands where output was cut: how much, and the exact call that reads it."""
+    what = f"{lines:,} lines, {chars:,} characters" if lines else f"{chars:,} characters"
+    return f"…[{what} cut here; {call} reads them]…"
+
+
+# Control bytes no text holds, not even a terminal's: C0 controls but BEL, BS, \t, \n, VT, FF,
+# \r, SO, SI (a terminal's own) and ESC (which starts the escapes strip_ansi removes).
+_BINARY_CONTROLS = bytes([*range(0x00, 0x07), *range(0x10, 0x1B), *range(0x1C, 0x20)])
+
+
+def binary_bytes(raw: bytes) -> int:
+    """Bytes of ``raw`` a model cannot read: control bytes no text holds (NUL...) and bytes that
+    are not UTF-8 (counted as the replacement characters decoding makes of them)."""
+    controls = len(raw) - len(raw.translate(None, _BINARY_CONTROLS))
+    if raw.isascii():
+        return controls
+    decoded = raw.decode("utf-8", errors="replace")
+    return controls + decoded.count("\ufffd") - raw.decode("utf-8", errors="ignore").count("\ufffd")
 
 
 def _utf8_length(lead: int) -> int:

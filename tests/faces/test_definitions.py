@@ -230,8 +230,9 @@ async def test_mcp_definitions_match_what_the_server_lists(supervisor: Superviso
         listed = {t.name: t.model_dump(by_alias=True, exclude_none=True) for t in (await client.list_tools()).tools}
     for definition in definitions:
         served = listed[definition["name"]]
-        assert set(definition) == {"name", "description", "inputSchema", "annotations", "_meta"}
+        assert set(definition) == {"name", "description", "inputSchema", "outputSchema", "annotations", "_meta"}
         assert definition["inputSchema"] == served["inputSchema"]
+        assert definition["outputSchema"] == served["outputSchema"]
         assert definition["description"] == served["description"]
         assert definition["_meta"] == served["_meta"]
         assert definition["annotations"] == served["annotations"]

@@ -477,12 +477,11 @@ async def test_log_of_the_newest_lines_keeps_their_end(tools: Tools) -> None:
         return await tools["process"].call({"action": "log", "sessionId": sid, **args}, "a")
 
     newest = await log(limit=2)
-    assert newest.data["output"].endswith("x\nEND") and newest.text.startswith("[")
-    assert "earlier characters cut" in newest.text
+    assert newest.data["output"].endswith("x\nEND") and "characters cut here" in newest.text
     assert (await log()).data["output"].endswith("END")
-    oldest = await log(offset=0, limit=2)  # a window from an offset keeps its start
-    assert oldest.data["output"].startswith("xxx") and "END" not in oldest.data["output"]
-    assert "characters cut" in oldest.text
+    oldest = await log(offset=0, limit=2)  # a range too long for one result keeps both its ends
+    assert oldest.data["output"].startswith("xxx") and oldest.data["output"].endswith("END")
+    assert "characters cut here" in oldest.text and oldest.data["next"].startswith(f"process log sessionId={sid}")
 
 
 BIG = 40_000_000  # bytes of output: the reads below must cost a small fraction of it
@@ -619,3 +618,25 @@ async def test_list_says_which_sessions_wait_for_input(tools: Tools) -> None:
     await tools["process"].call({"action": "wait", "sessionId": ask_id, "timeout": 10_000}, "a")
     for sid in (ask_id, sleep_id):
         await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+async def test_list_keeps_within_the_result_budget(settings: Settings) -> None:
+    # A result is read whole: a list of many sessions (or of long commands) keeps the newest.
+    small = settings.model_copy(
+        update={
+            "tools": settings.tools.model_copy(
+                update={"exec": settings.exec.model_copy(update={"result_max_chars": 2000})}
+            )
+        }
+    )
+    async with Supervisor(small) as sup:
+        tools = {spec.name: spec for spec in exec_process_tools(sup)}
+        started = [
+            (await tools["exec"].call({"command": f"sleep 30 # {n} " + "x" * 300, "background": True}, "a")).data
+            for n in range(6)
+        ]
+        listed = await tools["process"].call({"action": "list"}, "a")
+        shown = [row["sessionId"] for row in listed.data["sessions"]]
+        assert shown == [s["sessionId"] for s in reversed(started)][: len(shown)] and 1 <= len(shown) < 6
+        assert listed.data["total"] == 6 and listed.data["omitted"] == 6 - len(shown)
+        assert f"[{6 - len(shown)} older sessions not listed" in listed.text

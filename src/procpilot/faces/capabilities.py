@@ -302,7 +302,11 @@ class LogsInput(BaseModel):
         None, ge=0, le=_MAX_BYTES, description="Byte offset to start reading from (in each stream read). Default 0."
     )
     limit: int | None = Field(
-        None, ge=0, le=_MAX_BYTES, description="Maximum bytes to return per stream. Default: all available."
+        None,
+        ge=0,
+        le=_MAX_BYTES,
+        description="Maximum bytes to return per stream. Default and most: the result budget "
+        "(resultMaxChars, shared by the streams read); next offsets say where to go on.",
     )
 
 
@@ -416,7 +420,7 @@ class ProcessCapabilities:
         if lines <= 0:
             return ""
         view = session.output[stream]
-        limit = self.sup.settings.exec.result_max_chars
+        limit = self.sup.settings.exec.result_max_chars // 2  # two streams share one result's budget
         start = max(view.offset_of_line(max(0, view.total_lines - lines)), view.size - 4 * limit)
         result = await session.page(stream, start)
         text, _ = tail_chars(for_model(result.data), limit)
@@ -595,10 +599,13 @@ class ProcessCapabilities:
             notes: dict[str, Any] = {}
             next_offsets: dict[str, int | None] = {"stdout": None, "stderr": None}
             truncated = False
+            # One result stays within the budget: a model reads it whole (faces/budget.py).
+            budget = self.sup.settings.exec.result_max_chars // (2 if params.stream == "both" else 1)
+            limit = budget if params.limit is None else min(params.limit, budget)
             for name in ("stdout", "stderr"):
                 if params.stream not in (name, "both"):
                     continue
-                result = await session.page(Stream(name), offset, params.limit)
+                result = await session.page(Stream(name), offset, limit)
                 sizes[name] = result.total
                 data = result.data
                 next_offsets[name] = result.end

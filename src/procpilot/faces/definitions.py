@@ -1,7 +1,10 @@
 """Tool definitions for every agent framework: MCP, OpenAI (strict function calling), Anthropic.
 
-* ``mcp`` — ``{name, description, inputSchema, annotations, _meta}`` as an MCP ``tools/list`` lists
-  them (the same annotations and permission tier the MCP transport serves).
+* ``mcp`` — ``{name, description, inputSchema, outputSchema, annotations, _meta}`` as an MCP
+  ``tools/list`` lists them (the same annotations and permission tier the MCP transport serves).
+  ``outputSchema`` (:data:`RESULT_SCHEMA`) is open: it declares the fields every model-facing
+  result may carry (the output, its state and next step, the exits not told yet) and lets each
+  tool add its own.
 * ``openai`` — ``{"type": "function", "function": {name, description, parameters, "strict": true}}``.
   Names with dots become underscores (``process.run`` -> ``process_run``). The schema is rewritten to
   the strict subset: ``$ref`` inlined; every object closed (``additionalProperties: false``) with
@@ -26,10 +29,49 @@ from typing import Any, Literal
 
 from procpilot.contract import PermissionTier, ToolSpec
 
-__all__ = ["Format", "find_tool", "native_arguments", "strict_schema", "tool_definitions", "wire_name"]
+__all__ = [
+    "RESULT_SCHEMA",
+    "Format",
+    "find_tool",
+    "native_arguments",
+    "strict_schema",
+    "tool_definitions",
+    "wire_name",
+]
 
 Format = Literal["mcp", "openai", "anthropic"]
 FORMATS: tuple[Format, ...] = ("mcp", "openai", "anthropic")
+
+_EXIT = {
+    "type": "object",
+    "description": "A background session's exit not told before: its state and the call that shows its output.",
+    "properties": {
+        "sessionId": {"type": "string"},
+        "status": {"type": "string"},
+        "state": {"type": "string"},
+        "exitCode": {"type": ["integer", "null"]},
+        "exitSignal": {"type": ["string", "null"]},
+        "durationMs": {"type": "integer"},
+        "command": {"type": "string"},
+        "next": {"type": "string"},
+    },
+}
+# What a client that shows its model the structured content (Claude Code, Codex) finds in every
+# result: the same output, state and next step the text carries (docs/tools.md, "What a model reads").
+RESULT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "output": {
+            "type": "string",
+            "description": "Output within the result budget: head and tail, a marker line where it was cut.",
+        },
+        "note": {"type": "string", "description": "The session's state in words (as the text's status line)."},
+        "next": {"type": "string", "description": "The call to make next, e.g. the process log call for what was cut."},
+        "exits": {"type": "array", "items": _EXIT, "description": "Exits not told before; each is told once."},
+        "exitsDropped": {"type": "integer", "description": "Older untold exits dropped past the bound."},
+    },
+    "additionalProperties": True,
+}
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # Keywords strict mode does not accept (or not everywhere): dropped, and said in the description.
@@ -256,6 +298,7 @@ def _mcp(spec: ToolSpec) -> dict[str, Any]:
         "name": spec.name,
         "description": spec.description,
         "inputSchema": spec.input_schema(),
+        "outputSchema": RESULT_SCHEMA,
         "annotations": {"title": spec.name, "destructiveHint": spec.tier is not PermissionTier.AUTONOMOUS},
         "_meta": {"procpilot/permission": spec.tier.value, **spec.meta},
     }

@@ -12,6 +12,7 @@ import asyncio
 import re
 import signal as signal_module
 from collections.abc import Mapping
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
@@ -29,10 +30,11 @@ from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
+from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
 from procpilot.faces.capabilities import restart_policy
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
-from procpilot.render import complete_utf8_prefix, derive_name, for_model, head_chars, tail_chars
+from procpilot.render import cut_marker, derive_name, for_model, head_chars, tail_chars
 
 __all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
 
@@ -61,7 +63,7 @@ _TAIL_CHARS = 400
 # Spec 002: past this much output, results name the file that holds it, for the agent's file tools.
 _OFFLOAD_BYTES = 10 * 1024
 # Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
-_TAIL_WINDOW_FACTOR = 8
+_TAIL_WINDOW_FACTOR = WINDOW_FACTOR
 _RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
 _SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
 
@@ -211,8 +213,9 @@ class ExecProcessFace:
         self._empty_polls: dict[str, int] = {}
         # Per session and stream: the byte offset after the last reported pattern match.
         self._wait_cursors: dict[str, dict[Stream, int]] = {}
-        # Per session and view: where the last poll stopped (face state, not the engine's).
-        self._poll_cursors: dict[str, dict[Stream, int]] = {}
+        # Per session and view: where the last poll stopped, as a byte offset and the newlines
+        # before it (face state, not the engine's).
+        self._poll_cursors: dict[str, dict[Stream, tuple[int, int]]] = {}
         # Per session: its display name, derived once (reading a 100 KB command line takes tens
         # of ms, and list and poll show the name on every call).
         self._names: dict[str, str] = {}
@@ -291,44 +294,25 @@ class ExecProcessFace:
             how += f": the shell found no command {missing!r} (check the name; `command -v {missing}`)"
         return f"{how} after {session.duration_ms} ms"
 
-    async def _read_tail(self, session: Session, stream: Stream, start: int, limit: int) -> tuple[str, int, int]:
-        """The last ``limit`` characters of the model text of bytes [start, end of the view).
+    async def _show(self, session: Session, stream: Stream, start: int, start_line: int, limit: int) -> Shown:
+        """What a result shows of the output from ``start`` on: head and tail within ``limit``
+        characters (faces/budget.py), and a line for binary output it cannot show."""
+        shown = await read_budgeted(session, stream, start, start_line, limit)
+        note = binary_note(shown.binary, shown.read_bytes, self._where(session))
+        if note is None:
+            return shown
+        return replace(shown, text=f"{note}\n{shown.text}" if shown.text.strip() else note)
 
-        Only the last few times ``limit`` bytes are read, however much is unread: a poll after a
-        200 MB burst costs what a poll after 2 KB does. Returns (text, cut, end used); ``cut``
-        counts the characters cut, and each byte never read as one character.
-        """
-        end = session.output[stream].size
-        skipped = max(0, end - start - limit * _TAIL_WINDOW_FACTOR)
-        text, used_end, _ = await self._read_text(session, stream, start + skipped, end, mid_char=bool(skipped))
-        shown, cut = tail_chars(text, limit)
-        return shown, cut + skipped, used_end
+    @staticmethod
+    def _cut_call(session: Session, stream: Stream, shown: Shown) -> str:
+        """The call that reads what ``shown`` left out."""
+        return log_call(session.id, stream, shown.first_cut_line, max(1, shown.cut_lines))
 
-    async def _read_text(
-        self, session: Session, stream: Stream, start: int, end: int, *, mid_char: bool = False
-    ) -> tuple[str, int, int]:
-        """Model text of bytes [start, end); returns (text, end actually used, dropped bytes).
-
-        ``mid_char``: ``start`` may fall inside a character, whose leftover bytes are skipped.
-        """
-        view = session.output[stream]
-        result = await session.page(stream, start, end - start)
-        data = result.data
-        if mid_char:
-            lead = 0
-            while lead < min(3, len(data)) and 0x80 <= data[lead] <= 0xBF:
-                lead += 1
-            data = data[lead:]
-        used_end = result.end
-        if not session.finished:
-            # Leave a character split across two reads for the next read, whole.
-            keep = complete_utf8_prefix(data)
-            used_end -= len(data) - keep
-            data = data[:keep]
-        text = for_model(data)
-        if result.dropped:
-            text = f"[... {result.dropped} bytes dropped by {view.gap_cause} ...]\n" + text
-        return text, used_end, result.dropped
+    def _next_for_running(self, session: Session) -> str:
+        """What an agent does next about a session still running (the ``next`` field)."""
+        if session.is_running and session.last_waiting_for_input(_INPUT_CHECK_AGE):
+            return f"process write sessionId={session.id} data=..."
+        return f"process wait sessionId={session.id}"
 
     def _where(self, session: Session) -> str:
         files = session.log_files
@@ -376,24 +360,30 @@ class ExecProcessFace:
         data = self._summary(session)
         if session.finished:
             view = session.output[Stream.COMBINED]
-            shown, cut, end = await self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars)
-            self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = end
-            data |= {"output": shown, "outputCutChars": cut, "outputBytes": view.size}
+            shown = await self._show(session, Stream.COMBINED, 0, 0, self.cfg.result_max_chars)
+            self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = (shown.end, shown.end_line)
+            data |= {"output": shown.text, "outputCutChars": shown.cut_chars, "outputBytes": view.size}
+            ending = self._ending(session)
             header = ""
-            if cut:
-                header += (
-                    f"\n[{cut} earlier characters not shown; full output: process log sessionId={session.id}"
-                    f" or the file {self._where(session)}]"
-                )
-            elif view.size > _OFFLOAD_BYTES:
+            if shown.cut_chars:
+                data |= {"outputCutLines": shown.cut_lines, "next": self._cut_call(session, Stream.COMBINED, shown)}
+            if view.size > _OFFLOAD_BYTES:
                 header += f"\n[{view.size} bytes of output, also in the file {self._where(session)}]"
-            if cut or view.size > _OFFLOAD_BYTES:
+            if shown.cut_chars or view.size > _OFFLOAD_BYTES:
                 data["logPath"] = self._where(session)
-            text = self.profile.finished_text(session, shown, self._ending(session), poll=False)
+            data["note"] = f"{self.profile.of(session)}: {ending}"
+            text = self.profile.finished_text(session, shown.text, ending, poll=False)
             return _noting_loss(session, ToolResult(text + header + _weaker_note(data), data))
         tail = self.sup.tail_text(session, _TAIL_CHARS)
-        data |= {"tail": tail, "logPath": self._where(session)}
-        text = self.profile.backgrounded_text(session, tail, announced=self._exit_is_announced(session))
+        announced = self._exit_is_announced(session)
+        data |= {
+            "tail": tail,
+            "logPath": self._where(session),
+            "note": f"{self.profile.of(session)} in the background; "
+            + ("its exit will be announced" if announced else "wait or poll to learn when it ends"),
+            "next": self._next_for_running(session),
+        }
+        text = self.profile.backgrounded_text(session, tail, announced=announced)
         return _noting_loss(session, ToolResult(text + _weaker_note(data), data))
 
     # -- process -------------------------------------------------------------------------------
@@ -441,7 +431,8 @@ class ExecProcessFace:
     async def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
-        sessions = self.sup.list(scope)
+        every = self.sup.list(scope)  # newest first
+        sessions = _within_budget(every, self.cfg.result_max_chars)
         await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         # waitingForInput: a recent answer, else a fresh one for the newest sessions only, read
         # off the loop beside the usage figures
@@ -461,24 +452,33 @@ class ExecProcessFace:
             }
             rows.append(row)
             lines.append(self.profile.list_line(s, row))
+        data: dict[str, Any] = {"sessions": rows, "total": len(every)}
+        if omitted := len(every) - len(sessions):
+            note = (
+                f"{omitted} older sessions not listed, to keep this result within its budget; "
+                "poll, log, wait and remove take any sessionId"
+            )
+            lines.append(f"[{note}]")
+            data |= {"omitted": omitted, "note": note}
         text = "\n".join(lines) if lines else "No sessions."
-        return ToolResult(text, {"sessions": rows, "total": len(rows)})
+        return ToolResult(text, data)
 
     async def _poll(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
         view = session.output[stream]
-        cursor = self._poll_cursors.get(session.id, {}).get(stream, 0)
+        cursor, cursor_line = self._poll_cursors.get(session.id, {}).get(stream, (0, 0))
         if params.timeout and view.size <= cursor and not session.finished:
             await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
         # A finished session has nothing more to come: hand over all that is unread (up to the
-        # result cap), not a tail, so the last poll never hides the ending.
+        # result budget), head and tail, so the last poll never hides the ending nor the start.
         default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
-        limit = min(default if params.limit is None else params.limit, self.cfg.pending_max_chars)
-        shown, cut, end = await self._read_tail(session, stream, cursor, limit)
+        wanted = default if params.limit is None else params.limit
+        limit = min(wanted, self.cfg.pending_max_chars, self.cfg.result_max_chars)
+        shown = await self._show(session, stream, cursor, cursor_line, limit)
         await self.sup.observe([session])
-        self._poll_cursors.setdefault(session.id, {})[stream] = end
-        data = self._summary(session) | {"output": shown, "cutChars": cut, "stream": stream.value}
-        if shown or cut or session.finished:
+        self._poll_cursors.setdefault(session.id, {})[stream] = (shown.end, shown.end_line)
+        data = self._summary(session) | {"output": shown.text, "cutChars": shown.cut_chars, "stream": stream.value}
+        if shown.text or shown.cut_chars or session.finished:
             self._empty_polls.pop(session.id, None)
         else:
             n = self._empty_polls.get(session.id, 0)
@@ -489,21 +489,26 @@ class ExecProcessFace:
         head = ""
         if view.size > _OFFLOAD_BYTES:
             data["logPath"] = self._where(session)
-        if cut:
-            where = f" or the file {data['logPath']}" if "logPath" in data else ""
-            head = f"[{cut} earlier characters of this poll not shown; they are in process log{where}]\n"
+        if shown.cut_chars:
+            data |= {"cutLines": shown.cut_lines, "next": self._cut_call(session, stream, shown)}
+            if "logPath" in data:
+                head = f"[{view.size} bytes of output in all, also in the file {data['logPath']}]\n"
         if session.finished:
-            return ToolResult(head + self.profile.finished_text(session, shown, self._ending(session), poll=True), data)
-        note = "[running"
+            ending = self._ending(session)
+            data["note"] = f"{self.profile.of(session)}: {ending}"
+            return ToolResult(head + self.profile.finished_text(session, shown.text, ending, poll=True), data)
+        note = "running"
         if data.get("waitingForInput"):
             note += "; waiting for input on stdin (use process write)"
         if "retryInMs" in data:
             note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
-        return ToolResult(head + self.profile.running_text(shown, note + "]"), data)
+        data["note"] = note
+        data.setdefault("next", self._next_for_running(session))
+        return ToolResult(head + self.profile.running_text(shown.text, f"[{note}]"), data)
 
     async def _aggregated(self, session: Session) -> str:
         """The output so far as OpenClaw's ``aggregated`` holds it: its newest ``resultMaxChars``."""
-        return (await self._read_tail(session, Stream.COMBINED, 0, self.cfg.result_max_chars))[0]
+        return (await self._show(session, Stream.COMBINED, 0, 0, self.cfg.result_max_chars)).text
 
     async def _log(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
@@ -521,39 +526,54 @@ class ExecProcessFace:
         if first >= total > 0:
             note = f"offset {first} is past the end: there are {total} lines (offsets 0 to {max(0, total - 1)})"
         # Reading stops a little past what one result can show: the rest is counted, not loaded.
-        # Without an offset the agent asked for the newest lines: a range too long for one result
-        # keeps its end (the text before it is cut), with an offset it keeps its start.
-        keep_end = params.offset is None
-        window = self.cfg.result_max_chars * _TAIL_WINDOW_FACTOR
-        lines = await session.page_lines(stream, first, count, max_bytes=window, keep_end=keep_end)
-        text = for_model(b"\n".join(lines.lines))
-        shown, cut = (tail_chars if keep_end else head_chars)(text, self.cfg.result_max_chars)
-        cut += lines.unread_bytes
+        # A range too long for one result keeps its first and its last lines, with a marker for
+        # the lines between them and the call that reads them.
+        budget = self.cfg.result_max_chars
+        window = budget * _TAIL_WINDOW_FACTOR // 2
+        head_slice = await session.page_lines(stream, first, count, max_bytes=window)
+        text = for_model(b"\n".join(head_slice.lines))
+        lines_shown, dropped_lines = len(head_slice.lines), head_slice.dropped_lines
+        cut = cut_lines = 0
+        marker = None
+        if len(text) > budget or head_slice.unread_bytes:
+            head, _ = head_chars(text, budget // 2)
+            head_lines = head.count("\n")  # a line the head cuts is not shown: the marker covers it
+            last = min(head_slice.total, head_slice.first + (head_slice.total if count is None else count))
+            rest = max(0, last - head_slice.first - head_lines)
+            tail_slice = await session.page_lines(stream, last - rest, rest, max_bytes=window, keep_end=True)
+            tail_text = for_model(b"\n".join(tail_slice.lines))
+            tail, _ = tail_chars(tail_text, budget - len(head))
+            tail_lines = tail.count("\n") + 1 if tail else 0
+            cut_lines = max(0, rest - tail_lines)
+            cut = len(tail_text) + tail_slice.unread_bytes - len(tail)
+            first_cut = head_slice.first + head_lines
+            call = log_call(session.id, stream, first_cut, max(1, cut_lines))
+            marker = cut_marker(cut_lines, cut, call)
+            text = f"{head.rstrip(chr(10))}\n{marker}\n{tail}"
+            lines_shown = head_lines + tail_lines
+            dropped_lines += tail_slice.dropped_lines
         data = self._summary(session) | {
-            "output": shown,
-            "offset": lines.first,
-            "lines": len(lines.lines),
+            "output": text,
+            "offset": head_slice.first,
+            "lines": lines_shown,
             "totalLines": total,
             "completeLines": view.lines,  # lines ended by a newline: a follower holds back only the rest
             "totalBytes": view.size,
-            "totalChars": len(shown) + cut if lines.first == 0 and len(lines.lines) >= total else None,
+            "totalChars": len(text) if marker is None and head_slice.first == 0 and lines_shown >= total else None,
             "droppedBytes": view.dropped,
             "logPath": self._where(session),
             "stream": stream.value,
         }
+        if marker is not None:
+            data |= {"cutChars": cut, "cutLines": cut_lines, "next": call}
         if self.profile.aggregated:
             data["aggregated"] = await self._aggregated(session)
-        parts = [shown] if shown else []
-        if cut:
-            advice = f"read the file {self._where(session)} or ask for fewer lines"
-            if keep_end:
-                parts.insert(0, f"[{cut} earlier characters cut; {advice}]")
-            else:
-                parts.append(f"[{cut} characters cut; {advice}]")
-        if lines.dropped_lines:
-            parts.append(f"[{lines.dropped_lines} lines in this range were dropped by {view.gap_cause}]")
+        parts = [text] if text else []
+        if dropped_lines:
+            parts.append(f"[{dropped_lines} lines in this range were dropped by {view.gap_cause}]")
         if note:
             parts.append(f"[{note}]")
+            data["note"] = note
         return ToolResult("\n".join(parts) if parts else "[no output]", data)
 
     async def _write(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
@@ -665,11 +685,16 @@ class ExecProcessFace:
             "tail": tail,
         }
         if outcome.reason == "exited":
-            return ToolResult(self.profile.finished_text(session, tail, self._ending(session), poll=True), data)
+            ending = self._ending(session)
+            data["note"] = f"{self.profile.of(session)}: {ending}"
+            if session.output[Stream.COMBINED].size > len(tail.encode()):
+                data["next"] = f"process log sessionId={session.id}"
+            return ToolResult(self.profile.finished_text(session, tail, ending, poll=True), data)
         if outcome.reason == "pattern":
             head = f"[pattern matched: {outcome.match!r}; session still {self.profile.of(session)}]"
         else:
             head = f"[still running after {timeout_ms} ms; wait again or poll]"
+        data |= {"note": head[1:-1], "next": self._next_for_running(session)}
         return ToolResult(f"{tail}\n{head}" if tail else head, data)
 
 
@@ -688,6 +713,20 @@ _NOT_FOUND = re.compile(
 
 def _weaker_note(data: Mapping[str, Any]) -> str:
     return f"\n[weaker box: {data['weakerBox']}]" if "weakerBox" in data else ""
+
+
+_ROW_CHARS = 600  # a list row's structured fields but its command and cwd, as JSON
+
+
+def _within_budget(sessions: list[Session], budget: int) -> list[Session]:
+    """The first of ``sessions`` whose list rows fit one result's budget (at least one): a row is
+    counted by its command and cwd, without rendering it."""
+    spent = 0
+    for count, session in enumerate(sessions):
+        spent += _ROW_CHARS + len(session.command) + len(str(session.spec.cwd or ""))
+        if spent > budget and count:
+            return sessions[:count]
+    return sessions
 
 
 def _noting_loss(session: Session, result: ToolResult) -> ToolResult:

@@ -9,7 +9,7 @@ error. Works in both protocol eras the SDK speaks (legacy initialize, and 2026-0
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -18,14 +18,19 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from procpilot import wire
 from procpilot.contract import ToolResult, ToolSpec
+from procpilot.faces.definitions import RESULT_SCHEMA
+from procpilot.faces.exit_notices import exit_line
 
-__all__ = ["build_mcp_server", "to_call_result"]
+__all__ = ["build_mcp_server", "exit_notification", "to_call_result"]
 
 _INSTRUCTIONS = (
     "procpilot runs shell commands for you. Use exec for a command; if it is still running after "
     "yieldMs it continues in the background and you get a sessionId. Prefer process wait (blocks "
-    "until exit or a pattern) over repeated polls. Exits are announced as updates of the resource "
-    "proc://{sessionId}: on MCP 2026-07-28 only to a client that called subscriptions/listen."
+    "until exit or a pattern) over repeated polls. A background session's exit heads your next "
+    "result of any procpilot tool (a line, and the structured exits list) unless a result already "
+    "showed it ended. Output past the result budget is cut in the middle; the marker there names "
+    "the process log call that reads what was cut. The daemon also announces exits as updates of "
+    "the resource proc://{sessionId}: on MCP 2026-07-28 only to a client that called subscriptions/listen."
 )
 
 
@@ -37,6 +42,16 @@ def to_call_result(result: ToolResult) -> CallToolResult:
         structured_content=json.loads(wire.dumps(result.data)),
         is_error=result.is_error,
     )
+
+
+def exit_notification(notice: Mapping[str, Any]) -> dict[str, Any]:
+    """A session's exit as an MCP log notification (``notifications/message``): the one
+    server-to-client message every client era takes unasked; ``data`` is the exit as the
+    structured ``exits`` list holds it, plus its text line."""
+    return {
+        "method": "notifications/message",
+        "params": {"level": "notice", "logger": "procpilot/exit", "data": {**notice, "text": exit_line(notice)}},
+    }
 
 
 ScopeSource = str | Callable[[], str]
@@ -67,7 +82,9 @@ def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
         annotations=ToolAnnotations(title=spec.name, destructive_hint=spec.tier.value != "autonomous"),
         meta={"procpilot/permission": spec.tier.value, **spec.meta},
     )
-    return tool.model_copy(update={"parameters": spec.input_schema()})
+    # The open result schema: clients that show the structured content learn the fields there.
+    metadata = tool.fn_metadata.model_copy(update={"output_schema": RESULT_SCHEMA})
+    return tool.model_copy(update={"parameters": spec.input_schema(), "fn_metadata": metadata})
 
 
 def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str = "procpilot") -> MCPServer:

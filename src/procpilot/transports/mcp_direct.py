@@ -83,6 +83,13 @@ class DirectCalls:
         """Whether calls can be answered here (after that, ``saw_reply`` has nothing to learn)."""
         return (self._version is not None and self._initialized) or self._envelope is not None
 
+    @property
+    def handshake_era(self) -> bool:
+        """Whether the connection speaks a handshake-era version and is initialized: the eras in
+        which a server may send a log notification unasked (2026-07-28 allows one only on a
+        request that opted in)."""
+        return self._version is not None and self._initialized
+
     def take(self, line: bytes) -> bool:
         """Whether ``line`` was dealt with here (a call started, or a cancel of one); if not,
         it goes to the SDK as it is."""

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
-from procpilot.transports.mcp import build_mcp_server
+from procpilot.faces.exit_notices import ExitNotices
+from procpilot.transports.mcp import build_mcp_server, exit_notification
 from procpilot.transports.serve import (
     audit_file,
     bind_listeners,
@@ -52,11 +53,22 @@ async def serve_mcp(
 
 
 async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, keep_sessions: bool) -> None:
-    from procpilot.transports.mcp_stdio import serve_stdio
+    from procpilot.transports.mcp_stdio import Notification, serve_stdio
 
+    # Exits are told twice over stdio: pushed as a log notification while the connection is
+    # open, and named at the top of the agent's next result (what most clients show a model).
+    notices = ExitNotices(sup)
+    tools = [notices.wrap(spec) for spec in tools]
     server = build_mcp_server(tools, scope=agent)
     direct = {spec.name: functools.partial(spec.call, scope=agent) for spec in tools}
-    await serve_until_signal(sup, lambda: serve_stdio(server, direct), keep=keep_sessions)
+
+    def pushes(deliver: Callable[[Notification], None]) -> Callable[[], None]:
+        return notices.listen(lambda scope, notice: deliver(exit_notification(notice)) if scope == agent else None)
+
+    try:
+        await serve_until_signal(sup, lambda: serve_stdio(server, direct, pushes=pushes), keep=keep_sessions)
+    finally:
+        notices.close()
 
 
 async def _serve_http(
@@ -73,7 +85,8 @@ async def _serve_http(
     from procpilot.transports.connections import guarded_h11
     from procpilot.transports.http import guarded_mcp_app, request_agent
 
-    server = build_mcp_server(tools, scope=request_agent)
+    notices = ExitNotices(sup)
+    server = build_mcp_server([notices.wrap(spec) for spec in tools], scope=request_agent)
     # The daemon's own binding (listening before the URL is announced, so a client that reads it
     # can connect at once) and its uvicorn, which leaves signals to us.
     sockets, address = bind_listeners(settings.server.model_copy(update={"port": port, "unix_socket": None}), tcp=True)
@@ -85,5 +98,6 @@ async def _serve_http(
         stop = functools.partial(setattr, uvicorn_, "should_exit", True)
         await serve_until_signal(sup, functools.partial(uvicorn_.serve, sockets=sockets), stop, keep=keep_sessions)
     finally:
+        notices.close()
         for listener in sockets:
             listener.close()

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import stat
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -54,9 +55,18 @@ def stdio_is_pipe() -> bool:
     return all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in modes)
 
 
-async def serve_stdio(server: Any, tools: Mapping[str, ToolCaller] | None = None) -> None:
+# A notification pushed to the client: its JSON-RPC message (method and params).
+Notification = dict[str, Any]
+Subscribe = Callable[[Callable[[Notification], None]], Callable[[], None]]
+_PUSH_QUEUE = 256  # notifications waiting for a slow client; past it they are dropped (results still tell)
+
+
+async def serve_stdio(
+    server: Any, tools: Mapping[str, ToolCaller] | None = None, *, pushes: Subscribe | None = None
+) -> None:
     """Run an ``MCPServer`` on this process's stdin and stdout until the client closes stdin;
-    calls of ``tools`` (the server's own tools, by name) are answered without its dispatch."""
+    calls of ``tools`` (the server's own tools, by name) are answered without its dispatch, and
+    what ``pushes`` delivers is written to the client as notifications once it is initialized."""
     if not stdio_is_pipe():
         await server.run_stdio_async()
         return
@@ -69,6 +79,8 @@ async def serve_stdio(server: Any, tools: Mapping[str, ToolCaller] | None = None
             direct = DirectCalls(tools, replies.send, tg.start_soon) if tools else None
             tg.start_soon(_read_lines, wire_in, read_writer, direct, replies)
             tg.start_soon(_forward_replies, write_reader, replies, direct)
+            if pushes is not None and direct is not None:
+                tg.start_soon(_push, pushes, replies, direct)
             await low.run(read_stream, write_stream, low.create_initialization_options())
             tg.cancel_scope.cancel()
 
@@ -176,6 +188,28 @@ class _Replies:
                     await _ready(self._fd, write=True)  # the client reads slowly: wait, holding one reply only
                 except BrokenPipeError:
                     self._gone = True  # the client is gone; the read side ends the server
+
+
+async def _push(subscribe: Subscribe, replies: _Replies, direct: DirectCalls) -> None:
+    """Write each notification ``subscribe`` delivers to a handshake-era client once it has
+    initialized (before that it may not take one; a 2026-07-28 client takes log notifications
+    only on requests that opted in, so it hears exits from results); one that finds the queue
+    full is dropped."""
+    queue: asyncio.Queue[Notification] = asyncio.Queue(_PUSH_QUEUE)
+
+    def put(message: Notification) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            queue.put_nowait(message)
+
+    unsubscribe = subscribe(put)
+    try:
+        while True:
+            message = await queue.get()
+            if direct.handshake_era:
+                line = json.dumps({"jsonrpc": "2.0", **message}, ensure_ascii=False, separators=(",", ":"), default=str)
+                await replies.send(line.encode() + b"\n")
+    finally:
+        unsubscribe()
 
 
 async def _forward_replies(source: Any, replies: _Replies, direct: DirectCalls | None) -> None:

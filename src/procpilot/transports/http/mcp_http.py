@@ -18,6 +18,7 @@ from procpilot.contract import ToolSpec
 from procpilot.engine.session import ExitInfo
 from procpilot.errors import SessionNotFound, TooManyConnections
 from procpilot.faces.exec_process import session_resource
+from procpilot.faces.exit_notices import ExitNotices
 from procpilot.transports.http import mcp_sdk
 from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
 from procpilot.transports.http.common import (
@@ -101,7 +102,10 @@ class _McpFace:
         self.bus = _ScopedBus(self._missed)
         self._legacy: dict[str, list[tuple[str, Any]]] = {}
         self._legacy_prune_at = 256
-        wrapped = [self._wrap(spec) for spec in tools]
+        # Every exit the agent was not told of heads its next result, whatever the client
+        # listens to (an SDK client in its default mode listens to nothing unasked).
+        self.notices = ExitNotices(daemon.sup)
+        wrapped = [self._wrap(self.notices.wrap(spec)) for spec in tools]
         self.server = build_mcp_server(wrapped, scope=_agent)
         low = mcp_sdk.lowlevel_server(self.server)
         # The SDK's own bus fans out by URI only; ours also checks the listener's agent.
