@@ -29,8 +29,11 @@ _INSTRUCTIONS = (
 
 
 def to_call_result(result: ToolResult) -> CallToolResult:
+    content = [TextContent(type="text", text=result.text)]
+    if not result.structured:  # not even a null: the field is left unset, so it is not written
+        return CallToolResult(content=content, is_error=result.is_error)
     return CallToolResult(
-        content=[TextContent(type="text", text=result.text)],
+        content=content,
         structured_content=json.loads(json.dumps(result.data, default=str)),
         is_error=result.is_error,
     )

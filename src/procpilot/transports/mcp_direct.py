@@ -186,11 +186,10 @@ async def _reply(call: _Call) -> bytes:
         _log.exception("Tool raised an unexpected exception")
         wire: dict[str, Any] = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
     else:
-        wire = {
-            "content": [{"type": "text", "text": result.text}],
-            "structuredContent": result.data,
-            "isError": result.is_error,
-        }
+        wire = {"content": [{"type": "text", "text": result.text}]}
+        if result.structured:  # a text-only result has none, as the SDK writes it
+            wire["structuredContent"] = result.data
+        wire["isError"] = result.is_error
     if call.version == MODERN:
         wire |= {"resultType": "complete", "_meta": {_STAMP_KEY: call.stamp}}
     message = {"jsonrpc": "2.0", "id": call.request_id, "result": wire}
