@@ -60,6 +60,7 @@ _OUTPUT_LIMIT_MOST = 150_000  # what Claude Code lets BASH_MAX_OUTPUT_LENGTH rai
 _TASK_OUTPUT_TAIL = 32_000
 _TASKS_KEPT = 256  # per agent; the oldest ended task is forgotten past that (its session stays)
 _ID_CHARS = string.digits + string.ascii_lowercase
+_MERGED = "exec 2>&1; "
 _FILTER_SCAN = 0.5  # s a filter may take over one result (catastrophic backtracking)
 
 BASH_DESCRIPTION = (
@@ -125,8 +126,7 @@ class _Task:
     summary: str  # the description, else the command: how the notification names it
     notified: bool = False  # the model has been told (or has seen) how it ended
     stopped: bool = False  # TaskStop ended it
-    read_out: int = 0  # BashOutput's cursors: where its last read of each stream ended
-    read_err: int = 0
+    read: int = 0  # where BashOutput's last read of the output ended
 
 
 def cut_middle(text: str, limit: int) -> str:
@@ -229,7 +229,8 @@ class ClaudeFace:
             )
         check_os_string("command", params.command)
         spec = SpawnSpec(
-            command=(default_shell(), "-c", params.command),
+            # One pipe for both streams, as Claude Code has it: two pipes read apart can swap lines.
+            command=(default_shell(), "-c", _MERGED + params.command),
             workspace=self.sup.settings.workspace_root,
             timeout=None if params.run_in_background else (timeout / 1000 or None),
             stdin="null",  # Claude Code's commands get no input
@@ -323,19 +324,17 @@ class ClaudeFace:
             parts = [f"<status>{_status(task)}</status>"]
             if session.finished and (code := exit_code(session)) is not None:
                 parts.append(f"<exit_code>{code}</exit_code>")
-            out, task.read_out = await self._new(session, Stream.STDOUT, task.read_out)
-            err, task.read_err = await self._new(session, Stream.STDERR, task.read_err)
-            for tag, new in (("stdout", out), ("stderr", err)):
-                shown = new if matcher is None else _kept_lines(matcher, new)
-                if shown:
-                    parts.append(f"<{tag}>\n{shown.rstrip(chr(10))}\n</{tag}>")
+            new, task.read = await self._new(session, task.read)
+            shown = new if matcher is None else _kept_lines(matcher, new)
+            if shown:  # stderr is merged into it (see _MERGED): there is never a <stderr> part
+                parts.append(f"<stdout>\n{shown.rstrip(chr(10))}\n</stdout>")
             parts.append(f"<timestamp>{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}</timestamp>")
             return self._told(scope, ToolResult("\n\n".join(parts), {"sessionId": session.id}, structured=False))
         except ProcpilotError as exc:
             return self._told_of_errors(scope, exc)
 
-    async def _new(self, session: Session, stream: Stream, start: int) -> tuple[str, int]:
-        raw = await read_bytes(session, start, session.output[stream].size)
+    async def _new(self, session: Session, start: int) -> tuple[str, int]:
+        raw = await read_bytes(session, start, session.output[Stream.COMBINED].size)
         if not session.finished:
             raw = raw[: complete_utf8_prefix(raw)]
         return _decode(raw), start + len(raw)
