@@ -60,9 +60,12 @@ async def test_the_timeout_is_bounded_and_ends_the_command(claude: Connect) -> N
 
 
 async def test_output_past_30000_characters_keeps_the_head_and_the_tail(claude: Connect) -> None:
+    twice = "head -c {0} /dev/zero | tr '\\0' a; head -c {0} /dev/zero | tr '\\0' b; echo"
     async with claude() as client:
-        text, _ = await call(client, "Bash", command="printf 'a%.0s' $(seq 20000); printf 'b%.0s' $(seq 20000)")
-    assert text == "a" * 15_000 + "\n\n... [10000 characters, 1 lines truncated] ...\n\n" + "b" * 15_000
+        text, _ = await call(client, "Bash", command=twice.format(20_000))
+        assert text == "a" * 15_000 + "\n\n... [10000 characters, 1 lines truncated] ...\n\n" + "b" * 15_000
+        text, _ = await call(client, "Bash", command=twice.format(100_000))  # only its ends are read
+        assert text == "a" * 15_000 + "\n\n... [170000 characters, 1 lines truncated] ...\n\n" + "b" * 15_000
 
 
 async def test_a_background_task_is_read_with_task_output_blocking_or_not(claude: Connect, sup: Supervisor) -> None:

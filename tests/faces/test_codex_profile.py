@@ -122,6 +122,10 @@ async def test_output_past_the_budget_keeps_head_and_tail_with_codexs_marker(cod
         f"{raw[:100].decode()}…{cut} tokens truncated…{raw[-100:].decode()}"
     )
     assert parts(text)[1] == expected
+    async with codex() as client:  # just past the budget: the tail reaches back into the first half
+        text, _ = await call(client, "exec_command", cmd="printf '%0250d' 0", max_output_tokens=50)
+    expected = "Total output lines: 1\n\n" + "0" * 100 + "…13 tokens truncated…" + "0" * 100
+    assert parts(text)[1] == f"Process exited with code 0\nOriginal token count: 63\nOutput:\n{expected}"
 
 
 async def test_workdir_is_relative_to_the_workspace_and_kept_inside_it(codex: Connect, workspace: Path) -> None:

@@ -40,7 +40,7 @@ from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, ProcpilotError, SessionNotFound, SessionStateError
-from procpilot.faces.harness import default_shell, exit_code, first_log_file, read_bytes
+from procpilot.faces.harness import default_shell, exit_code, first_log_file, read_bytes, scan
 from procpilot.render import complete_utf8_prefix
 
 __all__ = [
@@ -135,8 +135,11 @@ def cut_middle(text: str, limit: int) -> str:
         return text
     head, tail = text[: limit // 2], text[len(text) - (limit - limit // 2) :]
     middle = text[len(head) : len(text) - len(tail)]
-    lines = middle.count("\n") + 1
-    return f"{head}\n\n... [{len(middle)} characters, {lines} lines truncated] ...\n\n{tail}"
+    return _marked(head, len(middle), middle.count("\n") + 1, tail)
+
+
+def _marked(head: str, chars: int, lines: int, tail: str) -> str:
+    return f"{head}\n\n... [{chars} characters, {lines} lines truncated] ...\n\n{tail}"
 
 
 def _decode(raw: bytes) -> str:
@@ -247,8 +250,8 @@ class ClaudeFace:
         session = await self.sup.run(spec, scope=scope, yield_ms=None)
         if session.state is SessionState.FAILED_TO_START:
             raise ProcpilotError(f"Command failed to start: {session.error}")
-        output = _decode(await read_bytes(session, 0, session.output[Stream.COMBINED].size)).rstrip("\n")
-        lines = [cut_middle(output, self._limit)] if output else []
+        output = await self._output(session)
+        lines = [output] if output else []
         if session.state is SessionState.TIMED_OUT:
             lines.append(f"Command timed out after {timeout} ms")
         code = exit_code(session)
@@ -256,6 +259,26 @@ class ClaudeFace:
             return ToolResult("\n".join(lines), {"sessionId": session.id}, structured=False)
         text = "\n".join([f"Exit code {code}", *lines])
         return ToolResult(text, {"sessionId": session.id}, is_error=True, structured=False)
+
+    async def _output(self, session: Session) -> str:
+        """The whole output, trailing newlines dropped, within the limit (``cut_middle``); only
+        the head and the tail of a long one are read (a log may hold 64 MiB)."""
+        limit = self._limit
+        keep_head, keep_tail = limit // 2, limit - limit // 2
+        # 4 bytes a character at most: these windows hold the characters shown, whatever they are.
+        chunk = await scan(session, 0, session.output[Stream.COMBINED].size, head=keep_head * 4, tail=limit * 4)
+        if chunk.whole:
+            return cut_middle(_decode(chunk.head + chunk.tail).rstrip("\n"), limit)
+        head = _decode(chunk.head)[:keep_head]
+        skip = 0
+        while skip < len(chunk.tail) and 0x80 <= chunk.tail[skip] <= 0xBF:
+            skip += 1  # never half a character
+        last = _decode(chunk.tail[skip:])
+        trailing = len(last) - len(last.rstrip("\n"))
+        tail = last[: len(last) - trailing][-keep_tail:]
+        chars = chunk.chars - trailing - len(head) - len(tail)
+        lines = chunk.newlines - trailing - head.count("\n") - tail.count("\n") + 1
+        return _marked(head, chars, lines, tail)
 
     def _add(self, scope: str, session: Session, command: str, summary: str) -> str:
         table = self._table(scope)

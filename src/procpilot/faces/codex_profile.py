@@ -24,7 +24,7 @@ import secrets
 import signal
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -39,10 +39,10 @@ from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ProcpilotError, StdinClosed
-from procpilot.faces.harness import default_shell, exit_code, read_bytes
+from procpilot.faces.harness import Chunk, default_shell, exit_code, read_bytes, scan
 from procpilot.render import complete_utf8_prefix
 
-__all__ = ["CODEX_ENV", "ExecCommandParams", "WriteStdinParams", "codex_tools", "truncate_middle"]
+__all__ = ["CODEX_ENV", "ExecCommandParams", "WriteStdinParams", "codex_tools", "scan_for", "truncate_middle"]
 
 # The environment Codex gives every command: no colour, no pager, UTF-8.
 CODEX_ENV: Mapping[str, str] = MappingProxyType(
@@ -148,21 +148,29 @@ class _Table:
         return process_id
 
 
-def truncate_middle(raw: bytes, max_tokens: int) -> str:
-    """``raw`` decoded, cut to 4 bytes a token of ``max_tokens`` as Codex cuts it: the line count, a blank
-    line, the head (half the budget), ``…K tokens truncated…`` and the tail."""
+def truncate_middle(chunk: Chunk, max_tokens: int) -> str:
+    """The chunk decoded, cut to 4 bytes a token of ``max_tokens`` as Codex cuts it: the line
+    count, a blank line, the head (half the budget), ``…K tokens truncated…`` and the tail.
+    ``chunk`` must hold the first half and the last ``budget`` bytes (``scan_for``)."""
     budget = max_tokens * 4
-    if len(raw) <= budget:
-        return raw.decode("utf-8", "replace")
-    lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
+    if chunk.size <= budget:
+        return (chunk.head + chunk.tail).decode("utf-8", "replace")
+    lines = chunk.newlines + (0 if (chunk.tail or chunk.head).endswith(b"\n") else 1)
     half = budget // 2
-    head = raw[: complete_utf8_prefix(raw[:half])]
-    tail_start = len(raw) - (budget - half)
-    while tail_start < len(raw) and 0x80 <= raw[tail_start] <= 0xBF:
-        tail_start += 1  # never half a character
-    cut = -(-(len(raw) - budget) // 4)
-    body = head.decode("utf-8", "replace") + f"…{cut} tokens truncated…" + raw[tail_start:].decode("utf-8", "replace")
+    head = chunk.head[: complete_utf8_prefix(chunk.head[:half])]
+    last = chunk.tail[len(chunk.tail) - (budget - half) :] if budget > half else b""
+    skip = 0
+    while skip < len(last) and 0x80 <= last[skip] <= 0xBF:
+        skip += 1  # never half a character
+    cut = -(-(chunk.size - budget) // 4)
+    body = f"{head.decode('utf-8', 'replace')}…{cut} tokens truncated…{last[skip:].decode('utf-8', 'replace')}"
     return f"Total output lines: {lines}\n\n{body}"
+
+
+def scan_for(session: Session, start: int, end: int, max_tokens: int) -> Awaitable[Chunk]:
+    """What ``truncate_middle`` needs of bytes ``[start, end)``."""
+    budget = max_tokens * 4
+    return scan(session, start, end, head=budget // 2, tail=budget)
 
 
 def _clamp(value: int | None, bounds: tuple[int, int, int]) -> int:
@@ -262,19 +270,20 @@ class CodexFace:
     async def _answer(
         self, session: Session, start: int, end: int, started: float, process_id: int | None, tokens: int | None
     ) -> ToolResult:
-        raw = await read_bytes(session, start, end)
-        if not session.finished and (keep := complete_utf8_prefix(raw)) < len(raw):
+        if not session.finished and end > start:
             # A character split across two calls is shown whole by the next one.
-            raw = raw[:keep]
+            last = await read_bytes(session, max(start, end - 3), end)
+            end -= len(last) - complete_utf8_prefix(last)
             if process_id is not None and (entry := self._table(session.scope).entries.get(process_id)):
-                entry.cursor = start + keep
+                entry.cursor = end
         budget = min(_DEFAULT_TOKENS if tokens is None else tokens, self._max_tokens)
+        chunk = await scan_for(session, start, end, budget)
         lines = [f"Chunk ID: {secrets.token_hex(3)}", f"Wall time: {time.monotonic() - started:.4f} seconds"]
         if session.finished:
             lines.append(f"Process exited with code {exit_code(session)}")
         else:
             lines.append(f"Process running with session ID {process_id}")
-        lines += [f"Original token count: {-(-len(raw) // 4)}", "Output:", truncate_middle(raw, budget)]
+        lines += [f"Original token count: {-(-chunk.size // 4)}", "Output:", truncate_middle(chunk, budget)]
         return ToolResult("\n".join(lines), {"sessionId": session.id}, structured=False)
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import pwd
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from procpilot.engine.capture import Stream
 from procpilot.engine.session import Session
 
-__all__ = ["default_shell", "exit_code", "first_log_file", "read_bytes"]
+__all__ = ["Chunk", "default_shell", "exit_code", "first_log_file", "read_bytes", "scan"]
 
 _PIECE = 1 << 20  # a read of the log, so a long chunk is never one allocation from a single read
 
@@ -42,6 +43,49 @@ def exit_code(session: Session) -> int | None:
         return 128 + signal.Signals[session.exit_signal].value
     except KeyError:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Bytes ``[start, end)`` of a view as a long result needs them, read once and never held
+    whole: the first ``head`` bytes, the last ``tail`` bytes after those, and counts over every
+    byte. ``whole``: nothing lies between the two (the bytes are ``head + tail``)."""
+
+    size: int
+    newlines: int
+    chars: int  # UTF-8 characters: every byte that does not continue one
+    head: bytes
+    tail: bytes
+
+    @property
+    def whole(self) -> bool:
+        return len(self.head) + len(self.tail) == self.size
+
+
+async def scan(session: Session, start: int, end: int, head: int, tail: int) -> Chunk:
+    """The combined output's bytes ``[start, end)`` as a :class:`Chunk`: memory stays within
+    ``head + tail`` and a piece however much the process wrote (the log may hold 64 MiB)."""
+    kept_head = bytearray()
+    kept_tail = bytearray()
+    newlines = chars = size = 0
+    position = start
+    while position < end:
+        page = await session.page(Stream.COMBINED, position, min(_PIECE, end - position))
+        if page.end <= position:
+            break
+        data = page.data
+        position = page.end
+        size += len(data)
+        newlines += data.count(b"\n")
+        chars += len(data) - sum(data.count(bytes([b])) for b in range(0x80, 0xC0))
+        room = head - len(kept_head)
+        if room > 0:
+            kept_head += data[:room]
+            data = data[room:]
+        if data and tail:
+            kept_tail += data
+            del kept_tail[: max(0, len(kept_tail) - tail)]
+    return Chunk(size, newlines, chars, bytes(kept_head), bytes(kept_tail))
 
 
 async def read_bytes(session: Session, start: int, end: int, stream: Stream = Stream.COMBINED) -> bytes:
