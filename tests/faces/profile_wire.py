@@ -60,9 +60,12 @@ class StdioServer:
         )
         args = [str(Path(sys.executable).parent / "procpilot"), "mcp", "--agent", "t", "--profile", profile]
         self.server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+    def handshake(self) -> None:
         hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello})
-        assert "result" in self.reply()
+        # The model is given its harness's own tools: no instructions speak of exec or process.
+        assert "instructions" not in self.reply()["result"]
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     def send(self, message: dict[str, Any]) -> None:
@@ -94,6 +97,7 @@ def assert_text_only_on_both_paths(tmp_path: Path, profile: str, tool: str, argu
     keeps it there): no output schema, no structured content either way. Returns both texts."""
     server = StdioServer(tmp_path, profile)
     try:
+        server.handshake()
         listed = server.request(1, "tools/list", {})["tools"]
         mine = [t for t in listed if not t["name"].startswith("process.")]
         assert mine and all("outputSchema" not in t for t in mine)

@@ -75,7 +75,8 @@ def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str
     that tells the caller's agent for the current request (HTTP, where the bearer token decides)."""
     return MCPServer(
         name,
-        instructions=_INSTRUCTIONS,
+        # A harness profile's tools (text only) are the model's own: no word of exec or process.
+        instructions=None if any(spec.text_only for spec in tools) else _INSTRUCTIONS,
         version=_version(),
         tools=[_mcp_tool(spec, scope) for spec in tools],
     )
