@@ -280,7 +280,8 @@ class CodexFace:
         chunk = await scan_for(session, start, end, budget)
         lines = [f"Chunk ID: {secrets.token_hex(3)}", f"Wall time: {time.monotonic() - started:.4f} seconds"]
         if session.finished:
-            lines.append(f"Process exited with code {exit_code(session)}")
+            code = exit_code(session)
+            lines.append(f"Process exited with code {-1 if code is None else code}")  # -1: nobody saw how (lost)
         else:
             lines.append(f"Process running with session ID {process_id}")
         lines += [f"Original token count: {-(-chunk.size // 4)}", "Output:", truncate_middle(chunk, budget)]
