@@ -135,6 +135,8 @@ async def test_workdir_is_relative_to_the_workspace_and_kept_inside_it(codex: Co
         assert parts(text)[1].endswith(f"Output:\n{workspace.resolve()}/sub\n")
         text, err = await call(client, "exec_command", cmd="pwd", workdir="../..")
         assert err and text.startswith("exec_command failed for `pwd`: ") and "outside the workspace" in text
+        text, err = await call(client, "exec_command", cmd="true", shell="/no/such/shell")
+        assert (text, err) == ("exec_command failed for `true`: command not found: /no/such/shell", True)
 
 
 async def test_past_64_live_sessions_the_least_recently_used_is_pruned(codex: Connect, sup: Supervisor) -> None:

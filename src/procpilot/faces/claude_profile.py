@@ -39,7 +39,14 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument, InvalidPattern, ProcpilotError, SessionNotFound, SessionStateError
+from procpilot.errors import (
+    InvalidArgument,
+    InvalidPattern,
+    ProcpilotError,
+    SessionNotFound,
+    SessionStateError,
+    SpawnFailed,
+)
 from procpilot.faces.harness import default_shell, exit_code, first_log_file, read_bytes, scan
 from procpilot.render import complete_utf8_prefix
 
@@ -249,7 +256,7 @@ class ClaudeFace:
             return ToolResult(text, {"sessionId": session.id}, structured=False)
         session = await self.sup.run(spec, scope=scope, yield_ms=None)
         if session.state is SessionState.FAILED_TO_START:
-            raise ProcpilotError(f"Command failed to start: {session.error}")
+            raise SpawnFailed(f"Command failed to start: {session.error}")
         output = await self._output(session)
         lines = [output] if output else []
         if session.state is SessionState.TIMED_OUT:
