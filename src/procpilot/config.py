@@ -110,8 +110,10 @@ class ExecSettings(BaseModel):
     pty_cols: Annotated[int, Field(strict=True, ge=1, le=1000)] = 120
     pty_rows: Annotated[int, Field(strict=True, ge=1, le=1000)] = 30
     # "openclaw": the exec/process tools behave as OpenClaw's do where ours differ
-    # (faces/openclaw_profile.py holds every difference).
-    profile: Literal["procpilot", "openclaw"] = "procpilot"
+    # (faces/openclaw_profile.py holds every difference). "codex" and "claude": Codex CLI's
+    # exec_command/write_stdin or Claude Code's Bash/TaskOutput/TaskStop take their place
+    # (faces/codex_profile.py, faces/claude_profile.py).
+    profile: Literal["procpilot", "openclaw", "codex", "claude"] = "procpilot"
     # Refuse python/node scripts holding shell syntax ($VAR) before they run; None: the profile's choice.
     script_preflight: _Bool | None = None
     # The restart policy of background runs that do not give one; a restart waits restart_backoff_ms,

@@ -45,11 +45,17 @@ class PermissionTier(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """``text`` for the model, ``data`` as structured content; ``is_error`` for typed failures."""
+    """``text`` for the model, ``data`` as structured content; ``is_error`` for typed failures.
+
+    ``structured=False``: the text is the whole result, and a transport sends no structured form
+    of it (an MCP client that shows ``structuredContent`` in place of the text, as Claude Code and
+    Codex do, would otherwise hide the text); ``data`` stays for the audit and REST.
+    """
 
     text: str
     data: dict[str, Any]
     is_error: bool = False
+    structured: bool = True
 
 
 Handler = Callable[[Mapping[str, Any], str], Awaitable[ToolResult]]
@@ -63,6 +69,9 @@ class ToolSpec:
     handler: Handler
     tier: PermissionTier = PermissionTier.AUTONOMOUS
     meta: dict[str, Any] = field(default_factory=dict)
+    # Every result of this tool is its text alone (a harness profile's tools: faces/codex_profile.py,
+    # faces/claude_profile.py), the policy gate's refusals included.
+    text_only: bool = False
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema()
@@ -75,14 +84,17 @@ class ToolSpec:
         gets the traceback. Cancellation is not an error and passes through.
         """
         try:
-            return await self.handler(arguments, scope)
+            result = await self.handler(arguments, scope)
         except ProcpilotError as exc:
-            return error_result(exc)
+            result = error_result(exc)
         except Exception as exc:
             _log.exception("tool %s failed (scope %s)", self.name, scope)
-            return error_result(
+            result = error_result(
                 InternalError(f"the {self.name} tool failed unexpectedly ({type(exc).__name__})", tool=self.name)
             )
+        if self.text_only and result.structured:
+            result = ToolResult(result.text, result.data, result.is_error, structured=False)
+        return result
 
 
 def error_result(exc: ProcpilotError) -> ToolResult:
@@ -213,6 +225,7 @@ class AuditEvent:
     arguments: dict[str, Any] | None = None  # as an audit trail keeps them (audit_arguments)
     duration_ms: int | None = None
     state: str | None = None  # the session's state after the call, where the result says
+
 
 ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches
 

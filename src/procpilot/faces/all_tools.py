@@ -11,6 +11,8 @@ from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ConfigError
 from procpilot.faces.capabilities import capability_tools
+from procpilot.faces.claude_profile import claude_tools
+from procpilot.faces.codex_profile import codex_tools
 from procpilot.faces.definitions import Format, tool_definitions, wire_name
 from procpilot.faces.exec_process import exec_process_tools
 
@@ -18,16 +20,27 @@ __all__ = ["all_tools", "definitions_json", "served"]
 
 
 def all_tools(supervisor: Supervisor, *, audit: bool = True, notifies_exit: bool | None = None) -> list[ToolSpec]:
-    """``exec`` + ``process`` (specs 001/002/004) and ``process.*`` (spec 000), over one supervisor.
+    """``exec`` + ``process`` (specs 001/002/004), or the profile's shell tools in their place,
+    and ``process.*`` (spec 000), over one supervisor.
 
     ``audit=False`` leaves the Notify-tier audit events to a wrapper that publishes its own (the
     policy gate), so none is published twice. ``notifies_exit`` is whether the transport announces
     session exits to its clients (see ``exec_process_tools``).
     """
     return [
-        *exec_process_tools(supervisor, notifies_exit=notifies_exit),
+        *_shell_tools(supervisor, notifies_exit),
         *capability_tools(supervisor, audit=audit),
     ]
+
+
+def _shell_tools(supervisor: Supervisor, notifies_exit: bool | None) -> list[ToolSpec]:
+    """The agent's shell tools: exec + process, or a harness's own in their place (the profile)."""
+    profile = supervisor.settings.exec.profile
+    if profile == "codex":
+        return codex_tools(supervisor)
+    if profile == "claude":
+        return claude_tools(supervisor)
+    return exec_process_tools(supervisor, notifies_exit=notifies_exit)
 
 
 def definitions_json(fmt: Format, settings: Settings | None = None) -> str:

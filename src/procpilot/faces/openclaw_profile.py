@@ -223,4 +223,6 @@ _PROFILES = {p.name: p for p in (PROCPILOT, OPENCLAW)}
 
 
 def profile_for(settings: Settings) -> Profile:
-    return _PROFILES[settings.exec.profile]
+    # codex and claude replace the exec face's tools; what it still says (exit events, proc://
+    # resources) stays in our vocabulary.
+    return _PROFILES.get(settings.exec.profile, PROCPILOT)

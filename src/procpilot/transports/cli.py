@@ -55,7 +55,11 @@ _ToolsOption = Annotated[
 
 _ProfileOption = Annotated[
     str | None,
-    typer.Option("--profile", help="openclaw: the exec/process tools answer as OpenClaw's do ([tools.exec] profile)."),
+    typer.Option(
+        "--profile",
+        help="openclaw: exec/process answer as OpenClaw's do; codex / claude: Codex CLI's or Claude Code's "
+        "shell tools in their place ([tools.exec] profile).",
+    ),
 ]
 
 

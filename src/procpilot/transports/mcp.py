@@ -37,8 +37,11 @@ _INSTRUCTIONS = (
 def to_call_result(result: ToolResult) -> CallToolResult:
     # Through wire: the SDK writes the result with pydantic, which raises on a lone surrogate
     # (a file name decoded with surrogateescape, an agent's text quoted in an error).
+    content = [TextContent(type="text", text=wire.text(result.text))]
+    if not result.structured:  # not even a null: the field is left unset, so it is not written
+        return CallToolResult(content=content, is_error=result.is_error)
     return CallToolResult(
-        content=[TextContent(type="text", text=wire.text(result.text))],
+        content=content,
         structured_content=json.loads(wire.dumps(result.data)),
         is_error=result.is_error,
     )
@@ -92,7 +95,8 @@ def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str
     that tells the caller's agent for the current request (HTTP, where the bearer token decides)."""
     return MCPServer(
         name,
-        instructions=_INSTRUCTIONS,
+        # A harness profile's tools (text only) are the model's own: no word of exec or process.
+        instructions=None if any(spec.text_only for spec in tools) else _INSTRUCTIONS,
         version=_version(),
         tools=[_mcp_tool(spec, scope) for spec in tools],
     )

@@ -199,11 +199,10 @@ async def _reply(call: _Call) -> bytes:
         _log.exception("Tool raised an unexpected exception")
         result_json: dict[str, Any] = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
     else:
-        result_json = {
-            "content": [{"type": "text", "text": result.text}],
-            "structuredContent": result.data,
-            "isError": result.is_error,
-        }
+        result_json = {"content": [{"type": "text", "text": result.text}]}
+        if result.structured:  # a text-only result has none, as the SDK writes it
+            result_json["structuredContent"] = result.data
+        result_json["isError"] = result.is_error
     if call.version == MODERN:
         result_json |= {"resultType": "complete", "_meta": {_STAMP_KEY: call.stamp}}
     message = {"jsonrpc": "2.0", "id": call.request_id, "result": result_json}
