@@ -108,7 +108,12 @@ class ExitNotices:
         return [n for n in queue if n["sessionId"] not in told], dropped
 
     def wrap(self, spec: ToolSpec) -> ToolSpec:
-        """``spec`` whose every result (errors too) names, at its top, the exits not yet told."""
+        """``spec`` whose every result (errors too) names, at its top, the exits not yet told.
+
+        A text-only tool (the codex and claude profiles) is left as it is: its text is exactly its
+        harness's, which tells exits in its own words (Claude Code's task notifications)."""
+        if spec.text_only:
+            return spec
         inner = spec.handler
 
         async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
@@ -122,7 +127,7 @@ class ExitNotices:
             if dropped:
                 lines.append(f"[{dropped} more sessions ended; process list shows them all]")
             data = {"exits": notices, **({"exitsDropped": dropped} if dropped else {}), **result.data}
-            return ToolResult("\n".join(lines) + "\n" + result.text, data, result.is_error)
+            return dataclasses.replace(result, text="\n".join(lines) + "\n" + result.text, data=data)
 
         return dataclasses.replace(spec, handler=handler)
 
