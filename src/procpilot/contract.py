@@ -63,6 +63,9 @@ class ToolSpec:
     handler: Handler
     tier: PermissionTier = PermissionTier.AUTONOMOUS
     meta: dict[str, Any] = field(default_factory=dict)
+    # The input schema as served, when it is not the model's own: the strict form an OpenAI client
+    # gets (faces/all_tools.served), whose arguments the handler takes back to the model's shape.
+    wire_schema: Mapping[str, Any] | None = None
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema()

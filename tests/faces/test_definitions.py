@@ -14,7 +14,14 @@ from procpilot.config import Settings
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.all_tools import all_tools, definitions_json
-from procpilot.faces.definitions import find_tool, native_arguments, strict_schema, tool_definitions, wire_name
+from procpilot.faces.definitions import (
+    find_tool,
+    lean_schema,
+    native_arguments,
+    strict_schema,
+    tool_definitions,
+    wire_name,
+)
 from procpilot.transports.mcp import build_mcp_server
 
 ANTHROPIC_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -139,7 +146,7 @@ def test_openai_schema_keeps_the_meaning(tools: list[ToolSpec]) -> None:
     props = run["properties"]
     assert props["command"]["type"] == "string"  # required stays non-nullable
     assert props["timeout"]["type"] == ["integer", "null"]
-    assert "default: 300" in props["timeout"]["description"] and "maximum: 3600" in props["timeout"]["description"]
+    assert "300" in props["timeout"]["description"] and "3600" in props["timeout"]["description"]
     assert props["args"]["type"] == ["array", "null"] and props["args"]["items"] == {"type": "string"}
     env = props["environment"]
     assert env["type"] == ["array", "null"] and env["items"]["required"] == ["name", "value"]
@@ -246,7 +253,7 @@ def test_anthropic_definitions(tools: list[ToolSpec]) -> None:
     for definition, spec in zip(definitions, tools, strict=True):
         assert set(definition) == {"name", "description", "input_schema"}
         assert ANTHROPIC_NAME.match(definition["name"])
-        assert definition["input_schema"] == spec.input_schema()
+        assert definition["input_schema"] == lean_schema(spec.input_schema())
         assert definition["input_schema"]["type"] == "object"
 
 

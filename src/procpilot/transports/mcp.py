@@ -1,6 +1,7 @@
 """MCP transport: every ToolSpec as an MCP tool, on the official SDK's ``MCPServer``.
 
-The advertised input schema is the face's pydantic model, and the client's arguments reach the
+The advertised input schema is the face's pydantic model in its lean form (or the strict form
+chosen for OpenAI clients: faces/definitions.served_schema), and the client's arguments reach the
 face untouched, so validation (and its typed, hinted errors) stays with the face. A
 typed failure is an ``isError`` result naming the error; only a malformed request is a protocol
 error. Works in both protocol eras the SDK speaks (legacy initialize, and 2026-07-28).
@@ -17,15 +18,36 @@ from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from procpilot.contract import ToolResult, ToolSpec
+from procpilot.faces.definitions import served_schema
 
-__all__ = ["build_mcp_server", "to_call_result"]
+__all__ = ["build_mcp_server", "server_instructions", "to_call_result"]
 
-_INSTRUCTIONS = (
-    "procpilot runs shell commands for you. Use exec for a command; if it is still running after "
-    "yieldMs it continues in the background and you get a sessionId. Prefer process wait (blocks "
-    "until exit or a pattern) over repeated polls. Exits are announced as updates of the resource "
-    "proc://{sessionId}: on MCP 2026-07-28 only to a client that called subscriptions/listen."
+# The first 200 characters are what a client with a tool search shows a model (Claude Code and
+# Codex cut there): what the server is for, true for every client and every tool set.
+_PURPOSE = (
+    "procpilot runs shell commands and supervises long-running ones (dev servers, builds, watchers) "
+    "in the background: output kept on disk, whole process trees ended on kill or timeout."
 )
+_EXEC_GUIDE = (
+    " Use exec for a command; one still running after yieldMs goes on in the background with a "
+    "sessionId. Then process wait (until exit or a pattern) rather than repeated polls; process log "
+    "reads output a result cut."
+)
+_RUN_GUIDE = (
+    " Use process.run for a command (background=true for a long-running one), process.monitor and "
+    "process.logs to follow it, process.kill to end it."
+)
+
+
+def server_instructions(names: Sequence[str]) -> str:
+    """The server's instructions for a server of the tools ``names``: its purpose, then how to
+    use the tools it serves (never a tool it does not serve)."""
+    text = _PURPOSE
+    if "exec" in names:
+        text += _EXEC_GUIDE if "process" in names else " Use exec for a command; it returns when it ends."
+    elif any(name.replace("_", ".", 1) == "process.run" for name in names):
+        text += _RUN_GUIDE if "process.run" in names else _RUN_GUIDE.replace("process.", "process_")
+    return text
 
 
 def to_call_result(result: ToolResult) -> CallToolResult:
@@ -64,7 +86,7 @@ def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
         annotations=ToolAnnotations(title=spec.name, destructive_hint=spec.tier.value != "autonomous"),
         meta={"procpilot/permission": spec.tier.value, **spec.meta},
     )
-    return tool.model_copy(update={"parameters": spec.input_schema()})
+    return tool.model_copy(update={"parameters": served_schema(spec)})
 
 
 def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str = "procpilot") -> MCPServer:
@@ -72,7 +94,7 @@ def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str
     that tells the caller's agent for the current request (HTTP, where the bearer token decides)."""
     return MCPServer(
         name,
-        instructions=_INSTRUCTIONS,
+        instructions=server_instructions([spec.name for spec in tools]),
         version=_version(),
         tools=[_mcp_tool(spec, scope) for spec in tools],
     )
