@@ -110,12 +110,12 @@ class ExecParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="exec")
 
     command: str = Field(min_length=1, description="Shell command (/bin/sh -c).")
-    workdir: str | None = Field(None, description="Working directory in the workspace (default: its root).")
+    workdir: str | None = Field(None, description="Working directory (default: the workspace).")
     env: dict[str, str] | None = Field(None, description="Extra environment variables.")
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
         None,
         le=_MAX_COUNT,
-        description="ms before the run moves to the background (10-120000, default 10000).",
+        description="ms before it moves to the background (default 10000).",
     )
     background: bool = Field(False, description="Return at once; the run goes on.")
     timeout: float | None = Field(
@@ -134,8 +134,7 @@ class ExecParams(BaseModel):
     lane: str | None = Field(None, description="Concurrency lane: main, subagent, cron[:job].")
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
-        description="Start it again when it ends on its own (on-failure or always, with backoff; same id). "
-        "Default no.",
+        description="Start it again when it ends on its own (backoff; same id).",
     )
     maxRestarts: int | None = Field(  # noqa: N815
         None, ge=0, le=10_000, description="Most restarts (default 10)."
@@ -152,12 +151,12 @@ class ProcessParams(BaseModel):
 
     action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
     sessionId: str | None = Field(  # noqa: N815
-        None, max_length=256, description="Session id, unique id prefix, or name."
+        None, max_length=256, description="Id, id prefix or name."
     )
     data: str | None = Field(None, description="write: text for stdin.")
     eof: bool = Field(False, description="write: close stdin after.")
-    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. ['C-c'].")
-    hex: list[str] | None = Field(None, description="send-keys: bytes as hex, e.g. ['1b'].")
+    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. C-c.")
+    hex: list[str] | None = Field(None, description="send-keys: bytes as hex.")
     literal: str | None = Field(None, description="send-keys: text as is.")
     text: str | None = Field(None, description="submit/paste: the text.")
     pattern: str | None = Field(
@@ -170,7 +169,7 @@ class ProcessParams(BaseModel):
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="log: first line (0-based); wait: byte offset to scan from.",
+        description="log: first line; wait: byte offset to scan from.",
     )
     limit: int | None = Field(
         None, ge=0, le=_MAX_COUNT, description="log: lines; poll: most characters."
@@ -179,7 +178,7 @@ class ProcessParams(BaseModel):
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="ms to block: poll/wait for output or exit; input actions for it to be read (default 5000).",
+        description="ms to block (poll, wait) or for input to be read (default 5000).",
     )
     signal: str | None = Field(None, description="kill: first signal (default SIGTERM).")
 

@@ -44,24 +44,23 @@ _STATUS = {
 
 EXEC_DESCRIPTION = (
     "Run a shell command. Its output comes back if it ends within yieldMs (default 10 s); otherwise it "
-    "runs on in the background and you get a sessionId for the process tool. background=true returns at "
-    "once. timeout kills the whole process tree."
+    "runs on in the background with a sessionId for the process tool. timeout kills the whole tree."
 )
 EXEC_SYNC_DESCRIPTION = (
     "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
     "The whole process tree is killed after timeout seconds."
 )
 PROCESS_DESCRIPTION = (
-    "Manage exec's background sessions: list; poll (new output); log (lines: offset/limit); wait (until "
-    "exit, or until pattern matches output after the last match); write (stdin; eof closes it); "
-    "send-keys/submit/paste (terminal input); kill (whole tree); clear (finished); remove (kill, clear)."
+    "Follow exec's background sessions: list; poll (new output); log (lines by offset/limit); wait (exit, "
+    "or pattern in new output); write (stdin; eof closes it); send-keys/submit/paste; kill (whole tree); "
+    "clear; remove (kill, clear)."
 )
 
 # OpenClaw's guidance, in our words: a backgrounded command is not finished until process says so.
 _OPENCLAW_EXEC_DESCRIPTION = (
-    "Execute a shell command. It runs in the foreground for up to yieldMs (default 10000 ms), then goes on "
-    "in the background with a sessionId; background=true backgrounds it at once (servers, watchers). A "
-    "backgrounded command has not finished: confirm with process (poll, wait) before relying on it."
+    "Execute a shell command. After yieldMs (default 10000 ms) in the foreground it goes on in the "
+    "background with a sessionId (background=true: at once). It has not finished then: confirm with "
+    "process (poll, wait) before relying on it."
 )
 _OPENCLAW_PROCESS_DESCRIPTION = (
     "Manage exec's background sessions: list, poll (new output and status), log (lines by offset/limit), "
