@@ -23,6 +23,10 @@ DEFINITION_CHARS = 1_600
 STRICT_DEFINITION_CHARS = 2_100  # the strict form: every property required and nullable
 
 
+def _size(description: str | None, schema: dict[str, object]) -> int:
+    return len(description or "") + len(json.dumps(schema, separators=(",", ":")))
+
+
 def _env(tmp_path: Path) -> dict[str, str]:
     return cli_env(HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"))
 
@@ -44,7 +48,7 @@ async def test_every_served_tool_is_strict_as_the_sdk_checks_it(tmp_path: Path) 
             assert function.strict_json_schema, f"{tool.name} served non-strict"
             assert function.params_json_schema == served, f"{tool.name}: the SDK had to change the schema"
             assert strict_schema.ensure_strict_json_schema(copy.deepcopy(served)) == served
-            size = len(tool.description or "") + len(json.dumps(served, separators=(",", ":")))
+            size = _size(tool.description, served)
             assert size <= STRICT_DEFINITION_CHARS, (tool.name, size)
         # A strict caller sends every property: nulls for the unset, the environment as pairs.
         exec_props = next(t for t in tools if t.name == "exec").input_schema["properties"]
@@ -68,7 +72,7 @@ async def test_the_default_set_is_small_and_the_instructions_say_what_it_is_for(
             instructions = client.instructions or ""
             tools = (await client.list_tools()).tools
         assert [tool.name for tool in tools] == ["exec", "process"], profile
-        sizes = {t.name: len(t.description or "") + len(json.dumps(t.input_schema, separators=(",", ":"))) for t in tools}
+        sizes = {t.name: _size(t.description, t.input_schema) for t in tools}
         assert all(size <= DEFINITION_CHARS for size in sizes.values()), (profile, sizes)
         first = instructions[:200]
         assert first.startswith("procpilot runs shell commands"), first

@@ -242,7 +242,7 @@ def _lean(node: Any) -> Any:
         return node
     out = {k: _lean(v) for k, v in node.items() if k != "title" and k not in _BOUNDS}
     branches = out.get("anyOf")
-    if isinstance(branches, list) and out.get("default", None) is None:
+    if isinstance(branches, list) and out.get("default") is None:
         # An optional ``X | None`` (default None): not sending it is how a model says "none",
         # so the schema says X and leaves the name out of ``required``.
         kept = [b for b in branches if b != {"type": "null"}]
