@@ -77,3 +77,35 @@ async def test_the_default_set_is_small_and_the_instructions_say_what_it_is_for(
         first = instructions[:200]
         assert first.startswith("procpilot runs shell commands"), first
         assert "announc" not in instructions and "notif" not in instructions  # no client is promised exits
+
+
+def test_the_readme_example_runs_from_a_venv_of_its_own(tmp_path: Path) -> None:
+    """Finding 11: the README's example found procpilot next to its own python, which is wrong in
+    a virtual environment that has openai-agents but not procpilot's scripts."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = next(block for block in re.findall(r"^```python\n(.*?)^```$", readme, re.M | re.S) if "agents.mcp" in block)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    # The new venv sees the packages of this one (openai-agents among them), not its scripts.
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    # procpilot on PATH, installed elsewhere; the SDK starts it with a clean environment, so the
+    # wrapper carries this checkout's PYTHONPATH (tests.daemon.cli_env) itself.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "procpilot"
+    pythonpath = _env(tmp_path).get("PYTHONPATH", "")
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{pythonpath}" exec "{PROCPILOT}" "$@"\n')
+    wrapper.chmod(0o755)
+    env = _env(tmp_path) | {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(script)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "['exec', 'process']" in done.stdout
