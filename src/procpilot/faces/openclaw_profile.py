@@ -59,8 +59,8 @@ PROCESS_DESCRIPTION = (
 # OpenClaw's guidance, in our words: a backgrounded command is not finished until process says so.
 _OPENCLAW_EXEC_DESCRIPTION = (
     "Execute a shell command. After yieldMs (default 10000 ms) in the foreground it goes on in the "
-    "background with a sessionId (background=true: at once). It has not finished then: confirm with "
-    "process (poll, wait) before relying on it."
+    "background with a sessionId (background=true: at once). It has not finished then: confirm it "
+    "completed with process (poll, wait) before relying on it."
 )
 _OPENCLAW_PROCESS_DESCRIPTION = (
     "Manage exec's background sessions: list, poll (new output and status), log (lines by offset/limit), "
