@@ -64,7 +64,10 @@ _ToolNamesOption = Annotated[
     str | None, typer.Option("--tool-names", help="dotted (process.run) or underscore (process_run, for OpenAI).")
 ]
 _ToolsOption = Annotated[
-    str | None, typer.Option("--tools", help="Serve only these, comma-separated: exec,process,process.* or names.")
+    str | None,
+    typer.Option(
+        "--tools", help="Serve these, comma-separated: exec,process,process.* or names (mcp's default: exec,process)."
+    ),
 ]
 
 
