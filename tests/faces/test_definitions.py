@@ -10,7 +10,7 @@ import pytest
 from mcp import Client
 from pydantic import BaseModel, Field
 
-from procpilot.config import Settings
+from procpilot.config import Settings, load_settings
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.all_tools import all_tools, definitions_json
@@ -302,3 +302,16 @@ def test_definitions_json_for_the_cli(settings: Settings, fmt: Literal["mcp", "o
     else:
         names = [d["name"] for d in printed]
         assert names == (EXPECTED_NAMES if fmt == "mcp" else [n.replace(".", "_") for n in EXPECTED_NAMES])
+
+
+@pytest.mark.parametrize("profile", ["procpilot", "openclaw"])
+def test_every_definition_a_model_reads_is_small(profile: str) -> None:
+    """Issue 23, finding 6: exec, process and process.run were 2,600-3,700 characters each."""
+    settings = load_settings(env={}, exec={"profile": profile})
+    for fmt, most in (("mcp", 1_700), ("anthropic", 1_700), ("openai", 2_100)):
+        for definition in json.loads(definitions_json(fmt, settings)):
+            body = definition.get("function", definition)
+            schema = body.get("inputSchema") or body.get("input_schema") or body.get("parameters")
+            size = len(body["description"]) + len(json.dumps(schema, separators=(",", ":")))
+            assert size <= most, (fmt, body["name"], size)
+            assert '"title"' not in json.dumps(schema)

@@ -8,8 +8,9 @@
   Names with dots become underscores (``process.run`` -> ``process_run``). The schema is rewritten to
   the strict subset: ``$ref`` inlined; every object closed (``additionalProperties: false``) with
   every property required, the optional ones nullable (null means "use the default"); ``default``,
-  ``title`` and the validation keywords strict mode refuses dropped, their meaning moved into the
-  description; a free-form map (``{"type": "object", "additionalProperties": {...}}``, such as an
+  ``title`` and the validation keywords strict mode refuses dropped: a default or a format the
+  description does not state yet is noted there, bounds are left to the face (which refuses an
+  out-of-range value naming the field); a free-form map (``{"type": "object", "additionalProperties": {...}}``, such as an
   environment) becomes an array of ``{"name", "value"}`` pairs.
 * ``anthropic`` — ``{name, description, input_schema}``, names matching ``^[a-zA-Z0-9_-]{1,64}$``.
 
