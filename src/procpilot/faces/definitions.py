@@ -10,8 +10,8 @@
   every property required, the optional ones nullable (null means "use the default"); ``default``,
   ``title`` and the validation keywords strict mode refuses dropped: a default or a format the
   description does not state yet is noted there, bounds are left to the face (which refuses an
-  out-of-range value naming the field); a free-form map (``{"type": "object", "additionalProperties": {...}}``, such as an
-  environment) becomes an array of ``{"name", "value"}`` pairs.
+  out-of-range value naming the field); a free-form map (``{"type": "object",
+  "additionalProperties": {...}}``, such as an environment) becomes an array of ``{"name", "value"}`` pairs.
 * ``anthropic`` — ``{name, description, input_schema}``, names matching ``^[a-zA-Z0-9_-]{1,64}$``.
 
 Arguments a model sends back for a rewritten schema go through :func:`native_arguments` (nulls
