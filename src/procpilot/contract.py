@@ -72,6 +72,9 @@ class ToolSpec:
     # Every result of this tool is its text alone (a harness profile's tools: faces/codex_profile.py,
     # faces/claude_profile.py), the policy gate's refusals included.
     text_only: bool = False
+    # The input schema as served, when it is not the model's own: the strict form an OpenAI client
+    # gets (faces/all_tools.served), whose arguments the handler takes back to the model's shape.
+    wire_schema: Mapping[str, Any] | None = None
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema()

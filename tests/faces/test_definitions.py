@@ -10,11 +10,18 @@ import pytest
 from mcp import Client
 from pydantic import BaseModel, Field
 
-from procpilot.config import Settings
+from procpilot.config import Settings, load_settings
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.all_tools import all_tools, definitions_json
-from procpilot.faces.definitions import find_tool, native_arguments, strict_schema, tool_definitions, wire_name
+from procpilot.faces.definitions import (
+    find_tool,
+    lean_schema,
+    native_arguments,
+    strict_schema,
+    tool_definitions,
+    wire_name,
+)
 from procpilot.transports.mcp import build_mcp_server
 
 ANTHROPIC_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -139,7 +146,7 @@ def test_openai_schema_keeps_the_meaning(tools: list[ToolSpec]) -> None:
     props = run["properties"]
     assert props["command"]["type"] == "string"  # required stays non-nullable
     assert props["timeout"]["type"] == ["integer", "null"]
-    assert "default: 300" in props["timeout"]["description"] and "maximum: 3600" in props["timeout"]["description"]
+    assert "300" in props["timeout"]["description"] and "3600" in props["timeout"]["description"]
     assert props["args"]["type"] == ["array", "null"] and props["args"]["items"] == {"type": "string"}
     env = props["environment"]
     assert env["type"] == ["array", "null"] and env["items"]["required"] == ["name", "value"]
@@ -247,7 +254,7 @@ def test_anthropic_definitions(tools: list[ToolSpec]) -> None:
     for definition, spec in zip(definitions, tools, strict=True):
         assert set(definition) == {"name", "description", "input_schema"}
         assert ANTHROPIC_NAME.match(definition["name"])
-        assert definition["input_schema"] == spec.input_schema()
+        assert definition["input_schema"] == lean_schema(spec.input_schema())
         assert definition["input_schema"]["type"] == "object"
 
 
@@ -296,3 +303,16 @@ def test_definitions_json_for_the_cli(settings: Settings, fmt: Literal["mcp", "o
     else:
         names = [d["name"] for d in printed]
         assert names == (EXPECTED_NAMES if fmt == "mcp" else [n.replace(".", "_") for n in EXPECTED_NAMES])
+
+
+@pytest.mark.parametrize("profile", ["procpilot", "openclaw"])
+def test_every_definition_a_model_reads_is_small(profile: str) -> None:
+    """Issue 23, finding 6: exec, process and process.run were 2,600-3,700 characters each."""
+    settings = load_settings(env={}, exec={"profile": profile})
+    for fmt, most in (("mcp", 1_700), ("anthropic", 1_700), ("openai", 2_100)):
+        for definition in json.loads(definitions_json(fmt, settings)):
+            body = definition.get("function", definition)
+            schema = body.get("inputSchema") or body.get("input_schema") or body.get("parameters")
+            size = len(body["description"]) + len(json.dumps(schema, separators=(",", ":")))
+            assert size <= most, (fmt, body["name"], size)
+            assert '"title"' not in json.dumps(schema)

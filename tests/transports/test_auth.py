@@ -55,8 +55,11 @@ def test_missing_or_wrong_token_is_a_bare_401_everywhere(app: InProcess, authori
         for method, path, body in ENDPOINTS:
             r = c.request(method, path, json=body, headers=headers)
             assert r.status_code == 401, (method, path, r.status_code)
-            # A fixed body: nothing about tools, agents or sessions, the same for every failure.
-            assert r.json() == {"error": "Unauthorized", "message": "Unauthorized."}
+            # A fixed body: nothing about tools, agents or sessions, the same for every failure (on
+            # /mcp inside a JSON-RPC error, with the one hint every caller without a token gets).
+            fixed = r.json()["error"]["data"] if path == "/mcp" else r.json()
+            assert {k: fixed[k] for k in ("error", "message")} == {"error": "Unauthorized", "message": "Unauthorized."}
+            assert set(fixed) <= {"error", "message", "hints"}
             assert r.headers["www-authenticate"] == "Bearer"
 
 

@@ -132,7 +132,7 @@ def test_detached_session_lifecycle(served: Served) -> None:
     sid = started.stdout.strip()
     assert re.fullmatch(r"[a-z2-7]{16}", sid)
     ps = cli(served, "ps")
-    assert sid in ps.stdout and "running" in ps.stdout
+    assert sid[:8] in ps.stdout and "running" in ps.stdout  # ps shows an id prefix that resolves
     assert cli(served, "write", sid, "hello", "--newline").returncode == 0
     assert cli(served, "write", sid, "--eof").returncode == 0
     waited = cli(served, "wait", sid, "--timeout", "20")
@@ -140,7 +140,7 @@ def test_detached_session_lifecycle(served: Served) -> None:
     logs = cli(served, "logs", sid)
     assert logs.stdout == "hello\n"
     assert cli(served, "rm", sid).returncode == 0
-    assert sid not in cli(served, "ps").stdout
+    assert sid[:8] not in cli(served, "ps").stdout
 
 
 def test_named_sessions_and_ps(served: Served) -> None:
@@ -153,13 +153,13 @@ def test_named_sessions_and_ps(served: Served) -> None:
     assert cli(served, "wait", "web", "--pattern", "listening", "--timeout", "20").returncode == 0
     ps = cli(served, "ps", "--running")
     header = ps.stdout.splitlines()[0].split()
-    assert header[:9] == ["ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM", "INPUT", "RESTARTS"]
-    line = next(line for line in ps.stdout.splitlines() if sid in line).split()
+    assert header[:7] == ["ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM"] and header[-1] == "COMMAND"
+    line = next(line for line in ps.stdout.splitlines() if line.startswith(sid[:8])).split()
     assert line[1] == "web" and line[2].isdigit() and line[3] == "running"
     assert cli(served, "logs", sid[:8]).stdout == "listening\n"  # a prefix of the id
     assert cli(served, "kill", "web").returncode == 0
-    assert sid not in cli(served, "ps", "--running").stdout
-    assert sid in cli(served, "ps").stdout
+    assert sid[:8] not in cli(served, "ps", "--running").stdout
+    assert sid[:8] in cli(served, "ps").stdout
     assert cli(served, "rm", "web").returncode == 0
     flaky = cli(served, "run", "-d", "--name", "flaky", "--restart", "on-failure", "--max-restarts", "1", "exit 3")
     assert flaky.returncode == 0, flaky.stderr
@@ -168,6 +168,70 @@ def test_named_sessions_and_ps(served: Served) -> None:
     assert next(r for r in row if r["sessionName"] == "flaky")["restarts"] == 1
     assert "restart 1 of 1" in cli(served, "logs", "flaky").stdout
     assert cli(served, "rm", "flaky").returncode == 0
+
+
+def test_run_copies_every_byte(served: Served) -> None:
+    """Issue 23, finding 8: `run "seq 1 200000" | wc -l` printed 28,571 lines, the rest cut with a
+    note on stderr, so `run make | tee build.log` lost lines silently."""
+    result = cli(served, "run", "seq 1 200000; seq 1 50000 >&2", timeout=120)
+    assert result.returncode == 0, result.stderr[-500:]
+    assert result.stdout == "".join(f"{n}\n" for n in range(1, 200_001))
+    assert result.stderr == "".join(f"{n}\n" for n in range(1, 50_001))
+
+
+def test_ps_fits_80_columns_with_ids_that_resolve(served: Served) -> None:
+    """Finding 8: at 80 columns COMMAND wrapped a word a line and ids were cut to `2ayb3…`."""
+    long = "sleep 30 # " + " ".join(f"word{n}" for n in range(40))
+    ids = [cli(served, "run", "-d", "--name", f"wide{n}", long).stdout.strip() for n in range(2)]
+    env = cli_env(PROCPILOT_URL=served.url, PROCPILOT_TOKEN=TOKEN_A, COLUMNS="80")
+    ps = subprocess.run([PROCPILOT, "ps", "--running"], env=env, capture_output=True, text=True, timeout=60, check=True)
+    lines = ps.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), ps.stdout
+    assert len(lines) == 1 + len(json.loads(cli(served, "ps", "--running", "--json").stdout))  # a line a session
+    shown = [line.split()[0] for line in lines[1:] if line.split()[1].startswith("wide")]
+    assert len(shown) == 2 and "…" not in "".join(shown), ps.stdout
+    for short in shown:  # the id as shown is one every verb takes
+        assert cli(served, "stop", short).returncode == 0
+    assert {row["sessionId"] for row in json.loads(cli(served, "ps", "--json").stdout)} >= set(ids)
+    for sid in ids:
+        assert cli(served, "rm", sid).returncode == 0
+
+
+def test_version_stop_restart_and_numeric_signals(served: Served) -> None:
+    """Finding 8: no --version, no stop/restart verbs, `--signal 9` refused."""
+    version = cli(None, "--version")
+    assert version.returncode == 0 and re.fullmatch(r"procpilot \S+\n", version.stdout), version
+    sid = cli(served, "run", "-d", "--name", "svc", "echo up; sleep 60").stdout.strip()
+    killed = cli(served, "kill", "--signal", "9", "svc")
+    assert killed.returncode == 0, killed.stderr
+    assert cli(served, "wait", "svc", "--timeout", "20").returncode == 128 + signal.SIGKILL
+    row = next(r for r in json.loads(cli(served, "ps", "--json").stdout) if r["sessionId"] == sid)
+    assert row["exitSignal"] == "SIGKILL"
+    again = cli(served, "restart", "svc")
+    assert again.returncode == 0, again.stderr
+    new_id = again.stdout.strip()
+    assert new_id != sid
+    assert cli(served, "wait", new_id, "--pattern", "up", "--timeout", "20").returncode == 0
+    assert cli(served, "stop", "svc").returncode == 0
+    rows = {r["sessionId"]: r for r in json.loads(cli(served, "ps", "--json").stdout)}
+    assert rows[new_id]["status"] == "killed" and rows[new_id]["sessionName"] == "svc"  # stopped, still listed
+    for gone in (sid, new_id):
+        assert cli(served, "rm", gone).returncode == 0
+
+
+def test_address_in_use_names_the_port_options(tmp_path: Path) -> None:
+    """Finding 8: the "address in use" hint did not say how to pick another port."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = cli_env(HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"))
+        argv = [PROCPILOT, "serve", "--port", str(port), "--workspace", str(tmp_path)]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "--port" in done.stderr and "PORT=" in done.stderr, done.stderr
 
 
 def test_logs_follow_and_wait_codes(served: Served) -> None:

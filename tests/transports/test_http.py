@@ -230,8 +230,10 @@ def test_refusals_match_the_openapi_document(app: InProcess) -> None:
                 r = client.request(method, path, headers=headers)
                 assert r.status_code == status, (method, path, r.status_code)
                 assert str(status) in responses, (method, path, status)
-                error.validate(r.json())
-                assert responses[str(status)]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
+                # On /mcp the typed error is a JSON-RPC error's data, which MCP clients show.
+                schema = "/JsonRpcError" if path == "/mcp" else "/Error"
+                error.validate(r.json()["error"]["data"] if path == "/mcp" else r.json())
+                assert responses[str(status)]["content"]["application/json"]["schema"]["$ref"].endswith(schema)
         assert "403" in doc["paths"]["/v1/proc"]["get"]["responses"]
         # The MCP endpoint's own refusals are JSON-RPC errors, listed with their status.
         rpc = _validator(doc, "#/components/schemas/JsonRpcError")

@@ -4,19 +4,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from procpilot.config import Settings, load_settings
-from procpilot.contract import ToolSpec
+from procpilot.contract import ToolResult, ToolSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import ConfigError
 from procpilot.faces.capabilities import capability_tools
 from procpilot.faces.claude_profile import claude_tools
 from procpilot.faces.codex_profile import codex_tools
-from procpilot.faces.definitions import Format, tool_definitions, wire_name
+from procpilot.faces.definitions import Format, native_arguments, strict_schema, tool_definitions, wire_name
 from procpilot.faces.exec_process import exec_process_tools
 
-__all__ = ["all_tools", "definitions_json", "served"]
+__all__ = ["MCP_DEFAULT_TOOLS", "all_tools", "definitions_json", "served", "with_default_tools"]
+
+# What ``procpilot mcp`` serves unless told ([tools] serve, --tools), in both profiles: exec and
+# process do everything process.* does, and process.* says it again in spec 000's words. Two sets
+# would double what a model reads before its first call (docs/tools.md, "What a model reads").
+# The codex and claude profiles serve their harness's shell tools alone: what those models were
+# trained on, and nothing else to read.
+MCP_DEFAULT_TOOLS = ("exec", "process")
+_PROFILE_DEFAULT_TOOLS = {
+    "codex": ("exec_command", "write_stdin"),
+    "claude": ("Bash", "TaskOutput", "TaskStop", "BashOutput", "KillShell"),
+}
 
 
 def all_tools(supervisor: Supervisor, *, audit: bool = True, notifies_exit: bool | None = None) -> list[ToolSpec]:
@@ -52,9 +64,24 @@ def definitions_json(fmt: Format, settings: Settings | None = None) -> str:
     return json.dumps(tool_definitions(all_tools(supervisor), fmt), indent=2, ensure_ascii=False)
 
 
+def with_default_tools(settings: Settings) -> Settings:
+    """``settings`` serving the profile's default set (:data:`MCP_DEFAULT_TOOLS` for ours and
+    OpenClaw's) when they name no tool set of their own."""
+    if settings.served_tools is not None:
+        return settings
+    default = _PROFILE_DEFAULT_TOOLS.get(settings.exec.profile, MCP_DEFAULT_TOOLS)
+    return settings.model_copy(update={"tools": settings.tools.model_copy(update={"serve": default})})
+
+
 def served(tools: Sequence[ToolSpec], settings: Settings) -> list[ToolSpec]:
     """The tools ``[tools] serve`` picks (a name, or a face's tools with ``process.*``), named as
-    ``[tools] names`` says (``underscore``: ``process.run`` -> ``process_run``, for OpenAI)."""
+    ``[tools] names`` says (``underscore``: ``process.run`` -> ``process_run``, for OpenAI).
+
+    Served with underscore names, a tool's schema is OpenAI's strict form (what
+    ``procpilot tools --format openai`` prints), so the OpenAI Agents SDK and strict function
+    calling take it as it is; the arguments sent for it (nulls, ``{name, value}`` pairs) are
+    made the model's own again before the face sees them, and a map still works.
+    """
     picked = list(tools)
     if settings.served_tools is not None:
         wanted = set(settings.served_tools)
@@ -70,5 +97,17 @@ def served(tools: Sequence[ToolSpec], settings: Settings) -> list[ToolSpec]:
             spec for spec in picked if spec.name in names or ("process.*" in names and spec.name.startswith("process."))
         ]
     if settings.tool_names == "underscore":
-        picked = [dataclasses.replace(spec, name=wire_name(spec.name, "openai")) for spec in picked]
+        picked = [_strict_form(spec) for spec in picked]
     return picked
+
+
+def _strict_form(spec: ToolSpec) -> ToolSpec:
+    async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        return await spec.handler(native_arguments(spec, arguments), scope)
+
+    return dataclasses.replace(
+        spec,
+        name=wire_name(spec.name, "openai"),
+        handler=handler,
+        wire_schema=strict_schema(spec.input_schema()),
+    )

@@ -206,52 +206,46 @@ class RunInput(BaseModel):
 
     command: str = Field(
         min_length=1,
-        description="The command to execute. Alone, it is passed to the shell as a single string; with args, "
-        "it is the program and args are its arguments (no shell).",
+        description="Alone: a shell command. With args: the program, run without a shell.",
     )
     args: list[str] | None = Field(
-        None, description="Arguments to pass to the command, one element per argument; runs without a shell."
+        None, description="The program's arguments, one per element."
     )
     working_directory: str | None = Field(
-        None, description="Directory to execute the command in, inside the workspace (default: the workspace root)."
+        None, description="Directory in the workspace (default: its root)."
     )
     environment: dict[str, str] | None = Field(
         None,
-        description="Additional environment variables, merged with the base environment. "
-        "Protected variables (PATH, HOME, LD_*, DYLD_*, PYTHONPATH) cannot be overridden.",
+        description="Extra environment variables (PATH, HOME, LD_* and the like are protected).",
     )
     timeout: int = Field(
         300,
         ge=1,
         le=MAX_TIMEOUT_SEC,
-        description="Maximum foreground execution time in seconds (default 300, maximum 3600). On timeout the "
-        "result has state='timed_out', exit_code=null and the partial output. Ignored when background=true.",
+        description="Foreground seconds (default 300, max 3600); then state='timed_out', output kept.",
     )
     background: bool = Field(
         False,
-        description="Start in the background and return a process_id at once; no foreground timeout applies. "
-        "Use process.monitor / process.logs / process.kill to manage it.",
+        description="Return a process_id at once (no timeout).",
     )
-    stdin: str | None = Field(None, description="Input fed to the process's stdin, then closed. Ignored if background.")
+    stdin: str | None = Field(None, description="Fed to stdin, then closed (foreground only).")
     cpu_limit: float | None = Field(
-        None, gt=0, le=_MAX_CORES, description="CPU limit as a fraction of one core (e.g. 0.5)."
+        None, gt=0, le=_MAX_CORES, description="Cores, e.g. 0.5."
     )
-    memory_limit: int | None = Field(None, ge=1, le=_MAX_BYTES, description="Memory limit in bytes.")
+    memory_limit: int | None = Field(None, ge=1, le=_MAX_BYTES, description="Bytes.")
     stdout_lines: int = Field(
-        100, ge=0, description="Number of trailing lines of stdout (and of stderr) in the summaries."
+        100, ge=0, description="Trailing lines in each summary."
     )
 
 
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
-        description="With background: start the command again when it ends on its own (on-failure: non-zero exit "
-        "or a signal; always), with growing delays; same process_id and log. process.kill stops it for good.",
+        description="With background: start it again when it ends on its own (backoff; same process_id).",
     )
-    max_restarts: int | None = Field(None, ge=0, le=10_000, description="Stop restarting after this many (default 10).")
+    max_restarts: int | None = Field(None, ge=0, le=10_000, description="Most restarts (default 10).")
     name: str | None = Field(
         None,
-        description="A name for the process (1-64 letters, digits, '.', '_', '-'), unique among this agent's live "
-        "processes; every process.* call then takes it in place of the process_id.",
+        description="A name, usable as process_id.",
     )
 
 
@@ -746,11 +740,9 @@ def audited(spec: ToolSpec, supervisor: Supervisor) -> ToolSpec:
 # -- tools -------------------------------------------------------------------------------------
 
 RUN_DESCRIPTION = (
-    "Execute a command in the sandbox and return exit_code, stdout_summary/stderr_summary (last stdout_lines "
-    "lines), duration_ms, process_id, state and resource_usage. command alone runs through the shell; with args "
-    "it runs that program directly. timeout: default 300 s, max 3600; on timeout the result is not an error: "
-    "state='timed_out', exit_code=null, partial output kept. background=true returns a process_id at once (no "
-    "timeout). Not for filesystem operations."
+    "Execute a command in the sandbox; returns exit_code, stdout_summary/stderr_summary (last lines), "
+    "duration_ms, process_id, state and resource_usage. A timeout is a state, not an error. "
+    "Not for filesystem operations."
 )
 MONITOR_DESCRIPTION = (
     "Current state ('running', 'completed', 'killed', 'timed_out'), exit_code, runtime and resource_usage of a "

@@ -2,16 +2,19 @@
 
 * ``mcp`` — ``{name, description, inputSchema, outputSchema, annotations, _meta}`` as an MCP
   ``tools/list`` lists them (the same annotations and permission tier the MCP transport serves).
-  ``outputSchema`` (:data:`RESULT_SCHEMA`) is open: it declares the fields every model-facing
-  result may carry (the output, its state and next step, the exits not told yet) and lets each
-  tool add its own.
+  The input schema is the lean form (:func:`lean_schema`): what a model reads, without pydantic's
+  titles, ``X | None`` unions and overflow bounds; the face still validates every argument
+  against its own model. ``outputSchema`` (:data:`RESULT_SCHEMA`, not for a text-only tool) is
+  open: it declares the fields every model-facing result may carry (the output, its state and next
+  step, the exits not told yet) and lets each tool add its own.
 * ``openai`` — ``{"type": "function", "function": {name, description, parameters, "strict": true}}``.
   Names with dots become underscores (``process.run`` -> ``process_run``). The schema is rewritten to
   the strict subset: ``$ref`` inlined; every object closed (``additionalProperties: false``) with
   every property required, the optional ones nullable (null means "use the default"); ``default``,
-  ``title`` and the validation keywords strict mode refuses dropped, their meaning moved into the
-  description; a free-form map (``{"type": "object", "additionalProperties": {...}}``, such as an
-  environment) becomes an array of ``{"name", "value"}`` pairs.
+  ``title`` and the validation keywords strict mode refuses dropped: a default or a format the
+  description does not state yet is noted there, bounds are left to the face (which refuses an
+  out-of-range value naming the field); a free-form map (``{"type": "object",
+  "additionalProperties": {...}}``, such as an environment) becomes an array of ``{"name", "value"}`` pairs.
 * ``anthropic`` — ``{name, description, input_schema}``, names matching ``^[a-zA-Z0-9_-]{1,64}$``.
 
 Arguments a model sends back for a rewritten schema go through :func:`native_arguments` (nulls
@@ -33,7 +36,9 @@ __all__ = [
     "RESULT_SCHEMA",
     "Format",
     "find_tool",
+    "lean_schema",
     "native_arguments",
+    "served_schema",
     "strict_schema",
     "tool_definitions",
     "wire_name",
@@ -90,6 +95,23 @@ _CONSTRAINTS = (
     "uniqueItems",
     "minProperties",
     "maxProperties",
+)
+# Validation bounds: neither the lean nor the strict form shows them (see _strict and _lean).
+_BOUNDS = frozenset(
+    {
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "minProperties",
+        "maxProperties",
+    }
 )
 _DROPPED = ("title", "examples", "$schema", "$id", "$comment", "readOnly", "writeOnly", "deprecated")
 
@@ -164,13 +186,16 @@ def _strict(
 ) -> dict[str, Any]:
     node, seen = _resolve(node, defs, seen)
     notes: list[str] = []
-    for key in _CONSTRAINTS:
-        if key in node:
-            notes.append(f"{key}: {json.dumps(node.pop(key))}")
-    if "default" in node:
-        default = node.pop("default")
-        if default is not None:
-            notes.append(f"default: {json.dumps(default)}")
+    described = str(node.get("description", ""))
+    for key in (*_CONSTRAINTS, "default"):
+        if key not in node:
+            continue
+        value = node.pop(key)
+        # Bounds are the face's to enforce (an out-of-range value is an InvalidArgument naming the
+        # field); a note is kept for a default and a format, unless the description says it already.
+        if key in _BOUNDS or value is None or value is False or _number_text(value) in described:
+            continue
+        notes.append(f"{key}: {json.dumps(value)}")
     for key in _DROPPED:
         node.pop(key, None)
     node.pop("$defs", None)
@@ -239,6 +264,44 @@ def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _number_text(value: Any) -> str:
+    """How a description would write ``value`` (``3600``, not ``3600.0``); a non-number never matches."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "\0"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _lean(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_lean(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _lean(v) for k, v in node.items() if k != "title" and k not in _BOUNDS}
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and out.get("default") is None:
+        # An optional ``X | None`` (default None): not sending it is how a model says "none",
+        # so the schema says X and leaves the name out of ``required``.
+        kept = [b for b in branches if b != {"type": "null"}]
+        if len(kept) == 1 and len(kept) < len(branches) and isinstance(kept[0], dict):
+            del out["anyOf"]
+            out = {**kept[0], **out}
+    if "default" in out and (out["default"] is None or out["default"] is False):
+        del out["default"]  # an optional flag is off unless sent; "none" is not sending it
+    return out
+
+
+def lean_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` as a model needs to read it: shapes, enums, descriptions and real defaults.
+
+    No ``title``; an optional ``X | None`` is X (leaving the name out says "none"); no null or
+    false default; no bounds (``maximum``, ``maxLength``…): the face checks them and refuses an
+    out-of-range value with an ``InvalidArgument`` naming the field, so a model learns a bound
+    the one time it matters instead of reading every bound on every turn.
+    """
+    result: dict[str, Any] = _lean(_inline_refs(schema))
+    return result
+
+
 def _inline_refs(schema: Mapping[str, Any]) -> dict[str, Any]:
     """``schema`` with every ``$ref`` into ``$defs`` replaced by its definition (no other change)."""
     defs = schema.get("$defs", {})
@@ -293,12 +356,18 @@ def native_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, 
 # -- definitions -------------------------------------------------------------------------------
 
 
+def served_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The input schema an MCP server lists for ``spec``: the one its serving chose (the strict
+    form, for OpenAI clients), else the lean form of the face's own."""
+    return dict(spec.wire_schema) if spec.wire_schema is not None else lean_schema(spec.input_schema())
+
+
 def _mcp(spec: ToolSpec) -> dict[str, Any]:
     return {
         "name": spec.name,
         "description": spec.description,
-        "inputSchema": spec.input_schema(),
-        "outputSchema": RESULT_SCHEMA,
+        "inputSchema": served_schema(spec),
+        **({} if spec.text_only else {"outputSchema": RESULT_SCHEMA}),
         "annotations": {"title": spec.name, "destructiveHint": spec.tier is not PermissionTier.AUTONOMOUS},
         "_meta": {"procpilot/permission": spec.tier.value, **spec.meta},
     }
@@ -320,7 +389,7 @@ def _anthropic(spec: ToolSpec) -> dict[str, Any]:
     return {
         "name": wire_name(spec.name, "anthropic"),
         "description": spec.description,
-        "input_schema": _inline_refs(spec.input_schema()),
+        "input_schema": lean_schema(spec.input_schema()),
     }
 
 

@@ -112,43 +112,40 @@ def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]
 class ExecParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="exec")
 
-    command: str = Field(min_length=1, description="Shell command to run (through /bin/sh -c).")
-    workdir: str | None = Field(None, description="Working directory (default: the workspace root).")
-    env: dict[str, str] | None = Field(None, description="Extra environment variables, merged onto a clean base.")
+    command: str = Field(min_length=1, description="Shell command (/bin/sh -c).")
+    workdir: str | None = Field(None, description="Working directory (default: the workspace).")
+    env: dict[str, str] | None = Field(None, description="Extra environment variables.")
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
         None,
         le=_MAX_COUNT,
-        description="Wait this long (ms, 10-120000; default 10000) before moving the run to the background.",
+        description="ms before it moves to the background (default 10000).",
     )
-    background: bool = Field(False, description="Start in the background and return at once.")
+    background: bool = Field(False, description="Return at once; the run goes on.")
     timeout: float | None = Field(
         None,
         ge=0,
         le=MAX_TIMEOUT_S,
-        description="Kill the whole process tree after this many seconds, fractions allowed (default 1800, 0 = none).",
+        description="Seconds before the whole tree is killed (default 1800, 0 = none).",
     )
-    pty: bool = Field(False, description="Run under a pseudo-terminal (for programs that need a TTY).")
+    pty: bool = Field(False, description="Run in a pseudo-terminal.")
     elevated: bool = Field(
-        False, description="Run outside the agent's sandbox (network and filesystem limits); only if its policy allows."
+        False, description="Run outside the sandbox, if policy allows."
     )
     notifyOnExit: bool | None = Field(  # noqa: N815
-        None, description="Announce the exit of a backgrounded run (default true)."
+        None, description="Announce a background run's exit (default true)."
     )
-    lane: str | None = Field(None, description="Concurrency lane (main, subagent, cron[:job]); none = never waits.")
+    lane: str | None = Field(None, description="Concurrency lane: main, subagent, cron[:job].")
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
-        description="Start the command again when it ends on its own: on-failure (non-zero exit or a signal) or "
-        "always, with growing delays; the session keeps its id and log. Default: no ([tools.exec] restart for "
-        "background runs). kill stops it for good.",
+        description="Start it again when it ends on its own (backoff; same id).",
     )
     maxRestarts: int | None = Field(  # noqa: N815
-        None, ge=0, le=10_000, description="Stop restarting after this many restarts (default 10)."
+        None, ge=0, le=10_000, description="Most restarts (default 10)."
     )
     name: str | None = Field(
         None,
         max_length=64,
-        description="Name the session (e.g. 'web'): unique among your live sessions; process actions take it "
-        "as sessionId.",
+        description="Session name, usable as sessionId.",
     )
 
 
@@ -157,38 +154,36 @@ class ProcessParams(BaseModel):
 
     action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
     sessionId: str | None = Field(  # noqa: N815
-        None, max_length=256, description="Target session: its id, a unique prefix of it, or its name (not for list)."
+        None, max_length=256, description="Id, id prefix or name."
     )
-    data: str | None = Field(None, description="write: text to send to stdin.")
-    eof: bool = Field(False, description="write: close stdin after the data.")
-    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. ['C-c'], ['Up', 'Enter'].")
-    hex: list[str] | None = Field(None, description="send-keys: raw bytes as hex, e.g. ['1b', '5b', '41'].")
-    literal: str | None = Field(None, description="send-keys: text sent as is.")
-    text: str | None = Field(None, description="submit / paste: the text.")
+    data: str | None = Field(None, description="write: text for stdin.")
+    eof: bool = Field(False, description="write: close stdin after.")
+    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. C-c.")
+    hex: list[str] | None = Field(None, description="send-keys: bytes as hex.")
+    literal: str | None = Field(None, description="send-keys: text as is.")
+    text: str | None = Field(None, description="submit/paste: the text.")
     pattern: str | None = Field(
-        None, max_length=_MAX_PATTERN, description="wait: return when the output matches this regex."
+        None, max_length=_MAX_PATTERN, description="wait: regex to wait for."
     )
     stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
-        None, description="poll / log / wait: which output (default: stdout and stderr in arrival order)."
+        None, description="Which output (default both, in arrival order)."
     )
     offset: int | None = Field(
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="log: first line (0-based). wait: byte offset to scan from; by default a pattern "
-        "wait only matches output after the previous wait's match (offset=0 rescans everything).",
+        description="log: first line; wait: byte offset to scan from.",
     )
     limit: int | None = Field(
-        None, ge=0, le=_MAX_COUNT, description="log: number of lines; poll: most characters to show."
+        None, ge=0, le=_MAX_COUNT, description="log: lines; poll: most characters."
     )
     timeout: int | None = Field(
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="poll / wait: block up to this many ms for output or exit; write / send-keys / submit / "
-        "paste: wait up to this many ms (default 5000) for the process to take the input.",
+        description="ms to block (poll, wait) or for input to be read (default 5000).",
     )
-    signal: str | None = Field(None, description="kill: signal to send first (default SIGTERM).")
+    signal: str | None = Field(None, description="kill: first signal (default SIGTERM).")
 
 
 def _stream(name: str | None) -> Stream:

@@ -43,38 +43,29 @@ _STATUS = {
 }
 
 EXEC_DESCRIPTION = (
-    "Run a shell command. Short commands return their output; a command still running after yieldMs "
-    "(default 10 s) keeps running in the background and returns a sessionId to use with the process tool. "
-    "background=true returns at once. The whole process tree is killed after timeout seconds. "
-    'restart="on-failure" or "always" keeps a long-lived background command running (backoff, maxRestarts).'
+    "Run a shell command. Its output comes back if it ends within yieldMs (default 10 s); otherwise it "
+    "runs on in the background with a sessionId for the process tool. timeout kills the whole tree."
 )
 EXEC_SYNC_DESCRIPTION = (
     "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
     "The whole process tree is killed after timeout seconds."
 )
 PROCESS_DESCRIPTION = (
-    "Manage background sessions started by exec: list; poll (new output since the last poll); log "
-    "(line pages: offset/limit); wait (block until exit or a regex pattern matches output after the previous "
-    "wait's match); write (stdin, eof "
-    "closes it); send-keys / submit / paste (terminal input); kill (whole tree); clear (finished); "
-    "remove (kill, then clear). sessionId takes the id, a unique prefix of it, or the session's name."
+    "Follow exec's background sessions: list; poll (new output); log (lines by offset/limit); wait (exit, "
+    "or pattern in new output); write (stdin; eof closes it); send-keys/submit/paste; kill (whole tree); "
+    "clear; remove (kill, clear)."
 )
 
 # OpenClaw's guidance, in our words: a backgrounded command is not finished until process says so.
 _OPENCLAW_EXEC_DESCRIPTION = (
-    "Execute a shell command. It runs in the foreground for up to yieldMs (default 10000 ms); if it is still "
-    "running then, it continues in the background and you get a sessionId. background=true backgrounds it "
-    "at once (use this for servers and watchers). A backgrounded command has not finished: use the process "
-    "tool (poll, log, wait) to confirm it completed and to read its exit code before relying on its result. "
-    "timeout (seconds) kills it. pty=true runs it in a terminal for programs that need a TTY. "
-    "A non-zero exit is reported as completed with exitCode and '(Command exited with code N)'."
+    "Execute a shell command. After yieldMs (default 10000 ms) in the foreground it goes on in the "
+    "background with a sessionId (background=true: at once). It has not finished then: confirm it "
+    "completed with process (poll, wait) before relying on it."
 )
 _OPENCLAW_PROCESS_DESCRIPTION = (
-    "Manage the background sessions exec started: list them, poll one for new output (and its exit status), "
-    "log to read its whole output by line offset/limit (without offset: the last lines), write to its stdin "
-    "(eof closes it), send-keys / submit / paste for terminal input, wait for its exit or a pattern, kill it, "
-    "clear a finished one, remove (kill if running, then clear). Poll or wait until status is completed or "
-    "failed before treating a backgrounded command as done."
+    "Manage exec's background sessions: list, poll (new output and status), log (lines by offset/limit), "
+    "write (stdin; eof closes it), send-keys/submit/paste, wait (exit or a pattern), kill, clear, remove. "
+    "Poll or wait until status is completed or failed before treating a command as done."
 )
 
 

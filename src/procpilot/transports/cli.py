@@ -28,9 +28,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process su
 _err = Console(stderr=True)
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("procpilot")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            number = "unknown (not installed)"
+        print(f"procpilot {number}")
+        raise typer.Exit
+
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
     """procpilot: run commands for agents, inside limits, with nothing lost and nothing left behind."""
 
 
@@ -49,7 +64,10 @@ _ToolNamesOption = Annotated[
     str | None, typer.Option("--tool-names", help="dotted (process.run) or underscore (process_run, for OpenAI).")
 ]
 _ToolsOption = Annotated[
-    str | None, typer.Option("--tools", help="Serve only these, comma-separated: exec,process,process.* or names.")
+    str | None,
+    typer.Option(
+        "--tools", help="Serve these, comma-separated: exec,process,process.* or names (mcp's default: exec,process)."
+    ),
 ]
 
 
@@ -356,18 +374,72 @@ def run(
             return
         _forward_stdin(client.url, token, session_id)
         data = started.data
+        copier = _Copier(client, session_id)
         with _signals_raise(_FORWARDED_SIGNALS):
             try:
                 while data.get("status") in _RUNNING:
-                    data = _stream_poll(client, session_id)
+                    data = copier.step()
             except (KeyboardInterrupt, _Signalled) as exc:
                 # What would have ended a local command ends the remote one the same way.
                 sig = exc.signum if isinstance(exc, _Signalled) else signal.SIGINT
                 client.process("kill", session_id, signal=signal.Signals(sig).name)
-                data = _stream_poll(client, session_id)
+                data = copier.step()
                 while data.get("status") in _RUNNING:
-                    data = _stream_poll(client, session_id)
+                    data = copier.step()
     raise typer.Exit(_exit_code(data))
+
+
+class _Copier:
+    """Copies a session's stdout and stderr here, every byte of each, in order per stream.
+
+    It reads the log files by byte offset (``process.logs``), so nothing is ever cut: a poll's
+    result is cut to what a model should read, and ``run make | tee build.log`` needs all of it.
+    A daemon that serves no ``process.*`` tools gets the polls (and their cut notes) instead.
+    """
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.offsets = {"stdout": 0, "stderr": 0}
+        self.by_offset = True
+
+    def step(self) -> dict[str, object]:
+        """Wait (up to 30 s) for new output or the exit, copy what arrived; the session's state."""
+        if not self.by_offset:
+            return _stream_poll(self.client, self.session_id)
+        # limit=0: the poll only waits; the output itself comes from the files.
+        reply = self.client.process("poll", self.session_id, stream="combined", timeout=30_000, limit=0)
+        for stream in ("stdout", "stderr"):
+            if not self._copy(stream):
+                return _stream_poll(self.client, self.session_id)
+        return reply.data
+
+    def _copy(self, stream: str) -> bool:
+        """Copy ``stream`` up to its end now; False when the daemon serves no process.logs."""
+        from procpilot.errors import ProcpilotError as Refused
+
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        while True:
+            try:
+                page = self.client.call(
+                    "process.logs", process_id=self.session_id, stream=stream, offset=self.offsets[stream]
+                )
+            except Refused as exc:
+                if exc.code != "UnknownTool":
+                    raise
+                self.by_offset = False
+                return False
+            text = str(page.get(stream) or "")
+            end = page.get(f"{stream}_next_offset")
+            size = int(page.get(f"{stream}_size") or 0)
+            if text:
+                out.write(text)
+                out.flush()
+            if not isinstance(end, int) or end <= self.offsets[stream]:
+                return True
+            self.offsets[stream] = end
+            if end >= size:
+                return True
 
 
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -475,27 +547,58 @@ def ps(
     if json_:
         print(json.dumps(rows, indent=2))
         return
-    columns = ["ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM", "INPUT", "RESTARTS", "EXIT", "COMMAND"]
-    table = Table(*(["AGENT"] if agent else []), *columns, box=None)
+    # Fits 80 columns: one line a session, ids cut to the shortest prefix that still names one
+    # session (every verb takes it), the command cut last with an ellipsis; --json has it all.
+    ids = _short_ids([str(row["sessionId"]) for row in listed])
+    extra = [
+        (title, key)
+        for title, key in (("INPUT", "waitingForInput"), ("RESTARTS", "restarts"))
+        if any(row.get(key) for row in rows)
+    ]
+    titles = [*(["AGENT"] if agent else []), "ID", "NAME", "PID", "STATUS", "AGE", "CPU", "MEM"]
+    titles += [title for title, _ in extra]
     now = time.time()
+    cells = []
     for row in rows:
         code = row.get("exitCode")
         started = row.get("startedAt")
-        table.add_row(
-            *([escape(str(row.get("agent", "")))] if agent else []),
-            row["sessionId"],
-            escape(str(row.get("sessionName") or "")),
-            str(row.get("pid") or ""),
-            row["status"],
-            _duration(now - started) if isinstance(started, (int, float)) else "",
-            "" if row.get("cpuMs") is None else f"{int(row['cpuMs']) / 1000:.1f}s",  # None: not sampled yet
-            "" if row.get("memoryBytes") is None else _size(int(row["memoryBytes"])),
-            "waiting" if row.get("waitingForInput") else "",
-            str(row.get("restarts") or ""),
-            "" if code is None else str(code),
-            escape(str(row.get("command", ""))),
+        optional = {
+            "waitingForInput": "waiting" if row.get("waitingForInput") else "",
+            "restarts": str(row.get("restarts") or ""),
+        }
+        cells.append(
+            [
+                *([escape(str(row.get("agent", ""))[:12])] if agent else []),
+                ids[str(row["sessionId"])],
+                escape(str(row.get("sessionName") or "")[:12]),
+                str(row.get("pid") or ""),
+                str(row["status"]) + ("" if code is None or code == 0 else f" {code}"),
+                _duration(now - started) if isinstance(started, (int, float)) else "",
+                "" if row.get("cpuMs") is None else f"{int(row['cpuMs']) / 1000:.1f}s",  # None: not sampled yet
+                "" if row.get("memoryBytes") is None else _size(int(row["memoryBytes"])),
+                *(optional[key] for _, key in extra),
+                escape(" ".join(str(row.get("command", "")).split())),
+            ]
         )
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for i, title in enumerate(titles):
+        # Every column but COMMAND keeps its full width: only the command is cut.
+        table.add_column(title, no_wrap=True, min_width=max([len(title), *(len(c[i]) for c in cells)]))
+    table.add_column("COMMAND", no_wrap=True, overflow="ellipsis", min_width=10)
+    for line in cells:
+        table.add_row(*line)
     _out.print(table if rows else "No sessions.")
+
+
+def _short_ids(ids: list[str], least: int = 8) -> dict[str, str]:
+    """Each id cut to its shortest prefix (``least`` characters or more) that fits no other id."""
+    short = {}
+    for sid in ids:
+        n = least
+        while n < len(sid) and any(other != sid and other.startswith(sid[:n]) for other in ids):
+            n += 1
+        short[sid] = sid[:n]
+    return short
 
 
 def _duration(seconds: float) -> str:
@@ -584,8 +687,77 @@ def kill(
 ) -> None:
     """End a session's whole process tree."""
     with _client(url, token) as client:
-        reply = client.process("kill", session_id, signal=signal_)
+        reply = client.process("kill", session_id, signal=_signal_name(signal_))
     _err.print(escape(reply.text))
+
+
+def _signal_name(given: str) -> str:
+    """``9``, ``KILL`` or ``SIGKILL`` as the tools name it (``SIGKILL``); anything else is left
+    for the tool to refuse with its list of signals."""
+    text = given.strip().upper()
+    if text.isdigit():
+        try:
+            return signal.Signals(int(text)).name
+        except ValueError:
+            _fail(ProcpilotError(f"no signal numbered {given}", hints={"signals": "e.g. 15 (SIGTERM), 9 (SIGKILL)"}), 2)
+    return text if text.startswith("SIG") else "SIG" + text
+
+
+@app.command()
+def stop(
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Stop a session (SIGTERM to its tree, SIGKILL after the grace period); it stays listed, as in pm2."""
+    with _client(url, token) as client:
+        reply = client.process("kill", session_id)
+        client.process("wait", session_id, timeout=int(_WAIT_CALL_S * 1000))
+    _err.print(escape(reply.text))
+
+
+@app.command()
+def restart(
+    session_id: Annotated[str, typer.Argument(help="The session: its id, a unique prefix of it, or its name.")],
+    url: _UrlOption = None,
+    token: _TokenOption = None,
+) -> None:
+    """Stop a session if it runs, then start its command again in the background: same command,
+    working directory, name and restart policy, a new session id (printed)."""
+    with _client(url, token) as client:
+        rows = client.process("list")["sessions"]
+        row = _one_session(rows, session_id)
+        if row.get("status") in _RUNNING:
+            client.process("kill", row["sessionId"])
+            client.process("wait", row["sessionId"], timeout=int(_WAIT_CALL_S * 1000))
+        started = client.exec(
+            str(row["command"]),
+            background=True,
+            workdir=row.get("cwd") or None,
+            name=row.get("sessionName") or None,
+        )
+    print(started["sessionId"])
+    _err.print(f"restarted {escape(str(row['command']))} as {started['sessionId']}")
+
+
+def _one_session(rows: list[dict[str, Any]], wanted: str) -> dict[str, Any]:
+    """The row ``wanted`` names as the tools resolve it: its id, a unique id prefix, or its name
+    (the live session of that name, else the newest)."""
+    from procpilot.errors import AmbiguousSession, SessionNotFound
+
+    exact = [r for r in rows if r["sessionId"] == wanted]
+    if exact:
+        return exact[0]
+    named = [r for r in rows if r.get("sessionName") == wanted]
+    if named:
+        live = [r for r in named if r.get("status") in _RUNNING]
+        return (live or named)[0]
+    prefixed = [r for r in rows if str(r["sessionId"]).startswith(wanted)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if prefixed:
+        _fail(AmbiguousSession(f"{wanted!r} fits {len(prefixed)} sessions; give more of the id"), 1)
+    _fail(SessionNotFound(f"no session {wanted!r}"), 1)
 
 
 @app.command()
@@ -665,6 +837,7 @@ def tools(
     for row in rows:
         table.add_row(row["name"], row.get("tier", ""), escape(str(row.get("description", "")).split(". ")[0]))
     _out.print(table)
+
 
 @app.command()
 def approvals(

@@ -1,6 +1,7 @@
 """MCP transport: every ToolSpec as an MCP tool, on the official SDK's ``MCPServer``.
 
-The advertised input schema is the face's pydantic model, and the client's arguments reach the
+The advertised input schema is the face's pydantic model in its lean form (or the strict form
+chosen for OpenAI clients: faces/definitions.served_schema), and the client's arguments reach the
 face untouched, so validation (and its typed, hinted errors) stays with the face. A
 typed failure is an ``isError`` result naming the error; only a malformed request is a protocol
 error. Works in both protocol eras the SDK speaks (legacy initialize, and 2026-07-28).
@@ -18,20 +19,38 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from procpilot import wire
 from procpilot.contract import ToolResult, ToolSpec
-from procpilot.faces.definitions import RESULT_SCHEMA
+from procpilot.faces.definitions import RESULT_SCHEMA, served_schema
 from procpilot.faces.exit_notices import exit_line
 
-__all__ = ["build_mcp_server", "exit_notification", "to_call_result"]
+__all__ = ["build_mcp_server", "exit_notification", "server_instructions", "to_call_result"]
 
-_INSTRUCTIONS = (
-    "procpilot runs shell commands for you. Use exec for a command; if it is still running after "
-    "yieldMs it continues in the background and you get a sessionId. Prefer process wait (blocks "
-    "until exit or a pattern) over repeated polls. A background session's exit heads your next "
-    "result of any procpilot tool (a line, and the structured exits list) unless a result already "
-    "showed it ended. Output past the result budget is cut in the middle; the marker there names "
-    "the process log call that reads what was cut. The daemon also announces exits as updates of "
-    "the resource proc://{sessionId}: on MCP 2026-07-28 only to a client that called subscriptions/listen."
+# The first 200 characters are what a client with a tool search shows a model (Claude Code and
+# Codex cut there): what the server is for, true for every client and every tool set.
+_PURPOSE = (
+    "procpilot runs shell commands and supervises long-running ones (dev servers, builds, watchers) "
+    "in the background: output kept on disk, whole process trees ended on kill or timeout."
 )
+_EXEC_GUIDE = (
+    " Use exec for a command; one still running after yieldMs goes on in the background with a "
+    "sessionId. Then process wait (until exit or a pattern) rather than repeated polls; process log "
+    "reads output a result cut. A background session's exit heads your next result (a line, and "
+    "the structured exits list) unless a result already showed it ended."
+)
+_RUN_GUIDE = (
+    " Use process.run for a command (background=true for a long-running one), process.monitor and "
+    "process.logs to follow it, process.kill to end it."
+)
+
+
+def server_instructions(names: Sequence[str]) -> str:
+    """The server's instructions for a server of the tools ``names``: its purpose, then how to
+    use the tools it serves (never a tool it does not serve)."""
+    text = _PURPOSE
+    if "exec" in names:
+        text += _EXEC_GUIDE if "process" in names else " Use exec for a command; it returns when it ends."
+    elif any(name.replace("_", ".", 1) == "process.run" for name in names):
+        text += _RUN_GUIDE if "process.run" in names else _RUN_GUIDE.replace("process.", "process_")
+    return text
 
 
 def to_call_result(result: ToolResult) -> CallToolResult:
@@ -85,9 +104,10 @@ def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:
         annotations=ToolAnnotations(title=spec.name, destructive_hint=spec.tier.value != "autonomous"),
         meta={"procpilot/permission": spec.tier.value, **spec.meta},
     )
-    # The open result schema: clients that show the structured content learn the fields there.
-    metadata = tool.fn_metadata.model_copy(update={"output_schema": RESULT_SCHEMA})
-    return tool.model_copy(update={"parameters": spec.input_schema(), "fn_metadata": metadata})
+    update: dict[str, Any] = {"parameters": served_schema(spec)}
+    if not spec.text_only:  # the open result schema: what a client showing structured content learns
+        update["fn_metadata"] = tool.fn_metadata.model_copy(update={"output_schema": RESULT_SCHEMA})
+    return tool.model_copy(update=update)
 
 
 def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str = "procpilot") -> MCPServer:
@@ -96,7 +116,7 @@ def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str
     return MCPServer(
         name,
         # A harness profile's tools (text only) are the model's own: no word of exec or process.
-        instructions=None if any(spec.text_only for spec in tools) else _INSTRUCTIONS,
+        instructions=None if any(spec.text_only for spec in tools) else server_instructions([s.name for s in tools]),
         version=_version(),
         tools=[_mcp_tool(spec, scope) for spec in tools],
     )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.all_tools import with_default_tools
 from procpilot.faces.exit_notices import ExitNotices
 from procpilot.transports.mcp import build_mcp_server, exit_notification
 from procpilot.transports.serve import (
@@ -40,6 +41,7 @@ async def serve_mcp(
     # Keeping sessions makes this agent's servers one lineage: each adopts what the last one left
     # (and two live at once are refused). Without it, nothing changes.
     owner = f"mcp:{agent}" if keep_sessions else None
+    settings = with_default_tools(settings)
     async with make_supervisor(settings, owner=owner) as sup:
         tools, audit = build_tools(sup, settings)
         stop_audit = record_audit(audit, audit_file(settings))

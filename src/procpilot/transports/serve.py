@@ -249,7 +249,10 @@ def bind_listeners(
 
 
 def _busy_hint() -> str:
-    return "Stop the other server on that address (procpilot ps tells if it is a procpilot daemon) or pick another."
+    return (
+        "Stop the other server on that address (procpilot ps tells if it is a procpilot daemon), or pick "
+        "another port: --port N (PORT=N make run)."
+    )
 
 
 def _remove_stale_socket(path: str) -> None:

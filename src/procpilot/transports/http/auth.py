@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from procpilot.transports.http.bodies import read_body, refuse_oversized
+from procpilot.errors import Unauthorized
+from procpilot.transports.http.bodies import error_body, is_mcp, read_body, refuse_oversized, rpc_error
 from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
 from procpilot.transports.http.common import _LOOPBACK_HOSTS, _MAX_BODY, _header, current_agent
 
@@ -173,6 +174,12 @@ class AuthMiddleware:
             await self.app(scope, body, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, body: bytes) -> None:
+        if is_mcp(scope):
+            # An MCP client shows a JSON-RPC error's message; the text still says nothing of why.
+            if status == 401:
+                body = error_body(scope, Unauthorized("Unauthorized."))
+            else:
+                body = rpc_error("Forbidden.", {"error": "Forbidden", "message": "Forbidden."})
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if status == 401:
             headers.append((b"www-authenticate", b"Bearer"))

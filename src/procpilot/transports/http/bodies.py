@@ -19,7 +19,10 @@ from starlette.types import Message, Receive, Scope, Send
 from procpilot.errors import ProcpilotError, RequestTimeout, RequestTooLarge
 from procpilot.transports.http.common import _header
 
-__all__ = ["read_body", "refuse_oversized"]
+__all__ = ["error_body", "is_mcp", "read_body", "refuse_oversized", "rpc_error"]
+
+# JSON-RPC's "Invalid Request": what a refused MCP request is, whatever the reason.
+_INVALID_REQUEST = -32600
 
 
 async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: int, timeout: float) -> Receive | None:
@@ -40,14 +43,14 @@ async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: in
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > max_bytes:  # chunked: no length declared up front
-                    await _answer(send, _too_large(max_bytes))
+                    await _answer(scope, send, _too_large(max_bytes))
                     return None
                 chunks.append(chunk)
                 if not message.get("more_body"):
                     break
     except TimeoutError:
         said = f"the request body did not arrive within {timeout:g} s ({size} bytes did)"
-        await _answer(send, RequestTimeout(said, timeout=timeout), close=True)
+        await _answer(scope, send, RequestTimeout(said, timeout=timeout), close=True)
         return None
     replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
@@ -62,7 +65,7 @@ async def refuse_oversized(scope: Scope, send: Send, *, max_bytes: int) -> bool:
     declared = _header(scope, b"content-length")
     if declared is None or (declared.isdigit() and int(declared) <= max_bytes):
         return False
-    await _answer(send, _too_large(max_bytes))
+    await _answer(scope, send, _too_large(max_bytes))
     return True
 
 
@@ -70,8 +73,31 @@ def _too_large(max_bytes: int) -> RequestTooLarge:
     return RequestTooLarge(f"the request body is larger than {max_bytes} bytes", limit=max_bytes)
 
 
-async def _answer(send: Send, error: ProcpilotError, *, close: bool = False) -> None:
-    body = json.dumps(error.to_dict()).encode()
+def error_body(scope: Scope, error: ProcpilotError) -> bytes:
+    """The body that refuses a request with ``error``: the typed error as JSON, and on ``/mcp`` a
+    JSON-RPC error carrying it (``message`` with the hints, ``data`` the typed error), which MCP
+    clients show as they are; a bare JSON body they replace with "Server returned an error
+    response"."""
+    if not is_mcp(scope):
+        return json.dumps(error.to_dict()).encode()
+    hints = " ".join(f"- {text}" for text in error.hints.values())
+    said = f"{error.code}: {error.message}" + (f" What to do next: {hints}" if hints else "")
+    return rpc_error(said, error.to_dict())
+
+
+def is_mcp(scope: Scope) -> bool:
+    """Whether the request is for the MCP endpoint (the daemon's, and ``procpilot mcp --http``'s)."""
+    return scope["type"] == "http" and str(scope.get("path", "")).rstrip("/") == "/mcp"
+
+
+def rpc_error(message: str, data: dict[str, object]) -> bytes:
+    """A JSON-RPC error answering a request whose id was never read (``id: null``)."""
+    error = {"code": _INVALID_REQUEST, "message": message, "data": data}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+async def _answer(scope: Scope, send: Send, error: ProcpilotError, *, close: bool = False) -> None:
+    body = error_body(scope, error)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))  # uvicorn closes the connection after this answer

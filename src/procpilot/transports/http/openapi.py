@@ -109,6 +109,11 @@ _NO_GATE = ("No policy gate in this build.", _ERROR_BODY)
 _MCP_COMMON: dict[str, tuple[str, Mapping[str, Any] | None]] = {
     "400": ("No or unknown-format Mcp-Session-Id, or a body that is not JSON-RPC.", _RPC_ERROR_BODY),
     "404": ("The Mcp-Session-Id names no session (or another token's).", _RPC_ERROR_BODY),
+    # Refused before the MCP server reads the request: the typed error in a JSON-RPC error's data.
+    "401": (_STATUS_TEXT[401], _RPC_ERROR_BODY),
+    "403": (_HOST_REFUSED, _RPC_ERROR_BODY),
+    "408": (_STATUS_TEXT[408], _RPC_ERROR_BODY),
+    "413": (_STATUS_TEXT[413], _RPC_ERROR_BODY),
 }
 _MCP_SUMMARY = "MCP over streamable HTTP (the same tools; resources proc://{sessionId})."
 

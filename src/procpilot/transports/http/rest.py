@@ -139,7 +139,8 @@ class Daemon:
     async def call_tool(self, request: Request) -> Response:
         agent = _agent()
         name = request.path_params["name"]
-        spec = self.tools.get(name)
+        # Either spelling of a dotted name: the CLI says process.logs to a daemon serving process_logs.
+        spec = self.tools.get(name) or self.tools.get(name.replace(".", "_"))
         if spec is None:
             return _error(
                 "UnknownTool",
