@@ -822,12 +822,11 @@ class Supervisor:
             # Its agent's directory, if it is in one: the next server finds it there.
             extra["tree_root"] = str(trees.path(session.id).parent)
             roots.append(extra["tree_root"])
-        group = self._groups.group_of(session.id)
-        if group is not None and self._groups.mechanism == "cgroup1":
-            # Its processes are in the agent's cpu cgroup: locked, so the next server's sweep of
-            # ours leaves them running (engine/trees.py, reap_stale_instances).
-            extra["group_roots"] = [str(group)]
-            roots.append(str(group))
+        if self._groups.group_of(session.id) is not None and self._groups.base is not None:
+            # Our directory above the agent's is locked too: a sweep of dead servers' directories
+            # (the next server's, or another procpilot's on this host) then leaves them running.
+            extra["group_roots"] = [str(self._groups.base)]
+            roots.append(str(self._groups.base))
         if isinstance(limits, CgroupV1Limits | CgroupV2Limits):
             paths = limits.roots_of(session.id)
             extra["limit_mechanism"] = limits.name
