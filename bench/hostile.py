@@ -11,7 +11,8 @@ the noise has stopped:
 - ``1 MB commands``: four loops sending ``exec`` with a 1 MB command (one word of ``A``);
 - ``never-read WS``: a WebSocket that sends 500 ``proc/log/req`` of 1 MiB each and never reads;
 - ``1000 idle conns``: 1,000 TCP connections that send half a request line and wait;
-- ``exec flood``: eight loops of ``exec true`` back to back (a noisy agent at full rate).
+- ``exec flood``: eight loops of ``exec true`` back to back (a noisy agent at full rate);
+- ``busy sessions``: eight background sessions that each keep a core busy (``while :; do :; done``).
 
 For each phase it prints the quiet agent's p50 and p99 latency, their ratio to the idle phase,
 the noisy agent's completed and refused requests, and the daemon's RSS (peak during the phase,
@@ -83,6 +84,28 @@ big_commands = functools.partial(exec_loop, "echo " + "A" * 1_000_000)
 exec_flood = functools.partial(exec_loop, "true")
 
 
+async def busy_sessions(url: str, noise: Noise) -> None:
+    """Eight background sessions burning CPU: what the agents' CPU groups are for."""
+    started: list[str] = []
+    async with client(url, NOISY) as http:
+        try:
+            for _ in range(8):
+                response = await http.post(
+                    "/v1/tools/exec",
+                    json={"command": "timeout 90 sh -c 'while :; do :; done'", "background": True},
+                )
+                if response.status_code == 200:
+                    started.append(response.json()["data"]["sessionId"])
+                    noise.done += 1
+                else:
+                    noise.refused += 1
+            await asyncio.sleep(PHASE_LIMIT)
+        finally:
+            for session in started:
+                with contextlib.suppress(httpx2.HTTPError):
+                    await http.post("/v1/tools/process", json={"action": "kill", "sessionId": session})
+
+
 async def never_read_ws(url: str, noise: Noise) -> None:
     async with client(url, NOISY) as http:  # a session with 2 MiB of stdout to page through
         response = await http.post(
@@ -134,6 +157,7 @@ NOISES: dict[str, list[Callable[[str, Noise], Awaitable[None]]]] = {
     "never-read WS": [never_read_ws],
     "1000 idle conns": [idle_connections],
     "exec flood": [exec_flood] * 8,
+    "busy sessions": [busy_sessions],
     "all at once": [*[big_commands] * 4, never_read_ws, idle_connections, *[exec_flood] * 8],
     "after": [],
 }
