@@ -11,12 +11,16 @@ the noise has stopped:
 - ``1 MB commands``: four loops sending ``exec`` with a 1 MB command (one word of ``A``);
 - ``never-read WS``: a WebSocket that sends 500 ``proc/log/req`` of 1 MiB each and never reads;
 - ``1000 idle conns``: 1,000 TCP connections that send half a request line and wait;
-- ``exec flood``: eight loops of ``exec true`` back to back (a noisy agent at full rate).
+- ``exec flood``: eight loops of ``exec true`` back to back (a noisy agent at full rate);
+- ``busy sessions``: eight background sessions that each keep a core busy (``while :; do :; done``).
 
 For each phase it prints the quiet agent's p50 and p99 latency, their ratio to the idle phase,
 the noisy agent's completed and refused requests, and the daemon's RSS (peak during the phase,
 and after it). Traffic goes to 127.0.0.1 only; every loop is bounded in time and it stops by
 itself. Nothing is asserted: the figures are for people (see docs/performance.md).
+
+The noisy agent runs in a process of its own (``--noise``), as another agent's client would:
+sharing the quiet client's event loop, its work would count in the quiet agent's latencies.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import contextlib
 import functools
 import json
 import resource
+import signal
 import socket
 import sys
 import tempfile
@@ -77,6 +82,28 @@ async def exec_loop(command: str, url: str, noise: Noise) -> None:
 
 big_commands = functools.partial(exec_loop, "echo " + "A" * 1_000_000)
 exec_flood = functools.partial(exec_loop, "true")
+
+
+async def busy_sessions(url: str, noise: Noise) -> None:
+    """Eight background sessions burning CPU: what the agents' CPU groups are for."""
+    started: list[str] = []
+    async with client(url, NOISY) as http:
+        try:
+            for _ in range(8):
+                response = await http.post(
+                    "/v1/tools/exec",
+                    json={"command": "timeout 90 sh -c 'while :; do :; done'", "background": True},
+                )
+                if response.status_code == 200:
+                    started.append(response.json()["data"]["sessionId"])
+                    noise.done += 1
+                else:
+                    noise.refused += 1
+            await asyncio.sleep(PHASE_LIMIT)
+        finally:
+            for session in started:
+                with contextlib.suppress(httpx2.HTTPError):
+                    await http.post("/v1/tools/process", json={"action": "kill", "sessionId": session})
 
 
 async def never_read_ws(url: str, noise: Noise) -> None:
@@ -130,6 +157,7 @@ NOISES: dict[str, list[Callable[[str, Noise], Awaitable[None]]]] = {
     "never-read WS": [never_read_ws],
     "1000 idle conns": [idle_connections],
     "exec flood": [exec_flood] * 8,
+    "busy sessions": [busy_sessions],
     "all at once": [*[big_commands] * 4, never_read_ws, idle_connections, *[exec_flood] * 8],
     "after": [],
 }
@@ -153,9 +181,30 @@ async def quiet_calls(url: str, calls: int, gap: float) -> list[float]:
     return latencies
 
 
-async def phase(url: str, pid: int, name: str, calls: int, gap: float) -> dict[str, object]:
+async def noisy_agent(url: str, name: str) -> int:
+    """The child process of ``--noise``: make the noise until SIGTERM, then print its counts."""
     noise = Noise()
     tasks = [asyncio.ensure_future(make(url, noise)) for make in NOISES[name]]
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), PHASE_LIMIT + 10)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(BaseException):
+            await task
+    print(json.dumps({"done": noise.done, "refused": noise.refused, "failed": noise.failed}), flush=True)
+    return 0
+
+
+async def phase(url: str, pid: int, name: str, calls: int, gap: float) -> dict[str, object]:
+    noise = Noise()
+    child = None
+    if NOISES[name]:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--noise", name, "--url", url, stdout=asyncio.subprocess.PIPE
+        )
     peak = rss_mib(pid)
 
     async def sample() -> None:
@@ -165,13 +214,17 @@ async def phase(url: str, pid: int, name: str, calls: int, gap: float) -> dict[s
             await asyncio.sleep(0.1)
 
     sampler = asyncio.ensure_future(sample())
-    await asyncio.sleep(1.0 if tasks else 0)  # let the noise build up
+    await asyncio.sleep(1.0 if child else 0)  # let the noise build up
     latencies = await quiet_calls(url, calls, gap)
-    for task in [*tasks, sampler]:
-        task.cancel()
-    for task in [*tasks, sampler]:
-        with contextlib.suppress(BaseException):
-            await task
+    sampler.cancel()
+    with contextlib.suppress(BaseException):
+        await sampler
+    if child is not None:
+        child.send_signal(signal.SIGTERM)
+        out, _ = await child.communicate()
+        with contextlib.suppress(ValueError):
+            counts = json.loads(out.decode().strip().splitlines()[-1])
+            noise.done, noise.refused, noise.failed = counts["done"], counts["refused"], counts["failed"]
     await asyncio.sleep(2.0)  # what the daemon gives back once the noise is gone
     return {
         "name": name,
@@ -189,9 +242,13 @@ async def main() -> int:
     parser.add_argument("--calls", type=int, default=30, help="quiet calls per phase")
     parser.add_argument("--gap-ms", type=float, default=100.0, help="idle time between two quiet calls")
     parser.add_argument("--only", default="", help="comma-separated phases (idle always runs first)")
+    parser.add_argument("--noise", help=argparse.SUPPRESS)  # run as the noisy agent's process
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,000 connections on each side
+    if args.noise:
+        return await noisy_agent(args.url, args.noise)
 
     wanted = [n for n in NOISES if n != "idle" and (not args.only or n in args.only.split(","))]
     rows = []

@@ -67,7 +67,9 @@ def start_daemon(
             [PROCPILOT, "serve", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"},
+            # PYTHONPATH passed on: a worktree's code, measured with the shared virtualenv.
+            env={"PATH": os.environ["PATH"], "HOME": str(root), "LANG": "C.UTF-8"}
+            | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

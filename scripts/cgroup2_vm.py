@@ -422,6 +422,8 @@ def build_initramfs(cache: Path, kernel: Kernel, busybox: Path) -> Path:
 
 def guest_script(argv: list[str], cwd: str, delegated: bool, debug: bool, marker: str) -> str:
     env = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "root", "PROCPILOT_VM": "cgroup2"}
+    if os.environ.get("PYTHONPATH"):  # a worktree's code, with the shared virtualenv
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     setup = ""
     if delegated:
         env["PROCPILOT_VM_DELEGATED"] = "1"

@@ -26,6 +26,7 @@ IN_GUEST = [
     "tests/engine/test_limits.py",
     "tests/engine/test_trees.py",
     "tests/engine/test_cgroup2_delegation.py",
+    "tests/engine/test_fairness.py",
 ]
 
 pytestmark = [

@@ -75,8 +75,9 @@ class LimitBackend(Protocol):
     enforces: frozenset[str]  # which of "memory", "cpu", "pids" it really enforces
     passed_over: dict[str, str]  # better mechanisms probed and not used -> why not
 
-    def prepare(self, session_id: str, limits: Limits) -> list[str]:
-        """Create what the session needs; returns the shell lines that join it."""
+    def prepare(self, session_id: str, limits: Limits, group: str | None = None) -> list[str]:
+        """Create what the session needs (its CPU cgroup below ``group``, its agent's directory,
+        engine/fairness.py); returns the shell lines that join it."""
 
     def report(self, session_id: str) -> LimitReport:
         """OOM kills and peak memory so far."""
@@ -102,6 +103,15 @@ def _rmdir(path: Path) -> None:
             time.sleep(0.002)  # the kernel lags a moment behind the last exit in the group
 
 
+def _rmdir_tree(path: Path) -> None:
+    """rmdir ``path`` and the cgroups below it (an agent's group, its sessions'), deepest first."""
+    with contextlib.suppress(OSError):
+        for child in path.iterdir():
+            if child.is_dir():
+                _rmdir_tree(child)
+    _rmdir(path)
+
+
 def _join_line(procs_files: list[Path]) -> str:
     writes = " && ".join(f'echo $$ > "{p}"' for p in procs_files)
     return f"{{ {writes}; }} || exit 125"
@@ -115,12 +125,18 @@ class CgroupV1Limits:
         self.passed_over: dict[str, str] = {}
         self.roots = roots  # controller -> our directory in that hierarchy
         self._holds = [hold_instance(root) for root in roots.values()]
+        # session id -> its agent's directory in the cpu hierarchy: only CPU is shared out by
+        # agent (engine/fairness.py); memory and pids limits are each session's own.
+        self._cpu_groups: dict[str, str] = {}
 
     def _dir(self, controller: str, session_id: str) -> Path:
-        return self.roots[controller] / session_id
+        group = self._cpu_groups.get(session_id) if controller == "cpu" else None
+        return self.roots[controller] / group / session_id if group else self.roots[controller] / session_id
 
-    def prepare(self, session_id: str, limits: Limits) -> list[str]:
+    def prepare(self, session_id: str, limits: Limits, group: str | None = None) -> list[str]:
         procs: list[Path] = []
+        if group is not None:
+            self._cpu_groups[session_id] = group
         if limits.memory_bytes is not None:
             d = self._dir("memory", session_id)
             d.mkdir(exist_ok=True)
@@ -141,6 +157,10 @@ class CgroupV1Limits:
             procs.append(d / "cgroup.procs")
         return [_join_line(procs)] if procs else []
 
+    def roots_of(self, session_id: str) -> dict[str, Path]:
+        """controller -> the directory holding the session's (its agent's, for cpu)."""
+        return {c: self._dir(c, session_id).parent for c in self.roots}
+
     def report(self, session_id: str) -> LimitReport:
         d = self._dir("memory", session_id)
         oom = False
@@ -157,6 +177,7 @@ class CgroupV1Limits:
             d = self._dir(controller, session_id)
             if d.exists():
                 _rmdir(d)
+        self._cpu_groups.pop(session_id, None)
 
     def detach(self) -> None:
         """Forget the directories without ending what runs in them (left to the next server)."""
@@ -167,10 +188,8 @@ class CgroupV1Limits:
     def close(self) -> None:
         for root in self.roots.values():
             if root.exists():
-                for child in root.iterdir():
-                    if child.is_dir():
-                        _rmdir(child)
-                _rmdir(root)
+                _rmdir_tree(root)
+        self._cpu_groups.clear()
         for hold in self._holds:
             release_instance(hold)
         self._holds = []
@@ -184,10 +203,17 @@ class CgroupV2Limits:
         self.passed_over: dict[str, str] = {}
         self.root = root
         self._hold = hold_instance(root)
+        self._groups: dict[str, str] = {}  # session id -> its agent's directory (engine/fairness.py)
 
-    def prepare(self, session_id: str, limits: Limits) -> list[str]:
-        d = self.root / session_id
-        d.mkdir(exist_ok=True)
+    def _dir(self, session_id: str) -> Path:
+        group = self._groups.get(session_id)
+        return self.root / group / session_id if group else self.root / session_id
+
+    def prepare(self, session_id: str, limits: Limits, group: str | None = None) -> list[str]:
+        if group is not None:
+            self._groups[session_id] = group
+        d = self._dir(session_id)
+        d.mkdir(parents=True, exist_ok=True)
         if limits.memory_bytes is not None:
             _write(d / "memory.max", str(limits.memory_bytes))
             with contextlib.suppress(OSError):
@@ -199,8 +225,12 @@ class CgroupV2Limits:
             _write(d / "pids.max", str(limits.pids_max))
         return [_join_line([d / "cgroup.procs"])]
 
+    def roots_of(self, session_id: str) -> dict[str, Path]:
+        """The directory holding the session's (its agent's, if it is in one)."""
+        return {"v2": self._dir(session_id).parent}
+
     def report(self, session_id: str) -> LimitReport:
-        d = self.root / session_id
+        d = self._dir(session_id)
         oom = False
         peak = None
         with contextlib.suppress(OSError, ValueError):
@@ -211,11 +241,12 @@ class CgroupV2Limits:
         return LimitReport(oom, peak, "memory" if oom else None)
 
     def release(self, session_id: str) -> None:
-        d = self.root / session_id
+        d = self._dir(session_id)
         if d.exists():
             with contextlib.suppress(OSError):
                 _write(d / "cgroup.kill", "1")
             _rmdir(d)
+        self._groups.pop(session_id, None)
 
     def detach(self) -> None:
         """Forget the directory without ending what runs in it (left to the next server)."""
@@ -224,10 +255,10 @@ class CgroupV2Limits:
 
     def close(self) -> None:
         if self.root.exists():
-            for child in self.root.iterdir():
-                if child.is_dir():
-                    self.release(child.name)
-            _rmdir(self.root)
+            with contextlib.suppress(OSError):
+                _write(self.root / "cgroup.kill", "1")  # what still runs in every group below
+            _rmdir_tree(self.root)
+        self._groups.clear()
         release_instance(self._hold)
         self._hold = None
 
@@ -266,7 +297,7 @@ class WatchdogLimits:
         self.exceeded: dict[str, str] = {}
         self._cpu: dict[str, _CpuBucket] = {}
 
-    def prepare(self, session_id: str, limits: Limits) -> list[str]:
+    def prepare(self, session_id: str, limits: Limits, group: str | None = None) -> list[str]:
         self.peaks[session_id] = 0
         return []
 

@@ -33,6 +33,7 @@ from procpilot.engine.adoption import Restarts, leader_status, outage_exits, rep
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
+from procpilot.engine.fairness import AgentGroups, probe_fairness
 from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import FALLBACKS, isolation_capabilities
@@ -113,6 +114,7 @@ _ADOPTION_KEYS = (
     "tree_root",
     "limit_mechanism",
     "limit_roots",
+    "group_roots",
     "timeout",
     "notify_on_exit",
 )
@@ -237,6 +239,7 @@ class Supervisor:
         self._store: SessionStore | None = store
         self._trees: TreeBackend | None = trees
         self._limits: LimitBackend | None = limits
+        self._groups = AgentGroups(None, None, "not started")  # each agent's CPU share (engine/fairness.py)
         # Called as filter(scope, spec, running sessions in that scope) before every spawn: it may
         # refuse (raise a ProcpilotError) or return the spec to run. Policy lives outside the engine.
         self._spawn_filter = spawn_filter
@@ -301,7 +304,9 @@ class Supervisor:
             self._restarts.link.on_lost = self._holder_lost
             self._adopt(held)
         if self._warm_size > 0:
-            self._warm = WarmPool(self._tree_backend, self._warm_size, make_env=self._warm_env, new_id=new_session_id)
+            self._warm = WarmPool(
+                self._tree_backend, self._warm_size, make_env=self._warm_env, new_id=new_session_id, groups=self._groups
+            )
             self._warm.fill()
         self._spawn_task(self._housekeeping())
         return self
@@ -316,6 +321,7 @@ class Supervisor:
             # Where sessions are grouped by cgroup v2, limits go in the same directories.
             v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
             self._limits = probe_limits(v2_root=v2_root, name=name)
+        self._groups = probe_fairness(self._trees, self._limits)
 
     def _warm_env(self, session_id: str) -> dict[str, str]:
         return self._env(session_id, SpawnSpec("true"))
@@ -353,6 +359,7 @@ class Supervisor:
                 "not_enforced": sorted({"memory", "cpu", "pids"} - limits.enforces),
                 "passed_over": [f"{name}: {why}" for name, why in limits.passed_over.items()],
             },
+            "cpu_fairness": self._groups.describe(),
             "isolation": self._isolation_report(),
             "pidfd": hasattr(os, "pidfd_open"),
             "warm_shells": self.warm_shells(),
@@ -510,6 +517,7 @@ class Supervisor:
             reap_orphans(set())
             self._tree_backend.close()
             self._limit_backend.close()
+            self._groups.close()
             if self._restarts is not None:
                 self._restarts.close()
             if self._store is not None:
@@ -673,7 +681,7 @@ class Supervisor:
             self._state_dir.check()  # one stat, before anything is taken: its files go there
         starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
         # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
-        warm = self._warm.take(spec) if starts_now and self._warm is not None and given_id is None else None
+        warm = self._warm.take(spec, scope) if starts_now and self._warm is not None and given_id is None else None
         session_id = given_id or (new_session_id() if warm is None else warm.session_id)
         directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
@@ -745,16 +753,21 @@ class Supervisor:
                     warm = None
                     self._attach(session, spawned)
                     return
-            tree_line = self._tree_backend.prepare(session.id)
+            try:
+                place = self._groups.enter(session.scope, session.id)
+            except OSError as exc:
+                raise SpawnFailed(f"could not make the agent's CPU group: {exc}") from exc
+            tree_line = self._tree_backend.prepare(session.id, place.tree_group)
             tree_prepared = True
             if tree_line:
                 prelude.append(tree_line)
+            prelude += place.lines
             prelude += descriptors.child_lines()
             if spec.limits is not None and not spec.limits.empty:
                 limits = self._limit_backend
                 session.accounting.limit_backend = limits
                 try:
-                    prelude += limits.prepare(session.id, spec.limits)
+                    prelude += limits.prepare(session.id, spec.limits, place.group)
                 except OSError as exc:
                     raise SpawnFailed(f"could not set up limits with {limits.name}: {exc}") from exc
             if spec.limits is not None:
@@ -769,6 +782,8 @@ class Supervisor:
                 self._tree_backend.release(session.id)
             if session.accounting.limit_backend is not None:
                 session.accounting.limit_backend.release(session.id)
+            if not again:
+                self._groups.leave(session.id)
             if spec.lane is not None and not again:
                 self._lanes.release(spec.lane, session.scope)
             raise
@@ -827,10 +842,16 @@ class Supervisor:
             "server_pid": os.getpid(),  # its parent: the one that may still wait for it
         }
         if isinstance(trees, CgroupTrees):
-            extra["tree_root"] = str(trees.root)
-            roots.append(str(trees.root))
+            # Its agent's directory, if it is in one: the next server finds it there.
+            extra["tree_root"] = str(trees.path(session.id).parent)
+            roots.append(extra["tree_root"])
+        if self._groups.group_of(session.id) is not None and self._groups.base is not None:
+            # Our directory above the agent's is locked too: a sweep of dead servers' directories
+            # (the next server's, or another procpilot's on this host) then leaves them running.
+            extra["group_roots"] = [str(self._groups.base)]
+            roots.append(str(self._groups.base))
         if isinstance(limits, CgroupV1Limits | CgroupV2Limits):
-            paths = limits.roots if isinstance(limits, CgroupV1Limits) else {"v2": limits.root}
+            paths = limits.roots_of(session.id)
             extra["limit_mechanism"] = limits.name
             extra["limit_roots"] = {c: str(p) for c, p in paths.items()}
             roots += [str(p) for p in paths.values()]
@@ -850,6 +871,7 @@ class Supervisor:
             return
         extra = session.custody.record
         roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
+        roots += [str(p) for p in extra.get("group_roots", [])]
         limit_roots = extra.get("limit_roots")
         roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
@@ -1008,6 +1030,7 @@ class Supervisor:
         return session
 
     def _on_finish(self, session: Session) -> None:
+        self._groups.leave(session.id)  # its trees are gone: its agent's group, if its last
         unfinished = self._unfinished.get(session.scope)
         if unfinished is not None:
             unfinished.discard(session.id)

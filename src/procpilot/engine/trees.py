@@ -60,8 +60,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 class TreeBackend(Protocol):
     name: str
 
-    def prepare(self, session_id: str) -> str | None:
-        """Make room for a session; returns the shell line that joins it, or None."""
+    def prepare(self, session_id: str, group: str | None = None) -> str | None:
+        """Make room for a session (in ``group``, a directory below ours: its agent's, see
+        engine/fairness.py); returns the shell line that joins it, or None."""
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
         """Every live process of the session; ``leader`` is its first pid (its session/group id)."""
@@ -150,7 +151,7 @@ class ScanTrees:
         self.subreaper = _set_subreaper()
         self._me = os.getpid()
 
-    def prepare(self, session_id: str) -> str | None:
+    def prepare(self, session_id: str, group: str | None = None) -> str | None:
         return None
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
@@ -220,7 +221,8 @@ class AdoptedScanTrees(ScanTrees):
 
 
 class CgroupTrees:
-    """A cgroup v2 directory per session under one directory of our own."""
+    """A cgroup v2 directory per session under one directory of our own, or under its agent's
+    directory there (``group``: where the agents' CPU weights are, engine/fairness.py)."""
 
     name = "cgroup2"
 
@@ -229,28 +231,48 @@ class CgroupTrees:
         # Session paths are plain strings: every spawn makes, reads and removes one, and pathlib's
         # parsing cost more than the system calls.
         self._root = str(root)
+        self._paths: dict[str, str] = {}  # session id -> its directory, when it is in a group
+        self._moved: dict[str, str] = {}  # session id -> the directory it left for its group's
         self.subreaper = _set_subreaper()
         self._hold = hold_instance(root)
 
     def _dir(self, session_id: str) -> str:
-        return f"{self._root}/{session_id}"
+        return self._paths.get(session_id) or f"{self._root}/{session_id}"
 
-    def prepare(self, session_id: str) -> str | None:
-        path = self._dir(session_id)
+    def prepare(self, session_id: str, group: str | None = None) -> str | None:
+        if group is None:
+            path = f"{self._root}/{session_id}"
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(f"{self._root}/{group}")
+            path = f"{self._root}/{group}/{session_id}"
+            old = self._dir(session_id)
+            if old != path and os.path.isdir(old):
+                self._moved[session_id] = old  # a warm shell made before its agent was known
+            self._paths[session_id] = path
         with contextlib.suppress(FileExistsError):
             os.mkdir(path)
         return f'echo $$ > "{path}/cgroup.procs" || exit 125'
 
+    def path(self, session_id: str) -> Path:
+        """The session's directory (in its group's, if it has one)."""
+        return Path(self._dir(session_id))
+
     def pids(self, session_id: str, leader: int | None) -> set[int]:
-        try:
-            data = read_small(f"{self._root}/{session_id}/cgroup.procs")
-        except OSError:
-            return set()
-        return {int(line) for line in data.split()}
+        found: set[int] = set()
+        for path in (self._dir(session_id), self._moved.get(session_id)):
+            if path is None:
+                continue
+            try:
+                data = read_small(f"{path}/cgroup.procs")
+            except OSError:
+                continue
+            found.update(int(line) for line in data.split())
+        return found
 
     def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
         members = self.pids(session_id, leader)
-        if sig == signal.SIGKILL and members:
+        if sig == signal.SIGKILL and members and session_id not in self._moved:
             try:
                 with open(f"{self._dir(session_id)}/cgroup.kill", "wb") as f:
                     f.write(b"1")
@@ -264,16 +286,10 @@ class CgroupTrees:
         return _signal_pids(first, sig) + _signal_pids(members - set(first), sig)
 
     def release(self, session_id: str) -> None:
-        path = self._dir(session_id)
-        for _ in range(50):
-            try:
-                os.rmdir(path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                # Busy: the kernel lags a moment behind the last exit in the group.
-                time.sleep(0.002)
+        for path in (self._dir(session_id), self._moved.pop(session_id, None)):
+            if path is not None:
+                _rmdir_busy(path)
+        self._paths.pop(session_id, None)
 
     def detach(self) -> None:
         """Forget the directory without ending what runs in it (it is left to the next server)."""
@@ -283,15 +299,25 @@ class CgroupTrees:
     def close(self) -> None:
         if not self.root.exists():
             return
-        for child in self.root.iterdir():
-            if child.is_dir():
-                with contextlib.suppress(OSError):
-                    (child / "cgroup.kill").write_text("1")
-                self.release(child.name)
         with contextlib.suppress(OSError):
-            self.root.rmdir()
+            (self.root / "cgroup.kill").write_text("1")  # what still runs in every group below
+        _remove_tree(self.root)
+        self._paths.clear()
+        self._moved.clear()
         release_instance(self._hold)
         self._hold = None
+
+
+def _rmdir_busy(path: str) -> None:
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            # Busy: the kernel lags a moment behind the last exit in the group.
+            time.sleep(0.002)
 
 
 def own_unified_cgroup() -> Path | None:
@@ -462,12 +488,34 @@ def reap_stale_instances(parent: Path, kill: Callable[[Path], None]) -> list[Pat
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # held: its supervisor lives
+            if _group_held(path):
+                continue  # a holder keeps one agent's sessions there for the next server
             kill(path)
             if _remove_tree(path):
                 removed.append(path)
         finally:
             os.close(fd)
     return removed
+
+
+def _group_held(path: Path) -> bool:
+    """Whether a directory just below ``path`` (an agent's group, engine/fairness.py) is locked."""
+    try:
+        children = [child for child in path.iterdir() if child.is_dir()]
+    except OSError:
+        return False
+    for child in children:
+        try:
+            fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+    return False
 
 
 def _remove_tree(path: Path) -> bool:

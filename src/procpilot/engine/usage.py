@@ -148,8 +148,10 @@ def _cgroup_cpu_ms(trees: Any, session_id: str) -> int | None:
     root = getattr(trees, "root", None)
     if not isinstance(root, Path):
         return None
+    where = getattr(trees, "path", None)  # below its agent's directory, if it is in one (fairness.py)
+    directory = where(session_id) if callable(where) else root / session_id
     try:
-        text = (root / session_id / "cpu.stat").read_text()
+        text = (directory / "cpu.stat").read_text()
     except OSError:
         return None
     for line in text.splitlines():

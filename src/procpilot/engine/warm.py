@@ -38,12 +38,13 @@ import shlex
 import subprocess
 import time
 import weakref
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from procpilot.engine import descriptors
+from procpilot.engine.fairness import AgentGroups
 from procpilot.engine.isolation import isolation_prefix
 
 # The cold path's own pipe and argv makers: a warm session must get exactly what a cold one gets.
@@ -112,6 +113,10 @@ class WarmShell:
     env: dict[str, str]
     token: str
     launched: bool = False
+    # The agent whose group it waits in (engine/fairness.py); None: made before any agent was
+    # known, it joins the group of the agent that takes it, with the command.
+    agent: str | None = None
+    join: list[str] | None = None  # that join, set when such a shell is taken
 
     @property
     def pid(self) -> int:
@@ -140,6 +145,8 @@ class WarmShell:
         setup += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if self.env.get(k) != v]
         setup += [f"unset {k}" for k in self.env if k not in env]
         setup += prelude
+        if self.join:
+            setup = [*self.join, *setup]
         command = spec.command
         if isinstance(command, str) and spec.isolation is None:
             text = command
@@ -188,7 +195,14 @@ def waiting_fds() -> set[int]:
 
 
 class WarmPool:
-    """At most ``size`` warm shells, each already in its session's tree (with cgroups: its cgroup)."""
+    """At most ``size`` warm shells, each already in its session's tree (with cgroups: its cgroup).
+
+    With agents' CPU groups (``groups``, engine/fairness.py), a shell is made for one agent and
+    waits in its group: joining a group with the command would put a cgroup migration, and the
+    wait for a grace period that comes with it after idle, back on the call's path. The pool
+    shares its shells among the agents that took one last, most recent first, one each before
+    any has two; a shell of an agent past its share is ended to make room. The first shells,
+    made at start, belong to nobody and join the group of whoever takes them."""
 
     def __init__(
         self,
@@ -197,11 +211,15 @@ class WarmPool:
         *,
         make_env: Callable[[str], dict[str, str]],
         new_id: Callable[[], str],
+        groups: AgentGroups | None = None,
     ) -> None:
         self._trees = trees
         self.size = max(0, size)
         self._make_env = make_env
         self._new_id = new_id
+        self._groups = groups if groups is not None and groups.active else None
+        # The agents that took a shell, least recent first (None: any agent, or no groups).
+        self._recent: OrderedDict[str | None, None] = OrderedDict({None: None})
         # Oldest first: the oldest shell has had the longest to finish joining its cgroup.
         self._ready: deque[WarmShell] = deque()
         self._refill: asyncio.TimerHandle | None = None
@@ -225,17 +243,38 @@ class WarmPool:
             return False
         return all(_NAME.fullmatch(k) and k not in _SHELL_SPECIAL and not k.startswith("__pp_") for k in spec.env)
 
-    def take(self, spec: SpawnSpec) -> WarmShell | None:
-        """A live warm shell for ``spec``, or None (the pool is empty, or ``spec`` needs the cold path)."""
+    def take(self, spec: SpawnSpec, agent: str | None = None) -> WarmShell | None:
+        """A live warm shell for ``spec`` run by ``agent``, or None (none is ready for that agent,
+        or ``spec`` needs the cold path)."""
         if self._closed or not self.fits(spec):
             return None
+        key = agent if self._groups is not None else None
         shell = None
-        while self._ready:
-            candidate = self._ready.popleft()
-            if candidate.alive():
-                shell = candidate
+        for owner in dict.fromkeys((key, None)):
+            for candidate in [c for c in self._ready if c.agent == owner]:
+                self._ready.remove(candidate)
+                if candidate.alive():
+                    shell = candidate
+                    break
+                self.discard(candidate)
+            if shell is not None:
                 break
-            self.discard(candidate)
+        if shell is not None and shell.agent != key and key is not None and self._groups is not None:
+            try:
+                placement = self._groups.enter(key, shell.session_id)
+                line = self._trees.prepare(shell.session_id, placement.tree_group) if placement.tree_group else None
+            except OSError:
+                self._ready.appendleft(shell)  # the cold path tries again, and says why it cannot
+                shell = None
+            else:
+                # The agent's now: given back unlaunched (give_back), it waits for this agent, its join pending.
+                shell.agent, shell.join = key, [*([line] if line else []), *placement.lines]
+        if key is not None:
+            self._recent.pop(None, None)  # shells for anyone were for the start only
+        self._recent[key] = None
+        self._recent.move_to_end(key)
+        while len(self._recent) > max(1, self.size):
+            self._recent.popitem(last=False)
         now = time.monotonic()
         self._refill_in(0.0 if now - self._last_take < _BACK_TO_BACK else _REFILL_AFTER)
         self._last_take = now
@@ -260,12 +299,26 @@ class WarmPool:
         if self._refill is not None:
             self._refill.cancel()
             self._refill = None
-        while not self._closed and len(self._ready) < self.size and time.monotonic() >= self._quiet_until:
-            try:
-                self._ready.append(self._start_one())
-            except OSError:
-                self._quiet_until = time.monotonic() + _RETRY_AFTER
-                return
+        if self._closed or time.monotonic() < self._quiet_until or not self.size:
+            return
+        wanted = list(reversed(self._recent))  # most recent first
+        target: Counter[str | None] = Counter(wanted[i % len(wanted)] for i in range(self.size))
+        have = Counter(shell.agent for shell in self._ready)
+        for agent in wanted:
+            while have[agent] < target[agent]:
+                if len(self._ready) >= self.size:
+                    spare = next((s for s in self._ready if have[s.agent] > target[s.agent]), None)
+                    if spare is None:
+                        break
+                    self._ready.remove(spare)
+                    self.discard(spare)
+                    have[spare.agent] -= 1
+                try:
+                    self._ready.append(self._start_one(agent))
+                except OSError:
+                    self._quiet_until = time.monotonic() + _RETRY_AFTER
+                    return
+                have[agent] += 1
 
     def refill_soon(self) -> None:
         """A session ended: refill shortly, rather than when the timer of :meth:`take` fires.
@@ -290,9 +343,19 @@ class WarmPool:
             self._refill.cancel()
         self._refill = loop.call_later(delay, self.fill)
 
-    def _start_one(self) -> WarmShell:
+    def _start_one(self, agent: str | None = None) -> WarmShell:
         session_id = self._new_id()
-        join = "\n".join([self._trees.prepare(session_id) or "", *descriptors.child_lines()])
+        lines: list[str] = []
+        tree_group = None
+        if agent is not None and self._groups is not None:
+            placement = self._groups.enter(agent, session_id)
+            tree_group, lines = placement.tree_group, placement.lines
+        try:
+            tree_line = self._trees.prepare(session_id, tree_group)
+        except OSError:
+            self._leave(session_id)
+            raise
+        join = "\n".join([tree_line or "", *lines, *descriptors.child_lines()])
         parent: list[int] = []  # stdin, stdout, stderr: the supervisor's ends
         child: list[int] = []  # the shell's ends
         try:
@@ -315,6 +378,7 @@ class WarmPool:
             for fd in parent + child:
                 os.close(fd)
             self._trees.release(session_id)
+            self._leave(session_id)
             raise
         for fd in child:
             os.close(fd)
@@ -324,7 +388,12 @@ class WarmPool:
         for fd in parent:
             os.set_blocking(fd, False)
         stdin_target = f"pipe:[{os.fstat(w_in).st_ino}]"
-        return WarmShell(session_id, popen, open_pidfd(popen.pid), w_in, r_out, r_err, stdin_target, env, token)
+        pidfd = open_pidfd(popen.pid)
+        return WarmShell(session_id, popen, pidfd, w_in, r_out, r_err, stdin_target, env, token, agent=agent)
+
+    def _leave(self, session_id: str) -> None:
+        if self._groups is not None:
+            self._groups.leave(session_id)
 
     def discard(self, shell: WarmShell, *, keep_cgroup: bool = False) -> None:
         """End a shell that will run nothing; its cgroup goes with it, unless a cold start of the
@@ -335,6 +404,7 @@ class WarmPool:
         shell.close_fds()
         if not keep_cgroup:
             self._trees.release(shell.session_id)
+            self._leave(shell.session_id)
 
     def close(self) -> None:
         self._closed = True

@@ -141,7 +141,8 @@ _ROUTES = (
         "Which mechanism serves tree kill, resource limits and isolation on this host.",
         {
             "200": (
-                "tree_kill, subreaper, limits {mechanism, enforced, not_enforced, passed_over}, isolation, pidfd,"
+                "tree_kill, subreaper, limits {mechanism, enforced, not_enforced, passed_over},"
+                " cpu_fairness {between_agents, mechanism or why}, isolation, pidfd,"
                 " state_dir, restarts {survive, owner, holder or why}",
                 _object("tree_kill", "limits"),
             )
