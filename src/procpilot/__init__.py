@@ -70,6 +70,7 @@ def __getattr__(name: str) -> Any:
 
     return getattr(importlib.import_module(module), name)
 
+
 __all__ = [
     "ApprovalDenied",
     "AsyncClient",

@@ -214,6 +214,7 @@ class AuditEvent:
     duration_ms: int | None = None
     state: str | None = None  # the session's state after the call, where the result says
 
+
 ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches
 
 

@@ -38,8 +38,6 @@ from procpilot.errors import IsolationUnavailable
 __all__ = ["Isolation", "IsolationUnavailable", "isolation_capabilities", "isolation_prefix"]
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class Isolation:
     network: bool = True  # False: only loopback, in a namespace of its own
@@ -98,9 +96,7 @@ def _network_prefix() -> tuple[str, ...] | None:
     if unshare:
         candidates.append([unshare, "--map-root-user", "--net", "--"])
     if bwrap:
-        candidates.append(
-            [bwrap, "--dev-bind", "/", "/", "--unshare-net", "--cap-drop", "ALL", "--"]
-        )
+        candidates.append([bwrap, "--dev-bind", "/", "/", "--unshare-net", "--cap-drop", "ALL", "--"])
     if unshare and setpriv:
         # An empty bounding set: not even root gets a capability back by exec'ing.
         candidates.append([unshare, "--net", "--", setpriv, "--bounding-set=-all", "--inh-caps=-all", "--"])

@@ -26,6 +26,7 @@ from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Strea
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.procfs import read_small
+from procpilot.engine.records import spec_record
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
@@ -87,8 +88,11 @@ class RestartCycle:
     quick_failures: int = 0
     run_t0: float = field(default_factory=time.monotonic)
     next_run: asyncio.TimerHandle | None = None
+    next_run_at: float | None = None  # wall-clock time of the next run, while one is due (for the record)
     respawning: bool = False
     hook: Callable[[Session], None] | None = None
+    # Told when the session starts waiting for its next run (the supervisor keeps the record).
+    on_wait: Callable[[Session], None] | None = None
 
 
 def signal_name(sig: int) -> str:
@@ -297,7 +301,11 @@ class Session:
             self._set_state(SessionState.RUNNING)
         else:  # a restart: the last run's ending is the log's now
             self.exit_code = self.exit_signal = None
+        # Our own child from now on, whoever started the run before (a restarted adopted session).
+        self.custody.adopted = self.custody.ended_in_outage = False
+        self.custody.read_status = None
         self.cycle.respawning = False
+        self.cycle.next_run_at = None
         self.accounting.spawner_maxrss_kb = _spawner_maxrss_kb()
         self.stdin_open = spawned.stdin_fd is not None
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
@@ -314,7 +322,13 @@ class Session:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
 
     def adopt(
-        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | str | None]
+        self,
+        spawned: Spawned,
+        *,
+        started_at: float,
+        leader_exited: bool,
+        read_status: Callable[[], int | str | None],
+        run_started_at: float | None = None,
     ) -> None:
         """Take over a running session a previous server started (its descriptors came back from
         the holder; a stream already at EOF has fd -1, a pidfd already spent is None).
@@ -327,7 +341,9 @@ class Session:
         self.custody.adopted = True
         self.custody.read_status = read_status
         self.started_at = started_at
-        self._t0 = time.monotonic() - max(0.0, time.time() - started_at)
+        self._t0 = _monotonic_at(started_at)
+        # The backoff goes on from how long this run has lasted, not from the adoption.
+        self.cycle.run_t0 = _monotonic_at(run_started_at or started_at)
         self._set_state(SessionState.RUNNING)
         self.stdin_open = spawned.stdin_fd is not None
         for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
@@ -571,6 +587,11 @@ class Session:
             timer.cancel()
         self._timers.clear()
         self._paused_reads.clear()
+        if self.cycle.next_run is not None:
+            # Between two runs: the next server starts the next one, when its record says.
+            self.cycle.next_run.cancel()
+            self.cycle.next_run = None
+        self.cycle.hook = self.cycle.on_wait = None
         spawned = self._spawned
         if spawned is None or self._finished.is_set():
             return
@@ -624,6 +645,55 @@ class Session:
             self._signal_sent = "SIGKILL"
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
 
+    # -- restoring -----------------------------------------------------------------------------
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Take what a record says of this session's life so far (a previous server wrote it):
+        its times, its last exit, its restart counters and when it was last read (the TTL)."""
+        now = time.time()
+        self.created_at = _wall(record.get("created_at")) or now
+        self.started_at = _wall(record.get("started_at"))
+        self.backgrounded = bool(record.get("backgrounded", True))
+        self.restarts = int(record.get("restarts") or 0)
+        self.cycle.quick_failures = int(record.get("quick_failures") or 0)
+        code, sig, error = record.get("exit_code"), record.get("exit_signal"), record.get("error")
+        self.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        self.exit_signal = sig if isinstance(sig, str) else None
+        self.error = error if isinstance(error, str) else None
+        sent = record.get("signal_sent")
+        self._signal_sent = sent if isinstance(sent, str) else None
+        self.timed_out_waiting_for_input = bool(record.get("timed_out_waiting_for_input"))
+        touched = _wall(record.get("touched_at")) or _wall(record.get("ended_at")) or now
+        self.last_access = _monotonic_at(min(touched, now))
+
+    def restore_ended(self, state: SessionState, ended_at: float | None) -> None:
+        """A session that had ended before this server started: listed and readable as it was,
+        until its TTL. Not a transition: it entered its end state under the server before."""
+        if not state.is_end:
+            raise ValueError(f"not an end state: {state.value}")
+        self.state = state
+        self.ended_at = ended_at or time.time()
+        self._t_end = _monotonic_at(self.ended_at)
+        if self.started_at is not None:
+            self._t0 = _monotonic_at(self.started_at)
+        else:
+            self._t0 = self._t_end
+        self.output.mark_closed()
+        self._finished.set()
+
+    def resume_between_runs(self, next_run_at: float) -> None:
+        """A session a previous server left between two runs: its next run starts on schedule
+        (at once if that time has passed), through the supervisor's restart hook."""
+        if self.started_at is not None:
+            self._t0 = _monotonic_at(self.started_at)
+        self._set_state(SessionState.RUNNING)
+        self._wait_next_run(max(0.0, next_run_at - time.time()))
+
+    def use_trees(self, trees: TreeBackend) -> None:
+        """The tree backend of the next run: an adopted run lived in the cgroup directory of the
+        server that started it; the next one starts in this server's."""
+        self._trees = trees
+
     # -- restarts ------------------------------------------------------------------------------
 
     def _restart_due(self) -> bool:
@@ -658,11 +728,18 @@ class Session:
         self.left_orphans = False
         self._leader_reaped = False
         self._reaper_armed = False
+        self._wait_next_run(delay)
+
+    def _wait_next_run(self, delay: float) -> None:
         self.cycle.respawning = True
+        self.cycle.next_run_at = time.time() + delay
         self.cycle.next_run = self._loop.call_later(delay, self._start_next_run)
+        if self.cycle.on_wait is not None:
+            self.cycle.on_wait(self)
 
     def _start_next_run(self) -> None:
         self.cycle.next_run = None
+        self.cycle.next_run_at = None
         if self.cycle.hook is not None:
             self.cycle.hook(self)
 
@@ -671,6 +748,11 @@ class Session:
         if self._requested_end is not None and self.pid is not None:
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=True)
             self._loop.call_soon(self._maybe_finish)
+
+    def restart_handed_over(self) -> None:
+        """The server handed the session over while its next run was being started: the next
+        server starts it, at once (its record says it is due now)."""
+        self.cycle.next_run_at = time.time()
 
     def restart_failed(self, message: str) -> None:
         """The next run could not be started: the session ends as its last run did, saying why."""
@@ -786,13 +868,13 @@ class Session:
         )
 
     def record(self) -> dict[str, Any]:
-        """What the store keeps: enough to list and re-attach after a restart."""
-        return {
+        """What the store keeps: the session whole, as a server started later rebuilds it (the
+        spec as admitted, its restart counters, its TTL clock, how it ended); only the running
+        process and its descriptors are not in it (the holder keeps those)."""
+        found = {
             "id": self.id,
             "scope": self.scope,
-            "command": self.spec.command if isinstance(self.spec.command, str) else list(self.spec.command),
-            "cwd": str(self.spec.cwd) if self.spec.cwd else None,
-            "pty": self.spec.pty,
+            **spec_record(self.spec),
             "state": self.state.value,
             "pid": self.pid,
             "created_at": self.created_at,
@@ -804,8 +886,28 @@ class Session:
             "error": self.error,
             "name": self.name,
             "restarts": self.restarts,
+            "touched_at": time.time() - (time.monotonic() - self.idle_since),
             **self.custody.record,
         }
+        if self.spec.restart is not None:
+            found["quick_failures"] = self.cycle.quick_failures
+            found["run_started_at"] = time.time() - (time.monotonic() - self.cycle.run_t0)
+            if self.cycle.next_run_at is not None:
+                found["next_run_at"] = self.cycle.next_run_at
+        if self._signal_sent is not None:
+            found["signal_sent"] = self._signal_sent
+        if self.timed_out_waiting_for_input:
+            found["timed_out_waiting_for_input"] = True
+        return found
+
+
+def _wall(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _monotonic_at(wall: float) -> float:
+    """The monotonic clock's reading at wall-clock time ``wall`` (of a record a previous server wrote)."""
+    return time.monotonic() - (time.time() - wall)
 
 
 _maxrss_read: list[float] = [-1.0, 0]  # when the server's peak RSS was last read, and its value

@@ -199,7 +199,6 @@ def restart_policy(
     )
 
 
-
 class RunInput(BaseModel):
     model_config = ConfigDict(extra="forbid", title="process.run")
 
@@ -239,7 +238,6 @@ class RunInput(BaseModel):
     stdout_lines: int = Field(
         100, ge=0, description="Number of trailing lines of stdout (and of stderr) in the summaries."
     )
-
 
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
@@ -681,8 +679,6 @@ class ProcessAPI:
 
 
 # -- audit -------------------------------------------------------------------------------------
-
-
 
 
 def audit_bus(supervisor: Supervisor) -> EventBus[AuditEvent]:

@@ -28,7 +28,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="A process su
 _err = Console(stderr=True)
 
 
-
 @app.callback()
 def _root() -> None:
     """procpilot: run commands for agents, inside limits, with nothing lost and nothing left behind."""
@@ -652,6 +651,7 @@ def tools(
         table.add_row(row["name"], row.get("tier", ""), escape(str(row.get("description", "")).split(". ")[0]))
     _out.print(table)
 
+
 @app.command()
 def approvals(
     json_: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -766,13 +766,28 @@ def _nodes_table(cluster: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     title = f"Cluster nodes ({cluster.get('backend')} at {cluster.get('address')})"
-    table = Table("NODE", "SESSIONS", "RESOURCES", "TREE KILL", "LIMITS", "ISOLATION", box=None,
-                  title=escape(title), title_justify="left")
+    table = Table(
+        "NODE",
+        "SESSIONS",
+        "RESOURCES",
+        "TREE KILL",
+        "LIMITS",
+        "ISOLATION",
+        box=None,
+        title=escape(title),
+        title_justify="left",
+    )
     for node in cluster.get("nodes", []):
         resources = ", ".join(f"{k}={v:g}" for k, v in sorted(node["resources"].items()) if "memory" not in k)
         isolation = ", ".join(k for k, v in (node.get("isolation") or {}).items() if v) or "none"
-        table.add_row(escape(node["node"][:16]), str(node["sessions"]), escape(resources),
-                      escape(str(node["tree_kill"])), escape(str(node["limits"])), escape(isolation))
+        table.add_row(
+            escape(node["node"][:16]),
+            str(node["sessions"]),
+            escape(resources),
+            escape(str(node["tree_kill"])),
+            escape(str(node["limits"])),
+            escape(isolation),
+        )
     return table
 
 

@@ -79,4 +79,3 @@ def guarded_h11(header_timeout: float, max_connections: int) -> type[asyncio.Pro
                 self.transport.close()
 
     return GuardedH11
-
