@@ -1,4 +1,4 @@
-"""A session is its whole record: every restart path × every kind of session, on real daemons.
+"""A session is its whole record: every restart path by every kind of session, on real daemons.
 
 One daemon per restart path holds all six kinds at once (a running pipe session, a running pty
 session, a named ``restart: always`` service mid-run, a named service between two runs, a
@@ -25,7 +25,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from procpilot.engine.isolation import isolation_capabilities
 from tests.conftest import marked_processes
-from tests.daemon import PROCPILOT, TOKEN_A, TOKEN_B, Served, cleanup, daemon_env, post, start_daemon
+from tests.daemon import PROCPILOT, TOKEN_A, TOKEN_B, TOKENS, Served, cleanup, daemon_env, start_daemon
 
 pytestmark = pytest.mark.skipif(
     isolation_capabilities().get("readonly_root") is None, reason="bubblewrap is not installed on this host"
@@ -177,7 +177,7 @@ def _restart(kind: str, root: Path, first: Served) -> Served:
         first.proc.wait()
         return start_daemon(root, extra=BOXED, exec_=EXEC, log_name="second.log")
     if kind == "takeover":
-        second = start_daemon(root, extra=BOXED, exec_=EXEC, log_name="second.log", *("--takeover",))
+        second = start_daemon(root, TOKENS, "--takeover", extra=BOXED, exec_=EXEC, log_name="second.log")
         assert first.proc.wait(timeout=30) == 0
         return second
     if kind == "sigusr2":
@@ -261,23 +261,26 @@ async def test_per_call_keep_sessions_stdio_servers_keep_every_kind_of_session(t
 
     plain, box = server("lc", config), server("lc-box", boxed_config)
 
-    async def once(params: StdioServerParameters, tool: str, **arguments: Any) -> dict[str, Any]:
-        async with Client(params) as client:
+    def caller(client: Client) -> Call:
+        async def call(tool: str, **arguments: Any) -> dict[str, Any]:
             result = await client.call_tool(tool, arguments)
             assert not result.is_error, result
             return dict(result.structured_content or {})
 
-    async def call(tool: str, **arguments: Any) -> dict[str, Any]:
-        return await once(plain, tool, **arguments)
-
-    async def boxed(tool: str, **arguments: Any) -> dict[str, Any]:
-        return await once(box, tool, **arguments)
+        return call
 
     try:
-        sids = await _start_all(call, boxed)
-        before = await _snapshot(call, boxed, sids)
+        # One client connection is one server's life: the first ends when its client goes (it
+        # hands over, as a per-call server does after its call); the next adopts everything.
+        async with Client(plain) as first, Client(box) as first_boxed:
+            sids = await _start_all(caller(first), caller(first_boxed))
+            before = await _snapshot(caller(first), caller(first_boxed), sids)
         assert before["between"]["restarts"] == 1 and before["mid"]["restarts"] == 0
-        await _check_all(call, boxed, sids, before)
+        async with Client(plain) as second, Client(box) as second_boxed:
+            await _check_all(caller(second), caller(second_boxed), sids, before)
+            for call in (caller(second), caller(second_boxed)):
+                for row in (await call("process", action="list"))["sessions"]:
+                    await call("process", action="remove", sessionId=row["sessionId"])
     finally:
         for pid in marked_processes():
             with contextlib.suppress(ProcessLookupError):
