@@ -6,6 +6,13 @@ status files) is versioned as a whole: ``<state_dir>/format.json`` says the form
 procpilot that first wrote it. A server that meets a format it cannot read refuses to start and
 says why, rather than misread another version's files (or adopt processes it cannot serve).
 A directory without the file is format 1: every release before the file existed wrote that.
+
+Format 2: a session's journal record is the whole session (the spec as admitted, box and restart
+policy included, its restart counters, its TTL clock), and ended sessions are read back too
+(engine/records.py). Format 1 is read (its records have less in them: what they lack takes its
+default, as a format-1 server's adoption did) and then marked 2: a procpilot that reads only
+format 1 would adopt the sessions written now without their box or restart policy, so it must
+refuse the directory, and does, saying which procpilot wrote it.
 """
 
 from __future__ import annotations
@@ -20,8 +27,8 @@ from procpilot.errors import StateDirIncompatible
 
 __all__ = ["FORMAT", "READABLE", "check_state_format"]
 
-FORMAT = 1  # what this procpilot writes
-READABLE = frozenset({1})  # what it can adopt and read
+FORMAT = 2  # what this procpilot writes
+READABLE = frozenset({1, 2})  # what it can adopt and read
 _MARKER = "format.json"
 _MAX_MARKER = 4096
 
@@ -52,6 +59,8 @@ def check_state_format(state_dir: Path) -> None:
     except (ValueError, KeyError, TypeError):
         raise _refusal(state_dir, f"its {_MARKER} is not one procpilot wrote") from None
     if written in READABLE:
+        if written < FORMAT:
+            _upgrade(marker)
         return
     raise _refusal(
         state_dir,
@@ -69,6 +78,20 @@ def _write(marker: Path) -> None:
         os.link(tmp, marker)  # never replaces a marker another server wrote meanwhile
     except FileExistsError:
         pass
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _upgrade(marker: Path) -> None:
+    """Mark a directory of an older readable format as this one's, from now on: replaced
+    atomically (a server of another agent upgrading it at once writes the same)."""
+    tmp = marker.with_name(f".{_MARKER}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"format": FORMAT, "written_by": _version()}) + "\n")
+        os.replace(tmp, marker)
+    except OSError as exc:
+        raise _refusal(marker.parent, f"its {_MARKER} cannot be upgraded: {exc.strerror}") from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
