@@ -66,7 +66,8 @@ async def _start_all(call: Call, boxed: Call) -> dict[str, str]:
         "pty": "echo tty-1; read x; echo tty-got-$x; sleep 300",
         "mid": "echo mid-up; read x; echo mid-got-$x",
         "between": "echo between-run",
-        "ended": "echo ended-1; echo ended-2; exit 3",
+        # Some CPU first: its usage, measured by the server it ended under, is part of its record.
+        "ended": "i=0; while [ $i -lt 40000 ]; do i=$((i+1)); done; echo ended-1; echo ended-2; exit 3",
     }
     sids: dict[str, str] = {}
     for kind, command in ids.items():
@@ -108,7 +109,7 @@ async def _snapshot(call: Call, boxed: Call, sids: dict[str, str]) -> dict[str, 
     found = {}
     for kind, sid in sids.items():
         row = await _row(boxed if kind == "box" else call, sid)
-        found[kind] = {k: row.get(k) for k in keys}
+        found[kind] = {k: row.get(k) for k in (*keys, "cpuMs") if k in keys or kind == "ended"}
     return found
 
 
@@ -233,6 +234,7 @@ async def test_every_kind_of_session_survives_the_restart_whole(tmp_path: Path, 
             sids = await _start_all(call, boxed)
             before = await _snapshot(call, boxed, sids)
         assert before["between"]["restarts"] == 1 and before["mid"]["restarts"] == 0
+        assert before["ended"]["cpuMs"] > 0, before
         second = await asyncio.to_thread(_restart, kind, root, first)
         a, call = _rest(second, TOKEN_A)
         b, boxed = _rest(second, TOKEN_B)
@@ -276,6 +278,7 @@ async def test_per_call_keep_sessions_stdio_servers_keep_every_kind_of_session(t
             sids = await _start_all(caller(first), caller(first_boxed))
             before = await _snapshot(caller(first), caller(first_boxed), sids)
         assert before["between"]["restarts"] == 1 and before["mid"]["restarts"] == 0
+        assert before["ended"]["cpuMs"] > 0, before
         async with Client(plain) as second, Client(box) as second_boxed:
             await _check_all(caller(second), caller(second_boxed), sids, before)
             for call in (caller(second), caller(second_boxed)):

@@ -28,7 +28,7 @@ from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.procfs import read_small
 from procpilot.engine.records import spec_record
 from procpilot.engine.spawn import Spawned, SpawnSpec
-from procpilot.engine.states import SessionState, check_transition
+from procpilot.engine.states import END_STATES, SessionState, check_transition
 from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited, StdinClosed
@@ -176,6 +176,9 @@ class Session:
         self._write_lock = asyncio.Lock()
         self._stdin_waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
+        # Its resources over its whole life, once it ended: kept in its record (a server that
+        # restores it after a restart has no rusage or samples of its own to measure it from).
+        self.final_usage: Usage | None = None
         self.restarts = 0  # runs after the first (spec.restart)
         self.cycle = RestartCycle()
         self.custody = Custody()
@@ -263,8 +266,9 @@ class Session:
 
     def usage_report(self) -> Usage | None:
         """The tree's usage as measured where it runs, when that is not this host (a cluster
-        node's last report); None: this host's usage tracker samples the tree itself."""
-        return None
+        node's last report, or the final figures a record kept); None: this host's usage
+        tracker samples the tree itself."""
+        return self.final_usage
 
     async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
         """Bytes of a view as its log holds them: here, this host's files (a session on a cluster
@@ -663,6 +667,9 @@ class Session:
         sent = record.get("signal_sent")
         self._signal_sent = sent if isinstance(sent, str) else None
         self.timed_out_waiting_for_input = bool(record.get("timed_out_waiting_for_input"))
+        usage = record.get("usage")
+        if self.state.is_end or record.get("state") in {s.value for s in END_STATES}:
+            self.final_usage = _usage(usage)
         touched = _wall(record.get("touched_at")) or _wall(record.get("ended_at")) or now
         self.last_access = _monotonic_at(min(touched, now))
 
@@ -896,6 +903,8 @@ class Session:
                 found["next_run_at"] = self.cycle.next_run_at
         if self._signal_sent is not None:
             found["signal_sent"] = self._signal_sent
+        if self.final_usage is not None:
+            found["usage"] = self.final_usage.as_dict()
         if self.timed_out_waiting_for_input:
             found["timed_out_waiting_for_input"] = True
         return found
@@ -903,6 +912,16 @@ class Session:
 
 def _wall(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _usage(found: Any) -> Usage | None:
+    if not isinstance(found, dict):
+        return None
+    fields = ("cpu_ms", "memory_peak_bytes", "io_read_bytes", "io_write_bytes")
+    values = [found.get(k, 0) for k in fields]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    return Usage(*values)
 
 
 def _monotonic_at(wall: float) -> float:

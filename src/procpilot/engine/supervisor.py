@@ -1098,6 +1098,9 @@ class Supervisor:
         if session.spec.lane is not None and session.started_at is not None:
             self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
+            if self._restarts is not None and session.final_usage is None:
+                # Measured now, while its rusage and samples are here: a later server has neither.
+                session.final_usage = self.usage.usage(session)
             self._store.save(session.id, session.record())
         if session.custody.ended_in_outage:
             pending = self._outage_exits.setdefault(session.scope, {})

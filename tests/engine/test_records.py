@@ -1,0 +1,92 @@
+"""A session's record holds the whole spec it was admitted with, and nothing read back is trusted."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from procpilot.engine.isolation import Isolation
+from procpilot.engine.limits import Limits
+from procpilot.engine.records import spec_from_record, spec_record, valid_session_id
+from procpilot.engine.restart import RestartPolicy
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.store import FileStore
+
+# Fields of SpawnSpec that shape only the admission, never a run: the workspace is resolved into
+# cwd, and "elevated" is the policy's to decide (its decision, the box or none, is in the record).
+ADMISSION_ONLY = {"workspace", "elevated"}
+
+
+def _everything() -> SpawnSpec:
+    """A spec with every field that shapes a run set to something other than its default."""
+    return SpawnSpec(
+        ("python3", "-c", "print(1)"),
+        cwd=Path("/tmp"),
+        env={"A": "1", "B": "two"},
+        timeout=12.5,
+        pty=True,
+        pty_size=(80, 24),
+        stdin="null",
+        stdin_data=b"\x00in\xff",
+        lane="build",
+        notify_on_exit=False,
+        limits=Limits(memory_bytes=1 << 30, cpu_fraction=0.5, pids_max=64, address_space_bytes=1 << 32),
+        isolation=Isolation(
+            network=False,
+            readonly_root=True,
+            writable=(Path("/w"),),
+            private=True,
+            hidden=(Path("/secret"),),
+            new_session=False,
+        ),
+        name="svc",
+        restart=RestartPolicy("on-failure", max_restarts=3, backoff=0.5, max_backoff=8.0, stable_after=10.0),
+    )
+
+
+def test_every_field_a_run_is_started_from_comes_back_the_same_through_json() -> None:
+    spec = _everything()
+    # Any field added to SpawnSpec must be set above (and so kept), or be said to be admission-only.
+    defaults = SpawnSpec("true")
+    unset = {f.name for f in dataclasses.fields(SpawnSpec) if getattr(spec, f.name) == getattr(defaults, f.name)}
+    assert unset == ADMISSION_ONLY
+    back = spec_from_record(json.loads(json.dumps(spec_record(spec))))
+    assert back == spec
+
+
+def test_a_shell_command_and_defaults_make_a_short_record() -> None:
+    spec = SpawnSpec("echo hi")
+    assert spec_record(spec) == {"command": "echo hi", "cwd": None, "pty": False}
+    assert spec_from_record(spec_record(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"command": 7}, {"env": {"A": 1}}, {"limits": {"memory_bytes": "1G"}}, {"restart": {"mode": "sometimes"}}],
+)
+def test_a_damaged_record_is_an_error_not_a_different_spec(damage: dict[str, object]) -> None:
+    record = {**spec_record(_everything()), **damage}
+    with pytest.raises((TypeError, ValueError)):
+        spec_from_record(record)
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "../victim", "a/b", "", "x" * 65, "-x", "a\x00b", None, 7])
+def test_an_id_that_is_not_one_path_component_is_invalid(bad: object) -> None:
+    assert not valid_session_id(bad)
+
+
+def test_the_store_never_reads_back_or_names_a_path_for_an_invalid_id(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.save("abcdefghijklmnop", {"state": "running"})
+    with open(tmp_path / "sessions.jsonl", "a") as journal:
+        journal.write(json.dumps({"id": "..", "state": "running"}) + "\n")
+    assert set(store.load()) == {"abcdefghijklmnop"}
+    for bad in ("..", "../x"):
+        with pytest.raises(ValueError, match="not a session id"):
+            store.session_dir(bad)
+        with pytest.raises(ValueError, match="not a session id"):
+            store.delete(bad)
+    store.close()
