@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from procpilot.config import Settings
+from procpilot.engine.capture import Stream
 from procpilot.engine.isolation import Isolation
 from procpilot.engine.limits import Limits
 from procpilot.engine.records import spec_from_record, spec_record, valid_session_id
 from procpilot.engine.restart import RestartPolicy
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.store import FileStore
+from procpilot.engine.supervisor import Supervisor
 
 # Fields of SpawnSpec that shape only the admission, never a run: the workspace is resolved into
 # cwd, and "elevated" is the policy's to decide (its decision, the box or none, is in the record).
@@ -90,3 +94,25 @@ def test_the_store_never_reads_back_or_names_a_path_for_an_invalid_id(tmp_path: 
         with pytest.raises(ValueError, match="not a session id"):
             store.delete(bad)
     store.close()
+
+
+async def test_an_ended_session_is_kept_by_the_next_server_until_its_ttl_then_forgotten_for_good(
+    settings: Settings,
+) -> None:
+    """The TTL clock goes on across a restart: the next server lists the session, idle since it
+    was last read under the first one, removes it when its TTL has passed, and a third server
+    does not bring it back (the removal is in the journal)."""
+    ttl = settings.engine.session_ttl_sec
+    async with Supervisor(settings, owner="t") as first:
+        done = await first.run(SpawnSpec("echo kept"), scope="a", yield_ms=None)
+        first.get("a", done.id)
+        read_at = time.monotonic()
+        await first.detach()
+    async with Supervisor(settings, owner="t") as second:
+        [again] = second.list("a")
+        assert again.id == done.id and again.output[Stream.COMBINED].read(0).data == b"kept\n"
+        assert abs(again.idle_since - read_at) < 0.5
+        assert second.sweep(read_at + ttl - 1) == []
+        assert second.sweep(read_at + ttl + 1) == [done.id]
+    async with Supervisor(settings, owner="t") as third:
+        assert third.list("a") == []
