@@ -195,7 +195,8 @@ class Session:
 
     @property
     def is_running(self) -> bool:
-        return self.state is SessionState.RUNNING
+        """Started and not ended: a run is on, or (RESTARTING) the next one is due."""
+        return self.state is SessionState.RUNNING or self.state is SessionState.RESTARTING
 
     @property
     def spawned(self) -> Spawned | None:
@@ -299,12 +300,12 @@ class Session:
         self._spawned = spawned
         self.pid = spawned.pid
         self.cycle.run_t0 = time.monotonic()
-        if self.state is not SessionState.RUNNING:
+        if self.state is not SessionState.RESTARTING:
             self._t0 = self.cycle.run_t0
             self.started_at = time.time()
-            self._set_state(SessionState.RUNNING)
         else:  # a restart: the last run's ending is the log's now
             self.exit_code = self.exit_signal = None
+        self._set_state(SessionState.RUNNING)
         # Our own child from now on, whoever started the run before (a restarted adopted session).
         self.custody.adopted = self.custody.ended_in_outage = False
         self.custody.read_status = None
@@ -693,7 +694,7 @@ class Session:
         (at once if that time has passed), through the supervisor's restart hook."""
         if self.started_at is not None:
             self._t0 = _monotonic_at(self.started_at)
-        self._set_state(SessionState.RUNNING)
+        self.state = SessionState.RESTARTING  # restored as it was, not a transition
         self._wait_next_run(max(0.0, next_run_at - time.time()))
 
     def use_trees(self, trees: TreeBackend) -> None:
@@ -738,6 +739,8 @@ class Session:
         self._wait_next_run(delay)
 
     def _wait_next_run(self, delay: float) -> None:
+        if self.state is SessionState.RUNNING:
+            self._set_state(SessionState.RESTARTING)
         self.cycle.respawning = True
         self.cycle.next_run_at = time.time() + delay
         self.cycle.next_run = self._loop.call_later(delay, self._start_next_run)

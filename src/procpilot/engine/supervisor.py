@@ -942,7 +942,7 @@ class Supervisor:
             if (session is None or session.finished) and mine is not None:
                 mine.close()
                 restarts.link.forget(session_id)
-            if session is not None and record.get("state") in ("running", "queued"):
+            if session is not None and record.get("state") in ("running", "restarting", "queued"):
                 self.adopted.append(session_id)
         for stray in by_id.values():  # held, but no journal record says whose: let it go
             stray.close()
@@ -975,7 +975,7 @@ class Supervisor:
             self._sessions[session_id] = session
             return session
         next_run_at = record.get("next_run_at")
-        if state is SessionState.QUEUED or (spec.restart is not None and isinstance(next_run_at, int | float)):
+        if state is SessionState.QUEUED or (state is SessionState.RESTARTING and isinstance(next_run_at, int | float)):
             return self._resume(record, spec, output, state, float(next_run_at or 0))
         return self._adopt_one(record, spec, output, held)
 
