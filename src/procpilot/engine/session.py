@@ -9,7 +9,6 @@ written out; only then does the session enter its end state and announce its exi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import fcntl
 import os
@@ -29,9 +28,10 @@ from procpilot.engine.procfs import read_small
 from procpilot.engine.records import spec_record
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.states import END_STATES, SessionState, check_transition
+from procpilot.engine.stdin import StdinWriter
 from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
-from procpilot.errors import ProcessAlreadyExited, StdinClosed
+from procpilot.errors import ProcessAlreadyExited
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
 
@@ -156,7 +156,7 @@ class Session:
         self.backgrounded = False
         self.node: str | None = None  # the cluster node that runs it; None: this host
         self.accounting = ExitAccounting()
-        self.stdin_open = False
+        self.stdin = StdinWriter(session_id, pty=spec.pty, before_close=self._stdin_closing)
         self.terminal = TerminalModes()  # followed from the output under a pty only
         self.timed_out_waiting_for_input = False
         self._input_check: tuple[bool, float] | None = None  # the last waiting_for_input, and when
@@ -173,8 +173,6 @@ class Session:
         self._timers: list[asyncio.TimerHandle] = []
         self._paused_reads: dict[int, asyncio.TimerHandle] = {}  # fd: when its reading resumes
         self._finished = asyncio.Event()
-        self._write_lock = asyncio.Lock()
-        self._stdin_waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
         # Its resources over its whole life, once it ended: kept in its record (a server that
         # restores it after a restart has no rusage or samples of its own to measure it from).
@@ -312,7 +310,7 @@ class Session:
         self.cycle.respawning = False
         self.cycle.next_run_at = None
         self.accounting.spawner_maxrss_kb = _spawner_maxrss_kb()
-        self.stdin_open = spawned.stdin_fd is not None
+        self.stdin.use(spawned)
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
         if spawned.stderr_fd is not None:
             streams.append((spawned.stderr_fd, Stream.STDERR))
@@ -350,7 +348,7 @@ class Session:
         # The backoff goes on from how long this run has lasted, not from the adoption.
         self.cycle.run_t0 = _monotonic_at(run_started_at or started_at)
         self._set_state(SessionState.RUNNING)
-        self.stdin_open = spawned.stdin_fd is not None
+        self.stdin.use(spawned)
         for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
             if fd is not None and fd >= 0:
                 self._open_streams += 1
@@ -606,11 +604,7 @@ class Session:
                 self._loop.remove_reader(fd)
                 os.close(fd)
                 setattr(spawned, name, None if name == "pidfd" else -1)
-        if spawned.stdin_fd is not None:
-            fd, spawned.stdin_fd = spawned.stdin_fd, None
-            self._loop.remove_writer(fd)
-            os.close(fd)
-        self.stdin_open = False
+        self.stdin.let_go()
         self.output.mark_closed()
 
     # -- signals -------------------------------------------------------------------------------
@@ -775,91 +769,23 @@ class Session:
     # -- stdin ---------------------------------------------------------------------------------
 
     async def write(self, data: bytes, eof: bool = False, *, timeout: float | None = None) -> int:
-        """Write ``data`` to stdin (then close it if ``eof``); returns the bytes written.
+        """Write ``data`` to the current run's stdin (see :meth:`StdinWriter.write`)."""
+        return await self.stdin.write(data, eof, timeout=timeout)
 
-        A child that never reads its stdin fills the pipe: with a ``timeout`` (seconds) the wait
-        for room ends at that deadline and the count written so far is returned, so the caller
-        can tell the rest was not sent (``eof`` is then not applied either: it would cut the
-        unsent part off for good). Without one it waits as long as it takes.
-        """
-        deadline = None if timeout is None else self._loop.time() + max(0.0, timeout)
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._write_lock.acquire()
-        except TimeoutError:
-            return 0  # another write still holds stdin, stuck behind the same full pipe
-        try:
-            return await self._write_locked(data, eof, deadline)
-        finally:
-            self._write_lock.release()
+    @property
+    def stdin_open(self) -> bool:
+        return self.stdin.open
 
-    async def _write_locked(self, data: bytes, eof: bool, deadline: float | None) -> int:
-        spawned = self._spawned
-        if spawned is None or spawned.stdin_fd is None or not self.stdin_open:
-            raise StdinClosed(f"session {self.id} has no open stdin")
-        view = memoryview(data)
-        written = 0
-        while view:
-            fd = spawned.stdin_fd
-            if fd is None:
-                raise StdinClosed(
-                    f"session {self.id} ended after reading {written} of {len(data)} bytes", bytes_written=written
-                )
-            try:
-                n = os.write(fd, view)
-            except BlockingIOError:
-                if not await self._writable(fd, deadline):
-                    return written
-                continue
-            except BrokenPipeError as exc:
-                self._close_stdin()
-                raise StdinClosed(
-                    f"session {self.id} closed its stdin after {written} of {len(data)} bytes", bytes_written=written
-                ) from exc
-            written += n
-            view = view[n:]
-        if eof and spawned.stdin_fd is not None:
-            if self.spec.pty:
-                with contextlib.suppress(OSError):
-                    os.write(spawned.stdin_fd, b"\x04")
-            else:
-                self._close_stdin()
-        return written
-
-    async def _writable(self, fd: int, deadline: float | None) -> bool:
-        """Wait until ``fd`` takes more; False at the deadline. Also returns when stdin is closed
-        under us (the session ended): the fd is gone then, and no writability event would come."""
-        fut: asyncio.Future[None] = self._loop.create_future()
-
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self._loop.add_writer(fd, ready)
-        self._stdin_waiter = fut
-        try:
-            async with asyncio.timeout_at(deadline):
-                await fut
-        except TimeoutError:
-            return False
-        finally:
-            self._stdin_waiter = None
-            if self._spawned is not None and self._spawned.stdin_fd == fd:
-                self._loop.remove_writer(fd)
-        return True
+    @stdin_open.setter
+    def stdin_open(self, value: bool) -> None:  # a cluster node's record says it (cluster/remote.py)
+        self.stdin.open = value
 
     def _close_stdin(self) -> None:
-        spawned = self._spawned
-        self.stdin_open = False
-        if spawned is not None and spawned.stdin_fd is not None:
-            if self.custody.on_stdin_close is not None:
-                self.custody.on_stdin_close()
-            fd, spawned.stdin_fd = spawned.stdin_fd, None
-            self._loop.remove_writer(fd)
-            os.close(fd)
-        waiter = self._stdin_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self.stdin.close()
+
+    def _stdin_closing(self) -> None:
+        if self.custody.on_stdin_close is not None:
+            self.custody.on_stdin_close()
 
     # -- records -------------------------------------------------------------------------------
 
