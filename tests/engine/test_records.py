@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -116,3 +117,21 @@ async def test_an_ended_session_is_kept_by_the_next_server_until_its_ttl_then_fo
         assert second.sweep(read_at + ttl + 1) == [done.id]
     async with Supervisor(settings, owner="t") as third:
         assert third.list("a") == []
+
+
+async def test_a_read_of_an_ended_session_reaches_its_record_at_the_next_sweep(settings: Settings) -> None:
+    """The TTL clock survives a crash as well as a hand-over: the periodic sweep writes the
+    record of every ended session read since its last one (not every read: one line per poll)."""
+    async with Supervisor(settings, owner="t") as sup:
+        done = await sup.run(SpawnSpec("true"), scope="a", yield_ms=None)
+        store = FileStore(settings.state_dir)
+        ended_at = store.load()[done.id]["touched_at"]
+        await asyncio.sleep(0.2)  # elapsed time between the end and the read, not a wait for an event
+        sup.get("a", done.id)
+        assert store.load()[done.id]["touched_at"] == ended_at  # a read alone writes nothing
+        sup.sweep()
+        assert store.load()[done.id]["touched_at"] >= ended_at + 0.2
+        sup.sweep()  # nothing read since: nothing written
+        lines = (settings.state_dir / "sessions.jsonl").read_text().count(done.id)
+        sup.sweep()
+        assert (settings.state_dir / "sessions.jsonl").read_text().count(done.id) == lines

@@ -148,6 +148,7 @@ class Session:
         self._t0 = time.monotonic()
         self._t_end: float | None = None
         self.last_access = time.monotonic()
+        self.recorded_access = self.last_access  # last_access as the latest record says it
         self.state = SessionState.QUEUED
         self.pid: int | None = None
         self.exit_code: int | None = None
@@ -803,6 +804,10 @@ class Session:
             node=self.node,
         )
 
+    def _touched_at(self) -> float:
+        self.recorded_access = self.last_access
+        return time.time() - (time.monotonic() - self.idle_since)
+
     def record(self) -> dict[str, Any]:
         """What the store keeps: the session whole, as a server started later rebuilds it (the
         spec as admitted, its restart counters, its TTL clock, how it ended); only the running
@@ -822,7 +827,7 @@ class Session:
             "error": self.error,
             "name": self.name,
             "restarts": self.restarts,
-            "touched_at": time.time() - (time.monotonic() - self.idle_since),
+            "touched_at": self._touched_at(),
             **self.custody.record,
         }
         if self.spec.restart is not None:

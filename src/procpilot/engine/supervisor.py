@@ -1328,12 +1328,17 @@ class Supervisor:
             self._store.delete(session.id)
 
     def sweep(self, now: float | None = None) -> builtins.list[str]:
-        """Remove finished sessions idle for longer than the TTL; returns their ids."""
+        """Remove finished sessions idle for longer than the TTL; returns their ids. The others
+        read since their last record get a new one: their TTL clock goes on after a crash too."""
         now = time.monotonic() if now is None else now
         ttl = self.config.session_ttl_sec
         expired = [s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl]
         for session in expired:
             self._forget(session)
+        if self._restarts is not None and self._store is not None:
+            for session in self._sessions.values():
+                if session.finished and session.last_access > session.recorded_access:
+                    self._store.save(session.id, session.record())
         return [s.id for s in expired]
 
     # -- events --------------------------------------------------------------------------------
