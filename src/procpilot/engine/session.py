@@ -80,6 +80,23 @@ class ExitAccounting:
 
 
 @dataclass(slots=True)
+class Run:
+    """One run of a session's command: its process, the descriptors still read, how far its end
+    has come. A restart policy's next run is a new one; the session (its id, output, record and
+    stdin writer) goes on."""
+
+    spawned: Spawned | None = None
+    pid: int | None = None
+    open_streams: int = 0  # output descriptors not at EOF yet
+    leader_reaped: bool = False
+    reaper_armed: bool = False  # a kill of what the leader left behind is due
+    left_orphans: bool = False  # True iff processes outlived the leader (they are now ours to reap)
+    accounting: ExitAccounting = field(default_factory=ExitAccounting)
+    terminal: TerminalModes = field(default_factory=TerminalModes)  # followed from the output under a pty only
+    paused_reads: dict[int, asyncio.TimerHandle] = field(default_factory=dict)  # fd: when its reading resumes
+
+
+@dataclass(slots=True)
 class RestartCycle:
     """Where a session with a restart policy is between its runs: short runs in a row (for the
     backoff), when the current run started, the timer of the next one, whether one is due, and
@@ -150,29 +167,21 @@ class Session:
         self.last_access = time.monotonic()
         self.recorded_access = self.last_access  # last_access as the latest record says it
         self.state = SessionState.QUEUED
-        self.pid: int | None = None
+        self.run = Run()  # the current run (the last one between two runs, and once ended)
         self.exit_code: int | None = None
         self.exit_signal: str | None = None
         self.error: str | None = None
         self.backgrounded = False
         self.node: str | None = None  # the cluster node that runs it; None: this host
-        self.accounting = ExitAccounting()
         self.stdin = StdinWriter(session_id, pty=spec.pty, before_close=self._stdin_closing)
-        self.terminal = TerminalModes()  # followed from the output under a pty only
         self.timed_out_waiting_for_input = False
         self._input_check: tuple[bool, float] | None = None  # the last waiting_for_input, and when
         self._trees = trees
         self._on_finish = on_finish
-        self._spawned: Spawned | None = None
-        self._open_streams = 0
-        self._leader_reaped = False
         self._requested_end: SessionState | None = None
-        self._reaper_armed = False
-        self.left_orphans = False  # True iff processes outlived the leader (they are now ours to reap)
         self._signal_sent: str | None = None
         self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
-        self._paused_reads: dict[int, asyncio.TimerHandle] = {}  # fd: when its reading resumes
         self._finished = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         # Its resources over its whole life, once it ended: kept in its record (a server that
@@ -181,6 +190,29 @@ class Session:
         self.restarts = 0  # runs after the first (spec.restart)
         self.cycle = RestartCycle()
         self.custody = Custody()
+
+    # -- the current run -----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self.run.pid
+
+    @pid.setter
+    def pid(self, value: int | None) -> None:  # a cluster node's record says it (cluster/remote.py)
+        self.run.pid = value
+
+    @property
+    def accounting(self) -> ExitAccounting:
+        return self.run.accounting
+
+    @property
+    def terminal(self) -> TerminalModes:
+        return self.run.terminal
+
+    @property
+    def left_orphans(self) -> bool:
+        """True iff processes outlived the current run's leader (they are ours to reap)."""
+        return self.run.left_orphans
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -200,7 +232,7 @@ class Session:
     @property
     def spawned(self) -> Spawned | None:
         """Its process and the descriptors still open (a closed one is -1 or None)."""
-        return self._spawned
+        return self.run.spawned
 
     @property
     def terminating(self) -> bool:
@@ -239,11 +271,11 @@ class Session:
     def input_probe(self) -> Callable[[], bool] | None:
         """What :attr:`waiting_for_input` reads (/proc, for the whole tree: ~0.1 ms), as a function
         safe to run in a worker thread; None when it is False without a look."""
-        spawned = self._spawned
+        spawned = self.run.spawned
         if not self.is_running or not self.stdin_open or spawned is None or self.pid is None:
             return None
         trees, session_id, leader, target = self._trees, self.id, self.pid, spawned.stdin_target
-        leader_alive = not self._leader_reaped
+        leader_alive = not self.run.leader_reaped
 
         def probe() -> bool:
             return waiting_for_input(trees.pids(session_id, leader) | ({leader} if leader_alive else set()), target)
@@ -296,7 +328,7 @@ class Session:
     def attach(self, spawned: Spawned) -> None:
         """Take over a freshly started child: watch its pipes and its exit (a restart's child too:
         the session, its times and its output go on)."""
-        self._spawned = spawned
+        self.run.spawned = spawned
         self.pid = spawned.pid
         self.cycle.run_t0 = time.monotonic()
         if self.state is not SessionState.RESTARTING:
@@ -316,7 +348,7 @@ class Session:
         if spawned.stderr_fd is not None:
             streams.append((spawned.stderr_fd, Stream.STDERR))
         for fd, stream in streams:
-            self._open_streams += 1
+            self.run.open_streams += 1
             self._loop.add_reader(fd, self._on_readable, fd, stream)
         if spawned.pidfd is not None:
             self._loop.add_reader(spawned.pidfd, self._on_leader_exit)
@@ -340,7 +372,7 @@ class Session:
         ``read_status`` gives the leader's exit status (negative: the signal) as it was recorded
         while we were not its parent, or why it is unknown (a str: the session ends LOST, never
         with an invented exit), or None: not recorded yet, ask again shortly."""
-        self._spawned = spawned
+        self.run.spawned = spawned
         self.pid = spawned.pid
         self.custody.adopted = True
         self.custody.read_status = read_status
@@ -352,7 +384,7 @@ class Session:
         self.stdin.use(spawned)
         for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
             if fd is not None and fd >= 0:
-                self._open_streams += 1
+                self.run.open_streams += 1
                 self._loop.add_reader(fd, self._on_readable, fd, stream)
         if self.spec.timeout:
             left = self.spec.timeout - (time.time() - started_at)
@@ -371,10 +403,10 @@ class Session:
             self._adopted_leader_gone()
 
     def _adopted_leader_gone(self) -> None:
-        spawned = self._spawned
-        if spawned is None or self._leader_reaped:
+        spawned = self.run.spawned
+        if spawned is None or self.run.leader_reaped:
             return
-        self._leader_reaped = True  # reaped by whoever its parent is now, never by us
+        self.run.leader_reaped = True  # reaped by whoever its parent is now, never by us
         if spawned.pidfd is not None:
             self._loop.remove_reader(spawned.pidfd)
             os.close(spawned.pidfd)
@@ -415,7 +447,7 @@ class Session:
             # Out of descriptors for the log's file (EMFILE): bytes read now would be lost. They
             # wait in the pipe (a command that fills it blocks) and reading resumes shortly.
             self._loop.remove_reader(fd)
-            self._paused_reads[fd] = self._loop.call_later(_STORE_RETRY, self._resume_reading, fd, stream)
+            self.run.paused_reads[fd] = self._loop.call_later(_STORE_RETRY, self._resume_reading, fd, stream)
             return
         try:
             data = os.read(fd, _READ_SIZE)
@@ -434,26 +466,26 @@ class Session:
         self._close_stream(fd)
 
     def _resume_reading(self, fd: int, stream: Stream) -> None:
-        del self._paused_reads[fd]
+        del self.run.paused_reads[fd]
         self._loop.add_reader(fd, self._on_readable, fd, stream)
 
     def _close_stream(self, fd: int) -> None:
-        paused = self._paused_reads.pop(fd, None)
+        paused = self.run.paused_reads.pop(fd, None)
         if paused is not None:
             paused.cancel()
         self._loop.remove_reader(fd)
         os.close(fd)
-        self._open_streams -= 1
-        if self._spawned is not None:
-            if fd == self._spawned.stdout_fd:
-                self._spawned.stdout_fd = -1
-            elif fd == self._spawned.stderr_fd:
-                self._spawned.stderr_fd = -1
+        self.run.open_streams -= 1
+        if self.run.spawned is not None:
+            if fd == self.run.spawned.stdout_fd:
+                self.run.spawned.stdout_fd = -1
+            elif fd == self.run.spawned.stderr_fd:
+                self.run.spawned.stderr_fd = -1
         self._maybe_finish()
 
     def _drain_and_close_streams(self) -> None:
         """Stop waiting for EOF: read what is buffered, then close."""
-        spawned = self._spawned
+        spawned = self.run.spawned
         if spawned is None:
             return
         for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
@@ -477,13 +509,13 @@ class Session:
 
     def _on_leader_exit(self) -> None:
         # The pidfd is readable: the leader is a zombie, whose I/O counters are still there to read.
-        if self._spawned is not None and not self._leader_reaped:
-            self.accounting.exit_io = _zombie_io(self._spawned.pid)
+        if self.run.spawned is not None and not self.run.leader_reaped:
+            self.accounting.exit_io = _zombie_io(self.run.spawned.pid)
         self._reap()
 
     def _reap(self) -> bool:
-        spawned = self._spawned
-        if spawned is None or self._leader_reaped:
+        spawned = self.run.spawned
+        if spawned is None or self.run.leader_reaped:
             return True
         try:
             pid, status, rusage = os.wait4(spawned.pid, os.WNOHANG)
@@ -491,7 +523,7 @@ class Session:
             pid, status, rusage = spawned.pid, 0, None
         if pid == 0:
             return False
-        self._leader_reaped = True
+        self.run.leader_reaped = True
         if spawned.pidfd is not None:
             self._loop.remove_reader(spawned.pidfd)
             os.close(spawned.pidfd)
@@ -510,29 +542,29 @@ class Session:
     def _after_leader_exit(self) -> None:
         if self._trees.pids(self.id, self.pid):
             # The command is over; what it left running belongs to nobody else. End it.
-            self.left_orphans = True
-            self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self._leader_reaped)
+            self.run.left_orphans = True
+            self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self.run.leader_reaped)
             self._timers.append(self._loop.call_later(_ORPHAN_GRACE, self._kill_leftovers))
-        elif not self._open_streams:
+        elif not self.run.open_streams:
             self._finish()  # the common case: nothing left, nothing buffered
             return
-        if self._open_streams:
+        if self.run.open_streams:
             self._timers.append(self._loop.call_later(_DRAIN_DEADLINE, self._drain_and_close_streams))
         self._maybe_finish()
 
     def _kill_leftovers(self) -> None:
-        self._reaper_armed = False
+        self.run.reaper_armed = False
         if self._trees.pids(self.id, self.pid):
-            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
+            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
-        if self._finished.is_set() or not self._leader_reaped or self._open_streams:
+        if self._finished.is_set() or not self.run.leader_reaped or self.run.open_streams:
             return
         if self._trees.pids(self.id, self.pid):
             # Survivors hold no pipe of ours but are alive: keep killing until the tree is empty.
-            if not self._reaper_armed:
-                self._reaper_armed = True
+            if not self.run.reaper_armed:
+                self.run.reaper_armed = True
                 self._timers.append(self._loop.call_later(0.05, self._kill_leftovers))
             return
         self._finish()
@@ -587,16 +619,16 @@ class Session:
     def detach(self) -> None:
         """Let go of a running session without ending it: stop reading, close our descriptors
         (the holder keeps its copies, stdin included: the child sees no EOF, no SIGPIPE)."""
-        for timer in (*self._timers, *self._paused_reads.values()):
+        for timer in (*self._timers, *self.run.paused_reads.values()):
             timer.cancel()
         self._timers.clear()
-        self._paused_reads.clear()
+        self.run.paused_reads.clear()
         if self.cycle.next_run is not None:
             # Between two runs: the next server starts the next one, when its record says.
             self.cycle.next_run.cancel()
             self.cycle.next_run = None
         self.cycle.hook = self.cycle.on_wait = None
-        spawned = self._spawned
+        spawned = self.run.spawned
         if spawned is None or self._finished.is_set():
             return
         for name in ("stdout_fd", "stderr_fd", "pidfd"):
@@ -635,7 +667,7 @@ class Session:
             return
         if self.cycle.respawning:
             return
-        self._trees.signal(self.id, self.pid, sig, leader_alive=not self._leader_reaped)
+        self._trees.signal(self.id, self.pid, sig, leader_alive=not self.run.leader_reaped)
         if sig != signal.SIGKILL and grace:  # grace 0 or None: no escalation asked for
             self._timers.append(self._loop.call_later(grace, self._escalate))
         self._loop.call_soon(self._maybe_finish)
@@ -643,7 +675,7 @@ class Session:
     def _escalate(self) -> None:
         if not self._finished.is_set():
             self._signal_sent = "SIGKILL"
-            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
+            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
 
     # -- restoring -----------------------------------------------------------------------------
 
@@ -724,13 +756,7 @@ class Session:
         newline = b"\n" if view.size and view.read(view.size - 1, 1).data != b"\n" else b""
         marker = f"[procpilot] ended with {how}; restart {self.restarts} of {policy.max_restarts} in {delay:g} s\n"
         self.output.append(Stream.STDOUT, newline + marker.encode())
-        self._spawned = None
-        self.pid = None
-        self.accounting = ExitAccounting()
-        self.terminal = TerminalModes()
-        self.left_orphans = False
-        self._leader_reaped = False
-        self._reaper_armed = False
+        self.run = Run()  # the next one's, from its start
         self._wait_next_run(delay)
 
     def _wait_next_run(self, delay: float) -> None:
@@ -763,7 +789,7 @@ class Session:
         """The next run could not be started: the session ends as its last run did, saying why."""
         self.error = message
         self.cycle.respawning = False
-        self._leader_reaped = True
+        self.run.leader_reaped = True
         self.cycle.hook = None  # no further attempt
         self._finish()
 
