@@ -71,6 +71,7 @@ def __getattr__(name: str) -> Any:
 
     return getattr(importlib.import_module(module), name)
 
+
 __all__ = [
     "ApprovalDenied",
     "AsyncClient",

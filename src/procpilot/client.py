@@ -71,14 +71,6 @@ _NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 _TIMEOUT = httpx2.Timeout(connect=5.0, read=660.0, write=30.0, pool=30.0)
 
 
-
-
-
-
-
-
-
-
 # -- errors ------------------------------------------------------------------------------------
 
 
@@ -509,7 +501,6 @@ class WebSocketTransport:
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(error)
-
 
 
 @dataclass(frozen=True, slots=True)

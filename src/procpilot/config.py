@@ -497,8 +497,10 @@ def _python_names(model: type[BaseModel], data: Mapping[str, Any], loc: Loc = ()
         inner, keyed = _nested(info.annotation)
         if inner is not None and isinstance(value, Mapping):
             if keyed:
-                value = {k: _python_names(inner, v, (*loc, alias, k)) if isinstance(v, Mapping) else v
-                         for k, v in value.items()}
+                value = {
+                    k: _python_names(inner, v, (*loc, alias, k)) if isinstance(v, Mapping) else v
+                    for k, v in value.items()
+                }
             else:
                 value = _python_names(inner, value, (*loc, alias))
         out[alias] = value

@@ -56,6 +56,7 @@ async def test_kill_stops_restarting_while_running_and_between_runs(supervisor: 
     waiting = await supervisor.spawn(SpawnSpec("echo once; exit 1", restart=slow), scope="a")
     outcome = await supervisor.wait("a", waiting.id, timeout=20, pattern=re.compile("restart 1 of 5"))
     assert outcome.reason == "pattern" and waiting.is_running and waiting.pid is None  # between two runs
+    assert waiting.state is SessionState.RESTARTING
     await supervisor.kill("a", waiting.id, wait=None)
     assert (waiting.state, waiting.restarts, waiting.exit_code) == (SessionState.KILLED, 1, 1)
     assert log(waiting).count("once\n") == 1

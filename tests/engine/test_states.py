@@ -15,6 +15,9 @@ ALLOWED = {
     (S.QUEUED, S.KILLED),  # killed while it waited for its lane
     (S.QUEUED, S.LOST),  # on a cluster: its node died while it waited there
     *((S.RUNNING, end) for end in END_STATES - {S.FAILED_TO_START}),
+    (S.RUNNING, S.RESTARTING),  # a run ended on its own and its restart policy wants another
+    (S.RESTARTING, S.RUNNING),  # the next run started
+    *((S.RESTARTING, end) for end in END_STATES - {S.FAILED_TO_START}),  # killed, or no next run could start
 }
 
 
@@ -32,4 +35,4 @@ def test_every_other_edge_is_illegal(current: SessionState, new: SessionState) -
 
 def test_end_states_are_the_ones_with_no_way_out() -> None:
     assert {state for state in S if state.is_end} == set(END_STATES)
-    assert not S.QUEUED.is_end and not S.RUNNING.is_end
+    assert not S.QUEUED.is_end and not S.RUNNING.is_end and not S.RESTARTING.is_end

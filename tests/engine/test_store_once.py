@@ -203,7 +203,7 @@ async def test_output_printed_while_no_server_ran_is_replayed_into_the_store_in_
     async with Supervisor(settings, owner="t") as second:
         await second.wait(A, talker.id, timeout=10)
         done = second.get(A, talker.id)
-        assert done.output.layout == "once" and done.record()["format"] == 2
+        assert done.output.layout == "once" and done.record()["format"] == 3  # once, and the whole session
         combined = done.output[Stream.COMBINED].read().data.decode().splitlines()
         assert sorted(combined) == sorted([f"out {i}" for i in range(1, 61)] + [f"err {i}" for i in range(1, 61)])
         # Each stream in its own order, and the combined view never puts a line before its predecessor.

@@ -524,3 +524,40 @@ def test_keep_sessions_makes_sigterm_hand_over_instead_of_ending(tmp_path: Path)
         assert second.stop() == 0
     finally:
         _leave_nothing(root, first, second)
+
+
+def test_a_planted_record_whose_id_leaves_sessions_dir_touches_nothing_outside(tmp_path: Path) -> None:
+    """Nothing read back from the journal is trusted: a record whose id is ``../victim`` would
+    make adoption read (and delete) ``state/victim.exit`` and a removal ``rmtree`` ``state/victim``.
+    It is ignored, and said so in the log."""
+    root = tmp_path / "d"
+    state = root / "state"
+    victim = state / "victim"
+    victim.mkdir(parents=True)
+    (victim / "keep.txt").write_text("not procpilot's\n")
+    (state / "victim.exit").write_text("0\n")
+    planted = {
+        "id": "../victim",
+        "scope": "agent-a",
+        "owner": "serve",
+        "format": 2,
+        "command": "true",
+        "cwd": None,
+        "pty": False,
+        "state": "running",
+        "pid": 2**22 - 1,  # no such process: its tree is "gone", so adoption asks how it ended
+        "created_at": time.time(),
+        "started_at": time.time(),
+    }
+    (state / "sessions.jsonl").write_text(json.dumps(planted) + "\n")
+    daemon = start_daemon(root)
+    try:
+        with daemon.http() as c:
+            assert post(c, "process", action="list").json()["data"]["sessions"] == []
+            refused = post(c, "process", action="remove", sessionId="../victim")
+            assert refused.json()["error"] == "SessionNotFound", refused.text
+        assert (victim / "keep.txt").read_text() == "not procpilot's\n"
+        assert (state / "victim.exit").read_text() == "0\n"
+        assert "invalid id '../victim'" in daemon.log_text()
+    finally:
+        assert daemon.stop() == 0

@@ -188,8 +188,14 @@ class NodeAgent:
         except ProcpilotError as exc:
             return error_reply(exc)
         chunk = view.read(offset, min(max(0, limit), FOLLOW_CHUNK))
-        return {"data": chunk.data, "start": chunk.start, "end": chunk.end, "dropped": chunk.dropped,
-                "total": chunk.total, "view_dropped": view.dropped}
+        return {
+            "data": chunk.data,
+            "start": chunk.start,
+            "end": chunk.end,
+            "dropped": chunk.dropped,
+            "total": chunk.total,
+            "view_dropped": view.dropped,
+        }
 
     async def lines(
         self, scope: str, session_id: str, stream: str, first: int, count: int | None, max_bytes: int, keep_end: bool
@@ -200,8 +206,14 @@ class NodeAgent:
         except ProcpilotError as exc:
             return error_reply(exc)
         found = view.read_lines(first, count, min(max(0, max_bytes), LINES_MAX), keep_end=keep_end)
-        return {"lines": found.lines, "first": found.first, "total": found.total,
-                "dropped_lines": found.dropped_lines, "unread_bytes": found.unread_bytes, "view_dropped": view.dropped}
+        return {
+            "lines": found.lines,
+            "first": found.first,
+            "total": found.total,
+            "dropped_lines": found.dropped_lines,
+            "unread_bytes": found.unread_bytes,
+            "view_dropped": view.dropped,
+        }
 
     async def forget(self, scope: str, session_id: str) -> None:
         with contextlib.suppress(ProcpilotError):  # already gone: forgetting is idempotent
@@ -211,4 +223,3 @@ class NodeAgent:
         """End every tree this node runs (SIGTERM, SIGKILL after the grace period)."""
         if self._sup is not None:
             await self._sup.aclose()
-

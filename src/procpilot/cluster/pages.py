@@ -122,7 +122,13 @@ def _gone(output: SessionOutput, session_id: str, exc: NodeUnavailable) -> NodeU
 
 
 async def node_page(
-    call: Call, scope: str, session_id: str, output: SessionOutput, stream: Stream, offset: int, limit: int | None,
+    call: Call,
+    scope: str,
+    session_id: str,
+    output: SessionOutput,
+    stream: Stream,
+    offset: int,
+    limit: int | None,
     node_dropped: dict[Stream, int],
 ) -> ReadResult:
     """Bytes ``[offset, offset + limit)`` of a view (``limit`` None: to its end): from the copy

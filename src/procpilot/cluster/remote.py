@@ -88,7 +88,7 @@ class RemoteSession(Session):
         self.pid = record["pid"]
         self.started_at = record["started_at"]
         self.stdin_open = bool(record["stdin_open"])
-        if record["state"] == SessionState.RUNNING.value:
+        if record["state"] in (SessionState.RUNNING.value, SessionState.RESTARTING.value):
             self._set_state(SessionState.RUNNING)
 
     async def _call(self, kind: str, *args: Any, **options: Any) -> dict[str, Any]:

@@ -410,4 +410,3 @@ class ClusterSupervisor(Supervisor):
         caps = super().capabilities()  # the daemon's own host: where the state directory lives
         caps["cluster"] = {"backend": "ray", "address": self.settings.cluster.address, "nodes": self.nodes()}
         return caps
-

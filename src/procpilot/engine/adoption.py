@@ -134,6 +134,18 @@ def replay_spool(output: SessionOutput, directory: Path) -> int:
     return total
 
 
+def _instance_dir(path: object, beside: Path | None = None) -> bool:
+    """True iff ``path`` (read from a record) can be a supervisor's cgroup directory: absolute,
+    without ``..``, named as instance_name() names them, and (``beside``) next to ours. Anything
+    else is never signalled (``cgroup.kill``) nor removed."""
+    if not isinstance(path, str) or not path.startswith("/") or ".." in Path(path).parts:
+        return False
+    found = Path(path)
+    if not found.name.startswith("procpilot-"):
+        return False
+    return beside is None or found.parent == beside.parent
+
+
 class Restarts:
     """One owner's restart machinery on one state directory."""
 
@@ -179,7 +191,8 @@ class Restarts:
             return self._scan
         if not root or (isinstance(current, CgroupTrees) and str(current.root) == root):
             return current
-        if not Path(root).is_dir():
+        ours = current.root if isinstance(current, CgroupTrees) else None
+        if not Path(root).is_dir() or not _instance_dir(root, ours):
             return current
         if root not in self._trees:
             self._trees[root] = CgroupTrees(Path(root))
@@ -187,7 +200,7 @@ class Restarts:
 
     def limits_for(self, record: dict[str, Any]) -> LimitBackend | None:
         roots = record.get("limit_roots")
-        if not isinstance(roots, dict) or not roots:
+        if not isinstance(roots, dict) or not roots or not all(_instance_dir(p) for p in roots.values()):
             return None
         key = tuple(sorted(f"{c}={p}" for c, p in roots.items()))
         if key not in self._limits:

@@ -16,6 +16,7 @@ from procpilot.shell.variables import sensitive_variable
 
 __all__ = ["check_overrides", "is_protected"]
 
+
 def is_protected(name: str, protected: Collection[str]) -> bool:
     """Whether a call may not override ``name``: the configured names, and always every variable
     that runs code first. Every LD_*/DYLD_* variable steers the loader, so no list of names could

@@ -278,6 +278,7 @@ def _attrs(data: bytes) -> list[tuple[int, bytes]]:
 
 # -- the holder's side ------------------------------------------------------------------------
 
+
 def record_path(spool: str) -> str:
     """Where the record of the session whose outage spool is ``spool`` (``sessions/<id>/outage.spool``)
     goes: ``sessions/<id>.exit.json``, beside the shell's ``<id>.exit``, not inside the session's

@@ -70,6 +70,7 @@ class TerminalModes:
                 self.app_cursor_keys = on
         self._carry = text[-_DEC_MODE_MAX:]
 
+
 _SHIFT, _ALT, _CTRL = 1, 2, 4
 _MODIFIER_BITS = {"S": _SHIFT, "M": _ALT, "C": _CTRL}
 

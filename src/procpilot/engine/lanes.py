@@ -48,6 +48,11 @@ class LaneScheduler:
             return True
         return False
 
+    def take(self, name: str, scope: str = "") -> None:
+        """Count a slot as held whatever the cap: a session a previous server started in this lane
+        runs (or waits between runs) already, and gives its slot back when it ends."""
+        self._lane(name, scope).active += 1
+
     async def acquire(self, name: str, scope: str = "") -> None:
         if self.try_acquire(name, scope):
             return

@@ -41,6 +41,7 @@ _TOO_BIG_HINT = {
     "use_a_file": "Write the script to a file in the workspace and run that file (sh script.sh, python3 x.py).",
 }
 
+
 def check_size(command: str | tuple[str, ...]) -> None:
     """Refuse a command the kernel could not pass to ``exec`` (or shell text nested past any
     real use), before anything reads it."""

@@ -1,7 +1,8 @@
 """When a long-lived session's command ends on its own, whether and when to start it again.
 
 A restart keeps the session: the same id, the same log (a marker line says why and when), the
-state stays ``running`` between two runs, and nobody hears of an exit until the last one. What
+state is ``restarting`` between two runs (faces show it as running), and nobody hears of an exit
+until the last one. What
 ends a session for good: a kill (or a timeout, a memory limit, the supervisor shutting down), an
 exit the policy accepts (``on-failure``: exit 0), or ``max_restarts`` reached. The delay before
 a restart doubles after each quick failure (as pm2's exponential backoff does) and starts over

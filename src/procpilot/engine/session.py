@@ -9,7 +9,6 @@ written out; only then does the session enter its end state and announce its exi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import fcntl
 import os
@@ -26,11 +25,13 @@ from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Strea
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.procfs import read_small
+from procpilot.engine.records import spec_record
 from procpilot.engine.spawn import Spawned, SpawnSpec
-from procpilot.engine.states import SessionState, check_transition
+from procpilot.engine.states import END_STATES, SessionState, check_transition
+from procpilot.engine.stdin import StdinWriter
 from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
-from procpilot.errors import ProcessAlreadyExited, StdinClosed
+from procpilot.errors import ProcessAlreadyExited
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
 
@@ -79,6 +80,23 @@ class ExitAccounting:
 
 
 @dataclass(slots=True)
+class Run:
+    """One run of a session's command: its process, the descriptors still read, how far its end
+    has come. A restart policy's next run is a new one; the session (its id, output, record and
+    stdin writer) goes on."""
+
+    spawned: Spawned | None = None
+    pid: int | None = None
+    open_streams: int = 0  # output descriptors not at EOF yet
+    leader_reaped: bool = False
+    reaper_armed: bool = False  # a kill of what the leader left behind is due
+    left_orphans: bool = False  # True iff processes outlived the leader (they are now ours to reap)
+    accounting: ExitAccounting = field(default_factory=ExitAccounting)
+    terminal: TerminalModes = field(default_factory=TerminalModes)  # followed from the output under a pty only
+    paused_reads: dict[int, asyncio.TimerHandle] = field(default_factory=dict)  # fd: when its reading resumes
+
+
+@dataclass(slots=True)
 class RestartCycle:
     """Where a session with a restart policy is between its runs: short runs in a row (for the
     backoff), when the current run started, the timer of the next one, whether one is due, and
@@ -87,8 +105,11 @@ class RestartCycle:
     quick_failures: int = 0
     run_t0: float = field(default_factory=time.monotonic)
     next_run: asyncio.TimerHandle | None = None
+    next_run_at: float | None = None  # wall-clock time of the next run, while one is due (for the record)
     respawning: bool = False
     hook: Callable[[Session], None] | None = None
+    # Told when the session starts waiting for its next run (the supervisor keeps the record).
+    on_wait: Callable[[Session], None] | None = None
 
 
 def signal_name(sig: int) -> str:
@@ -144,37 +165,54 @@ class Session:
         self._t0 = time.monotonic()
         self._t_end: float | None = None
         self.last_access = time.monotonic()
+        self.recorded_access = self.last_access  # last_access as the latest record says it
         self.state = SessionState.QUEUED
-        self.pid: int | None = None
+        self.run = Run()  # the current run (the last one between two runs, and once ended)
         self.exit_code: int | None = None
         self.exit_signal: str | None = None
         self.error: str | None = None
         self.backgrounded = False
         self.node: str | None = None  # the cluster node that runs it; None: this host
-        self.accounting = ExitAccounting()
-        self.stdin_open = False
-        self.terminal = TerminalModes()  # followed from the output under a pty only
+        self.stdin = StdinWriter(session_id, pty=spec.pty, before_close=self._stdin_closing)
         self.timed_out_waiting_for_input = False
         self._input_check: tuple[bool, float] | None = None  # the last waiting_for_input, and when
         self._trees = trees
         self._on_finish = on_finish
-        self._spawned: Spawned | None = None
-        self._open_streams = 0
-        self._leader_reaped = False
         self._requested_end: SessionState | None = None
-        self._reaper_armed = False
-        self.left_orphans = False  # True iff processes outlived the leader (they are now ours to reap)
         self._signal_sent: str | None = None
         self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
-        self._paused_reads: dict[int, asyncio.TimerHandle] = {}  # fd: when its reading resumes
         self._finished = asyncio.Event()
-        self._write_lock = asyncio.Lock()
-        self._stdin_waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
+        # Its resources over its whole life, once it ended: kept in its record (a server that
+        # restores it after a restart has no rusage or samples of its own to measure it from).
+        self.final_usage: Usage | None = None
         self.restarts = 0  # runs after the first (spec.restart)
         self.cycle = RestartCycle()
         self.custody = Custody()
+
+    # -- the current run -----------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self.run.pid
+
+    @pid.setter
+    def pid(self, value: int | None) -> None:  # a cluster node's record says it (cluster/remote.py)
+        self.run.pid = value
+
+    @property
+    def accounting(self) -> ExitAccounting:
+        return self.run.accounting
+
+    @property
+    def terminal(self) -> TerminalModes:
+        return self.run.terminal
+
+    @property
+    def left_orphans(self) -> bool:
+        """True iff processes outlived the current run's leader (they are ours to reap)."""
+        return self.run.left_orphans
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -188,12 +226,13 @@ class Session:
 
     @property
     def is_running(self) -> bool:
-        return self.state is SessionState.RUNNING
+        """Started and not ended: a run is on, or (RESTARTING) the next one is due."""
+        return self.state is SessionState.RUNNING or self.state is SessionState.RESTARTING
 
     @property
     def spawned(self) -> Spawned | None:
         """Its process and the descriptors still open (a closed one is -1 or None)."""
-        return self._spawned
+        return self.run.spawned
 
     @property
     def terminating(self) -> bool:
@@ -232,11 +271,11 @@ class Session:
     def input_probe(self) -> Callable[[], bool] | None:
         """What :attr:`waiting_for_input` reads (/proc, for the whole tree: ~0.1 ms), as a function
         safe to run in a worker thread; None when it is False without a look."""
-        spawned = self._spawned
+        spawned = self.run.spawned
         if not self.is_running or not self.stdin_open or spawned is None or self.pid is None:
             return None
         trees, session_id, leader, target = self._trees, self.id, self.pid, spawned.stdin_target
-        leader_alive = not self._leader_reaped
+        leader_alive = not self.run.leader_reaped
 
         def probe() -> bool:
             return waiting_for_input(trees.pids(session_id, leader) | ({leader} if leader_alive else set()), target)
@@ -259,8 +298,9 @@ class Session:
 
     def usage_report(self) -> Usage | None:
         """The tree's usage as measured where it runs, when that is not this host (a cluster
-        node's last report); None: this host's usage tracker samples the tree itself."""
-        return None
+        node's last report, or the final figures a record kept); None: this host's usage
+        tracker samples the tree itself."""
+        return self.final_usage
 
     async def page(self, stream: Stream, offset: int = 0, limit: int | None = None) -> ReadResult:
         """Bytes of a view as its log holds them: here, this host's files (a session on a cluster
@@ -288,23 +328,27 @@ class Session:
     def attach(self, spawned: Spawned) -> None:
         """Take over a freshly started child: watch its pipes and its exit (a restart's child too:
         the session, its times and its output go on)."""
-        self._spawned = spawned
+        self.run.spawned = spawned
         self.pid = spawned.pid
         self.cycle.run_t0 = time.monotonic()
-        if self.state is not SessionState.RUNNING:
+        if self.state is not SessionState.RESTARTING:
             self._t0 = self.cycle.run_t0
             self.started_at = time.time()
-            self._set_state(SessionState.RUNNING)
         else:  # a restart: the last run's ending is the log's now
             self.exit_code = self.exit_signal = None
+        self._set_state(SessionState.RUNNING)
+        # Our own child from now on, whoever started the run before (a restarted adopted session).
+        self.custody.adopted = self.custody.ended_in_outage = False
+        self.custody.read_status = None
         self.cycle.respawning = False
+        self.cycle.next_run_at = None
         self.accounting.spawner_maxrss_kb = _spawner_maxrss_kb()
-        self.stdin_open = spawned.stdin_fd is not None
+        self.stdin.use(spawned)
         streams = [(spawned.stdout_fd, Stream.STDOUT)]
         if spawned.stderr_fd is not None:
             streams.append((spawned.stderr_fd, Stream.STDERR))
         for fd, stream in streams:
-            self._open_streams += 1
+            self.run.open_streams += 1
             self._loop.add_reader(fd, self._on_readable, fd, stream)
         if spawned.pidfd is not None:
             self._loop.add_reader(spawned.pidfd, self._on_leader_exit)
@@ -314,7 +358,13 @@ class Session:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
 
     def adopt(
-        self, spawned: Spawned, *, started_at: float, leader_exited: bool, read_status: Callable[[], int | str | None]
+        self,
+        spawned: Spawned,
+        *,
+        started_at: float,
+        leader_exited: bool,
+        read_status: Callable[[], int | str | None],
+        run_started_at: float | None = None,
     ) -> None:
         """Take over a running session a previous server started (its descriptors came back from
         the holder; a stream already at EOF has fd -1, a pidfd already spent is None).
@@ -322,17 +372,19 @@ class Session:
         ``read_status`` gives the leader's exit status (negative: the signal) as it was recorded
         while we were not its parent, or why it is unknown (a str: the session ends LOST, never
         with an invented exit), or None: not recorded yet, ask again shortly."""
-        self._spawned = spawned
+        self.run.spawned = spawned
         self.pid = spawned.pid
         self.custody.adopted = True
         self.custody.read_status = read_status
         self.started_at = started_at
-        self._t0 = time.monotonic() - max(0.0, time.time() - started_at)
+        self._t0 = _monotonic_at(started_at)
+        # The backoff goes on from how long this run has lasted, not from the adoption.
+        self.cycle.run_t0 = _monotonic_at(run_started_at or started_at)
         self._set_state(SessionState.RUNNING)
-        self.stdin_open = spawned.stdin_fd is not None
+        self.stdin.use(spawned)
         for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
             if fd is not None and fd >= 0:
-                self._open_streams += 1
+                self.run.open_streams += 1
                 self._loop.add_reader(fd, self._on_readable, fd, stream)
         if self.spec.timeout:
             left = self.spec.timeout - (time.time() - started_at)
@@ -351,10 +403,10 @@ class Session:
             self._adopted_leader_gone()
 
     def _adopted_leader_gone(self) -> None:
-        spawned = self._spawned
-        if spawned is None or self._leader_reaped:
+        spawned = self.run.spawned
+        if spawned is None or self.run.leader_reaped:
             return
-        self._leader_reaped = True  # reaped by whoever its parent is now, never by us
+        self.run.leader_reaped = True  # reaped by whoever its parent is now, never by us
         if spawned.pidfd is not None:
             self._loop.remove_reader(spawned.pidfd)
             os.close(spawned.pidfd)
@@ -395,7 +447,7 @@ class Session:
             # Out of descriptors for the log's file (EMFILE): bytes read now would be lost. They
             # wait in the pipe (a command that fills it blocks) and reading resumes shortly.
             self._loop.remove_reader(fd)
-            self._paused_reads[fd] = self._loop.call_later(_STORE_RETRY, self._resume_reading, fd, stream)
+            self.run.paused_reads[fd] = self._loop.call_later(_STORE_RETRY, self._resume_reading, fd, stream)
             return
         try:
             data = os.read(fd, _READ_SIZE)
@@ -414,26 +466,26 @@ class Session:
         self._close_stream(fd)
 
     def _resume_reading(self, fd: int, stream: Stream) -> None:
-        del self._paused_reads[fd]
+        del self.run.paused_reads[fd]
         self._loop.add_reader(fd, self._on_readable, fd, stream)
 
     def _close_stream(self, fd: int) -> None:
-        paused = self._paused_reads.pop(fd, None)
+        paused = self.run.paused_reads.pop(fd, None)
         if paused is not None:
             paused.cancel()
         self._loop.remove_reader(fd)
         os.close(fd)
-        self._open_streams -= 1
-        if self._spawned is not None:
-            if fd == self._spawned.stdout_fd:
-                self._spawned.stdout_fd = -1
-            elif fd == self._spawned.stderr_fd:
-                self._spawned.stderr_fd = -1
+        self.run.open_streams -= 1
+        if self.run.spawned is not None:
+            if fd == self.run.spawned.stdout_fd:
+                self.run.spawned.stdout_fd = -1
+            elif fd == self.run.spawned.stderr_fd:
+                self.run.spawned.stderr_fd = -1
         self._maybe_finish()
 
     def _drain_and_close_streams(self) -> None:
         """Stop waiting for EOF: read what is buffered, then close."""
-        spawned = self._spawned
+        spawned = self.run.spawned
         if spawned is None:
             return
         for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
@@ -457,13 +509,13 @@ class Session:
 
     def _on_leader_exit(self) -> None:
         # The pidfd is readable: the leader is a zombie, whose I/O counters are still there to read.
-        if self._spawned is not None and not self._leader_reaped:
-            self.accounting.exit_io = _zombie_io(self._spawned.pid)
+        if self.run.spawned is not None and not self.run.leader_reaped:
+            self.accounting.exit_io = _zombie_io(self.run.spawned.pid)
         self._reap()
 
     def _reap(self) -> bool:
-        spawned = self._spawned
-        if spawned is None or self._leader_reaped:
+        spawned = self.run.spawned
+        if spawned is None or self.run.leader_reaped:
             return True
         try:
             pid, status, rusage = os.wait4(spawned.pid, os.WNOHANG)
@@ -471,7 +523,7 @@ class Session:
             pid, status, rusage = spawned.pid, 0, None
         if pid == 0:
             return False
-        self._leader_reaped = True
+        self.run.leader_reaped = True
         if spawned.pidfd is not None:
             self._loop.remove_reader(spawned.pidfd)
             os.close(spawned.pidfd)
@@ -490,29 +542,29 @@ class Session:
     def _after_leader_exit(self) -> None:
         if self._trees.pids(self.id, self.pid):
             # The command is over; what it left running belongs to nobody else. End it.
-            self.left_orphans = True
-            self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self._leader_reaped)
+            self.run.left_orphans = True
+            self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self.run.leader_reaped)
             self._timers.append(self._loop.call_later(_ORPHAN_GRACE, self._kill_leftovers))
-        elif not self._open_streams:
+        elif not self.run.open_streams:
             self._finish()  # the common case: nothing left, nothing buffered
             return
-        if self._open_streams:
+        if self.run.open_streams:
             self._timers.append(self._loop.call_later(_DRAIN_DEADLINE, self._drain_and_close_streams))
         self._maybe_finish()
 
     def _kill_leftovers(self) -> None:
-        self._reaper_armed = False
+        self.run.reaper_armed = False
         if self._trees.pids(self.id, self.pid):
-            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
+            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
-        if self._finished.is_set() or not self._leader_reaped or self._open_streams:
+        if self._finished.is_set() or not self.run.leader_reaped or self.run.open_streams:
             return
         if self._trees.pids(self.id, self.pid):
             # Survivors hold no pipe of ours but are alive: keep killing until the tree is empty.
-            if not self._reaper_armed:
-                self._reaper_armed = True
+            if not self.run.reaper_armed:
+                self.run.reaper_armed = True
                 self._timers.append(self._loop.call_later(0.05, self._kill_leftovers))
             return
         self._finish()
@@ -567,11 +619,16 @@ class Session:
     def detach(self) -> None:
         """Let go of a running session without ending it: stop reading, close our descriptors
         (the holder keeps its copies, stdin included: the child sees no EOF, no SIGPIPE)."""
-        for timer in (*self._timers, *self._paused_reads.values()):
+        for timer in (*self._timers, *self.run.paused_reads.values()):
             timer.cancel()
         self._timers.clear()
-        self._paused_reads.clear()
-        spawned = self._spawned
+        self.run.paused_reads.clear()
+        if self.cycle.next_run is not None:
+            # Between two runs: the next server starts the next one, when its record says.
+            self.cycle.next_run.cancel()
+            self.cycle.next_run = None
+        self.cycle.hook = self.cycle.on_wait = None
+        spawned = self.run.spawned
         if spawned is None or self._finished.is_set():
             return
         for name in ("stdout_fd", "stderr_fd", "pidfd"):
@@ -580,11 +637,7 @@ class Session:
                 self._loop.remove_reader(fd)
                 os.close(fd)
                 setattr(spawned, name, None if name == "pidfd" else -1)
-        if spawned.stdin_fd is not None:
-            fd, spawned.stdin_fd = spawned.stdin_fd, None
-            self._loop.remove_writer(fd)
-            os.close(fd)
-        self.stdin_open = False
+        self.stdin.let_go()
         self.output.mark_closed()
 
     # -- signals -------------------------------------------------------------------------------
@@ -614,7 +667,7 @@ class Session:
             return
         if self.cycle.respawning:
             return
-        self._trees.signal(self.id, self.pid, sig, leader_alive=not self._leader_reaped)
+        self._trees.signal(self.id, self.pid, sig, leader_alive=not self.run.leader_reaped)
         if sig != signal.SIGKILL and grace:  # grace 0 or None: no escalation asked for
             self._timers.append(self._loop.call_later(grace, self._escalate))
         self._loop.call_soon(self._maybe_finish)
@@ -622,7 +675,59 @@ class Session:
     def _escalate(self) -> None:
         if not self._finished.is_set():
             self._signal_sent = "SIGKILL"
-            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
+            self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
+
+    # -- restoring -----------------------------------------------------------------------------
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Take what a record says of this session's life so far (a previous server wrote it):
+        its times, its last exit, its restart counters and when it was last read (the TTL)."""
+        now = time.time()
+        self.created_at = _wall(record.get("created_at")) or now
+        self.started_at = _wall(record.get("started_at"))
+        self.backgrounded = bool(record.get("backgrounded", True))
+        self.restarts = int(record.get("restarts") or 0)
+        self.cycle.quick_failures = int(record.get("quick_failures") or 0)
+        code, sig, error = record.get("exit_code"), record.get("exit_signal"), record.get("error")
+        self.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        self.exit_signal = sig if isinstance(sig, str) else None
+        self.error = error if isinstance(error, str) else None
+        sent = record.get("signal_sent")
+        self._signal_sent = sent if isinstance(sent, str) else None
+        self.timed_out_waiting_for_input = bool(record.get("timed_out_waiting_for_input"))
+        usage = record.get("usage")
+        if self.state.is_end or record.get("state") in {s.value for s in END_STATES}:
+            self.final_usage = _usage(usage)
+        touched = _wall(record.get("touched_at")) or _wall(record.get("ended_at")) or now
+        self.last_access = _monotonic_at(min(touched, now))
+
+    def restore_ended(self, state: SessionState, ended_at: float | None) -> None:
+        """A session that had ended before this server started: listed and readable as it was,
+        until its TTL. Not a transition: it entered its end state under the server before."""
+        if not state.is_end:
+            raise ValueError(f"not an end state: {state.value}")
+        self.state = state
+        self.ended_at = ended_at or time.time()
+        self._t_end = _monotonic_at(self.ended_at)
+        if self.started_at is not None:
+            self._t0 = _monotonic_at(self.started_at)
+        else:
+            self._t0 = self._t_end
+        self.output.mark_closed()
+        self._finished.set()
+
+    def resume_between_runs(self, next_run_at: float) -> None:
+        """A session a previous server left between two runs: its next run starts on schedule
+        (at once if that time has passed), through the supervisor's restart hook."""
+        if self.started_at is not None:
+            self._t0 = _monotonic_at(self.started_at)
+        self.state = SessionState.RESTARTING  # restored as it was, not a transition
+        self._wait_next_run(max(0.0, next_run_at - time.time()))
+
+    def use_trees(self, trees: TreeBackend) -> None:
+        """The tree backend of the next run: an adopted run lived in the cgroup directory of the
+        server that started it; the next one starts in this server's."""
+        self._trees = trees
 
     # -- restarts ------------------------------------------------------------------------------
 
@@ -651,18 +756,21 @@ class Session:
         newline = b"\n" if view.size and view.read(view.size - 1, 1).data != b"\n" else b""
         marker = f"[procpilot] ended with {how}; restart {self.restarts} of {policy.max_restarts} in {delay:g} s\n"
         self.output.append(Stream.STDOUT, newline + marker.encode())
-        self._spawned = None
-        self.pid = None
-        self.accounting = ExitAccounting()
-        self.terminal = TerminalModes()
-        self.left_orphans = False
-        self._leader_reaped = False
-        self._reaper_armed = False
+        self.run = Run()  # the next one's, from its start
+        self._wait_next_run(delay)
+
+    def _wait_next_run(self, delay: float) -> None:
+        if self.state is SessionState.RUNNING:
+            self._set_state(SessionState.RESTARTING)
         self.cycle.respawning = True
+        self.cycle.next_run_at = time.time() + delay
         self.cycle.next_run = self._loop.call_later(delay, self._start_next_run)
+        if self.cycle.on_wait is not None:
+            self.cycle.on_wait(self)
 
     def _start_next_run(self) -> None:
         self.cycle.next_run = None
+        self.cycle.next_run_at = None
         if self.cycle.hook is not None:
             self.cycle.hook(self)
 
@@ -672,102 +780,39 @@ class Session:
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=True)
             self._loop.call_soon(self._maybe_finish)
 
+    def restart_handed_over(self) -> None:
+        """The server handed the session over while its next run was being started: the next
+        server starts it, at once (its record says it is due now)."""
+        self.cycle.next_run_at = time.time()
+
     def restart_failed(self, message: str) -> None:
         """The next run could not be started: the session ends as its last run did, saying why."""
         self.error = message
         self.cycle.respawning = False
-        self._leader_reaped = True
+        self.run.leader_reaped = True
         self.cycle.hook = None  # no further attempt
         self._finish()
 
     # -- stdin ---------------------------------------------------------------------------------
 
     async def write(self, data: bytes, eof: bool = False, *, timeout: float | None = None) -> int:
-        """Write ``data`` to stdin (then close it if ``eof``); returns the bytes written.
+        """Write ``data`` to the current run's stdin (see :meth:`StdinWriter.write`)."""
+        return await self.stdin.write(data, eof, timeout=timeout)
 
-        A child that never reads its stdin fills the pipe: with a ``timeout`` (seconds) the wait
-        for room ends at that deadline and the count written so far is returned, so the caller
-        can tell the rest was not sent (``eof`` is then not applied either: it would cut the
-        unsent part off for good). Without one it waits as long as it takes.
-        """
-        deadline = None if timeout is None else self._loop.time() + max(0.0, timeout)
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._write_lock.acquire()
-        except TimeoutError:
-            return 0  # another write still holds stdin, stuck behind the same full pipe
-        try:
-            return await self._write_locked(data, eof, deadline)
-        finally:
-            self._write_lock.release()
+    @property
+    def stdin_open(self) -> bool:
+        return self.stdin.open
 
-    async def _write_locked(self, data: bytes, eof: bool, deadline: float | None) -> int:
-        spawned = self._spawned
-        if spawned is None or spawned.stdin_fd is None or not self.stdin_open:
-            raise StdinClosed(f"session {self.id} has no open stdin")
-        view = memoryview(data)
-        written = 0
-        while view:
-            fd = spawned.stdin_fd
-            if fd is None:
-                raise StdinClosed(
-                    f"session {self.id} ended after reading {written} of {len(data)} bytes", bytes_written=written
-                )
-            try:
-                n = os.write(fd, view)
-            except BlockingIOError:
-                if not await self._writable(fd, deadline):
-                    return written
-                continue
-            except BrokenPipeError as exc:
-                self._close_stdin()
-                raise StdinClosed(
-                    f"session {self.id} closed its stdin after {written} of {len(data)} bytes", bytes_written=written
-                ) from exc
-            written += n
-            view = view[n:]
-        if eof and spawned.stdin_fd is not None:
-            if self.spec.pty:
-                with contextlib.suppress(OSError):
-                    os.write(spawned.stdin_fd, b"\x04")
-            else:
-                self._close_stdin()
-        return written
-
-    async def _writable(self, fd: int, deadline: float | None) -> bool:
-        """Wait until ``fd`` takes more; False at the deadline. Also returns when stdin is closed
-        under us (the session ended): the fd is gone then, and no writability event would come."""
-        fut: asyncio.Future[None] = self._loop.create_future()
-
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self._loop.add_writer(fd, ready)
-        self._stdin_waiter = fut
-        try:
-            async with asyncio.timeout_at(deadline):
-                await fut
-        except TimeoutError:
-            return False
-        finally:
-            self._stdin_waiter = None
-            if self._spawned is not None and self._spawned.stdin_fd == fd:
-                self._loop.remove_writer(fd)
-        return True
+    @stdin_open.setter
+    def stdin_open(self, value: bool) -> None:  # a cluster node's record says it (cluster/remote.py)
+        self.stdin.open = value
 
     def _close_stdin(self) -> None:
-        spawned = self._spawned
-        self.stdin_open = False
-        if spawned is not None and spawned.stdin_fd is not None:
-            if self.custody.on_stdin_close is not None:
-                self.custody.on_stdin_close()
-            fd, spawned.stdin_fd = spawned.stdin_fd, None
-            self._loop.remove_writer(fd)
-            os.close(fd)
-        waiter = self._stdin_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self.stdin.close()
+
+    def _stdin_closing(self) -> None:
+        if self.custody.on_stdin_close is not None:
+            self.custody.on_stdin_close()
 
     # -- records -------------------------------------------------------------------------------
 
@@ -785,14 +830,18 @@ class Session:
             node=self.node,
         )
 
+    def _touched_at(self) -> float:
+        self.recorded_access = self.last_access
+        return time.time() - (time.monotonic() - self.idle_since)
+
     def record(self) -> dict[str, Any]:
-        """What the store keeps: enough to list and re-attach after a restart."""
-        return {
+        """What the store keeps: the session whole, as a server started later rebuilds it (the
+        spec as admitted, its restart counters, its TTL clock, how it ended); only the running
+        process and its descriptors are not in it (the holder keeps those)."""
+        found = {
             "id": self.id,
             "scope": self.scope,
-            "command": self.spec.command if isinstance(self.spec.command, str) else list(self.spec.command),
-            "cwd": str(self.spec.cwd) if self.spec.cwd else None,
-            "pty": self.spec.pty,
+            **spec_record(self.spec),
             "state": self.state.value,
             "pid": self.pid,
             "created_at": self.created_at,
@@ -804,8 +853,40 @@ class Session:
             "error": self.error,
             "name": self.name,
             "restarts": self.restarts,
+            "touched_at": self._touched_at(),
             **self.custody.record,
         }
+        if self.spec.restart is not None:
+            found["quick_failures"] = self.cycle.quick_failures
+            found["run_started_at"] = time.time() - (time.monotonic() - self.cycle.run_t0)
+            if self.cycle.next_run_at is not None:
+                found["next_run_at"] = self.cycle.next_run_at
+        if self._signal_sent is not None:
+            found["signal_sent"] = self._signal_sent
+        if self.final_usage is not None:
+            found["usage"] = self.final_usage.as_dict()
+        if self.timed_out_waiting_for_input:
+            found["timed_out_waiting_for_input"] = True
+        return found
+
+
+def _wall(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _usage(found: Any) -> Usage | None:
+    if not isinstance(found, dict):
+        return None
+    fields = ("cpu_ms", "memory_peak_bytes", "io_read_bytes", "io_write_bytes")
+    values = [found.get(k, 0) for k in fields]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    return Usage(*values)
+
+
+def _monotonic_at(wall: float) -> float:
+    """The monotonic clock's reading at wall-clock time ``wall`` (of a record a previous server wrote)."""
+    return time.monotonic() - (time.time() - wall)
 
 
 _maxrss_read: list[float] = [-1.0, 0]  # when the server's peak RSS was last read, and its value

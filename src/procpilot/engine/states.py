@@ -1,10 +1,17 @@
 """The session lifecycle as an explicit state machine. No dependencies.
 
     QUEUED ──► RUNNING ──► EXITED_OK | EXITED_ERROR | KILLED | TIMED_OUT | LIMIT_EXCEEDED | LOST
+       │          ▲ │
+       │          │ ▼
+       │       RESTARTING ──► (the same end states)
        │
        └─────► FAILED_TO_START  (also reachable from QUEUED when the lane slot is cancelled)
 
     QUEUED | RUNNING ──► LOST
+
+RESTARTING is a session with a restart policy between two runs: its last run ended on its own,
+its next starts after the backoff (the same id, the same log). Nothing of it runs; a kill ends
+it at once (KILLED), a next run that cannot start ends it as its last run ended.
 
 LOST is said of a session nobody can vouch for: a restarted server found its tree gone while no
 server ran with no recorded exit, or the cluster node running it died (the session's ``error``
@@ -25,6 +32,7 @@ __all__ = ["END_STATES", "IllegalTransition", "SessionState", "check_transition"
 class SessionState(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
+    RESTARTING = "restarting"  # between two runs of a restart policy: no process, the next one due
     EXITED_OK = "exited_ok"
     EXITED_ERROR = "exited_error"
     KILLED = "killed"
@@ -56,7 +64,8 @@ _ALLOWED: dict[SessionState, frozenset[SessionState]] = {
     SessionState.QUEUED: frozenset(
         {SessionState.RUNNING, SessionState.FAILED_TO_START, SessionState.KILLED, SessionState.LOST}
     ),
-    SessionState.RUNNING: END_STATES - {SessionState.FAILED_TO_START},
+    SessionState.RUNNING: (END_STATES - {SessionState.FAILED_TO_START}) | {SessionState.RESTARTING},
+    SessionState.RESTARTING: (END_STATES - {SessionState.FAILED_TO_START}) | {SessionState.RUNNING},
 }
 
 

@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
+from procpilot.engine.records import valid_session_id
 from procpilot.engine.state_files import check_state_file, make_state_dir, open_state_file
 
 __all__ = ["FileStore", "SessionStore"]
@@ -86,6 +87,13 @@ def _latest(data: bytes) -> tuple[dict[str, bytes], int]:
     return latest, lines
 
 
+def _checked(session_id: str) -> str:
+    """``session_id`` if it names a direct child of ``sessions/``, else ValueError (never a path)."""
+    if not valid_session_id(session_id):
+        raise ValueError(f"not a session id: {session_id[:80]!r}")
+    return session_id
+
+
 class FileStore:
     """``<state_dir>/sessions.jsonl``: every session's records, newest last; output under
     ``<state_dir>/sessions/<id>/``.
@@ -112,7 +120,7 @@ class FileStore:
         self.write_error: str | None = None  # errno name of the last refused journal write
 
     def session_dir(self, session_id: str) -> Path:
-        return self.root / session_id
+        return self.root / _checked(session_id)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -123,13 +131,18 @@ class FileStore:
         self._live.add(session_id)
 
     def delete(self, session_id: str) -> None:
-        path = f"{self._root}/{session_id}"
+        path = f"{self._root}/{_checked(session_id)}"
         try:
             os.rmdir(path)  # the output files are gone already, or never were
         except FileNotFoundError:
             pass
         except OSError:
             shutil.rmtree(path, ignore_errors=True)
+        if self._fd is None and not self._closed:
+            # Nothing saved yet (a session restored from the journal and forgotten at once): its
+            # record is in the file all the same, and without the tombstone it would come back.
+            with contextlib.suppress(OSError):
+                self._open()
         if session_id in self._live:
             self._append(json.dumps({"deleted": session_id}).encode() + b"\n")
             self._live.discard(session_id)
@@ -257,7 +270,15 @@ class FileStore:
         with open(fd, "rb") as f:
             data = f.read()
         latest, _ = _latest(data)
-        return {session_id: json.loads(raw) for session_id, raw in latest.items()}
+        found: dict[str, dict[str, Any]] = {}
+        for session_id, raw in latest.items():
+            if not valid_session_id(session_id):
+                # Damaged or planted: its id would name a path outside sessions/ (``..``) or a
+                # cgroup not its own, which adoption kills and a removal deletes. Never read back.
+                _log.warning("a record of the session journal has an invalid id %r: ignored", session_id[:80])
+                continue
+            found[session_id] = json.loads(raw)
+        return found
 
     # -- closing -------------------------------------------------------------------------------
 

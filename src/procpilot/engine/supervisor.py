@@ -46,11 +46,12 @@ from procpilot.engine.limits import (
     WatchdogLimits,
     probe_limits,
 )
+from procpilot.engine.records import spec_from_record
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.state_files import StateDirIdentity, make_state_dir
 from procpilot.engine.state_format import check_state_format
-from procpilot.engine.states import SessionState
+from procpilot.engine.states import END_STATES, SessionState
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
     MARKER_ENV,
@@ -104,7 +105,9 @@ _RUN_HOLDS_LATER: ContextVar[bool] = ContextVar("procpilot_run_holds_later", def
 # What this version writes for the next server and can read back; a newer one is left alone.
 # 2: the output is stored once (the combined log and its ordering index); 1: a copy per stream
 # as well, which this version still reads and goes on writing for a session adopted in it.
-_RECORD_FORMAT = 2
+# 3: the record is the whole session (the spec as admitted, its restart counters, its TTL clock),
+# and ended sessions are read back too; a record of 1 or 2 has only what adoption needed then.
+_RECORD_FORMAT = 3
 _PER_STREAM_FORMAT = 1
 _ADOPTION_KEYS = (
     "format",
@@ -494,6 +497,9 @@ class Supervisor:
             self._warm.close()  # shells with no command yet: nothing for the next server
         for session in self._sessions.values():
             session.detach()
+            # Its latest record, its last read included (the TTL clock goes on in the next server).
+            if self._store is not None:
+                self._store.save(session.id, session.record())
         restarts = self._restarts
         if restarts is not None:
             restarts.close(detach=True)
@@ -687,8 +693,11 @@ class Supervisor:
         output = SessionOutput(directory, self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
-        if spec.restart is not None:
-            session.cycle.hook = self._restart_soon
+        self._supervise(session)
+        if self.owner is not None:
+            # Whose it is, from its first record on: the next server of this owner restores it
+            # even if it never ran (queued) or ended before any holder had it.
+            session.custody.record = {"owner": self.owner, "format": _RECORD_FORMAT}
         if starts_now:
             try:
                 await self._start(session, warm)
@@ -704,15 +713,35 @@ class Supervisor:
             self._spawn_task(self._start_when_free(session, spec.lane))
         return session
 
+    def _supervise(self, session: Session) -> None:
+        """Hook a session with a restart policy to this supervisor: it starts its next runs and
+        keeps its record while it waits for one."""
+        if session.spec.restart is not None:
+            session.cycle.hook = self._restart_soon
+            session.cycle.on_wait = self._save
+
+    def _save(self, session: Session) -> None:
+        if self._store is not None and session.id in self._sessions:
+            self._store.save(session.id, session.record())
+
     def _restart_soon(self, session: Session) -> None:
         self._spawn_task(self._run_again(session))
 
     async def _run_again(self, session: Session) -> None:
         """The next run of a restarting session: same id, same output, same lane slot."""
+        session.use_trees(self._tree_backend)  # an adopted run's cgroup was its old server's
+        if self._restarts is not None:
+            # How an adopted run ended, as recorded for us: read already, and not this run's.
+            for record in (self._restarts.exit_file(session.id), self._restarts.record_file(session.id)):
+                with contextlib.suppress(OSError):
+                    record.unlink()
         try:
             await self._start(session, again=True)
         except asyncio.CancelledError:
-            session.restart_failed("the supervisor shut down before the restart")
+            if self._handed_over.is_set():
+                session.restart_handed_over()  # detach() saves its record after this
+            else:
+                session.restart_failed("the supervisor shut down before the restart")
             raise
         except Exception as exc:
             if isinstance(exc, ProcpilotError):
@@ -804,7 +833,8 @@ class Supervisor:
         try:
             await self._lanes.acquire(lane, session.scope)
         except asyncio.CancelledError:
-            if session.state is SessionState.QUEUED:
+            # Handed over, it stays queued: the next server queues it again from its record.
+            if session.state is SessionState.QUEUED and not self._handed_over.is_set():
                 session.fail_to_start("the supervisor shut down before a lane slot was free")
             raise
         if session.state is not SessionState.QUEUED:
@@ -916,11 +946,13 @@ class Supervisor:
             await asyncio.sleep(_REHOLD_DELAY * 2**attempt)
 
     def _adopt(self, held: builtins.list[HeldSession]) -> None:
-        """Take over every session of our owner that the journal says was running.
+        """Rebuild every session of our owner from its journal record: ended ones as they ended
+        (readable until their TTL), ones between two runs with their next run on schedule, queued
+        ones queued again, and running ones taken over.
 
-        Held by the holder: adopted with its descriptors (output printed meanwhile replayed
-        from the spool first, so the logs keep arrival order). Not held and its tree gone: it
-        ended while no server ran; its status is what its shell recorded, else it is LOST. Not
+        A running one held by the holder is adopted with its descriptors (output printed meanwhile
+        replayed from the spool first, so the logs keep arrival order). Not held and its tree gone:
+        it ended while no server ran; its status is what its shell recorded, else it is LOST. Not
         held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST."""
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
@@ -931,7 +963,7 @@ class Supervisor:
             return
         by_id = {h.id: h for h in held}
         for session_id, record in store.load().items():
-            if record.get("owner") != restarts.owner or record.get("state") not in ("running", "queued"):
+            if record.get("owner") != restarts.owner:
                 continue
             if not isinstance(record.get("format"), int) or record["format"] > _RECORD_FORMAT:
                 # Written by a newer procpilot: neither adopted nor touched, and said so.
@@ -948,48 +980,109 @@ class Supervisor:
                 continue
             mine = by_id.pop(session_id, None)
             try:
-                session = self._adopt_one(record, mine)
+                session = self._restore_one(record, mine)
             except (KeyError, TypeError, ValueError, OSError, ProcpilotError) as exc:
-                _log.warning("session %s could not be adopted: %s", session_id, exc)
+                _log.warning("session %s could not be restored: %s", session_id, exc)
                 session = None
-            if session is None:
-                if mine is not None:
-                    mine.close()
-                    restarts.link.forget(session_id)
-                continue
-            self.adopted.append(session_id)
+            if (session is None or session.finished) and mine is not None:
+                mine.close()
+                restarts.link.forget(session_id)
+            if session is not None and record.get("state") in ("running", "restarting", "queued"):
+                self.adopted.append(session_id)
         for stray in by_id.values():  # held, but no journal record says whose: let it go
             stray.close()
             restarts.link.forget(stray.id)
 
-    def _adopt_one(self, record: dict[str, Any], held: HeldSession | None) -> Session | None:
+    def _restore_one(self, record: dict[str, Any], held: HeldSession | None) -> Session | None:
+        """One session from its record (see _adopt); None: nothing to restore."""
+        restarts, store = self._restarts, self._store
+        if restarts is None or store is None:
+            return None
+        state = SessionState(record["state"])
+        session_id = str(record["id"])
+        spec = spec_from_record(record)
+        directory = store.session_dir(session_id)
+        output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.config.max_log_bytes))
+        if state in END_STATES:
+            # Ended before this server: as it was, with nothing running and nothing held.
+            session = Session(
+                session_id,
+                str(record["scope"]),
+                spec,
+                output,
+                self._tree_backend,
+                self._on_finish,
+                kill_grace=self.config.kill_grace_sec,
+            )
+            session.restore(record)
+            session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+            session.restore_ended(state, record.get("ended_at"))
+            self._sessions[session_id] = session
+            return session
+        next_run_at = record.get("next_run_at")
+        if state is SessionState.QUEUED or (state is SessionState.RESTARTING and isinstance(next_run_at, int | float)):
+            return self._resume(record, spec, output, state, float(next_run_at or 0))
+        return self._adopt_one(record, spec, output, held)
+
+    def _resume(
+        self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, state: SessionState, next_run_at: float
+    ) -> Session:
+        """A session that was queued behind its lane (queued again) or between two runs (its next
+        run on schedule) when its server went: no process of it runs, none is held."""
+        session_id = str(record["id"])
+        session = Session(
+            session_id,
+            str(record["scope"]),
+            spec,
+            output,
+            self._tree_backend,
+            self._on_finish,
+            kill_grace=self.config.kill_grace_sec,
+        )
+        session.restore(record)
+        session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        session.custody.record["format"] = _RECORD_FORMAT
+        self._supervise(session)
+        self._register(session)
+        if self._restarts is not None:
+            for leftover in (self._restarts.exit_file(session_id), self._restarts.record_file(session_id)):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()  # the last run's: how it ended is in the record already
+        if state is SessionState.QUEUED:
+            if spec.lane is None:
+                session.fail_to_start("the server stopped before this session could start")
+            else:
+                self._spawn_task(self._start_when_free(session, spec.lane))
+            return session
+        if spec.lane is not None:
+            self._lanes.take(spec.lane, session.scope)  # it held its slot between runs: it still does
+        session.resume_between_runs(next_run_at)
+        return session
+
+    def _adopt_one(
+        self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, held: HeldSession | None
+    ) -> Session | None:
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
             return None
         session_id = str(record["id"])
-        command = record["command"]
-        spec = SpawnSpec(
-            command if isinstance(command, str) else tuple(command),
-            cwd=Path(record["cwd"]) if record.get("cwd") else None,
-            pty=bool(record.get("pty")),
-            timeout=record.get("timeout"),
-            notify_on_exit=bool(record.get("notify_on_exit", True)),
-        )
         directory = store.session_dir(session_id)
-        output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.config.max_log_bytes))
         replay_spool(output, directory)
         trees = restarts.trees_for(record.get("tree_root"), self._tree_backend)
         grace = self.config.kill_grace_sec
         session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish, kill_grace=grace)
-        session.created_at = float(record.get("created_at") or time.time())
+        session.restore(record)
         session.backgrounded = True
         session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
         # What its files are in now: a session with no output yet begins in this version's layout.
         session.custody.record["format"] = _RECORD_FORMAT if output.layout == "once" else _PER_STREAM_FORMAT
         session.accounting.limit_backend = restarts.limits_for(record)
+        self._supervise(session)
         self._register(session)
+        if spec.lane is not None:
+            self._lanes.take(spec.lane, session.scope)  # released when it ends, as every run's slot
         pid = record.get("pid")
-        if record.get("state") == "queued" or not isinstance(pid, int):
+        if not isinstance(pid, int):
             session.fail_to_start("the server stopped before this session could start")
             return session
         fds = held.fds if held is not None else {}
@@ -1022,6 +1115,7 @@ class Supervisor:
         session.adopt(
             spawned,
             started_at=float(record.get("started_at") or session.created_at),
+            run_started_at=record.get("run_started_at"),
             leader_exited=exited or (not alive and "pidfd" not in fds),
             read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=recorded),
         )
@@ -1050,6 +1144,9 @@ class Supervisor:
         if session.spec.lane is not None and session.started_at is not None:
             self._lanes.release(session.spec.lane, session.scope)
         if self._store is not None and session.id in self._sessions:
+            if self._restarts is not None and session.final_usage is None:
+                # Measured now, while its rusage and samples are here: a later server has neither.
+                session.final_usage = self.usage.usage(session)
             self._store.save(session.id, session.record())
         if session.custody.ended_in_outage:
             pending = self._outage_exits.setdefault(session.scope, {})
@@ -1277,12 +1374,17 @@ class Supervisor:
             self._store.delete(session.id)
 
     def sweep(self, now: float | None = None) -> builtins.list[str]:
-        """Remove finished sessions idle for longer than the TTL; returns their ids."""
+        """Remove finished sessions idle for longer than the TTL; returns their ids. The others
+        read since their last record get a new one: their TTL clock goes on after a crash too."""
         now = time.monotonic() if now is None else now
         ttl = self.config.session_ttl_sec
         expired = [s for s in self._sessions.values() if s.finished and now - s.idle_since > ttl]
         for session in expired:
             self._forget(session)
+        if self._restarts is not None and self._store is not None:
+            for session in self._sessions.values():
+                if session.finished and session.last_access > session.recorded_access:
+                    self._store.save(session.id, session.record())
         return [s.id for s in expired]
 
     # -- events --------------------------------------------------------------------------------

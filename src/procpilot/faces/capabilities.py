@@ -5,7 +5,7 @@ A thin face on the one supervisor: a process started here is the same session th
 
 State vocabulary (spec 000), from the engine's :class:`SessionState`:
 
-    QUEUED, RUNNING             -> "running"
+    QUEUED, RUNNING, RESTARTING -> "running"
     EXITED_OK, EXITED_ERROR     -> "completed"    (exit_code is the process's own; null if a signal
                                                     nobody sent through procpilot ended it)
     FAILED_TO_START             -> "completed"    (listing only; process.run raises SpawnFailed)
@@ -107,6 +107,7 @@ _MAX_BYTES = 2**62
 _STATES: dict[SessionState, State] = {
     SessionState.QUEUED: "running",
     SessionState.RUNNING: "running",
+    SessionState.RESTARTING: "running",
     SessionState.EXITED_OK: "completed",
     SessionState.EXITED_ERROR: "completed",
     SessionState.FAILED_TO_START: "completed",
@@ -200,7 +201,6 @@ def restart_policy(
     )
 
 
-
 class RunInput(BaseModel):
     model_config = ConfigDict(extra="forbid", title="process.run")
 
@@ -236,7 +236,6 @@ class RunInput(BaseModel):
     stdout_lines: int = Field(
         100, ge=0, description="Trailing lines in each summary."
     )
-
 
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
@@ -687,8 +686,6 @@ class ProcessAPI:
 
 
 # -- audit -------------------------------------------------------------------------------------
-
-
 
 
 def audit_bus(supervisor: Supervisor) -> EventBus[AuditEvent]:

@@ -67,6 +67,7 @@ _TAIL_WINDOW_FACTOR = WINDOW_FACTOR
 _RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
 _SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
 
+
 def status_of(session: Session) -> str:
     """The session's status in our own vocabulary (spec 002)."""
     return PROCPILOT.of(session)

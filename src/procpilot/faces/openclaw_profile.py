@@ -33,6 +33,7 @@ __all__ = ["OPENCLAW", "PROCPILOT", "Profile", "profile_for"]
 _STATUS = {
     SessionState.QUEUED: "queued",
     SessionState.RUNNING: "running",
+    SessionState.RESTARTING: "running",  # between two runs of its restart policy
     SessionState.EXITED_OK: "done",
     SessionState.EXITED_ERROR: "error",
     SessionState.TIMED_OUT: "error",
@@ -144,7 +145,7 @@ class OpenClawProfile(Profile):
     script_preflight = True
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
-        if state in (SessionState.QUEUED, SessionState.RUNNING):
+        if state in (SessionState.QUEUED, SessionState.RUNNING, SessionState.RESTARTING):
             return "running"
         ran_to_its_end = state in (SessionState.EXITED_OK, SessionState.EXITED_ERROR) and exit_signal is None
         # 126 and 127 are the shell's own: the command could not be executed or was not found.

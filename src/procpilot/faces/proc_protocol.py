@@ -95,6 +95,7 @@ class ProcState(enum.Enum):
 PROC_STATE_OF: dict[SessionState, ProcState] = {
     SessionState.QUEUED: ProcState.RUNNING,
     SessionState.RUNNING: ProcState.RUNNING,
+    SessionState.RESTARTING: ProcState.RUNNING,
     SessionState.EXITED_OK: ProcState.STOPPED,
     SessionState.KILLED: ProcState.STOPPED,
     SessionState.EXITED_ERROR: ProcState.CRASHED,

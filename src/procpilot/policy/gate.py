@@ -38,13 +38,6 @@ from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
 __all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
 
-
-
-
-
-
-
-
 @dataclass(slots=True)
 class ApprovalRequest:
     id: str
@@ -64,8 +57,6 @@ class ApprovalRequest:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_decision"}
         data["arguments"] = redact_environment(self.arguments)  # an approver sees the names, not the secrets
         return data
-
-
 
 
 def _process_id(arguments: Mapping[str, Any], result: ToolResult | None = None) -> str | None:
@@ -178,5 +169,3 @@ class Gate:
             return result
 
         return handler
-
-

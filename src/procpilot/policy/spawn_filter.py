@@ -34,12 +34,6 @@ _SIGNAL_KEYS = frozenset("\x03\x1c\x1a\x04")
 _PASTE_MARKERS = (b"\x1b[200~", b"\x1b[201~")
 
 
-
-
-
-
-
-
 def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
     asked = asked or Limits()
     for field, cap in (

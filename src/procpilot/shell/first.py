@@ -30,6 +30,7 @@ def nested_too_deep() -> InvalidArgument:
         limit=MAX_SUBSTITUTION_DEPTH,
     )
 
+
 # Words a shell resolves itself: a first word among these is never "not found" up front.
 SHELL_WORDS = frozenset(
     [

@@ -471,8 +471,6 @@ def _arith_end(t: str, i: int) -> int:
     return -1
 
 
-
-
 def simple_commands(text: str) -> list[list[str]]:
     """The words of each simple command in ``text``, after quote removal, in order: operators
     (``;`` ``&&`` ``||`` ``|`` ``&`` newline, parentheses) separate commands, and redirections are

@@ -467,5 +467,3 @@ WRAPPERS: dict[str, Callable[[_Program, list[_Word], _Scan], None]] = {
     **dict.fromkeys(MULTICALL, _multicall),
     **dict.fromkeys(SHELLS, _shell),
 }
-
-

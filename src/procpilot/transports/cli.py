@@ -953,13 +953,28 @@ def _nodes_table(cluster: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     title = f"Cluster nodes ({cluster.get('backend')} at {cluster.get('address')})"
-    table = Table("NODE", "SESSIONS", "RESOURCES", "TREE KILL", "LIMITS", "ISOLATION", box=None,
-                  title=escape(title), title_justify="left")
+    table = Table(
+        "NODE",
+        "SESSIONS",
+        "RESOURCES",
+        "TREE KILL",
+        "LIMITS",
+        "ISOLATION",
+        box=None,
+        title=escape(title),
+        title_justify="left",
+    )
     for node in cluster.get("nodes", []):
         resources = ", ".join(f"{k}={v:g}" for k, v in sorted(node["resources"].items()) if "memory" not in k)
         isolation = ", ".join(k for k, v in (node.get("isolation") or {}).items() if v) or "none"
-        table.add_row(escape(node["node"][:16]), str(node["sessions"]), escape(resources),
-                      escape(str(node["tree_kill"])), escape(str(node["limits"])), escape(isolation))
+        table.add_row(
+            escape(node["node"][:16]),
+            str(node["sessions"]),
+            escape(resources),
+            escape(str(node["tree_kill"])),
+            escape(str(node["limits"])),
+            escape(isolation),
+        )
     return table
 
 

@@ -59,8 +59,6 @@ HANDOVER_SIGNAL = signal.SIGUSR2
 _TAKEOVER_WAIT = 60.0
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class DaemonAddress:
     url: str | None  # http://host:port, when listening on TCP

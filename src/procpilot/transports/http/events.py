@@ -14,6 +14,7 @@ from procpilot.transports.http.common import _EVENT_QUEUE
 
 # -- events ------------------------------------------------------------------------------------
 
+
 def audit_scope(event: AuditEvent) -> str:
     """The agent an audit event is about."""
     return event.scope

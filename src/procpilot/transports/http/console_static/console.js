@@ -99,7 +99,7 @@ function runtime(ms) {
   const s = Math.floor(ms / 1000);
   return s >= 3600 ? `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m` : s >= 60 ? `${Math.floor(s / 60)}m ${s % 60}s` : `${(ms / 1000).toFixed(1)}s`;
 }
-const ended = (s) => !["running", "queued"].includes(s.state);
+const ended = (s) => !["running", "restarting", "queued"].includes(s.state);
 function b64bytes(b64) {
   const bin = atob(b64);
   const out = new Uint8Array(bin.length);
@@ -245,7 +245,7 @@ function sessionsView() {
     const q = search.value.toLowerCase();
     const rows = state.sessions.filter((s) =>
       (!agent.value || s.agent === agent.value) &&
-      (!status.value || (status.value === "ended" ? ended(s) : s.state === status.value)) &&
+      (!status.value || (status.value === "ended" ? ended(s) : status.value === "running" ? ["running", "restarting"].includes(s.state) : s.state === status.value)) &&
       (!q || s.command.toLowerCase().includes(q)));
     tbody.replaceChildren(...rows.map((s) => {
       const href = `#/session/${encodeURIComponent(s.agent)}/${encodeURIComponent(s.id)}`;
