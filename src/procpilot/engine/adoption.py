@@ -135,12 +135,15 @@ def replay_spool(output: SessionOutput, directory: Path) -> int:
 
 
 def _instance_dir(path: object, beside: Path | None = None) -> bool:
-    """True iff ``path`` (read from a record) can be a supervisor's cgroup directory: absolute,
-    without ``..``, named as instance_name() names them, and (``beside``) next to ours. Anything
-    else is never signalled (``cgroup.kill``) nor removed."""
+    """True iff ``path`` (read from a record) can be a supervisor's cgroup directory, or an agent's
+    group directly inside one: absolute, without ``..``, named as instance_name() (and the agent
+    groups) name them, and (``beside``) next to ours. Anything else is never signalled
+    (``cgroup.kill``) nor removed."""
     if not isinstance(path, str) or not path.startswith("/") or ".." in Path(path).parts:
         return False
     found = Path(path)
+    if found.name.startswith("agent-"):  # an agent's group inside one (engine/fairness.py)
+        found = found.parent
     if not found.name.startswith("procpilot-"):
         return False
     return beside is None or found.parent == beside.parent
