@@ -640,3 +640,20 @@ async def test_list_keeps_within_the_result_budget(settings: Settings) -> None:
         assert shown == [s["sessionId"] for s in reversed(started)][: len(shown)] and 1 <= len(shown) < 6
         assert listed.data["total"] == 6 and listed.data["omitted"] == 6 - len(shown)
         assert f"[{6 - len(shown)} older sessions not listed" in listed.text
+
+
+async def test_a_list_row_clips_a_long_command_and_poll_shows_it_whole(supervisor: Supervisor) -> None:
+    # A list is for finding sessions: one 100 KB command must not take the result's budget from
+    # every other session (nor a test's cleanup from the sessions it could not see).
+    tools = {spec.name: spec for spec in exec_process_tools(supervisor)}
+    command = "sleep 30 # " + "x" * 100_000
+    started = (await tools["exec"].call({"command": command, "background": True}, "a")).data
+    others = [(await tools["exec"].call({"command": "sleep 30", "background": True}, "a")).data for _ in range(3)]
+    listed = await tools["process"].call({"action": "list"}, "a")
+    rows = {row["sessionId"]: row for row in listed.data["sessions"]}
+    assert set(rows) == {started["sessionId"], *(o["sessionId"] for o in others)} and "omitted" not in listed.data
+    assert rows[started["sessionId"]]["command"].endswith("…[99,811 more chars]")
+    polled = await tools["process"].call({"action": "poll", "sessionId": started["sessionId"]}, "a")
+    assert polled.data["command"] == command
+    for sid in rows:
+        await tools["process"].call({"action": "remove", "sessionId": sid}, "a")

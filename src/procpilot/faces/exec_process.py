@@ -440,6 +440,7 @@ class ExecProcessFace:
             usage = usages[s.id]  # None: running, not sampled yet (unknown, never a false zero)
             row = self._summary(s, input_check=False)
             row |= {
+                "command": _clipped(s.command),  # poll shows it whole: a list is for finding sessions
                 "runtimeMs": row["durationMs"],
                 "backgrounded": s.backgrounded,
                 "startedAt": s.created_at,
@@ -714,12 +715,22 @@ def _weaker_note(data: Mapping[str, Any]) -> str:
 _ROW_CHARS = 600  # a list row's structured fields but its command and cwd, as JSON
 
 
+_LIST_COMMAND_CHARS = 200  # of a command in a list row; poll and log show the whole of it
+
+
+def _clipped(command: str) -> str:
+    if len(command) <= _LIST_COMMAND_CHARS:
+        return command
+    return f"{command[:_LIST_COMMAND_CHARS]}…[{len(command) - _LIST_COMMAND_CHARS:,} more chars]"
+
+
 def _within_budget(sessions: list[Session], budget: int) -> list[Session]:
     """The first of ``sessions`` whose list rows fit one result's budget (at least one): a row is
-    counted by its command and cwd, without rendering it."""
+    counted by its (clipped) command and cwd, without rendering it."""
     spent = 0
     for count, session in enumerate(sessions):
-        spent += _ROW_CHARS + len(session.command) + len(str(session.spec.cwd or ""))
+        command = min(len(session.command), _LIST_COMMAND_CHARS + 24)
+        spent += _ROW_CHARS + command + len(str(session.spec.cwd or ""))
         if spent > budget and count:
             return sessions[:count]
     return sessions
