@@ -14,6 +14,8 @@ _BESIDE_THE_ENGINE = ("procpilot.config", "procpilot.render", "procpilot.contrac
 FORBIDDEN = {
     # the error tree is the root: everything imports it, it imports nothing of ours
     "errors.py": ("procpilot.",),
+    # ending tasks without losing the caller's cancellation: used from the engine to the client
+    "aio.py": ("procpilot.",),
     # reading shell text sits just above it: the engine, the policy and render all read shell here
     "shell": ("procpilot.engine", *_BESIDE_THE_ENGINE, *_ABOVE_THE_ENGINE),
     # settings and text rendering sit beside the engine and serve every layer

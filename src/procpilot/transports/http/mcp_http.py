@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from procpilot.aio import cancel_and_wait
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.session import ExitInfo
@@ -150,9 +151,7 @@ class _McpFace:
                 if not task.done():
                     # The client cancelled: stop waiting. The session itself runs on; only an
                     # explicit kill ends it.
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+                    await cancel_and_wait(task)
             result = task.result()
             self._follow(ctx, scope, spec.name, result.data if not result.is_error else {})
             return result

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from procpilot.aio import cancel_and_wait
 from procpilot.engine.session import ExitInfo
 from procpilot.transports.http.common import _log
 
@@ -188,14 +188,12 @@ class ProcConnection:
         finally:
             unsubscribe()
             remove_exit()
-            for task in (read_task, write_task, close_task, *self.tasks):
-                task.cancel()
-            for task in (read_task, write_task, close_task, *list(self.tasks)):
-                with contextlib.suppress(BaseException):
-                    await task
-            self.handler.close()  # stops pushing; the processes run on (the supervisor owns them)
-            self.outbox.clear()  # what a client that left never read goes now, not at the next GC
-            self.lagged.clear()
+            try:
+                await cancel_and_wait(read_task, write_task, close_task, *self.tasks)
+            finally:
+                self.handler.close()  # stops pushing; the processes run on (the supervisor owns them)
+                self.outbox.clear()  # what a client that left never read goes now, not at the next GC
+                self.lagged.clear()
 
 
 def _proc_error(rid: Any, code: str, message: str, kind: str = "proc/error") -> dict[str, Any]:

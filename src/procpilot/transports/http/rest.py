@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.websockets import WebSocket, WebSocketState
 
+from procpilot.aio import cancel_and_wait
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.events import EventBus
@@ -79,11 +80,7 @@ class Daemon:
                 for remove in removers:
                     remove()
                 await self.begin_shutdown()
-                for task in list(self._tasks):
-                    task.cancel()
-                for task in list(self._tasks):
-                    with contextlib.suppress(BaseException):
-                        await task
+                await cancel_and_wait(*self._tasks)
 
     async def begin_shutdown(self) -> None:
         """End every stream a client holds open (SSE, WebSocket, MCP), so the server can stop."""
