@@ -84,7 +84,9 @@ async def test_decided_requests_are_kept_in_a_ring_and_pending_ones_leave_with_t
     """A daemon that runs for months holds the newest DECIDED_KEPT decisions, not every request
     it was ever asked; a call that goes away (cancelled) takes its request out of the pending list."""
     settings = policy_settings(
-        tmp_path, workspace, '[policy]\napproval_timeout_sec = 60\n[policy.default]\ntiers = { exec = "approval_required" }\n'
+        tmp_path,
+        workspace,
+        '[policy]\napproval_timeout_sec = 60\n[policy.default]\ntiers = { exec = "approval_required" }\n',
     )
     async with Supervisor(settings) as sup:
         gate = Gate(settings)

@@ -73,12 +73,12 @@ def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str
     return MCPServer(
         name,
         instructions=_INSTRUCTIONS,
-        version=_version(),
+        version=procpilot_version(),
         tools=[_mcp_tool(spec, scope) for spec in tools],
     )
 
 
-def _version() -> str:
+def procpilot_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:

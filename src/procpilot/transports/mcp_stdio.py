@@ -28,8 +28,8 @@ import anyio
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
-from procpilot.transports.http.mcp_sdk import context_streams, lowlevel_server
 from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
+from procpilot.transports.mcp_sdk import context_streams, lowlevel_server
 
 __all__ = ["serve_stdio", "stdio_is_pipe"]
 

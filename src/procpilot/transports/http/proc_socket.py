@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from procpilot.aio import cancel_and_wait
 from procpilot.engine.session import ExitInfo
-from procpilot.transports.http.common import _log
+from procpilot.engine.supervisor import Supervisor
 
-if TYPE_CHECKING:
-    from procpilot.transports.http.rest import Daemon
+_log = logging.getLogger(__name__)
 
 
 # -- WebSocket: the proc/* protocol ------------------------------------------------------------
@@ -43,9 +43,9 @@ class ProcConnection:
         proc/lagged/event {proc_id, stream_type, first_seq, last_seq, events, offset, bytes}
     """
 
-    def __init__(self, ws: WebSocket, daemon: Daemon, agent: str, handler: Any) -> None:
+    def __init__(self, ws: WebSocket, supervisor: Supervisor, agent: str, handler: Any) -> None:
         self.ws = ws
-        self.daemon = daemon
+        self.sup = supervisor
         self.agent = agent
         self.handler = handler
         # (message, whether it answers a request): an answer holds its request's slot until it
@@ -175,10 +175,10 @@ class ProcConnection:
 
     async def run(self, closing: asyncio.Event) -> None:
         unsubscribe = self.handler.subscribe(self.push)
-        remove_exit = self.daemon.sup.on_exit(self.on_exit)  # after the handler's: its last events go first
+        remove_exit = self.sup.on_exit(self.on_exit)  # after the handler's: its last events go first
         # Exits of the agent's sessions that ended while no server ran: told to nobody yet, so to
         # every connection (a client that spawned them on a connection of the last server).
-        for info in self.daemon.sup.outage_exits(self.agent):
+        for info in self.sup.outage_exits(self.agent):
             self._queue(self.handler.exit_event(info))
         read_task = asyncio.ensure_future(self.reader())
         write_task = asyncio.ensure_future(self.writer())
