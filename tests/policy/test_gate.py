@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,10 @@ async def test_send_keys_are_checked_whatever_their_encoding(tmp_path: Path, wor
         assert not fine.is_error, fine.text
         interrupt = await process.call({"action": "send-keys", "sessionId": sid, "keys": ["C-c"]}, "a1")
         assert not interrupt.is_error, interrupt.text
-        await asyncio.sleep(0.3)
+        # What was refused never reached the shell; had any of it, the shell would have run it
+        # before the "echo ok" typed after it.
+        typed_after = await sup.wait("a1", sid, pattern=re.compile(r"^ok\r?$", re.MULTILINE), timeout=10)
+        assert typed_after.reason == "pattern"
         assert not mark.exists()
         await process.call({"action": "remove", "sessionId": sid}, "a1")
 
