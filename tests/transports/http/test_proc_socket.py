@@ -35,11 +35,24 @@ class Client:
         self.to_server: asyncio.Queue[Message] = asyncio.Queue()
         self.to_client: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.to_server.put_nowait({"type": "websocket.connect"})
+        # Set: a frame's send blocks until release, and goes on blocking a while after it is
+        # cancelled (a socket flushing as it closes): `stuck` says one is in there, `told` that
+        # it has been cancelled.
+        self.hold = False
+        self.stuck, self.told, self.release = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def receive(self) -> Message:
         return await self.to_server.get()
 
     async def send(self, message: Message) -> None:
+        if message["type"] == "websocket.send" and self.hold:
+            self.stuck.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.told.set()
+                await self.release.wait()
+                raise
         if message["type"] == "websocket.send":
             self.to_client.put_nowait(json.loads(message["text"]))
 
@@ -77,3 +90,22 @@ async def test_a_spawn_streams_its_output_and_exit_then_the_client_leaves(superv
     client.to_server.put_nowait({"type": "websocket.disconnect", "code": 1000})
     await asyncio.wait_for(running, 30)  # the client left: the connection ends, its tasks with it
     assert not connection.tasks and not connection.outbox
+
+
+async def test_a_connection_cancelled_while_it_ends_its_tasks_ends_cancelled(supervisor: Supervisor) -> None:
+    """The client left; the connection cancels its writer, which takes a while to stop. A
+    cancellation of the connection itself meanwhile is not mistaken for the writer's."""
+    client = Client()
+    ws = WebSocket({"type": "websocket", "path": "/v1/proc", "headers": []}, client.receive, client.send)
+    await ws.accept()
+    connection = ProcConnection(ws, supervisor, "agent-a", proc_handler_factory()(supervisor, "agent-a"))
+    running = asyncio.ensure_future(connection.run(asyncio.Event()))
+    client.hold = True
+    client.request({"type": "proc/spawn/req", "id": "1", "cmd": ["true"]})
+    await client.stuck.wait()  # the writer is sending the answer
+    client.to_server.put_nowait({"type": "websocket.disconnect", "code": 1000})
+    await client.told.wait()  # the connection has cancelled its writer and waits for it to end
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    client.release.set()
