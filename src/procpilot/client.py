@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx2
 
+from procpilot.aio import cancel_and_wait
 from procpilot.errors import (
     DaemonConnectionLost,
     DaemonNotRunning,
@@ -445,12 +446,12 @@ class WebSocketTransport:
         self._task = asyncio.ensure_future(self._reader())
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
-        if self._ws is not None:
-            await self._ws.close()
+        try:
+            if self._task is not None:
+                await cancel_and_wait(self._task)
+        finally:  # a caller cancelled while it waits still leaves no socket open
+            if self._ws is not None:
+                await self._ws.close()
 
     async def send(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send one request (an ``id`` is added if it has none) and return the response to it."""
@@ -616,11 +617,11 @@ class ProcsClient:
         self._dispatch = asyncio.ensure_future(self._dispatcher())
 
     async def aclose(self) -> None:
-        if self._dispatch is not None:
-            self._dispatch.cancel()
-            with contextlib.suppress(BaseException):
-                await self._dispatch
-        await self._transport.aclose()
+        try:
+            if self._dispatch is not None:
+                await cancel_and_wait(self._dispatch)
+        finally:
+            await self._transport.aclose()
 
     async def request(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send one proc/* request and return its response; a refused request raises its error."""

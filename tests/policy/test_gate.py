@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from procpilot.contract import ToolSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import exec_process_tools
 from procpilot.faces.proc_protocol import ProcHandler
-from procpilot.policy.gate import AuditEvent, Gate
+from procpilot.policy.gate import DECIDED_KEPT, AuditEvent, Gate
 from procpilot.transports.serve import make_supervisor
 
 
@@ -71,6 +72,47 @@ async def test_an_audit_event_names_the_process_and_hides_environment_values(
         assert killed.duration_ms is not None
 
 
+def held_requests(gate: Gate) -> asyncio.Queue[str]:
+    """The id of each request the gate holds, as it is held (its audit event)."""
+    held: asyncio.Queue[str] = asyncio.Queue()
+    gate.audit.add_callback(lambda e: held.put_nowait(str(e.request_id)) if e.outcome == "awaiting_approval" else None)
+    return held
+
+
+async def test_decided_requests_are_kept_in_a_ring_and_pending_ones_leave_with_their_call(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """A daemon that runs for months holds the newest DECIDED_KEPT decisions, not every request
+    it was ever asked; a call that goes away (cancelled) takes its request out of the pending list."""
+    settings = policy_settings(
+        tmp_path,
+        workspace,
+        '[policy]\napproval_timeout_sec = 60\n[policy.default]\ntiers = { exec = "approval_required" }\n',
+    )
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        held = held_requests(gate)
+        exec_tool = tool(gate.wrap(exec_process_tools(sup)), "exec")
+        ids = []
+        for n in range(DECIDED_KEPT + 5):
+            call = asyncio.ensure_future(exec_tool.call({"command": f"echo {n}"}, "a1"))
+            ids.append(await held.get())
+            gate.decide(ids[-1], False, approver="ops")
+            assert (await call).data["error"] == "ApprovalDenied"
+        kept = gate.decided(limit=10 * DECIDED_KEPT)
+        assert [r.id for r in kept] == ids[::-1][:DECIDED_KEPT]  # the latest first, the oldest 5 gone
+        assert gate.pending() == []
+
+        call = asyncio.ensure_future(exec_tool.call({"command": "echo gone"}, "a1"))
+        request_id = await held.get()
+        assert [r.id for r in gate.pending()] == [request_id]
+        call.cancel()
+        await asyncio.wait({call})
+        assert gate.pending() == []
+        assert gate.decided(1)[0].id == request_id and gate.decided(1)[0].status == "expired"
+        assert sup.list("a1") == []  # nothing ran
+
+
 async def test_approval_holds_the_call_until_an_approver_decides(tmp_path: Path, workspace: Path) -> None:
     settings = policy_settings(
         tmp_path,
@@ -83,9 +125,9 @@ async def test_approval_holds_the_call_until_an_approver_decides(tmp_path: Path,
         gate.audit.add_callback(events.append)
         exec_tool = tool(gate.wrap(exec_process_tools(sup)), "exec")
 
+        held = held_requests(gate)
         call = asyncio.ensure_future(exec_tool.call({"command": "echo approved"}, "a1"))
-        while not gate.pending("a1"):
-            await asyncio.sleep(0.005)
+        await held.get()
         request = gate.pending("a1")[0]
         assert request.status == "awaiting_approval"
         assert gate.pending("someone-else") == []
@@ -95,9 +137,7 @@ async def test_approval_holds_the_call_until_an_approver_decides(tmp_path: Path,
         assert result.data["output"] == "approved\n"
 
         call = asyncio.ensure_future(exec_tool.call({"command": "echo denied"}, "a1"))
-        while not gate.pending("a1"):
-            await asyncio.sleep(0.005)
-        gate.decide(gate.pending("a1")[0].id, False, approver="ops", reason="not today")
+        gate.decide(await held.get(), False, approver="ops", reason="not today")
         denied = await call
         assert denied.is_error
         assert denied.data["error"] == "ApprovalDenied"
@@ -145,10 +185,10 @@ async def test_a_pending_request_is_plain_data(tmp_path: Path, workspace: Path) 
     )
     async with Supervisor(settings) as sup:
         gate = Gate(settings)
+        held = held_requests(gate)
         exec_tool = tool(gate.wrap(exec_process_tools(sup)), "exec")
         call = asyncio.ensure_future(exec_tool.call({"command": "echo hi", "env": {"A": "1"}}, "a1"))
-        while not gate.pending("a1"):
-            await asyncio.sleep(0.005)
+        await held.get()
         request = gate.pending("a1")[0]
         public = request.public()
         assert json.loads(json.dumps(public)) == public
@@ -183,10 +223,13 @@ async def test_send_keys_are_checked_whatever_their_encoding(tmp_path: Path, wor
             assert refused.is_error and refused.data["error"] in ("CommandDenied", "UnanalyzableCommand"), args
         fine = await process.call({"action": "send-keys", "sessionId": sid, "keys": [*"echo ok", "Enter"]}, "a1")
         assert not fine.is_error, fine.text
+        # What was refused never reached the shell; had any of it, the shell would have run it
+        # before the "echo ok" typed after it (its output: "ok", not the echo of "echo ok").
+        typed_after = await sup.wait("a1", sid, pattern=re.compile(r"(?<!echo )\bok\r?$", re.MULTILINE), timeout=10)
+        assert typed_after.reason == "pattern"
+        assert not mark.exists()
         interrupt = await process.call({"action": "send-keys", "sessionId": sid, "keys": ["C-c"]}, "a1")
         assert not interrupt.is_error, interrupt.text
-        await asyncio.sleep(0.3)
-        assert not mark.exists()
         await process.call({"action": "remove", "sessionId": sid}, "a1")
 
 

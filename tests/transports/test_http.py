@@ -493,9 +493,9 @@ def test_error_statuses() -> None:
 
 
 async def test_event_queue_is_bounded_and_counts_what_it_dropped() -> None:
-    from procpilot.transports.http.events import _EventQueue
+    from procpilot.transports.http.events import EventQueue
 
-    queue = _EventQueue(maxsize=3)
+    queue = EventQueue(maxsize=3)
     for n in range(10):
         queue.put("exit", {"n": n})
     assert [data["n"] for _kind, data in queue.items] == [7, 8, 9]

@@ -1,4 +1,4 @@
-"""The MCP SDK internals the daemon relies on are still where transports/http/mcp_sdk.py reads
+"""The MCP SDK internals the daemon relies on are still where transports/mcp_sdk.py reads
 them: this fails as soon as an SDK release moves one, before a daemon misbehaves."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from procpilot.transports.http import mcp_sdk
+from procpilot.transports import mcp_sdk
 from procpilot.transports.mcp import build_mcp_server
 
 

@@ -258,15 +258,19 @@ async def test_spec_003_procs_api_over_the_websocket(served: Served) -> None:
     from procpilot.faces.procs_client import ProcsAPI
 
     seen: list[str] = []
+    both = asyncio.Event()
+
+    def on_output(event: Any) -> None:
+        seen.append(event.data)
+        if "".join(seen) == "a\nb\n":
+            both.set()
+
     async with WebSocketTransport(served.url, TOKEN_A) as transport:
         procs = ProcsAPI(transport)
-        started = await procs.spawn(["sh", "-c", "echo a; sleep 0.2; echo b"], on_output=lambda e: seen.append(e.data))
+        started = await procs.spawn(["sh", "-c", "echo a; sleep 0.2; echo b"], on_output=on_output)
         status = await procs.wait(started.proc_id or "", timeout=20)
         assert status.state.value == "STOPPED"
-        for _ in range(50):  # the events travel beside the status responses
-            if "".join(seen) == "a\nb\n":
-                break
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(both.wait(), 10)  # the events travel beside the status responses
         assert "".join(seen) == "a\nb\n"
         procs.close()
 

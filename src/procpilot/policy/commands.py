@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from procpilot.errors import CommandDenied, UnanalyzableCommand
-from procpilot.shell.analysis import _analyze_argv, _analyze_text
-from procpilot.shell.lexer import _Scan, _snippet, _Word
+from procpilot.shell.analysis import analyze_argv, analyze_text
+from procpilot.shell.lexer import Scan, Word, snippet
 from procpilot.shell.wrappers import MULTICALL, SHELLS
 
 __all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in"]
@@ -170,12 +170,12 @@ class CommandPolicy:
         base = str(cwd) if cwd is not None else os.getcwd()
         scan = self._scan(base, interactive=False)
         if isinstance(command, str):
-            _analyze_text(command, scan)
+            analyze_text(command, scan)
         else:
             argv = list(command)
             if not argv:
                 raise CommandDenied("the command is empty", hints=self._hints())
-            _analyze_argv([_Word(a, a) for a in argv], scan, in_shell=False)
+            analyze_argv([Word(a, a) for a in argv], scan, in_shell=False)
         return self._decide(scan)
 
     def check_input(self, data: str, cwd: Path | None = None) -> None:
@@ -193,18 +193,18 @@ class CommandPolicy:
         if self.allow is not None:
             for found in _interactive_problems(text):
                 scan.problem(found)
-        _analyze_text(text, scan)
+        analyze_text(text, scan)
         self._decide(scan)
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _scan(self, base: str, *, interactive: bool) -> _Scan:
+    def _scan(self, base: str, *, interactive: bool) -> Scan:
         # One lookup per distinct word and check: a line of 20,000 `| cat` resolves cat once.
         @functools.cache
         def realpath_of(word: str) -> str | None:
             return _lookup(word, self.path, base)
 
-        return _Scan(realpath_of=realpath_of, interactive=interactive)
+        return Scan(realpath_of=realpath_of, interactive=interactive)
 
     def _is_allowed(self, word: str, real: str) -> bool:
         if real not in self._allowed:
@@ -228,7 +228,7 @@ class CommandPolicy:
             hints["denied"] = "Denied here: " + ", ".join(self.deny) + "."
         return hints
 
-    def _decide(self, scan: _Scan) -> list[str]:
+    def _decide(self, scan: Scan) -> list[str]:
         # Each distinct reason once (dicts keep their order): a refusal names a program once,
         # however often the line runs it.
         problems = dict.fromkeys(scan.problems)
@@ -245,18 +245,18 @@ class CommandPolicy:
             relative = ("/" in word and not word.startswith("/")) or ("/" not in word and relative_path)
             if cwd_unknown and relative:
                 why = "the shell may have changed directory" if scan.cwd_changed else "the shell's directory is unknown"
-                problems[f"{_snippet(word)}: a relative program path, and {why}"] = None
+                problems[f"{snippet(word)}: a relative program path, and {why}"] = None
             real = scan.realpath_of(word)
             if real is None:
                 if self.allow is not None:
-                    refusals[f"{_snippet(word)}: not found"] = None
+                    refusals[f"{snippet(word)}: not found"] = None
                 continue
             if self._is_denied(word, real):
-                refusals[f"{_snippet(word)} ({real}) is denied"] = None
+                refusals[f"{snippet(word)} ({real}) is denied"] = None
                 continue
             exempt = prog.shell_c and real in self._shells
             if self.allow is not None and not exempt and not self._is_allowed(word, real):
-                refusals[f"{_snippet(word)} ({real}) is not allowed"] = None
+                refusals[f"{snippet(word)} ({real}) is not allowed"] = None
                 continue
             resolved[real] = None
         return self._verdict(list(problems), list(refusals), list(resolved))
@@ -279,8 +279,8 @@ def programs_in(command: str) -> list[str]:
     ``sh -c 'ls | wc'`` -> ``["sh", "ls", "wc"]``), and so are shell builtins. Raises
     :class:`UnanalyzableCommand` when the text hides what it runs (the same rules as an allowlist).
     """
-    scan = _Scan(realpath_of=lambda _word: None)
-    _analyze_text(command, scan)
+    scan = Scan(realpath_of=lambda _word: None)
+    analyze_text(command, scan)
     if scan.problems:
         raise UnanalyzableCommand("cannot tell what this command runs: " + "; ".join(scan.problems))
     return [p.word for p in scan.programs]

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,7 +36,11 @@ from procpilot.contract import (
 from procpilot.engine.events import EventBus
 from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
 
-__all__ = ["ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
+__all__ = ["DECIDED_KEPT", "ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
+
+# Decided requests are kept for the approvers' list (the console shows them) in a ring: a daemon
+# that runs for months holds the newest ones, never every request it was ever asked.
+DECIDED_KEPT = 200
 
 
 @dataclass(slots=True)
@@ -71,29 +76,33 @@ class Gate:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.audit: EventBus[AuditEvent] = EventBus()
-        self._requests: dict[str, ApprovalRequest] = {}
+        # True iff a request is in _pending: it awaits a decision and its call still waits for one.
+        self._pending: dict[str, ApprovalRequest] = {}
+        self._decided: deque[ApprovalRequest] = deque(maxlen=DECIDED_KEPT)
 
     # -- approvals -----------------------------------------------------------------------------
 
     def pending(self, scope: str | None = None) -> list[ApprovalRequest]:
-        return [
-            r
-            for r in self._requests.values()
-            if r.status == "awaiting_approval" and (scope is None or r.scope == scope)
-        ]
+        return [r for r in self._pending.values() if scope is None or r.scope == scope]
 
-    def decided(self, limit: int = 200) -> list[ApprovalRequest]:
-        """The newest ``limit`` requests that were approved, denied or expired, newest first."""
-        done = [r for r in self._requests.values() if r.status != "awaiting_approval"]
-        return done[::-1][:limit]
+    def decided(self, limit: int = DECIDED_KEPT) -> list[ApprovalRequest]:
+        """The newest ``limit`` requests that were approved, denied or expired (at most
+        ``DECIDED_KEPT``), the latest decision first."""
+        return list(reversed(self._decided))[:limit]
+
+    def _settle(self, request: ApprovalRequest, status: Literal["approved", "denied", "expired"]) -> None:
+        """A pending request leaves the pending table for the ring of decided ones."""
+        del self._pending[request.id]
+        request.status = status
+        self._decided.append(request)
 
     def decide(self, request_id: str, approve: bool, *, approver: str, reason: str | None = None) -> ApprovalRequest:
         """An approver's decision. Only pending requests can be decided."""
-        request = self._requests.get(request_id)
-        if request is None or request.status != "awaiting_approval":
+        request = self._pending.get(request_id)
+        if request is None:
             raise ApprovalNotFound(f"no pending approval request {request_id!r}", request_id=request_id)
-        request.status = "approved" if approve else "denied"
         request.decided_by, request.reason = approver, reason
+        self._settle(request, "approved" if approve else "denied")
         if request._decision is not None and not request._decision.done():
             request._decision.set_result(approve)
         self._publish(request.scope, request.tool, "approval_required", request.status, request)
@@ -109,16 +118,23 @@ class Gate:
             created_at=time.time(),
             _decision=asyncio.get_running_loop().create_future(),
         )
-        self._requests[request.id] = request
+        self._pending[request.id] = request
         self._publish(scope, spec.name, "approval_required", "awaiting_approval", request)
         assert request._decision is not None  # noqa: S101 - set just above
         try:
             async with asyncio.timeout(self.settings.policy.approval_timeout_sec):
                 approved = await asyncio.shield(request._decision)
         except TimeoutError:
-            request.status = "expired"
+            self._settle(request, "expired")
             self._publish(scope, spec.name, "approval_required", "expired", request)
             raise ApprovalDenied(f"approval request {request.id} expired", request_id=request.id) from None
+        except asyncio.CancelledError:
+            # The call went (its client cancelled it, the daemon stops): nothing waits for a
+            # decision any more, so the request expires now rather than staying pending for ever.
+            if request.id in self._pending:
+                self._settle(request, "expired")
+                self._publish(scope, spec.name, "approval_required", "expired", request)
+            raise
         if not approved:
             raise ApprovalDenied(
                 f"approval request {request.id} was denied" + (f": {request.reason}" if request.reason else ""),

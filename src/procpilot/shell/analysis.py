@@ -9,16 +9,17 @@ import re
 
 from procpilot.shell import wrappers
 from procpilot.shell.lexer import (
-    _MAX_DEPTH,
-    _Lexer,
-    _Op,
-    _Program,
-    _Redir,
-    _Scan,
-    _show,
-    _snippet,
-    _Token,
-    _Word,
+    ASSIGNMENT,
+    MAX_DEPTH,
+    Lexer,
+    Op,
+    Program,
+    Redir,
+    Scan,
+    Token,
+    Word,
+    show,
+    snippet,
 )
 from procpilot.shell.variables import sensitive_variable
 
@@ -27,21 +28,20 @@ from procpilot.shell.variables import sensitive_variable
 
 _RESERVED = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "{", "}", "!"})
 _CASE_ENDS = frozenset({";;", ";&", ";;&"})
-_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _sensitive = sensitive_variable
 
 
-def _analyze_text(text: str, scan: _Scan) -> None:
+def analyze_text(text: str, scan: Scan) -> None:
     """Read shell text: every command it runs goes to ``scan.programs``."""
     scan.depth += 1
     try:
-        if scan.depth > _MAX_DEPTH:
+        if scan.depth > MAX_DEPTH:
             scan.problem("shell code nested too deeply to check")
             return
-        nested: list[list[_Token]] = []
-        tokens = _Lexer(text, scan, nested).run()
+        nested: list[list[Token]] = []
+        tokens = Lexer(text, scan, nested).run()
         _parse(tokens, scan)
         for sub in nested:  # grows while parsing only through wrappers, which lex their own text
             _parse(sub, scan)
@@ -49,9 +49,9 @@ def _analyze_text(text: str, scan: _Scan) -> None:
         scan.depth -= 1
 
 
-def _parse(tokens: list[_Token], scan: _Scan) -> None:
+def _parse(tokens: list[Token], scan: Scan) -> None:
     """Split tokens into simple commands (skipping reserved words, assignments and redirections)."""
-    argv: list[_Word] = []
+    argv: list[Word] = []
     started = False  # an assignment or redirection belongs to the current command already
     case_depth = 0
     case_patterns = False
@@ -60,7 +60,7 @@ def _parse(tokens: list[_Token], scan: _Scan) -> None:
     def finish() -> None:
         nonlocal argv, started
         if argv:
-            _analyze_argv(argv, scan, in_shell=True)
+            analyze_argv(argv, scan, in_shell=True)
         argv = []
         started = False
 
@@ -72,37 +72,37 @@ def _parse(tokens: list[_Token], scan: _Scan) -> None:
                 case_depth -= 1
                 case_patterns = False
                 continue
-            if isinstance(tok, _Word) or (isinstance(tok, _Op) and tok.text in ("|", "(", "\n")):
+            if isinstance(tok, Word) or (isinstance(tok, Op) and tok.text in ("|", "(", "\n")):
                 continue
             case_patterns = False
-            if isinstance(tok, _Op) and tok.text == ")":
+            if isinstance(tok, Op) and tok.text == ")":
                 continue
-        if isinstance(tok, _Op):
+        if isinstance(tok, Op):
             if tok.text == "(" and (argv or started):
-                if len(argv) == 1 and i < len(tokens) and tokens[i] == _Op(")"):
+                if len(argv) == 1 and i < len(tokens) and tokens[i] == Op(")"):
                     scan.problem(f"function definition {argv[0].raw}() makes a command name run other code")
                     argv = []
                     i += 1
                 else:
-                    scan.problem(f"unexpected ( after {_show(argv) or 'an assignment'} (array, extglob or function)")
+                    scan.problem(f"unexpected ( after {show(argv) or 'an assignment'} (array, extglob or function)")
             finish()
             if tok.text in _CASE_ENDS and case_depth:
                 case_patterns = True
             continue
-        if isinstance(tok, _Redir):
+        if isinstance(tok, Redir):
             started = True
-            if i < len(tokens) and isinstance(tokens[i], _Word):
+            if i < len(tokens) and isinstance(tokens[i], Word):
                 i += 1  # the target: a file name, an fd, a here-doc delimiter or a here-string
             else:
                 scan.problem(f"redirection {tok.op} without a target")
             continue
         if tok.fd_var:
             inner = tok.text[1:-1] if tok.text.startswith("{") and tok.text.endswith("}") else tok.text
-            _check_name(_Word(inner, tok.raw, expands=tok.expands), scan, "redirection variable")
+            _check_name(Word(inner, tok.raw, expands=tok.expands), scan, "redirection variable")
             if not argv or os.path.basename(argv[0].text) in wrappers.WRAPPERS:
                 # dash has no {NAME}> form: to it this word is an argument, here the command (or
                 # the command a wrapper runs); bash reads a redirection and runs the next word.
-                scan.problem(f"{_snippet(tok.raw)}: sh reads a command word here, bash a redirection")
+                scan.problem(f"{snippet(tok.raw)}: sh reads a command word here, bash a redirection")
             started = True
             continue
         if not argv and not started and not tok.quoted:
@@ -113,9 +113,9 @@ def _parse(tokens: list[_Token], scan: _Scan) -> None:
                 continue
             if tok.text == "case":
                 scan.problem("case statements are not analyzed")
-                if i < len(tokens) and isinstance(tokens[i], _Word):
+                if i < len(tokens) and isinstance(tokens[i], Word):
                     i += 1  # the subject
-                while i < len(tokens) and tokens[i] == _Op("\n"):
+                while i < len(tokens) and tokens[i] == Op("\n"):
                     i += 1
                 if i < len(tokens) and _is_word(tokens[i], "in"):
                     i += 1
@@ -126,7 +126,7 @@ def _parse(tokens: list[_Token], scan: _Scan) -> None:
                 case_depth -= 1
                 continue
         if not argv:
-            m = _ASSIGNMENT.match(tok.raw)
+            m = ASSIGNMENT.match(tok.raw)
             if m:
                 started = True
                 _check_assignment(m.group(1), m.group(2), scan)
@@ -135,38 +135,38 @@ def _parse(tokens: list[_Token], scan: _Scan) -> None:
     finish()
 
 
-def _skip_for(tokens: list[_Token], i: int, scan: _Scan) -> int:
+def _skip_for(tokens: list[Token], i: int, scan: Scan) -> int:
     """``for NAME [in WORDS]`` (or ``select``): past the loop head; the body is read as commands."""
     name = tokens[i] if i < len(tokens) else None
-    if isinstance(name, _Op) and name.text == "(":
+    if isinstance(name, Op) and name.text == "(":
         scan.problem("arithmetic for loops are not analyzed")
         return i
-    if isinstance(name, _Word):
+    if isinstance(name, Word):
         if not (name.static and _IDENTIFIER.fullmatch(name.text)) or _sensitive(name.text):
             scan.problem(f"for loop variable {name.raw} is not a plain, harmless name")
         i += 1
-    while i < len(tokens) and tokens[i] == _Op("\n"):
+    while i < len(tokens) and tokens[i] == Op("\n"):
         i += 1
     if i < len(tokens) and _is_word(tokens[i], "in"):
         i += 1
-        while i < len(tokens) and isinstance(tokens[i], _Word | _Redir):
+        while i < len(tokens) and isinstance(tokens[i], Word | Redir):
             i += 1
     return i
 
 
-def _is_word(tok: _Token, text: str) -> bool:
+def _is_word(tok: Token, text: str) -> bool:
     """An unquoted word spelled ``text`` (a reserved word only counts unquoted)."""
-    return isinstance(tok, _Word) and not tok.quoted and tok.text == text
+    return isinstance(tok, Word) and not tok.quoted and tok.text == text
 
 
-def _check_assignment(name: str, subscript: str | None, scan: _Scan) -> None:
+def _check_assignment(name: str, subscript: str | None, scan: Scan) -> None:
     if subscript and not re.fullmatch(r"\[[0-9]+\]", subscript):
         scan.problem(f"array subscript {name}{subscript}: bash evaluates it as arithmetic, which can run code")
     if _sensitive(name):
         scan.problem(f"assignment to {name} changes which program runs or what it loads")
 
 
-def _check_name(word: _Word, scan: _Scan, what: str) -> None:
+def _check_name(word: Word, scan: Scan, what: str) -> None:
     """A variable-name operand (read NAME, printf -v NAME, unset NAME...) must be a plain name."""
     if not (word.static and _IDENTIFIER.fullmatch(word.text)):
         scan.problem(f"{what} {word.raw}: a variable name that is not a plain identifier can run code in bash")
@@ -211,7 +211,7 @@ _SAFE_SET_LONG = frozenset({
 })  # fmt: skip
 
 
-def _analyze_argv(words: list[_Word], scan: _Scan, *, in_shell: bool) -> None:
+def analyze_argv(words: list[Word], scan: Scan, *, in_shell: bool) -> None:
     """One simple command: record its program and unwrap what it runs in turn.
 
     ``in_shell``: the words are read by a shell (builtins apply); otherwise they are an argv that
@@ -226,31 +226,31 @@ def _analyze_argv(words: list[_Word], scan: _Scan, *, in_shell: bool) -> None:
     name = head.text
     if in_shell and "/" not in name:
         if name in _CODE_BUILTINS:
-            scan.problem(f"{_show(words)}: {name} {_CODE_BUILTINS[name]}")
-            scan.programs.append(_Program(name, builtin=True))
+            scan.problem(f"{show(words)}: {name} {_CODE_BUILTINS[name]}")
+            scan.programs.append(Program(name, builtin=True))
             if name == "eval" and all(a.static for a in args):
-                _analyze_text(" ".join(a.text for a in args), scan)  # best effort, for denylists
+                analyze_text(" ".join(a.text for a in args), scan)  # best effort, for denylists
             return
         if name == "exec":
             rest = _skip_exec_options(args)
             if rest:
-                scan.problem(f"{_show(words)}: exec with a command replaces the shell")
-                _analyze_argv(rest, scan, in_shell=False)
+                scan.problem(f"{show(words)}: exec with a command replaces the shell")
+                analyze_argv(rest, scan, in_shell=False)
             return
         if name == "time" and not head.quoted:  # the bash/zsh/ksh keyword (dash runs /usr/bin/time)
             rest = list(args)
             while rest and rest[0].text in ("-p", "--"):
                 rest = rest[1:]
-            _analyze_argv(rest, scan, in_shell=True)
+            analyze_argv(rest, scan, in_shell=True)
             return
         if name == "command":
             _command_builtin(words, scan)
             return
         if name in _SAFE_BUILTINS:
-            scan.programs.append(_Program(name, builtin=True))
+            scan.programs.append(Program(name, builtin=True))
             _check_builtin(name, args, scan)
             return
-    program = _Program(name, args=tuple(a.text if a.static else None for a in args))
+    program = Program(name, args=tuple(a.text if a.static else None for a in args))
     scan.programs.append(program)
     kinds = {os.path.basename(name)}
     real = scan.realpath_of(name)
@@ -264,10 +264,18 @@ def _analyze_argv(words: list[_Word], scan: _Scan, *, in_shell: bool) -> None:
         if kind in wrappers.WRAPPERS and not (kind in wrappers.MULTICALL and kind != os.path.basename(name))
     )
     for handler in handlers:
-        handler(program, args, scan)
+        handler(program, args, scan, _READER)
 
 
-def _skip_exec_options(args: list[_Word]) -> list[_Word]:
+def _exec_argv(words: list[Word], scan: Scan) -> None:
+    analyze_argv(words, scan, in_shell=False)
+
+
+# What the wrappers hand the commands they run back to (they are called from here, never import this).
+_READER = wrappers.Reader(argv=_exec_argv, text=analyze_text)
+
+
+def _skip_exec_options(args: list[Word]) -> list[Word]:
     i = 0
     while i < len(args) and args[i].text.startswith("-"):
         if args[i].text == "--":
@@ -276,7 +284,7 @@ def _skip_exec_options(args: list[_Word]) -> list[_Word]:
     return args[i:]
 
 
-def _command_builtin(words: list[_Word], scan: _Scan) -> None:
+def _command_builtin(words: list[Word], scan: Scan) -> None:
     args = words[1:]
     i = 0
     while i < len(args) and args[i].text.startswith("-") and args[i].text != "-":
@@ -285,15 +293,15 @@ def _command_builtin(words: list[_Word], scan: _Scan) -> None:
         if flags == "--":
             break
         if "p" in flags:
-            scan.problem(f"{_show(words)}: command -p looks the program up on another PATH")
+            scan.problem(f"{show(words)}: command -p looks the program up on another PATH")
         if "v" in flags or "V" in flags:
-            scan.programs.append(_Program("command", builtin=True))
+            scan.programs.append(Program("command", builtin=True))
             return  # a lookup: prints, runs nothing
-    scan.programs.append(_Program("command", builtin=True))
-    _analyze_argv(args[i:], scan, in_shell=True)
+    scan.programs.append(Program("command", builtin=True))
+    analyze_argv(args[i:], scan, in_shell=True)
 
 
-def _after_unknown_words(name: str, args: list[_Word], scan: _Scan) -> None:
+def _after_unknown_words(name: str, args: list[Word], scan: Scan) -> None:
     """A word only known at run time may turn out to be an option (``-p``, ``-v``) that makes the
     next word a variable name: that word must then be harmless as a name too."""
     for before, word in itertools.pairwise(args):
@@ -306,10 +314,10 @@ def _after_unknown_words(name: str, args: list[_Word], scan: _Scan) -> None:
             )
 
 
-def _builtin_options(args: list[_Word], with_value: str) -> tuple[list[tuple[str, _Word]], int]:
+def _builtin_options(args: list[Word], with_value: str) -> tuple[list[tuple[str, Word]], int]:
     """A builtin's options the way bash's getopt reads them (clusters, ``-pNAME`` or ``-p NAME``):
     the (letter, value) of each option in ``with_value``, and the index of the first operand."""
-    found: list[tuple[str, _Word]] = []
+    found: list[tuple[str, Word]] = []
     i = 0
     while i < len(args) and args[i].text.startswith("-") and args[i].text != "-":
         word = args[i]
@@ -319,16 +327,16 @@ def _builtin_options(args: list[_Word], with_value: str) -> tuple[list[tuple[str
         for j in range(1, len(word.text)):
             if word.text[j] not in with_value:
                 continue
-            value = _Word(word.text[j + 1 :], word.text[j + 1 :], expands=word.expands)
+            value = Word(word.text[j + 1 :], word.text[j + 1 :], expands=word.expands)
             if not value.text:
-                value = args[i] if i < len(args) else _Word("", "")
+                value = args[i] if i < len(args) else Word("", "")
                 i += 1
             found.append((word.text[j], value))
             break
     return found, min(i, len(args))
 
 
-def _check_builtin(name: str, args: list[_Word], scan: _Scan) -> None:
+def _check_builtin(name: str, args: list[Word], scan: Scan) -> None:
     """Builtins that run nothing can still assign variables; bash evaluates some names as code."""
     if name in ("cd", "pushd", "popd"):
         scan.cwd_changed = True
@@ -350,7 +358,7 @@ def _check_builtin(name: str, args: list[_Word], scan: _Scan) -> None:
         if args[0].static and args[0].text.startswith("-v"):
             target = args[0].text[2:]
             if target:
-                _check_name(_Word(target, target, expands=args[0].expands), scan, "printf -v")
+                _check_name(Word(target, target, expands=args[0].expands), scan, "printf -v")
             elif len(args) > 1:
                 _check_name(args[1], scan, "printf -v")
         else:
@@ -361,7 +369,7 @@ def _check_builtin(name: str, args: list[_Word], scan: _Scan) -> None:
                 if word.text.startswith("-") and name not in ("export", "readonly") and set(word.text) & {"i", "n"}:
                     scan.problem(f"{name} {word.raw}: integer and nameref variables can run code in bash")
                 continue
-            m = _ASSIGNMENT.match(word.raw)
+            m = ASSIGNMENT.match(word.raw)
             if m:
                 _check_assignment(m.group(1), m.group(2), scan)
             elif not (word.static and _IDENTIFIER.fullmatch(word.text)):
@@ -384,7 +392,7 @@ def _check_builtin(name: str, args: list[_Word], scan: _Scan) -> None:
         _check_set(args, scan)
 
 
-def _check_set(args: list[_Word], scan: _Scan) -> None:
+def _check_set(args: list[Word], scan: Scan) -> None:
     """``set -k`` (assignments anywhere), ``+o interactive-comments`` and the like change how later
     words are read: only options that make a shell stricter or louder pass."""
     i = 0
@@ -410,6 +418,6 @@ def commands_in(command: str) -> list[tuple[str, tuple[str | None, ...]]]:
     known only at run time), wrapped ones included (``sh -c 'cat x | python3 y.py'`` gives
     ``python3`` with ``("y.py",)``). What the text hides is left out rather than refused: this
     reading serves checks that help an agent, not a policy that must be sure."""
-    scan = _Scan(realpath_of=lambda _word: None)
-    _analyze_text(command, scan)
+    scan = Scan(realpath_of=lambda _word: None)
+    analyze_text(command, scan)
     return [(p.word, p.args) for p in scan.programs if not p.builtin]

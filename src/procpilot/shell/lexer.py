@@ -14,11 +14,13 @@ from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH, nested_too_deep
 # ---------------------------------------------------------------------------------------------
 # Tokens
 
-_MAX_DEPTH = 12  # sh -c 'sh -c "..."' nesting; deeper is refused rather than followed forever
+# A shell assignment word (NAME=, NAME+=, NAME[i]=): group 1 the name, group 2 the subscript.
+ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=")
+MAX_DEPTH = 12  # sh -c 'sh -c "..."' nesting; deeper is refused rather than followed forever
 
 
 @dataclass(slots=True)
-class _Word:
+class Word:
     """A shell word: ``text`` after quote removal (expansions kept as written), ``raw`` as typed."""
 
     text: str
@@ -35,20 +37,20 @@ class _Word:
 
 
 @dataclass(frozen=True, slots=True)
-class _Op:
+class Op:
     text: str
 
 
 @dataclass(frozen=True, slots=True)
-class _Redir:
+class Redir:
     op: str
 
 
-_Token = _Word | _Op | _Redir
+Token = Word | Op | Redir
 
 
 @dataclass(slots=True)
-class _Program:
+class Program:
     word: str  # the command word as the shell (or exec) will look it up
     builtin: bool = False  # a shell builtin that runs no program
     shell_c: bool = False  # a shell running a -c string that was checked here
@@ -57,12 +59,12 @@ class _Program:
 
 
 @dataclass(slots=True)
-class _Scan:
+class Scan:
     """What reading one command found: its programs in order, and what could not be checked."""
 
     realpath_of: Callable[[str], str | None]
     interactive: bool = False
-    programs: list[_Program] = field(default_factory=list)
+    programs: list[Program] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     cwd_changed: bool = False  # cd / pushd / env -C ...: relative paths no longer mean what they did
     depth: int = 0
@@ -82,14 +84,14 @@ class _Scan:
             self.problems.append(message)
 
 
-def _snippet(text: str, limit: int = 60) -> str:
+def snippet(text: str, limit: int = 60) -> str:
     """``text`` for a message: control characters escaped (``ls\\r`` shows as such), long text cut."""
     text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _show(words: Sequence[_Word]) -> str:
-    return _snippet(" ".join(w.raw for w in words), 80)
+def show(words: Sequence[Word]) -> str:
+    return snippet(" ".join(w.raw for w in words), 80)
 
 
 _WORD_END = frozenset(" \t\n;&|()<>")
@@ -111,7 +113,7 @@ def _is_pattern(shape: str) -> bool:
     return shape.startswith("~") or (shape.startswith("=") and len(shape) > 1)
 
 
-class _Lexer:
+class Lexer:
     """Splits shell text into words, operators and redirections, noting what runs at expansion time.
 
     Command substitutions are lexed recursively (their tokens go to ``nested``, to be read as
@@ -119,7 +121,7 @@ class _Lexer:
     unquoted (such a body is expanded like a double-quoted string).
     """
 
-    def __init__(self, text: str, scan: _Scan, nested: list[list[_Token]], pos: int = 0, closing: bool = False) -> None:
+    def __init__(self, text: str, scan: Scan, nested: list[list[Token]], pos: int = 0, closing: bool = False) -> None:
         self.text = text
         self.n = len(text)
         self.pos = pos
@@ -128,11 +130,11 @@ class _Lexer:
         self.closing = closing  # inside $( ... ): stop at the unmatched )
         self.closed = False
         self.depth = 0
-        self.tokens: list[_Token] = []
+        self.tokens: list[Token] = []
         self.pending: list[tuple[str, bool, bool]] = []  # here-docs: delimiter, strip tabs, quoted
         self.want_delimiter: bool | None = None
 
-    def run(self) -> list[_Token]:
+    def run(self) -> list[Token]:
         t = self.text
         while self.pos < self.n:
             c = t[self.pos]
@@ -144,7 +146,7 @@ class _Lexer:
                 end = t.find("\n", self.pos)
                 self.pos = self.n if end < 0 else end
             elif c == "\n":
-                self.tokens.append(_Op("\n"))
+                self.tokens.append(Op("\n"))
                 self.pos += 1
                 self._heredoc_bodies()
             elif c in ";&|()<>":
@@ -187,17 +189,17 @@ class _Lexer:
             self.pos = p + 2
             self._substitution(p, "process substitution")
             raw = t[p : self.pos]
-            self.tokens.append(_Word(raw, raw, expands=True))
+            self.tokens.append(Word(raw, raw, expands=True))
         else:
             op = next(o for o in _REDIRECTIONS if t.startswith(o, p))
-            self.tokens.append(_Redir(op))
+            self.tokens.append(Redir(op))
             self.pos = p + len(op)
             if op in ("<<", "<<-"):
                 self.want_delimiter = op == "<<-"
         return False
 
     def _emit_op(self, op: str, length: int) -> None:
-        self.tokens.append(_Op(op))
+        self.tokens.append(Op(op))
         self.pos += length
 
     # -- words ----------------------------------------------------------------------------------
@@ -207,7 +209,7 @@ class _Lexer:
         start = self.pos
         out: list[str] = []
         shape: list[str] = []
-        w = _Word("", "")
+        w = Word("", "")
         while self.pos < self.n:
             c = t[self.pos]
             if c in _WORD_END:
@@ -225,7 +227,7 @@ class _Lexer:
             elif c == "'":
                 end = t.find("'", self.pos + 1)
                 if end < 0:
-                    self.scan.problem(f"unterminated ' quote in {_snippet(t[start:])}")
+                    self.scan.problem(f"unterminated ' quote in {snippet(t[start:])}")
                     end = self.n
                 out.append(t[self.pos + 1 : end])
                 shape.append("_")
@@ -256,7 +258,7 @@ class _Lexer:
             self.want_delimiter = None
         self.tokens.append(w)
 
-    def _double_quoted(self, out: list[str], w: _Word) -> None:
+    def _double_quoted(self, out: list[str], w: Word) -> None:
         t = self.text
         start = self.pos
         self.pos += 1
@@ -278,9 +280,9 @@ class _Lexer:
             else:
                 out.append(c)
                 self.pos += 1
-        self.scan.problem(f'unterminated " quote in {_snippet(t[start:])}')
+        self.scan.problem(f'unterminated " quote in {snippet(t[start:])}')
 
-    def _dollar(self, out: list[str], w: _Word, *, in_dq: bool) -> bool:
+    def _dollar(self, out: list[str], w: Word, *, in_dq: bool) -> bool:
         """Lex the expansion at ``pos`` (a ``$``); False when the ``$`` is just a character."""
         t, p = self.text, self.pos
         nxt = t[p + 1 : p + 2]
@@ -298,7 +300,7 @@ class _Lexer:
         elif nxt == "[":  # $[ ... ]: bash's old arithmetic
             end = t.find("]", p + 2)
             if end < 0:
-                self.scan.problem(f"unterminated $[ in {_snippet(t[p:])}")
+                self.scan.problem(f"unterminated $[ in {snippet(t[p:])}")
             self.pos = self.n if end < 0 else end + 1
             self._arithmetic(t[p + 2 : max(end, p + 2)], t[p : self.pos])
         elif nxt == "{":
@@ -311,11 +313,11 @@ class _Lexer:
             while i < self.n and t[i] != "'":
                 if t[i] == "\\":
                     if t.startswith("'", i + 1):
-                        self.scan.problem(f"{_snippet(t[p:])}: sh and bash split $'...\\'...' differently")
+                        self.scan.problem(f"{snippet(t[p:])}: sh and bash split $'...\\'...' differently")
                     i += 1
                 i += 1
             if i >= self.n:
-                self.scan.problem(f"unterminated $' quote in {_snippet(t[p:])}")
+                self.scan.problem(f"unterminated $' quote in {snippet(t[p:])}")
             self.pos = min(i + 1, self.n)
             w.quoted = True
         elif nxt == '"' and not in_dq:
@@ -337,20 +339,20 @@ class _Lexer:
         # bash evaluates a variable's value as an arithmetic expression, and `a[$(cmd)]` in that value
         # runs cmd: only constant arithmetic is safe to allow.
         if not _NUMERIC_ARITH.fullmatch(body):
-            self.scan.problem(f"arithmetic {_snippet(whole)} uses variables, which bash can turn into code")
+            self.scan.problem(f"arithmetic {snippet(whole)} uses variables, which bash can turn into code")
 
     def _substitution(self, start: int, what: str) -> None:
         """``pos`` is just after ``$(`` / ``<(`` / ``>(``: lex the code up to its closing paren."""
         self.scan.enter_substitution()
         try:
-            sub = _Lexer(self.text, self.scan, self.nested, self.pos, closing=True)
+            sub = Lexer(self.text, self.scan, self.nested, self.pos, closing=True)
             self.nested.append(sub.run())
         finally:
             self.scan.substitutions -= 1
         self.pos = sub.pos
-        self.scan.problem(f"{what} {_snippet(self.text[start : self.pos])} runs a command we cannot check")
+        self.scan.problem(f"{what} {snippet(self.text[start : self.pos])} runs a command we cannot check")
 
-    def _backtick(self, out: list[str], w: _Word, *, in_dq: bool) -> None:
+    def _backtick(self, out: list[str], w: Word, *, in_dq: bool) -> None:
         t, p = self.text, self.pos
         i = p + 1
         code: list[str] = []
@@ -363,17 +365,17 @@ class _Lexer:
             code.append(t[i])
             i += 1
         if i >= self.n:
-            self.scan.problem(f"unterminated ` in {_snippet(t[p:])}")
+            self.scan.problem(f"unterminated ` in {snippet(t[p:])}")
         self.pos = min(i + 1, self.n)
-        self.nested.append(_Lexer("".join(code), self.scan, self.nested).run())
-        self.scan.problem(f"command substitution {_snippet(t[p : self.pos])} runs a command we cannot check")
+        self.nested.append(Lexer("".join(code), self.scan, self.nested).run())
+        self.scan.problem(f"command substitution {snippet(t[p : self.pos])} runs a command we cannot check")
         out.append(t[p : self.pos])
         w.expands = True
 
     def _parameter(self, start: int, *, in_dq: bool) -> None:
         """``pos`` is just after ``${``: find the closing brace, then judge the expansion's form."""
         t = self.text
-        scratch = _Word("", "")
+        scratch = Word("", "")
         while self.pos < self.n:
             c = t[self.pos]
             if c == "}":
@@ -394,7 +396,7 @@ class _Lexer:
                 self._backtick([], scratch, in_dq=in_dq)
             else:
                 self.pos += 1
-        self.scan.problem(f"unterminated ${{ in {_snippet(t[start:])}")
+        self.scan.problem(f"unterminated ${{ in {snippet(t[start:])}")
 
     def _judge_parameter(self, content: str, whole: str) -> None:
         # Plain forms only: ${x} ${x:-w} ${#x} ${x%p} ${x/p/r} ${x:1:2}. Indirection ${!x}, ${x@P},
@@ -406,7 +408,7 @@ class _Lexer:
             rest = content[m.end() :]
             ok = rest == "" or _PARAM_OP.match(rest) is not None or _SUBSTRING.fullmatch(rest) is not None
         if not ok:
-            self.scan.problem(f"parameter expansion {_snippet(whole)} can run code or is too complex to check")
+            self.scan.problem(f"parameter expansion {snippet(whole)} can run code or is too complex to check")
 
     def _heredoc_bodies(self) -> None:
         """Skip the bodies of the here-docs started on the line that just ended.
@@ -441,7 +443,7 @@ class _Lexer:
         """An unquoted here-doc body is expanded like a double-quoted string: find its expansions."""
         resume = self.pos
         self.pos = start
-        scratch = _Word("", "")
+        scratch = Word("", "")
         while self.pos < end:
             c = self.text[self.pos]
             if c == "\\":
@@ -477,18 +479,18 @@ def simple_commands(text: str) -> list[list[str]]:
     dropped with their targets (``make > log`` is ``make``). Substitutions are not entered; a word
     that expands keeps its text as written. For naming and display, not for deciding anything:
     text the shell would refuse (an unfinished quote) still gives its words, as typed."""
-    scan = _Scan(realpath_of=lambda _word: None)
+    scan = Scan(realpath_of=lambda _word: None)
     try:
-        tokens = _Lexer(text, scan, []).run()
+        tokens = Lexer(text, scan, []).run()
     except InvalidArgument:  # nested past the bound: there is nothing sensible to show
         return []
     as_typed = bool(scan.problems)  # the agent may have quoted for another layer: show it as sent
     commands: list[list[str]] = [[]]
     redirected = False
     for tok in tokens:
-        if isinstance(tok, _Redir):
+        if isinstance(tok, Redir):
             redirected = True
-        elif isinstance(tok, _Op):
+        elif isinstance(tok, Op):
             commands.append([])
             redirected = False
         elif redirected:

@@ -8,11 +8,23 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from procpilot.shell import analysis  # analysis imports this module too: names at call time
-from procpilot.shell.lexer import _Program, _Scan, _show, _snippet, _Word
+from procpilot.shell.lexer import ASSIGNMENT, Program, Scan, Word, show, snippet
+from procpilot.shell.variables import sensitive_variable
 
 # ---------------------------------------------------------------------------------------------
 # Wrappers: programs whose arguments name another program to run
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """How a wrapper hands on the command it runs: to the reading of commands (shell/analysis.py),
+    which calls the wrappers and passes itself in, so neither module imports the other."""
+
+    argv: Callable[[list[Word], Scan], None]  # an argv the wrapper execs directly (no builtins)
+    text: Callable[[str, Scan], None]  # shell text the wrapper hands to a shell
+
+
+Handler = Callable[[Program, list[Word], Scan, Reader], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +40,7 @@ class _Opts:
     long_opt: frozenset[str] = frozenset()  # optional value, only with =
 
 
-def _options(spec: _Opts, args: list[_Word], prog: str, scan: _Scan) -> tuple[list[tuple[str, str]], int] | None:
+def _options(spec: _Opts, args: list[Word], prog: str, scan: Scan) -> tuple[list[tuple[str, str]], int] | None:
     """Options as (name, value) and the index of the first operand (stops there, like getopt's '+'),
     or None (a problem is noted) when an option is unknown or a word before the operand is not static."""
     found: list[tuple[str, str]] = []
@@ -87,16 +99,16 @@ def _has(opts: list[tuple[str, str]], *names: str) -> bool:
     return any(o in names for o, _ in opts)
 
 
-def _wrapped(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _wrapped(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     """The wrapped command starts at ``args[0]``: its word must be static; it runs via exec."""
     if args:
-        analysis._analyze_argv(args, scan, in_shell=False)
+        read.argv(args, scan)
 
 
-def _standard(spec: _Opts, operands_before: int = 0) -> Callable[[_Program, list[_Word], _Scan], None]:
+def _standard(spec: _Opts, operands_before: int = 0) -> Handler:
     """A wrapper ``prog [options] [N operands] command [args]``."""
 
-    def handler(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+    def handler(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
         parsed = _options(spec, args, prog.word, scan)
         if parsed is None:
             return
@@ -107,7 +119,7 @@ def _standard(spec: _Opts, operands_before: int = 0) -> Callable[[_Program, list
             if not word.static:
                 scan.problem(f"{prog.word}: argument {word.raw} is only known at run time")
                 return
-        _wrapped(prog, args[i + operands_before :], scan)
+        _wrapped(prog, args[i + operands_before :], scan, read)
 
     return handler
 
@@ -121,7 +133,7 @@ _TIMEOUT = _Opts(
 _HELP = frozenset({"help", "version"})
 
 
-def _env(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _env(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="i0v",
         short_arg="uCS",
@@ -137,12 +149,12 @@ def _env(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         if opt in ("-C", "--chdir"):
             scan.cwd_changed = True
         if opt in ("-S", "--split-string"):
-            scan.problem(f"{prog.word} {opt} {_snippet(value)}: env splits a string into a command")
+            scan.problem(f"{prog.word} {opt} {snippet(value)}: env splits a string into a command")
             try:
-                split = [_Word(s, s) for s in shlex.split(value)]
+                split = [Word(s, s) for s in shlex.split(value)]
             except ValueError:
                 split = []
-            analysis._analyze_argv(split + args[i:], scan, in_shell=False)
+            read.argv(split + args[i:], scan)
             return
     if i < len(args) and args[i].text == "-":
         i += 1
@@ -151,19 +163,19 @@ def _env(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         if not word.static:
             scan.problem(f"{prog.word}: argument {word.raw} is only known at run time")
             return
-        if analysis._sensitive(word.text.partition("=")[0]):
+        if sensitive_variable(word.text.partition("=")[0]):
             scan.problem(f"{prog.word} {word.raw} changes which program runs or what it loads")
         i += 1
-    _wrapped(prog, args[i:], scan)
+    _wrapped(prog, args[i:], scan, read)
 
 
-def _nice(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _nice(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     if args and args[0].static and re.fullmatch(r"-[+-]?[0-9]+", args[0].text):
         args = args[1:]  # the old `nice -5 cmd`
-    _standard(_Opts(short_arg="n", long_arg=frozenset({"adjustment"}), long_flag=_HELP))(prog, args, scan)
+    _standard(_Opts(short_arg="n", long_arg=frozenset({"adjustment"}), long_flag=_HELP))(prog, args, scan, read)
 
 
-def _chrt(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _chrt(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="bdfiorRampvhV",
         short_arg="TPD",
@@ -182,10 +194,10 @@ def _chrt(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         return
     if i < len(args) and args[i].text.isdigit():
         i += 1  # the priority
-    _wrapped(prog, args[i:], scan)
+    _wrapped(prog, args[i:], scan, read)
 
 
-def _ionice(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _ionice(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="thV",
         short_arg="cnpPu",
@@ -197,10 +209,10 @@ def _ionice(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         return
     opts, i = parsed
     if not _has(opts, "-p", "-P", "-u", "--pid", "--pgid", "--uid", "-h", "--help", "-V", "--version"):
-        _wrapped(prog, args[i:], scan)
+        _wrapped(prog, args[i:], scan, read)
 
 
-def _flock(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _flock(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="sexunoFvhV",
         short_arg="wEc",
@@ -223,12 +235,12 @@ def _flock(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         strings.append(rest[1].text)
         rest = []
     for s in strings:  # flock runs these with /bin/sh -c
-        analysis._analyze_text(s, scan)
+        read.text(s, scan)
     if not strings:
-        _wrapped(prog, rest, scan)
+        _wrapped(prog, rest, scan, read)
 
 
-def _watch(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _watch(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="bceCgprtwxhv",
         short_arg="nqs",
@@ -243,17 +255,17 @@ def _watch(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         return
     opts, i = parsed
     if _has(opts, "-x", "--exec"):
-        _wrapped(prog, args[i:], scan)
+        _wrapped(prog, args[i:], scan, read)
         return
     rest = args[i:]
     if not all(w.static for w in rest):
-        scan.problem(f"{_show([*args])}: watch runs a command line that is only known at run time")
+        scan.problem(f"{show([*args])}: watch runs a command line that is only known at run time")
         return
     if rest:
-        analysis._analyze_text(" ".join(w.text for w in rest), scan)  # watch runs it with sh -c
+        read.text(" ".join(w.text for w in rest), scan)  # watch runs it with sh -c
 
 
-def _sudo(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _sudo(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="AbEeHiKklnPSsVvh",
         short_arg="CDgprRtTUu",
@@ -269,24 +281,24 @@ def _sudo(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         return
     opts, i = parsed
     if _has(opts, "-e", "--edit"):
-        scan.problem(f"{_show([*args])}: sudo -e runs an editor")
+        scan.problem(f"{show([*args])}: sudo -e runs an editor")
     if _has(opts, "-s", "--shell", "-i", "--login"):
         scan.problem(f"{prog.word} -s/-i runs a shell that reads its startup files")
     if _has(opts, "-R", "--chroot"):
         scan.problem(f"{prog.word} -R: the command is looked up in another root")
     if _has(opts, "-D", "--chdir"):
         scan.cwd_changed = True
-    while i < len(args) and analysis._ASSIGNMENT.match(args[i].raw):
+    while i < len(args) and ASSIGNMENT.match(args[i].raw):
         if not args[i].static:
             scan.problem(f"{prog.word}: argument {args[i].raw} is only known at run time")
             return
-        if analysis._sensitive(args[i].text.partition("=")[0]):
+        if sensitive_variable(args[i].text.partition("=")[0]):
             scan.problem(f"{prog.word} {args[i].raw} changes which program runs or what it loads")
         i += 1
-    _wrapped(prog, args[i:], scan)
+    _wrapped(prog, args[i:], scan, read)
 
 
-def _doas(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _doas(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     parsed = _options(_Opts(short_flag="nsL", short_arg="Cu"), args, prog.word, scan)
     if parsed is None:
         return
@@ -294,10 +306,10 @@ def _doas(prog: _Program, args: list[_Word], scan: _Scan) -> None:
     if _has(opts, "-s"):
         scan.problem(f"{prog.word} -s runs a shell")
     if not _has(opts, "-C"):
-        _wrapped(prog, args[i:], scan)
+        _wrapped(prog, args[i:], scan, read)
 
 
-def _xargs(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _xargs(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="0oprtx",
         short_arg="adEILnPs",
@@ -313,15 +325,15 @@ def _xargs(prog: _Program, args: list[_Word], scan: _Scan) -> None:
     opts, i = parsed
     if _has(opts, "--help", "--version", "--show-limits"):
         return
-    rest = args[i:] or [_Word("echo", "echo")]  # no command: xargs runs echo
+    rest = args[i:] or [Word("echo", "echo")]  # no command: xargs runs echo
     replace = [v or "{}" for o, v in opts if o in ("-I", "-i", "--replace")]
     if any(r and r in rest[0].text for r in replace):
-        scan.problem(f"{_show([*args])}: xargs would run programs named in its input")
+        scan.problem(f"{show([*args])}: xargs would run programs named in its input")
         return
-    _wrapped(prog, rest, scan)
+    _wrapped(prog, rest, scan, read)
 
 
-def _find(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _find(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     for word in args:
         if not word.static:
             scan.problem(f"{prog.word}: argument {word.raw} is only known at run time (it could be -exec)")
@@ -332,7 +344,7 @@ def _find(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         i += 1
         if action not in ("-exec", "-execdir", "-ok", "-okdir"):
             continue
-        command: list[_Word] = []
+        command: list[Word] = []
         while i < len(args):
             text = args[i].text
             if text == ";" or (text == "+" and command and command[-1].text == "{}"):
@@ -348,10 +360,10 @@ def _find(prog: _Program, args: list[_Word], scan: _Scan) -> None:
             continue
         if action in ("-execdir", "-okdir") and "/" in head and not head.startswith("/"):
             scan.problem(f"{prog.word} {action} {head}: a relative path, run from each file's directory")
-        analysis._analyze_argv(command, scan, in_shell=False)
+        read.argv(command, scan)
 
 
-def _strace(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _strace(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     spec = _Opts(
         short_flag="cCdDfFhiknqrtTvVwxyzZ",
         short_arg="abeEIoOpPsSuUX",
@@ -365,14 +377,14 @@ def _strace(prog: _Program, args: list[_Word], scan: _Scan) -> None:
     for opt, value in opts:
         if opt in ("-o", "--output") and value.startswith(("|", "!")):
             scan.problem(f"{prog.word} -o {value}: strace pipes its output to a shell command")
-            analysis._analyze_text(value[1:], scan)
-        if opt in ("-E", "--env") and analysis._sensitive(value.partition("=")[0]):
+            read.text(value[1:], scan)
+        if opt in ("-E", "--env") and sensitive_variable(value.partition("=")[0]):
             scan.problem(f"{prog.word} -E {value} changes which program runs or what it loads")
     if not _has(opts, "-h", "--help", "-V", "--version"):
-        _wrapped(prog, args[i:], scan)
+        _wrapped(prog, args[i:], scan, read)
 
 
-def _multicall(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _multicall(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     """``busybox APPLET args``: the applet is the command (looked up by name, as an approximation)."""
     if not args:
         return
@@ -382,9 +394,9 @@ def _multicall(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         return
     if first.text.startswith("--coreutils-prog="):
         applet = first.text.partition("=")[2]
-        analysis._analyze_argv([_Word(applet, applet), *args[1:]], scan, in_shell=False)
+        read.argv([Word(applet, applet), *args[1:]], scan)
     elif not first.text.startswith("-"):
-        analysis._analyze_argv(args, scan, in_shell=False)
+        read.argv(args, scan)
 
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "ash", "yash", "posh",
@@ -393,7 +405,7 @@ _SHELL_LONG_SAFE = frozenset({"--norc", "--noprofile", "--posix", "--restricted"
                               "--help", "--version"})  # fmt: skip
 
 
-def _shell(prog: _Program, args: list[_Word], scan: _Scan) -> None:
+def _shell(prog: Program, args: list[Word], scan: Scan, read: Reader) -> None:
     """``sh -c STRING``: the string is read as shell code too. Anything else (a script, stdin, -i,
     --rcfile, a login shell) runs code we cannot see: the shell itself must then be allowed."""
     command_mode = False
@@ -435,12 +447,12 @@ def _shell(prog: _Program, args: list[_Word], scan: _Scan) -> None:
         scan.problem(f"{prog.word} -c {string.raw}: the command string is only known at run time")
         return
     prog.shell_c = not reads_files
-    analysis._analyze_text(string.text, scan)
+    read.text(string.text, scan)
 
 
 MULTICALL = frozenset({"busybox", "toybox", "coreutils"})
 
-WRAPPERS: dict[str, Callable[[_Program, list[_Word], _Scan], None]] = {
+WRAPPERS: dict[str, Handler] = {
     "env": _env,
     "nohup": _standard(_Opts(long_flag=_HELP)),
     "nice": _nice,

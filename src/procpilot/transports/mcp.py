@@ -117,12 +117,12 @@ def build_mcp_server(tools: Sequence[ToolSpec], *, scope: ScopeSource, name: str
         name,
         # A harness profile's tools (text only) are the model's own: no word of exec or process.
         instructions=None if any(spec.text_only for spec in tools) else server_instructions([s.name for s in tools]),
-        version=_version(),
+        version=procpilot_version(),
         tools=[_mcp_tool(spec, scope) for spec in tools],
     )
 
 
-def _version() -> str:
+def procpilot_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:

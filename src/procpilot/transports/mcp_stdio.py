@@ -36,9 +36,9 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
 from procpilot import wire
-from procpilot.transports.http.mcp_sdk import context_streams, lowlevel_server
 from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
 from procpilot.transports.mcp_refusals import HEAD, INVALID_REQUEST, refusal, refusal_for
+from procpilot.transports.mcp_sdk import context_streams, lowlevel_server
 
 __all__ = ["reply_line", "serve_stdio", "stdio_is_pipe"]
 

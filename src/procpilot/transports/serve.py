@@ -300,6 +300,7 @@ async def daemon_app(supervisor: Supervisor, settings: Settings, *, open_agent: 
             toolset.tools,
             settings,
             audit=toolset.audit,
+            audit_file=audit_file(settings),
             open_agent=open_agent,
             proc_handler=proc_handler_factory(settings),
             gate=toolset.gate,

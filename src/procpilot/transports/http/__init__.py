@@ -43,9 +43,9 @@ A command that runs and fails is a normal 200 result (``status: "error"``), neve
 from procpilot.transports.http.app import create_app, daemon_of
 from procpilot.transports.http.auth import TokenAuth
 from procpilot.transports.http.common import WS_MAX_MESSAGE, current_agent, request_agent, status_for_error
+from procpilot.transports.http.daemon import Daemon
 from procpilot.transports.http.mcp_http import guarded_mcp_app
 from procpilot.transports.http.openapi import build_openapi
-from procpilot.transports.http.rest import Daemon
 
 __all__ = [
     "WS_MAX_MESSAGE",

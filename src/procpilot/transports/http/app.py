@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Route
 
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
@@ -16,8 +17,8 @@ from procpilot.engine.supervisor import Supervisor
 from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
 from procpilot.transports.http.browser_auth import BrowserAuth
 from procpilot.transports.http.console import Console
-from procpilot.transports.http.mcp_http import _mcp_endpoint
-from procpilot.transports.http.rest import Daemon, ProcHandlerFactory
+from procpilot.transports.http.daemon import Daemon, ProcHandlerFactory
+from procpilot.transports.http.rest import Rest
 
 # -- the app -----------------------------------------------------------------------------------
 
@@ -28,28 +29,23 @@ def create_app(
     settings: Settings,
     *,
     audit: EventBus[Any] | None = None,
+    audit_file: Path | None = None,
     open_agent: str = "default",
     proc_handler: ProcHandlerFactory | None = None,
     gate: Any | None = None,
 ) -> Starlette:
     """The daemon's ASGI app. ``open_agent`` is every caller's agent when no token is configured;
-    ``gate`` is the policy gate whose approval requests the approvers decide."""
-    daemon = Daemon(supervisor, tools, settings, audit=audit, proc_handler=proc_handler, gate=gate)
-    mcp_endpoint = _mcp_endpoint(daemon)
+    ``gate`` is the policy gate whose approval requests the approvers decide; ``audit_file`` where
+    the ``audit`` events are written (the console shows its tail)."""
+    daemon = Daemon(
+        supervisor, tools, settings, audit=audit, audit_file=audit_file, proc_handler=proc_handler, gate=gate
+    )
     auth = TokenAuth(settings.server.tokens, open_agent)
     browser = BrowserAuth()
     console = Console(daemon, auth, browser)
     routes = [
-        Route("/v1/tools", daemon.list_tools, methods=["GET"]),
-        Route("/v1/tools/{name:path}", daemon.call_tool, methods=["POST"]),
-        Route("/v1/events", daemon.events, methods=["GET"]),
-        Route("/openapi.json", daemon.openapi, methods=["GET"]),
-        Route("/v1/capabilities", daemon.capabilities, methods=["GET"]),
-        Route("/v1/sessions", daemon.sessions, methods=["GET"]),
-        Route("/v1/approvals", daemon.approvals, methods=["GET"]),
-        Route("/v1/approvals/{request_id}", daemon.decide, methods=["POST"]),
-        WebSocketRoute("/v1/proc", daemon.proc_socket),
-        Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]),
+        *Rest(daemon).routes(),
+        Route("/mcp", daemon.mcp.endpoint(), methods=["GET", "POST", "DELETE"]),
         *console.routes(),
     ]
 

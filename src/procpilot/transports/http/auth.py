@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from procpilot.errors import Unauthorized
 from procpilot.transports.http.bodies import error_body, is_mcp, read_body, refuse_oversized, rpc_error
 from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
-from procpilot.transports.http.common import _LOOPBACK_HOSTS, _MAX_BODY, _header, current_agent
+from procpilot.transports.http.common import LOOPBACK_HOSTS, MAX_BODY, current_agent, header
 
 # -- auth --------------------------------------------------------------------------------------
 
@@ -56,7 +56,7 @@ def _loopback_host(host: str | None) -> bool:
     name, colon, port = host.rpartition(":") if not host.endswith("]") else ("", "", "")
     if not colon or not port.isdigit():
         name = host
-    return name in _LOOPBACK_HOSTS
+    return name in LOOPBACK_HOSTS
 
 
 def _loopback_origin(origin: str | None) -> bool:
@@ -88,7 +88,7 @@ class AuthMiddleware:
         auth: TokenAuth,
         *,
         loopback_only: bool,
-        max_body: int = _MAX_BODY,
+        max_body: int = MAX_BODY,
         requests_per_agent: int = 16,
         body_timeout: float = 10.0,
         browser: BrowserAuth | None = None,
@@ -113,11 +113,11 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         if self.loopback_only and (
-            not _loopback_host(_header(scope, b"host")) or not _loopback_origin(_header(scope, b"origin"))
+            not _loopback_host(header(scope, b"host")) or not _loopback_origin(header(scope, b"origin"))
         ):
             await self._refuse(scope, receive, send, 403, _FORBIDDEN)
             return
-        authorization = _header(scope, b"authorization")
+        authorization = header(scope, b"authorization")
         if authorization is None and self.browser is not None and self.auth.required:
             # The console's session: the page's secret header and its browser's binding cookie
             # together (browser_auth.py); a cookie alone is nobody.

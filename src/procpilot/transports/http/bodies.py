@@ -17,7 +17,7 @@ import json
 from starlette.types import Message, Receive, Scope, Send
 
 from procpilot.errors import ProcpilotError, RequestTimeout, RequestTooLarge
-from procpilot.transports.http.common import _header
+from procpilot.transports.http.common import header
 
 __all__ = ["error_body", "is_mcp", "read_body", "refuse_oversized", "rpc_error"]
 
@@ -28,7 +28,7 @@ _INVALID_REQUEST = -32600
 async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: int, timeout: float) -> Receive | None:
     """``receive`` replaying the request's whole body, or None once the request is answered (413,
     408) or its client has gone. A request that declares no body is handed on as it is."""
-    if _header(scope, b"content-length") is None and _header(scope, b"transfer-encoding") is None:
+    if header(scope, b"content-length") is None and header(scope, b"transfer-encoding") is None:
         return receive  # no body at all (h11 has refused a body without either header)
     if await refuse_oversized(scope, send, max_bytes=max_bytes):
         return None
@@ -62,7 +62,7 @@ async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: in
 
 async def refuse_oversized(scope: Scope, send: Send, *, max_bytes: int) -> bool:
     """Answer 413, before a byte of the body is read, when its declared length is over ``max_bytes``."""
-    declared = _header(scope, b"content-length")
+    declared = header(scope, b"content-length")
     if declared is None or (declared.isdigit() and int(declared) <= max_bytes):
         return False
     await _answer(scope, send, _too_large(max_bytes))

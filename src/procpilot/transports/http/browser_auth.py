@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from starlette.types import Scope
 
-from procpilot.transports.http.common import _header
+from procpilot.transports.http.common import header
 
 __all__ = [
     "SESSIONS_PER_AGENT",
@@ -60,7 +60,7 @@ def is_public_path(path: str) -> bool:
 
 
 def _port_of(scope: Scope) -> str:
-    host = _header(scope, b"host") or ""
+    host = header(scope, b"host") or ""
     name, colon, port = host.rpartition(":")
     return port if colon and port.isdigit() and not name.endswith("[") else "80"
 
@@ -114,7 +114,7 @@ class BrowserAuth:
     def cookie_values(self, scope: Scope) -> list[str]:
         """Every value of the console's cookie in the request: a page on another port may have
         added its own beside ours (at another path), so there can be several."""
-        raw = _header(scope, b"cookie")
+        raw = header(scope, b"cookie")
         if not raw or len(raw) > _MAX_COOKIE_HEADER:
             return []
         # Split by hand: every app on localhost shares this header, and SimpleCookie stops at the
@@ -157,7 +157,7 @@ class BrowserAuth:
     def session_of(self, scope: Scope) -> ConsoleSession | None:
         """The session this request presents: its secret in the header and its binding among the
         cookies, before it expires. None for anything else."""
-        secret = _header(scope, SESSION_HEADER.encode())
+        secret = header(scope, SESSION_HEADER.encode())
         if not secret or len(secret) > _MAX_SECRET:
             return None
         key = _digest(secret)
@@ -199,14 +199,14 @@ class BrowserAuth:
     # -- the open daemon (no tokens) --
 
     def open_secret_ok(self, scope: Scope) -> bool:
-        presented = _header(scope, SESSION_HEADER.encode()) or ""
+        presented = header(scope, SESSION_HEADER.encode()) or ""
         return hmac.compare_digest(presented.encode(), self.open_secret.encode())
 
     @staticmethod
     def same_origin(scope: Scope) -> bool:
         """A browser's ``Origin`` (absent: not a cross-site request) names the host it was sent to."""
-        origin = _header(scope, b"origin")
+        origin = header(scope, b"origin")
         if origin is None:
             return True
-        host = _header(scope, b"host") or ""
+        host = header(scope, b"host") or ""
         return origin in (f"http://{host}", f"https://{host}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -19,20 +18,18 @@ from procpilot.errors import (
     error_class,
 )
 
-_log = logging.getLogger(__name__)
-
 #: The agent (scope) of the request being served; set by the auth middleware, read by every route
 #: and, through the MCP SDK's per-message context propagation, by every MCP handler.
 current_agent: ContextVar[str | None] = ContextVar("procpilot_agent", default=None)
 
-_PROGRESS_EVERY = 1.0  # seconds between MCP progress notifications of a long call
-_HEARTBEAT_EVERY = 15.0  # seconds between SSE keep-alive comments
-_EVENT_QUEUE = 1000  # events one SSE client may lag behind before the oldest are dropped
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+PROGRESS_EVERY = 1.0  # seconds between MCP progress notifications of a long call
+HEARTBEAT_EVERY = 15.0  # seconds between SSE keep-alive comments
+EVENT_QUEUE = 1000  # events one SSE client may lag behind before the oldest are dropped
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 # A request body (REST arguments, an MCP message) at most this big: parsing JSON holds the event
 # loop (and the GIL) for about 10 ms a MiB, and no call needs more (a command is 120 KiB at most).
-_MAX_BODY = 1024 * 1024
-WS_MAX_MESSAGE = _MAX_BODY  # one proc/* frame: a proc/write carries as much as a REST write
+MAX_BODY = 1024 * 1024
+WS_MAX_MESSAGE = MAX_BODY  # one proc/* frame: a proc/write carries as much as a REST write
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -48,16 +45,16 @@ def status_for_error(code: str) -> int:
     return 500 if cls is None else cls.http_status
 
 
-def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     body = wire.dumps_bytes(data)  # an agent's text echoed back (an env name) must not make it a 500
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-def _error(code: str, message: str, status: int | None = None, **extra: Any) -> Response:
-    return _json({"error": code, "message": message, "hints": {}, **extra}, status or status_for_error(code))
+def error_response(code: str, message: str, status: int | None = None, **extra: Any) -> Response:
+    return json_response({"error": code, "message": message, "hints": {}, **extra}, status or status_for_error(code))
 
 
-async def _json_body(request: Request, what: str = "a JSON object") -> dict[str, Any]:
+async def json_body(request: Request, what: str = "a JSON object") -> dict[str, Any]:
     """The request's body as a JSON object (empty: ``{}``); bad JSON, a body nested too deeply
     to parse, or anything but an object is an InvalidArgument; another content type a 415."""
     body = await request.body()
@@ -76,20 +73,16 @@ async def _json_body(request: Request, what: str = "a JSON object") -> dict[str,
     return data
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
             return bytes(value).decode("latin-1")
     return None
 
 
-def _agent() -> str:
+def request_agent() -> str:
+    """The agent of the request being served (set by the auth middleware)."""
     agent = current_agent.get()
     if agent is None:  # only reachable if a route is served without the middleware
         raise RuntimeError("no authenticated agent for this request")
     return agent
-
-
-def request_agent() -> str:
-    """The agent of the request being served (set by the auth middleware)."""
-    return _agent()

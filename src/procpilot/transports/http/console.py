@@ -55,13 +55,13 @@ from procpilot.errors import (
 )
 from procpilot.faces import console_view
 from procpilot.transports.http.browser_auth import BrowserAuth
-from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _json, _json_body
-from procpilot.transports.http.events import _sse, audit_event
+from procpilot.transports.http.common import HEARTBEAT_EVERY, json_body, json_response, request_agent
+from procpilot.transports.http.events import audit_event, sse
 from procpilot.transports.http.operators import acting_scope, is_operator
 
 if TYPE_CHECKING:
     from procpilot.transports.http.auth import TokenAuth
-    from procpilot.transports.http.rest import Daemon
+    from procpilot.transports.http.daemon import Daemon
 
 __all__ = ["STATIC_DIR", "Console"]
 
@@ -131,9 +131,9 @@ class Console:
     def _load_audit_tail(self) -> None:
         """The newest events of the audit file (``<state_dir>/audit.jsonl``: this daemon's and its
         predecessors'), so the Audit page does not start empty after a restart. Read once, bounded."""
-        from procpilot.transports.serve import audit_file
-
-        path = audit_file(self.daemon.settings)
+        path = self.daemon.audit_file
+        if path is None:
+            return
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -176,7 +176,7 @@ class Console:
             raise CsrfRejected("this change lacks the console page's X-Procpilot-Session header")
 
     def _session(self, request: Request) -> Session:
-        agent = _agent()
+        agent = request_agent()
         scope = acting_scope(self.daemon.settings.server, agent, request.path_params["agent"])
         session_id = request.path_params["session_id"]
         if len(session_id) > 64:
@@ -203,20 +203,20 @@ class Console:
 
     async def login(self, request: Request) -> Response:
         if not self.browser.same_origin(request.scope):  # nobody logs a browser in from another site
-            return _json({"error": "Forbidden", "message": "Forbidden."}, 403)
+            return json_response({"error": "Forbidden", "message": "Forbidden."}, 403)
         try:
-            body = await _json_body(request, '{"token": "..."}')
+            body = await json_body(request, '{"token": "..."}')
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
+            return json_response(exc.to_dict(), exc.http_status)
         token = body.get("token")
         if not isinstance(token, str) or not 0 < len(token) <= 4096:
-            return _json(InvalidArgument("token: a string", field="token").to_dict(), 422)
+            return json_response(InvalidArgument("token: a string", field="token").to_dict(), 422)
         agent = self.auth.agent_for(f"Bearer {token}")
         if agent is None or not self.auth.required:
-            return _json({"error": "Unauthorized", "message": "Unauthorized."}, 401)
+            return json_response({"error": "Unauthorized", "message": "Unauthorized."}, 401)
         secret, binding = self.browser.login(request.scope, agent)
         # The secret only here, in the body: the page keeps it; the cookie alone is nobody.
-        response = _json({**self._me(agent), "session": secret})
+        response = json_response({**self._me(agent), "session": secret})
         response.headers.append("set-cookie", self.browser.set_cookie(request.scope, binding))
         return response
 
@@ -224,17 +224,17 @@ class Console:
         """Public (a page whose session already ended still clears its cookie); it ends sessions
         only for a request that presents one, so no other page can log anyone out by calling it."""
         if not self.browser.same_origin(request.scope):  # nor clear its cookie from another site
-            return _json({"error": "Forbidden", "message": "Forbidden."}, 403)
+            return json_response({"error": "Forbidden", "message": "Forbidden."}, 403)
         ended = self.browser.logout(request.scope)
-        response = _json({"ok": True, "ended": ended})
+        response = json_response({"ok": True, "ended": ended})
         response.headers.append("set-cookie", self.browser.clear_cookie(request.scope))
         return response
 
     async def me(self, request: Request) -> Response:
-        me = self._me(_agent())
+        me = self._me(request_agent())
         if not self.auth.required:
             me["session"] = self.browser.open_secret  # readable by the daemon's own origin only
-        return _json(me)
+        return json_response(me)
 
     def _me(self, agent: str) -> dict[str, Any]:
         server = self.daemon.settings.server
@@ -280,14 +280,14 @@ class Console:
                 del self._streams[agent]
 
     async def stream(self, request: Request) -> Response:
-        agent = _agent()
+        agent = request_agent()
         server = self.daemon.settings.server
         operator = is_operator(server, agent)
         approver = agent in server.approvers and self.daemon.gate is not None
         try:
             self._check_streams(agent)
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
+            return json_response(exc.to_dict(), exc.http_status)
 
         async def events() -> AsyncIterator[bytes]:
             sent_rows = sent_approvals = ""
@@ -296,7 +296,7 @@ class Console:
             wakeup = asyncio.Event()
             self._wakeups.add(wakeup)
             try:
-                yield b"retry: 3000\n\n" + _sse("ready", {"agent": agent, "operator": operator})
+                yield b"retry: 3000\n\n" + sse("ready", {"agent": agent, "operator": operator})
                 while not self.daemon.closing.is_set():
                     wakeup.clear()
                     rows = wire.dumps(self._rows(None if operator else agent))
@@ -306,7 +306,7 @@ class Console:
                     fresh = [e for seq, who, e in self.audit if seq > seen and (operator or who == agent)]
                     seen = self._seq
                     if fresh:
-                        yield _sse("audit", {"events": fresh[-500:]})
+                        yield sse("audit", {"events": fresh[-500:]})
                     if approver:
                         approvals = wire.dumps(self._approvals())
                         if approvals != sent_approvals:
@@ -319,7 +319,7 @@ class Console:
                         # this at most this often: the list is rebuilt per wake-up, not per event.
                         await asyncio.sleep(_MIN_GAP)
                     quiet = 0.0 if wakeup.is_set() else quiet + _TICK
-                    if quiet >= _HEARTBEAT_EVERY:
+                    if quiet >= HEARTBEAT_EVERY:
                         quiet = 0.0
                         yield b": keep-alive\n\n"
             finally:
@@ -346,34 +346,34 @@ class Console:
             offset = _int_param(request, "offset", -1, -1, 1 << 62)
             page = await console_view.log_page(session, request.query_params.get("stream", "combined"), offset, limit)
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
-        return _json({**page, "data": base64.b64encode(page["data"]).decode()})
+            return json_response(exc.to_dict(), exc.http_status)
+        return json_response({**page, "data": base64.b64encode(page["data"]).decode()})
 
     async def output(self, request: Request) -> Response:
         """SSE of the output from ``from`` (-1: the last 64 KiB) on, until the session ends."""
         try:
-            agent = _agent()
+            agent = request_agent()
             session = self._session(request)
             stream = request.query_params.get("stream", "combined")
             console_view.view(session, stream)  # a bad name is a 422 now, not a broken stream
             start = _int_param(request, "from", -1, -1, 1 << 62)
             self._check_streams(agent)
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
+            return json_response(exc.to_dict(), exc.http_status)
 
         async def events() -> AsyncIterator[bytes]:
             quiet = 0.0
             async for chunk in console_view.output_chunks(session, stream, start, self.daemon.closing, _TICK):
                 if chunk is None:
                     quiet += _TICK
-                    if quiet >= _HEARTBEAT_EVERY:
+                    if quiet >= HEARTBEAT_EVERY:
                         quiet = 0.0
                         yield b": keep-alive\n\n"
                 elif chunk.get("ended"):
-                    yield _sse("end", {"state": chunk["state"], "exitCode": chunk["exitCode"]})
+                    yield sse("end", {"state": chunk["state"], "exitCode": chunk["exitCode"]})
                 else:
                     quiet = 0.0
-                    yield _sse("data", {**chunk, "data": base64.b64encode(chunk["data"]).decode()})
+                    yield sse("data", {**chunk, "data": base64.b64encode(chunk["data"]).decode()})
 
         return self._sse_response(agent, events())
 
@@ -384,13 +384,13 @@ class Console:
             self._check_change(request)
             session = self._session(request)
             action = request.path_params["action"]
-            body = await _json_body(request)
+            body = await json_body(request)
             outcome = await console_view.act(self.daemon.sup, session, action, body)
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
+            return json_response(exc.to_dict(), exc.http_status)
         self._audit(session, action, outcome)
         self._wake()
-        return _json({"ok": True, "state": session.state.value, "detail": outcome})
+        return json_response({"ok": True, "state": session.state.value, "detail": outcome})
 
     def _audit(self, session: Session, action: str, outcome: str) -> None:
         if self.daemon.audit is None or action == "write":  # keystrokes are not an audit trail's business
@@ -402,7 +402,7 @@ class Console:
                 "operator",
                 "ok",
                 f"{outcome} {session.command[:200]}",
-                decided_by=_agent(),
+                decided_by=request_agent(),
                 process_id=session.id,
             )
         )

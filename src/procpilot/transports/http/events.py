@@ -10,7 +10,7 @@ from typing import Any
 
 from procpilot import wire
 from procpilot.contract import AuditEvent
-from procpilot.transports.http.common import _EVENT_QUEUE
+from procpilot.transports.http.common import EVENT_QUEUE
 
 # -- events ------------------------------------------------------------------------------------
 
@@ -32,10 +32,10 @@ def _camel(name: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
-class _EventQueue:
+class EventQueue:
     """One SSE client's events: bounded, oldest dropped first, with a count of what was dropped."""
 
-    def __init__(self, maxsize: int = _EVENT_QUEUE) -> None:
+    def __init__(self, maxsize: int = EVENT_QUEUE) -> None:
         self.items: deque[tuple[str, dict[str, Any]]] = deque()
         self.maxsize = maxsize
         self.dropped = 0
@@ -49,7 +49,7 @@ class _EventQueue:
         self.wakeup.set()
 
 
-def _sse(kind: str, data: Mapping[str, Any], event_id: int | None = None) -> bytes:
+def sse(kind: str, data: Mapping[str, Any], event_id: int | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
     # wire.dumps: an agent's lone surrogate in one event must not close the stream (and, replayed,
     # every later one); JSON escapes every line break, so the body is one data line

@@ -5,35 +5,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from procpilot import wire
+from procpilot.aio import cancel_and_wait
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
 from procpilot.engine.session import ExitInfo
+from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import SessionNotFound, TooManyConnections
 from procpilot.faces.exec_process import session_resource
 from procpilot.faces.exit_notices import ExitNotices
-from procpilot.transports.http import mcp_sdk
+from procpilot.transports import mcp_sdk
 from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
 from procpilot.transports.http.common import (
-    _LOOPBACK_HOSTS,
-    _PROGRESS_EVERY,
-    _agent,
-    _header,
-    _json,
-    _log,
+    LOOPBACK_HOSTS,
+    PROGRESS_EVERY,
     current_agent,
+    header,
+    json_response,
+    request_agent,
 )
-
-if TYPE_CHECKING:
-    from procpilot.transports.http.rest import Daemon
-
 
 # -- MCP ---------------------------------------------------------------------------------------
 
@@ -76,10 +74,11 @@ class _ScopedBus:
         return unsubscribe
 
 
+_log = logging.getLogger(__name__)
 _mcp_request: ContextVar[Any] = ContextVar("procpilot_mcp_request", default=None)
 
 
-class _McpFace:
+class McpFace:
     """The MCP server of the daemon: the same tools as ``procpilot mcp``, plus exit notifications.
 
     - ``proc://{sessionId}`` is a resource (the session's status as JSON). When a session ends,
@@ -92,21 +91,29 @@ class _McpFace:
     - A call the client cancels stops waiting; it never kills a session.
     """
 
-    def __init__(self, daemon: Daemon, tools: Sequence[ToolSpec]) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        settings: Settings,
+        tools: Sequence[ToolSpec],
+        spawn: Callable[[Awaitable[None]], None],
+    ) -> None:
         from mcp.server.subscriptions import ListenHandler
         from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
 
         from procpilot.transports.mcp import build_mcp_server
 
-        self.daemon = daemon
+        self.sup = supervisor
+        self.settings = settings
+        self.spawn = spawn  # runs a notification as the daemon's own task (ended at shutdown)
         self.bus = _ScopedBus(self._missed)
         self._legacy: dict[str, list[tuple[str, Any]]] = {}
         self._legacy_prune_at = 256
         # Every exit the agent was not told of heads its next result, whatever the client
         # listens to (an SDK client in its default mode listens to nothing unasked).
-        self.notices = ExitNotices(daemon.sup)
+        self.notices = ExitNotices(supervisor)
         wrapped = [self._wrap(self.notices.wrap(spec)) for spec in tools]
-        self.server = build_mcp_server(wrapped, scope=_agent)
+        self.server = build_mcp_server(wrapped, scope=request_agent)
         low = mcp_sdk.lowlevel_server(self.server)
         # The SDK's own bus fans out by URI only; ours also checks the listener's agent.
         mcp_sdk.use_subscription_bus(self.server, self.bus)
@@ -115,11 +122,11 @@ class _McpFace:
         low.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe)
         self.server.middleware.append(self._capture_request)
         self._add_resource()
-        loopback = daemon.settings.server.loopback_only
+        loopback = settings.server.loopback_only
         self.app = self.server.streamable_http_app(
             host="127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104 - only the security default is chosen here
             transport_security=_transport_security(loopback),
-            session_idle_timeout=daemon.settings.server.mcp_session_idle_sec,
+            session_idle_timeout=settings.server.mcp_session_idle_sec,
         )
 
     # -- requests --
@@ -142,7 +149,7 @@ class _McpFace:
             started = time.monotonic()
             try:
                 while True:
-                    done, _ = await asyncio.wait({task}, timeout=_PROGRESS_EVERY)
+                    done, _ = await asyncio.wait({task}, timeout=PROGRESS_EVERY)
                     if done:
                         break
                     elapsed = time.monotonic() - started
@@ -154,9 +161,7 @@ class _McpFace:
                 if not task.done():
                     # The client cancelled: stop waiting. The session itself runs on; only an
                     # explicit kill ends it.
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+                    await cancel_and_wait(task)
             result = task.result()
             self._follow(ctx, scope, spec.name, result.data if not result.is_error else {})
             return result
@@ -179,7 +184,7 @@ class _McpFace:
 
     def _add_legacy(self, session_id: str, agent: str, session: Any) -> None:
         if len(self._legacy) >= self._legacy_prune_at:  # pruned when doubled: no walk per call
-            alive = {s.id for s in self.daemon.sup.all_sessions()}
+            alive = {s.id for s in self.sup.all_sessions()}
             for known in [k for k in self._legacy if k not in alive]:
                 del self._legacy[known]
             self._legacy_prune_at = max(256, 2 * len(self._legacy))
@@ -191,17 +196,17 @@ class _McpFace:
         from mcp.shared.exceptions import MCPError
         from mcp_types import INVALID_PARAMS, EmptyResult
 
-        agent = _agent()
+        agent = request_agent()
         uri = str(params.uri)
         session_id = uri.removeprefix("proc://")
         try:
-            session = self.daemon.sup.get(agent, session_id) if uri.startswith("proc://") else None
+            session = self.sup.get(agent, session_id) if uri.startswith("proc://") else None
         except SessionNotFound:
             session = None
         if session is None:
             raise MCPError(INVALID_PARAMS, f"Resource not found: {uri}", {"uri": uri})
         if session.finished:
-            self.daemon.spawn(_notify_legacy(ctx.session, uri))
+            self.spawn(_notify_legacy(ctx.session, uri))
         else:
             self._add_legacy(session_id, agent, ctx.session)
         return EmptyResult()
@@ -219,7 +224,7 @@ class _McpFace:
     def _missed(self, agent: str) -> list[Any]:
         from mcp.shared.subscriptions import ResourceUpdated
 
-        return [ResourceUpdated(uri=f"proc://{info.session_id}") for info in self.daemon.sup.outage_exits(agent)]
+        return [ResourceUpdated(uri=f"proc://{info.session_id}") for info in self.sup.outage_exits(agent)]
 
     def session_ended(self, info: ExitInfo) -> None:
         from mcp.shared.subscriptions import ResourceUpdated
@@ -228,7 +233,7 @@ class _McpFace:
         self.bus.publish_to(info.scope, ResourceUpdated(uri=uri))
         for agent, session in self._legacy.pop(info.session_id, []):
             if agent == info.scope:
-                self.daemon.spawn(_notify_legacy(session, uri))
+                self.spawn(_notify_legacy(session, uri))
 
     async def close_sessions(self) -> None:
         """End open MCP sessions (their GET streams would keep the server from stopping)."""
@@ -237,12 +242,19 @@ class _McpFace:
             with contextlib.suppress(Exception):
                 await transport.terminate()
 
+    def endpoint(self) -> ASGIApp:
+        """The ``/mcp`` route: the SDK's app behind the per-agent cap on open sessions."""
+        from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+
+        manager = self.server.session_manager
+        return McpSessionCap(StreamableHTTPASGIApp(manager), manager, self.settings.server.mcp_sessions_per_agent)
+
     # -- the resource --
 
     def _add_resource(self) -> None:
         from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 
-        sup = self.daemon.sup
+        sup = self.sup
 
         @self.server.resource(
             "proc://{sessionId}",
@@ -253,7 +265,7 @@ class _McpFace:
         )
         async def read_session(sessionId: str) -> str:  # noqa: N803 - the URI template's variable
             try:
-                session = sup.get(_agent(), sessionId)
+                session = sup.get(request_agent(), sessionId)
             except SessionNotFound:
                 raise ResourceNotFoundError(f"no session {sessionId!r}") from None
             data = session_resource(sup, session)
@@ -273,8 +285,8 @@ def _transport_security(loopback: bool) -> Any:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=[*_LOOPBACK_HOSTS, *(f"{h}:*" for h in _LOOPBACK_HOSTS)],
-        allowed_origins=[f"{s}://{h}{p}" for s in ("http", "https") for h in _LOOPBACK_HOSTS for p in ("", ":*")],
+        allowed_hosts=[*LOOPBACK_HOSTS, *(f"{h}:*" for h in LOOPBACK_HOSTS)],
+        allowed_origins=[f"{s}://{h}{p}" for s in ("http", "https") for h in LOOPBACK_HOSTS for p in ("", ":*")],
     )
 
 
@@ -292,13 +304,6 @@ def guarded_mcp_app(server: Any, settings: Settings, *, open_agent: str) -> ASGI
     )
     auth = TokenAuth(settings.server.tokens, open_agent)
     return AuthMiddleware(inner, auth, loopback_only=loopback, body_timeout=settings.server.body_timeout_sec)
-
-
-def _mcp_endpoint(daemon: Daemon) -> ASGIApp:
-    from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
-
-    manager = daemon.mcp.server.session_manager
-    return McpSessionCap(StreamableHTTPASGIApp(manager), manager, daemon.settings.server.mcp_sessions_per_agent)
 
 
 class McpSessionCap:
@@ -324,16 +329,16 @@ class McpSessionCap:
         return mine
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _header(scope, b"mcp-session-id") is not None or scope["method"] != "POST":
+        if scope["type"] != "http" or header(scope, b"mcp-session-id") is not None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        agent = _agent()
+        agent = request_agent()
         mine = self.open_sessions(agent)
         if len(mine) >= self.per_agent:
             error = TooManyConnections(
                 f"agent {agent!r} already has {len(mine)} MCP sessions open, its limit", limit=self.per_agent
             )
-            await _json(error.to_dict(), error.http_status)(scope, receive, send)
+            await json_response(error.to_dict(), error.http_status)(scope, receive, send)
             return
 
         async def recorded(message: Message) -> None:

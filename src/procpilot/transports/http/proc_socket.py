@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from procpilot import wire
+from procpilot.aio import cancel_and_wait
 from procpilot.engine.session import ExitInfo
-from procpilot.transports.http.common import _log
+from procpilot.engine.supervisor import Supervisor
 
-if TYPE_CHECKING:
-    from procpilot.transports.http.rest import Daemon
+_log = logging.getLogger(__name__)
 
 
 # -- WebSocket: the proc/* protocol ------------------------------------------------------------
@@ -44,9 +44,9 @@ class ProcConnection:
         proc/lagged/event {proc_id, stream_type, first_seq, last_seq, events, offset, bytes}
     """
 
-    def __init__(self, ws: WebSocket, daemon: Daemon, agent: str, handler: Any) -> None:
+    def __init__(self, ws: WebSocket, supervisor: Supervisor, agent: str, handler: Any) -> None:
         self.ws = ws
-        self.daemon = daemon
+        self.sup = supervisor
         self.agent = agent
         self.handler = handler
         # (message, whether it answers a request): an answer holds its request's slot until it
@@ -176,10 +176,10 @@ class ProcConnection:
 
     async def run(self, closing: asyncio.Event) -> None:
         unsubscribe = self.handler.subscribe(self.push)
-        remove_exit = self.daemon.sup.on_exit(self.on_exit)  # after the handler's: its last events go first
+        remove_exit = self.sup.on_exit(self.on_exit)  # after the handler's: its last events go first
         # Exits of the agent's sessions that ended while no server ran: told to nobody yet, so to
         # every connection (a client that spawned them on a connection of the last server).
-        for info in self.daemon.sup.outage_exits(self.agent):
+        for info in self.sup.outage_exits(self.agent):
             self._queue(self.handler.exit_event(info))
         read_task = asyncio.ensure_future(self.reader())
         write_task = asyncio.ensure_future(self.writer())
@@ -189,14 +189,12 @@ class ProcConnection:
         finally:
             unsubscribe()
             remove_exit()
-            for task in (read_task, write_task, close_task, *self.tasks):
-                task.cancel()
-            for task in (read_task, write_task, close_task, *list(self.tasks)):
-                with contextlib.suppress(BaseException):
-                    await task
-            self.handler.close()  # stops pushing; the processes run on (the supervisor owns them)
-            self.outbox.clear()  # what a client that left never read goes now, not at the next GC
-            self.lagged.clear()
+            try:
+                await cancel_and_wait(read_task, write_task, close_task, *self.tasks)
+            finally:
+                self.handler.close()  # stops pushing; the processes run on (the supervisor owns them)
+                self.outbox.clear()  # what a client that left never read goes now, not at the next GC
+                self.lagged.clear()
 
 
 def _proc_error(rid: Any, code: str, message: str, kind: str = "proc/error") -> dict[str, Any]:

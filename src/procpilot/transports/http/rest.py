@@ -1,22 +1,18 @@
-"""The daemon's state and its REST routes: tools, capabilities, approvals, events, the WebSocket."""
+"""The REST routes: tools, capabilities, sessions, approvals, events (SSE), the proc/* WebSocket.
+Each reads the daemon's state (``daemon.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketState
 
-from procpilot.config import Settings
-from procpilot.contract import ToolSpec
-from procpilot.engine.events import EventBus
-from procpilot.engine.session import ExitInfo
-from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import (
     ApprovalForbidden,
     InvalidArgument,
@@ -27,103 +23,47 @@ from procpilot.errors import (
 )
 from procpilot.faces.exec_process import exit_event
 from procpilot.faces.openclaw_profile import profile_for
-from procpilot.transports.http.common import _HEARTBEAT_EVERY, _agent, _error, _json, _json_body, status_for_error
-from procpilot.transports.http.events import _EventQueue, _sse, audit_event, audit_scope
-from procpilot.transports.http.mcp_http import _McpFace
+from procpilot.transports.http.common import (
+    HEARTBEAT_EVERY,
+    error_response,
+    json_body,
+    json_response,
+    request_agent,
+    status_for_error,
+)
+from procpilot.transports.http.daemon import Daemon
+from procpilot.transports.http.events import EventQueue, sse
 from procpilot.transports.http.openapi import build_openapi
 from procpilot.transports.http.operators import acting_scope
 from procpilot.transports.http.proc_socket import ProcConnection
+from procpilot.transports.mcp import procpilot_version
 
-# -- the daemon --------------------------------------------------------------------------------
-
-
-ProcHandlerFactory = Callable[[Supervisor, str], Any]  # (supervisor, agent) -> a proc/* handler
+__all__ = ["Rest"]
 
 
-class Daemon:
-    """Everything behind the app: the tools, the MCP server and its notifications, the streams."""
+class Rest:
+    """The REST routes over one daemon's state."""
 
-    def __init__(
-        self,
-        supervisor: Supervisor,
-        tools: Sequence[ToolSpec],
-        settings: Settings,
-        *,
-        audit: EventBus[Any] | None = None,
-        proc_handler: ProcHandlerFactory | None = None,
-        gate: Any | None = None,
-    ) -> None:
-        self.sup = supervisor
-        self.settings = settings
-        self.gate = gate
-        self.tools = {spec.name: spec for spec in tools}
-        self.audit = audit
-        self.proc_handler = proc_handler
-        self.closing = asyncio.Event()
-        self._queues: set[tuple[str, _EventQueue]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._sockets: set[WebSocket] = set()
-        self.mcp = _McpFace(self, tools)
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
 
-    # -- lifecycle --
-
-    @contextlib.asynccontextmanager
-    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        removers = [self.sup.on_exit(self._on_exit)]
-        if self.audit is not None:
-            removers.append(self.audit.add_callback(self._on_audit))
-        async with self.mcp.server.session_manager.run():
-            try:
-                yield
-            finally:
-                for remove in removers:
-                    remove()
-                await self.begin_shutdown()
-                for task in list(self._tasks):
-                    task.cancel()
-                for task in list(self._tasks):
-                    with contextlib.suppress(BaseException):
-                        await task
-
-    async def begin_shutdown(self) -> None:
-        """End every stream a client holds open (SSE, WebSocket, MCP), so the server can stop."""
-        if self.closing.is_set():
-            return
-        self.closing.set()
-        for _agent_id, queue in list(self._queues):
-            queue.wakeup.set()
-        for ws in list(self._sockets):
-            with contextlib.suppress(Exception):
-                await ws.close(1001)
-        await self.mcp.close_sessions()
-
-    def spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # -- events --
-
-    def _on_exit(self, info: ExitInfo) -> None:
-        event = exit_event(info, profile_for(self.settings))
-        for agent, queue in list(self._queues):
-            if agent == info.scope:
-                queue.put("exit", event)
-        self.mcp.session_ended(info)
-
-    def _on_audit(self, event: Any) -> None:
-        scope = audit_scope(event)
-        if scope is None:
-            return
-        data = audit_event(event)
-        for agent, queue in list(self._queues):
-            if agent == scope:
-                queue.put("audit", data)
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/tools", self.list_tools, methods=["GET"]),
+            Route("/v1/tools/{name:path}", self.call_tool, methods=["POST"]),
+            Route("/v1/events", self.events, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/v1/capabilities", self.capabilities, methods=["GET"]),
+            Route("/v1/sessions", self.sessions, methods=["GET"]),
+            Route("/v1/approvals", self.approvals, methods=["GET"]),
+            Route("/v1/approvals/{request_id}", self.decide, methods=["POST"]),
+            WebSocketRoute("/v1/proc", self.proc_socket),
+        ]
 
     # -- routes --
 
     async def list_tools(self, request: Request) -> Response:
-        _agent()
+        request_agent()
         rows = [
             {
                 "name": spec.name,
@@ -132,85 +72,85 @@ class Daemon:
                 "inputSchema": spec.input_schema(),
                 "meta": spec.meta,
             }
-            for spec in self.tools.values()
+            for spec in self.daemon.tools.values()
         ]
-        return _json({"tools": rows})
+        return json_response({"tools": rows})
 
     async def call_tool(self, request: Request) -> Response:
-        agent = _agent()
+        agent = request_agent()
         name = request.path_params["name"]
         # Either spelling of a dotted name: the CLI says process.logs to a daemon serving process_logs.
-        spec = self.tools.get(name) or self.tools.get(name.replace(".", "_"))
+        spec = self.daemon.tools.get(name) or self.daemon.tools.get(name.replace(".", "_"))
         if spec is None:
-            return _error(
+            return error_response(
                 "UnknownTool",
                 f"no tool named {name!r}",
                 hints={"list_tools": "GET /v1/tools lists the tools; the names are those of MCP."},
             )
         try:
-            arguments = await _json_body(request, "the tool's arguments as a JSON object")
+            arguments = await json_body(request, "the tool's arguments as a JSON object")
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
+            return json_response(exc.to_dict(), exc.http_status)
         try:
             # An operator may act in another agent's scope: POST /v1/tools/NAME?agent=ID.
-            scope = acting_scope(self.settings.server, agent, request.query_params.get("agent"))
+            scope = acting_scope(self.daemon.settings.server, agent, request.query_params.get("agent"))
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
+            return json_response(exc.to_dict(), exc.http_status)
         result = await spec.call(arguments, scope)
         if result.is_error:
             code = str(result.data.get("error", "ProcpilotError"))
-            return _json({**result.data, "text": result.text}, status_for_error(code))
-        return _json({"text": result.text, "data": result.data})
+            return json_response({**result.data, "text": result.text}, status_for_error(code))
+        return json_response({"text": result.text, "data": result.data})
 
     async def capabilities(self, request: Request) -> Response:
-        _agent()
-        return _json(self.sup.capabilities())
+        request_agent()
+        return json_response(self.daemon.sup.capabilities())
 
     def _approver(self) -> tuple[str, Any]:
         """The calling approver and the gate, or the error that says why not."""
-        agent = _agent()
-        if self.gate is None:
+        agent = request_agent()
+        if self.daemon.gate is None:
             raise NotSupported("this build has no policy gate: nothing is ever held for approval")
-        if agent not in self.settings.server.approvers:
+        if agent not in self.daemon.settings.server.approvers:
             raise ApprovalForbidden(f"agent {agent!r} is not an approver")
-        return agent, self.gate
+        return agent, self.daemon.gate
 
     async def sessions(self, request: Request) -> Response:
         """``process`` list of an agent (``?agent=``, default the caller), each row naming it; another
         agent's, or every agent's (``agent=*``), only for approvers, who already see every agent's
         held calls. What ``procpilot ps --agent`` shows."""
         try:
-            caller = _agent()
+            caller = request_agent()
             wanted = request.query_params.get("agent") or caller
-            if wanted != caller and caller not in self.settings.server.approvers:
+            if wanted != caller and caller not in self.daemon.settings.server.approvers:
                 raise ApprovalForbidden(
                     f"agent {caller!r} may list only its own sessions",
                     hints={"own_sessions": "Leave agent out; approvers ([server] approvers) may list any agent's."},
                 )
-            spec = self.tools.get("process")
+            spec = self.daemon.tools.get("process")
             if spec is None:
                 raise NotSupported("the process tool is not served by this daemon ([tools] serve)")
-            scopes = sorted({s.scope for s in self.sup.all_sessions()}) if wanted == "*" else [wanted]
+            scopes = sorted({s.scope for s in self.daemon.sup.all_sessions()}) if wanted == "*" else [wanted]
             rows: list[dict[str, Any]] = []
             for scope in scopes:
                 listed = await spec.call({"action": "list"}, scope)
                 rows += [{**row, "agent": scope} for row in listed.data.get("sessions", [])]
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), status_for_error(exc.code))
-        return _json({"sessions": rows})
+            return json_response(exc.to_dict(), status_for_error(exc.code))
+        return json_response({"sessions": rows})
 
     async def approvals(self, request: Request) -> Response:
         try:
             _approver, gate = self._approver()
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), status_for_error(exc.code))
-        return _json({"approvals": [r.public() for r in gate.pending()]})
+            return json_response(exc.to_dict(), status_for_error(exc.code))
+        return json_response({"approvals": [r.public() for r in gate.pending()]})
 
     async def decide(self, request: Request) -> Response:
         try:
             agent, gate = self._approver()
             request_id = request.path_params["request_id"]
-            body = await _json_body(request)
+            body = await json_body(request)
             decision, reason = body.get("decision"), body.get("reason")
             if decision not in ("approve", "deny") or not (reason is None or isinstance(reason, str)):
                 raise InvalidArgument('send {"decision": "approve" | "deny", "reason": "..."}', field="decision")
@@ -222,76 +162,74 @@ class Daemon:
                 raise SelfApprovalDenied(f"agent {agent!r} cannot decide its own request {request_id}")
             decided = gate.decide(request_id, decision == "approve", approver=agent, reason=reason)
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), status_for_error(exc.code))
-        return _json({"approval": decided.public()})
+            return json_response(exc.to_dict(), status_for_error(exc.code))
+        return json_response({"approval": decided.public()})
 
     async def openapi(self, request: Request) -> Response:
-        _agent()
-        from procpilot.transports.mcp import _version
-
-        return JSONResponse(build_openapi(list(self.tools.values()), _version()))
+        request_agent()
+        return JSONResponse(build_openapi(list(self.daemon.tools.values()), procpilot_version()))
 
     async def events(self, request: Request) -> Response:
         try:
             # An operator may follow another agent's stream: GET /v1/events?agent=ID.
-            agent = acting_scope(self.settings.server, _agent(), request.query_params.get("agent"))
+            agent = acting_scope(self.daemon.settings.server, request_agent(), request.query_params.get("agent"))
         except ProcpilotError as exc:
-            return _json(exc.to_dict(), exc.http_status)
-        queue = _EventQueue()
+            return json_response(exc.to_dict(), exc.http_status)
+        queue = EventQueue()
         entry = (agent, queue)
-        self._queues.add(entry)
+        self.daemon.queues.add(entry)
         # What ended while no server ran was told to nobody: every stream of the agent hears it.
-        for info in self.sup.outage_exits(agent):
-            queue.put("exit", exit_event(info, profile_for(self.settings)))
+        for info in self.daemon.sup.outage_exits(agent):
+            queue.put("exit", exit_event(info, profile_for(self.daemon.settings)))
 
         async def stream() -> AsyncIterator[bytes]:
             counter = 0
             reported = 0
             try:
-                yield b"retry: 3000\n\n" + _sse("ready", {"agent": agent})
-                while not self.closing.is_set():
+                yield b"retry: 3000\n\n" + sse("ready", {"agent": agent})
+                while not self.daemon.closing.is_set():
                     if queue.dropped > reported:
-                        yield _sse("dropped", {"count": queue.dropped - reported})
+                        yield sse("dropped", {"count": queue.dropped - reported})
                         reported = queue.dropped
                     if queue.items:
                         kind, data = queue.items.popleft()
                         counter += 1
-                        yield _sse(kind, data, counter)
+                        yield sse(kind, data, counter)
                         continue
                     queue.wakeup.clear()
                     try:
-                        await asyncio.wait_for(queue.wakeup.wait(), _HEARTBEAT_EVERY)
+                        await asyncio.wait_for(queue.wakeup.wait(), HEARTBEAT_EVERY)
                     except TimeoutError:
                         yield b": keep-alive\n\n"
             finally:
-                self._queues.discard(entry)
+                self.daemon.queues.discard(entry)
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def proc_socket(self, ws: WebSocket) -> None:
-        agent = _agent()
-        if self.proc_handler is None:
+        agent = request_agent()
+        if self.daemon.proc_handler is None:
             await ws.close(1011, "the proc/* protocol is not available in this build")
             return
         try:
-            handler = self.proc_handler(self.sup, agent)
+            handler = self.daemon.proc_handler(self.daemon.sup, agent)
         except ProcpilotError as exc:
             await ws.close(1011, f"{exc.code}: {exc.message}"[:120])
             return
-        open_here = sum(1 for other in self._sockets if other.scope.get("procpilot.agent") == agent)
-        if open_here >= self.settings.server.websockets_per_agent:
+        open_here = sum(1 for other in self.daemon.sockets if other.scope.get("procpilot.agent") == agent)
+        if open_here >= self.daemon.settings.server.websockets_per_agent:
             handler.close()
             error = TooManyConnections(f"agent {agent!r} already has {open_here} proc/* WebSockets open, its limit")
-            await ws.send_denial_response(_json(error.to_dict(), error.http_status))
+            await ws.send_denial_response(json_response(error.to_dict(), error.http_status))
             return
         await ws.accept()
         ws.scope["procpilot.agent"] = agent
-        self._sockets.add(ws)
+        self.daemon.sockets.add(ws)
         try:
-            await ProcConnection(ws, self, agent, handler).run(self.closing)
+            await ProcConnection(ws, self.daemon.sup, agent, handler).run(self.daemon.closing)
         finally:
-            self._sockets.discard(ws)
+            self.daemon.sockets.discard(ws)
             if ws.client_state is WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):
-                    await ws.close(1001 if self.closing.is_set() else 1000)
+                    await ws.close(1001 if self.daemon.closing.is_set() else 1000)
