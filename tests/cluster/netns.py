@@ -133,7 +133,7 @@ class Cluster:
 
     def kill_worker_node(self) -> int:
         """What a dead host looks like: the worker's raylet and every process under it, SIGKILLed."""
-        raylets = [p for p, cmd in self._cmdlines() if p.name() == "raylet" and WORKER_RESOURCE in " ".join(cmd)]
+        raylets = [p for p, cmd in self._cmdlines() if _named(p, "raylet") and WORKER_RESOURCE in " ".join(cmd)]
         assert len(raylets) == 1, [cmd for _, cmd in self._cmdlines()]
         doomed = [raylets[0], *raylets[0].children(recursive=True)]
         for p in doomed:
@@ -226,3 +226,11 @@ def tool(client: httpx2.Client, name: str, **arguments: Any) -> dict[str, Any]:
     body: dict[str, Any] = response.json()
     body["status_code"] = response.status_code
     return body
+
+
+def _named(process: psutil.Process, name: str) -> bool:
+    """Whether ``process`` is called ``name``; False once it has gone (listed, then ended)."""
+    try:
+        return bool(process.name() == name)
+    except psutil.Error:
+        return False

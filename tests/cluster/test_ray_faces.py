@@ -176,16 +176,28 @@ async def test_a_remote_log_is_paged_from_its_node_past_the_daemons_copy(cluster
         # By byte, at several offsets and sizes, through every face that pages.
         for offset, limit in ((3_000_000, 100), (2_500_000, 3 << 20), (len(SEQ_BYTES) - 10, 100)):
             want = SEQ_BYTES[offset : offset + limit]
-            logs = ok(tool(h, "process.logs", process_id=sid, stream="stdout", offset=offset, limit=limit))
-            assert logs["stdout"].encode() == want
+            assert _paged(h, sid, offset, limit) == want
             console = h.get(f"/console/api/sessions/agent-f/{sid}/log", params={"offset": offset, "limit": 4096})
             assert base64.b64decode(console.json()["data"]) == SEQ_BYTES[offset : offset + 4096]
-        whole = ok(tool(h, "process.logs", process_id=sid, stream="stdout"))  # no limit: all of it
-        assert whole["stdout"].encode() == SEQ_BYTES
+        assert _paged(h, sid, 0, None) == SEQ_BYTES  # no limit: all of it, a result's budget a page
     async with ProcsClient(f"unix://{cluster.socket}", TOKEN) as procs:
         req = {"type": "proc/log/req", "proc_id": sid, "stream_type": "stdout", "offset": 4_000_000, "limit": 1000}
         proc_page = await procs.request(req)
         assert proc_page["data"].encode() == SEQ_BYTES[4_000_000:4_001_000]
+
+
+def _paged(h: Any, sid: str, offset: int, limit: int | None) -> bytes:
+    """process.logs from ``offset`` on, page after page (each within a result's budget, the next
+    one at ``stdout_next_offset``), until ``limit`` bytes (None: the end)."""
+    got = b""
+    while limit is None or len(got) < limit:
+        left = None if limit is None else limit - len(got)
+        page = ok(tool(h, "process.logs", process_id=sid, stream="stdout", offset=offset, limit=left))
+        got += page["stdout"].encode()
+        if page["stdout_next_offset"] is None or page["stdout_next_offset"] <= offset:
+            break
+        offset = page["stdout_next_offset"]
+    return got
 
 
 async def test_a_gone_nodes_log_serves_what_the_daemon_holds_and_refuses_the_rest(cluster: Cluster) -> None:
