@@ -207,7 +207,7 @@ async def test_scripts_holding_shell_syntax_are_refused_before_they_run(
     async with openclaw() as client:
         text, _, err = await call(client, "exec", command=command)
         assert err and text.startswith("ScriptHasShellSyntax")
-        assert "line" in text and "$DM_JSON" in text
+        assert "$DM_JSON" in text
 
 
 async def test_a_script_with_dollars_only_in_strings_runs(openclaw: Connect, workspace: Path) -> None:
@@ -215,6 +215,73 @@ async def test_a_script_with_dollars_only_in_strings_runs(openclaw: Connect, wor
     async with openclaw() as client:
         _, data, err = await call(client, "exec", command="python3 ok.py")
         assert not err and data["output"] == "$5\n"
+
+
+async def test_the_refusal_reads_as_openclaws(openclaw: Connect, workspace: Path) -> None:
+    (workspace / "bad.py").write_text("import json\n# an agent wrote shell:\npayload = $DM_JSON\n")
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command="python3 bad.py")
+        assert err
+        assert "exec preflight: detected likely shell variable injection ($DM_JSON) in python script: bad.py:3." in text
+        assert 'In Python, use os.environ.get("DM_JSON") instead of raw $DM_JSON.' in text
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "node --require ./bad.js app.js",
+        "node -r bad.js",
+        "node --import bad.js",
+        "node --require=bad.js -e 'console.log(1)'",
+        "node --import=./bad.js -e 'console.log(1)'",
+    ],
+)
+async def test_node_preload_modules_are_checked_like_the_script(
+    openclaw: Connect, workspace: Path, command: str
+) -> None:
+    (workspace / "bad.js").write_text("const value = $DM_JSON;\n")
+    (workspace / "app.js").write_text("console.log('ok');\n")
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command=command)
+        assert err and "exec preflight: detected likely shell variable injection ($DM_JSON) in node script" in text
+
+
+@pytest.mark.parametrize("command", ["cat bad.py | python3", "python3 <(cat bad.py)"])
+async def test_a_script_the_preflight_cannot_read_fails_closed(
+    openclaw: Connect, workspace: Path, command: str
+) -> None:
+    (workspace / "bad.py").write_text("print('fine')\n")  # refused for the form, whatever it holds
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command=f"bash -c {command!r}")
+        assert err and text.startswith("ScriptNotCheckable")
+        assert "exec preflight: complex interpreter invocation detected" in text
+        # An interpreter that reads no script on the other side of a pipe is left alone.
+        _, data, err = await call(client, "exec", command="echo bad.py | python3 --version")
+        assert not err and data["exitCode"] == 0
+
+
+async def test_a_shell_line_saved_as_a_script_is_refused(openclaw: Connect, workspace: Path) -> None:
+    # $TMPDIR is inside a string, but on the first line of code: the whole line is shell, not JavaScript.
+    (workspace / "bad.js").write_text('// written by an agent\nNODE "$TMPDIR/hot.json"\nconsole.log("hi");\n')
+    (workspace / "ok.js").write_text('console.log("ok");\nconst s = "$HOME";\n')  # later lines: strings are text
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command="node bad.js")
+        assert err and "shell variable injection ($TMPDIR) in node script: bad.js:2." in text
+        _, data, err = await call(client, "exec", command="node ok.js")
+        assert not err and data["output"] == "ok\n"
+
+
+async def test_only_scripts_inside_the_workdir_are_read(openclaw: Connect, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    (workspace / "outside.py").write_text("payload = $DM_JSON\n")
+    async with openclaw() as client:
+        _, data, err = await call(client, "exec", command="python3 ../outside.py", workdir="sub")
+        assert not err and data["exitCode"] == 1  # it ran: Python's own SyntaxError, as in OpenClaw
+        (workspace / "sub" / "link.py").symlink_to(workspace / "outside.py")  # a link does not lead it out
+        _, data, err = await call(client, "exec", command="python3 link.py", workdir="sub")
+        assert not err and data["exitCode"] == 1
+        text, _, err = await call(client, "exec", command="python3 outside.py")  # the same file, from its own dir
+        assert err and "$DM_JSON" in text
 
 
 async def test_preflight_is_opt_in_outside_the_profile(tmp_path: Path, workspace: Path, ours: Connect) -> None:
