@@ -87,6 +87,15 @@ async def test_failed_is_kept_for_timeouts_signals_and_what_the_shell_cannot_run
         assert text.endswith("Process exited with signal SIGTERM.")
 
 
+async def test_a_timeout_says_to_rerun_with_a_higher_timeout(tmp_path: Path, workspace: Path) -> None:
+    advice = "If this command is expected to take longer, re-run with a higher timeout (e.g., exec timeout=300)."
+    async for sup in _supervisor(tmp_path / "t", workspace, profile="openclaw", timeout_sec=1):
+        async with _connect(sup)() as client:
+            text, data, _ = await call(client, "exec", command="sleep 30")  # the default timeout, 1 s here
+            assert data["status"] == "failed"
+            assert text == f"Command timed out after 1 seconds. {advice}"
+
+
 async def test_ours_keeps_spec_002s_vocabulary(ours: Connect) -> None:
     async with ours() as client:
         text, data, _ = await call(client, "exec", command="exit 3")
@@ -143,6 +152,12 @@ async def test_tool_descriptions_send_the_agent_to_process_to_confirm_completion
         tools = {t.name: t.description or "" for t in (await client.list_tools()).tools}
         assert "confirm it completed" in tools["exec"]
         assert "completed or failed" in tools["process"]
+        # OpenClaw's own guidance: what each tool is for, and what not to use it for.
+        assert "Use process whenever you need logs, status, input, or intervention." in tools["exec"]
+        assert "Do not use exec sleep or delay loops for reminders or deferred follow-ups." in tools["exec"]
+        assert "Use pty=true for TTY-required commands (terminal UIs, coding agents)." in tools["exec"]
+        assert "Use write/send-keys/submit/paste/kill for input or intervention." in tools["process"]
+        assert "Do not use process polling to emulate timers or reminders." in tools["process"]
 
 
 # -- 5. OPENCLAW_SHELL ---------------------------------------------------------------------------
@@ -166,12 +181,22 @@ async def test_home_end_are_vt_keys_and_a_bad_hex_element_is_skipped_with_a_warn
         sent = {"literal": "a", "hex": ["62", "zz"], "keys": ["Home", "End"]}
         text, data, err = await call(client, "process", action="send-keys", sessionId=sid, **sent)
         assert not err and data["warnings"] == ["hex[1] = 'zz' is not a byte in hex: skipped"]
-        assert "[warning: hex[1]" in text
+        # OpenClaw's answer: the bytes that went (a, b, ESC[1~, ESC[4~), then the warnings listed.
+        assert text == f"Sent 10 bytes to session {sid}.\nWarnings:\n- hex[1] = 'zz' is not a byte in hex: skipped"
         await call(client, "process", action="write", sessionId=sid, data="\n", eof=True)
         await wait(client, sid)
         _, log, _ = await call(client, "process", action="log", sessionId=sid)
         # literal, hex, keys, in that order: a b ESC[1~ ESC[4~
         assert log["output"].split() == ["61", "62", "1b", "5b", "31", "7e", "1b", "5b", "34", "7e"]
+
+
+async def test_send_keys_answers_sent_n_bytes_to_session(openclaw: Connect, ours: Connect) -> None:
+    for connect, expected in ((openclaw, "Sent 3 bytes to session {}."), (ours, "wrote 3 bytes to session {}")):
+        async with connect() as client:
+            sid = await run_bg(client, "sleep 30")
+            text, data, err = await call(client, "process", action="send-keys", sessionId=sid, keys=["C-a", "x", "y"])
+            assert not err and text == expected.format(sid) and data["bytesWritten"] == 3
+            await call(client, "process", action="kill", sessionId=sid)
 
 
 async def test_ours_refuses_a_bad_hex_element(ours: Connect) -> None:
