@@ -154,10 +154,10 @@ async def test_tool_descriptions_send_the_agent_to_process_to_confirm_completion
         assert "completed or failed" in tools["process"]
         # OpenClaw's own guidance: what each tool is for, and what not to use it for.
         assert "Use process whenever you need logs, status, input, or intervention." in tools["exec"]
-        assert "Do not use exec sleep or delay loops for reminders or deferred follow-ups." in tools["exec"]
-        assert "Use pty=true for TTY-required commands (terminal UIs, coding agents)." in tools["exec"]
+        assert "Do not use exec sleep or delay loops for reminders." in tools["exec"]
+        assert "Use pty=true for TTY-required commands." in tools["exec"]
         assert "Use write/send-keys/submit/paste/kill for input or intervention." in tools["process"]
-        assert "Do not use process polling to emulate timers or reminders." in tools["process"]
+        assert "Do not use process polling to emulate timers." in tools["process"]
 
 
 # -- 5. OPENCLAW_SHELL ---------------------------------------------------------------------------

@@ -57,21 +57,17 @@ PROCESS_DESCRIPTION = (
     "clear; remove (kill, clear)."
 )
 
-# OpenClaw's own descriptions and guidance, less what names a tool we do not serve (cron) or a wake we
-# do not have; process also has wait here. Within tests/faces/test_definitions.py's size cap.
+# OpenClaw's own descriptions and guidance, cut to fit the definition size cap (1,600 characters with
+# the schema) and less what names a tool we do not serve (cron); process also has wait here.
 _OPENCLAW_EXEC_DESCRIPTION = (
     "Execute shell commands with background continuation. Use yieldMs/background to continue later via "
-    "process tool. Backgrounded, it is not done: confirm it completed with process (poll/wait) before "
-    "relying on it. Use process whenever you need logs, status, input, or "
-    "intervention. Do not use exec sleep or delay loops for reminders or deferred follow-ups. Use pty=true "
-    "for TTY-required commands (terminal UIs, coding agents)."
+    "process tool; confirm it completed there (poll/wait). Use process whenever you need logs, status, input, "
+    "or intervention. Do not use exec sleep or delay loops for reminders. Use pty=true for TTY-required commands."
 )
 _OPENCLAW_PROCESS_DESCRIPTION = (
-    "Manage running exec sessions for commands already started: list, poll, log, wait, write, send-keys, "
-    "submit, paste, kill, clear, remove. Use poll/log/wait when you need status, logs, quiet-success or "
-    "completion confirmation: until status is completed or failed, it is not done. Use "
-    "write/send-keys/submit/paste/kill for input or intervention. Do not use process polling to emulate "
-    "timers or reminders."
+    "Manage running exec sessions: list, poll, log, wait, write, send-keys, submit, paste, kill, clear, remove. "
+    "Poll/wait until status is completed or failed before treating a command as done. Use "
+    "write/send-keys/submit/paste/kill for input or intervention. Do not use process polling to emulate timers."
 )
 # OpenClaw's advice after a timeout: the agent's next move is a higher timeout or the background.
 _RERUN = "If this command is expected to take longer, re-run with a higher timeout (e.g., exec timeout=300)."
