@@ -309,6 +309,22 @@ async def test_only_scripts_inside_the_workdir_are_read(openclaw: Connect, works
         assert err and "$DM_JSON" in text
 
 
+@pytest.mark.parametrize(
+    ("source", "token"),
+    [('text = "ok"\rpayload = $C\n', "$C"), ('text = "ok\rpayload = $E\n', "$E"), ("# note\rpayload = $D\n", "$D")],
+)
+async def test_a_lone_cr_ends_a_line_as_python_reads_it(
+    openclaw: Connect, workspace: Path, source: str, token: str
+) -> None:
+    (workspace / "bad.py").write_bytes(source.encode())
+    (workspace / "ok.py").write_bytes(b'continued = "text \\\r\n$U"\r\nprint(continued)\r\n')  # a continued string
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command="python3 bad.py")
+        assert err and f"shell variable injection ({token})" in text
+        _, data, err = await call(client, "exec", command="python3 ok.py")
+        assert not err and data["output"] == "text $U\n"
+
+
 async def test_preflight_is_opt_in_outside_the_profile(tmp_path: Path, workspace: Path, ours: Connect) -> None:
     (workspace / "bad.py").write_text("payload = $DM_JSON\n")
     async with ours() as client:

@@ -123,26 +123,27 @@ def _run_of(program: str, args: tuple[str | None, ...]) -> _Run | None:
 
 
 # Comments and strings, each matched whole (an unterminated one runs to the end of its line, or of
-# the text for a triple-quoted string, a block comment or a template literal).
+# the text for a triple-quoted string, a block comment or a template literal). A lone CR ends a line
+# as LF does (Python reads it so); a backslash before a line end continues the string.
 _PY_SKIP = re.compile(
     "|".join(
         (
-            r"#[^\n]*",
+            r"#[^\n\r]*",
             r'"""[\s\S]*?(?:"""|\Z)',
             r"'''[\s\S]*?(?:'''|\Z)",
-            r'"(?:\\.|[^"\\\n])*"?',
-            r"'(?:\\.|[^'\\\n])*'?",
+            r'"(?:\\(?:\r\n|[\s\S])|[^"\\\n\r])*"?',
+            r"'(?:\\(?:\r\n|[\s\S])|[^'\\\n\r])*'?",
         )
     )
 )
 _JS_SKIP = re.compile(
     "|".join(
         (
-            r"//[^\n]*",
+            r"//[^\n\r]*",
             r"/\*[\s\S]*?(?:\*/|\Z)",
             r"`(?:\\[\s\S]|[^`\\])*`?",
-            r'"(?:\\.|[^"\\\n])*"?',
-            r"'(?:\\.|[^'\\\n])*'?",
+            r'"(?:\\(?:\r\n|[\s\S])|[^"\\\n\r])*"?',
+            r"'(?:\\(?:\r\n|[\s\S])|[^'\\\n\r])*'?",
         )
     )
 )
