@@ -612,10 +612,9 @@ class ExecProcessFace:
             params.literal, params.hex, params.keys, app_cursor=session.terminal.app_cursor_keys
         )
         result = await self._send(session, params, scope, payload)
-        if not warnings:
-            return result
-        text = result.text + "".join(f"\n[warning: {w}]" for w in warnings)
-        return ToolResult(text, result.data | {"warnings": warnings})
+        complete = result.data["bytesNotWritten"] == 0
+        text = self.profile.keys_text(result.text, len(payload), session.id, warnings, complete=complete)
+        return ToolResult(text, result.data | ({"warnings": warnings} if warnings else {}))
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         # A terminal's Enter is CR; a pipe reader wants LF.
