@@ -640,3 +640,20 @@ async def test_list_keeps_within_the_result_budget(settings: Settings) -> None:
         assert shown == [s["sessionId"] for s in reversed(started)][: len(shown)] and 1 <= len(shown) < 6
         assert listed.data["total"] == 6 and listed.data["omitted"] == 6 - len(shown)
         assert f"[{6 - len(shown)} older sessions not listed" in listed.text
+
+
+def _with_exec(settings: Settings, **exec_keys: Any) -> Settings:
+    tools = settings.tools.model_copy(update={"exec": settings.exec.model_copy(update=exec_keys)})
+    return settings.model_copy(update={"tools": tools})
+
+
+async def test_spec001_yieldms_null_stays_in_foreground(settings: Settings) -> None:
+    """Spec 001: ``yieldMs`` "(null = stay foreground)": the call waits for the end, past the
+    default yield, where an omitted yieldMs backgrounds at it."""
+    async with Supervisor(_with_exec(settings, background_ms=50)) as sup:
+        tools = {spec.name: spec for spec in exec_process_tools(sup)}
+        held = await tools["exec"].handler({"command": "sleep 0.4; echo late", "yieldMs": None}, "a")
+        assert held.data["status"] == "done" and held.data["output"] == "late\n"
+        moved = await tools["exec"].handler({"command": "sleep 0.4; echo late"}, "a")
+        assert moved.data["status"] == "running"
+        await tools["process"].handler({"action": "remove", "sessionId": moved.data["sessionId"]}, "a")

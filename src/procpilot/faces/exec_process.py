@@ -118,7 +118,7 @@ class ExecParams(BaseModel):
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
         None,
         le=_MAX_COUNT,
-        description="ms before it moves to the background (default 10000).",
+        description="ms before it moves to the background (default 10000; null: never).",
     )
     background: bool = Field(False, description="Return at once; the run goes on.")
     timeout: float | None = Field(
@@ -349,6 +349,10 @@ class ExecProcessFace:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
         elif params.background:
             yield_ms = 0
+        elif "yieldMs" in arguments and arguments["yieldMs"] is None:
+            # Spec 001: an explicit null stays in the foreground (the timeout still bounds it);
+            # parse_arguments reads a null as "the default", so the raw arguments tell.
+            yield_ms = None
         else:
             yield_ms = self.cfg.background_ms if params.yieldMs is None else min(max(params.yieldMs, 10), 120_000)
         session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
