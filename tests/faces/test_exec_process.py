@@ -657,3 +657,42 @@ async def test_spec001_yieldms_null_stays_in_foreground(settings: Settings) -> N
         moved = await tools["exec"].handler({"command": "sleep 0.4; echo late"}, "a")
         assert moved.data["status"] == "running"
         await tools["process"].handler({"action": "remove", "sessionId": moved.data["sessionId"]}, "a")
+
+
+_IGNORES_TERM = "trap '' TERM; echo up; sleep 30"
+
+
+async def test_spec001_timeout_sigkill_finalized_1s_later(tools: Tools) -> None:
+    """Spec 001, "Timeout Enforcement": SIGKILL when the timeout expires, finalized 1 s later. A
+    tree that ignores SIGTERM is gone within the 1 s grace of the SIGTERM sent first, and the
+    text names the signals (it once overran a 2 s timeout by 5 s and said "after 6002 ms")."""
+    result = await tools["exec"].handler({"command": _IGNORES_TERM, "timeout": 0.5, "yieldMs": None}, "a")
+    assert result.data["state"] == "timed_out" and result.data["exitSignal"] == "SIGKILL"
+    assert result.data["durationMs"] < 0.5 * 1000 + 1000 + 700
+    assert "timed out at the 0.5 s limit; SIGTERM, then SIGKILL 1 s later" in result.text
+
+
+async def test_spec001_kill_sends_sigkill(tools: Tools) -> None:
+    """Spec 001: ``kill`` "Send SIGKILL to process": a tree that ignores SIGTERM is SIGKILLed
+    within the 1 s grace, and the result says so."""
+    started = await tools["exec"].handler({"command": _IGNORES_TERM, "background": True}, "a")
+    sid = started.data["sessionId"]
+    await tools["process"].handler({"action": "wait", "sessionId": sid, "pattern": "up", "timeout": 10_000}, "a")
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    killed = await tools["process"].handler({"action": "kill", "sessionId": sid}, "a")
+    assert loop.time() - begun < 1.7
+    assert killed.data["status"] == "killed" and killed.data["exitSignal"] == "SIGKILL"
+    assert "SIGTERM, then SIGKILL 1 s later" in killed.text
+
+
+async def test_spec001_kill_grace_zero_is_sigkill_at_once(settings: Settings) -> None:
+    """Spec 001's letter behind ``killGraceSec = 0``: kill and timeout send SIGKILL first (no
+    SIGTERM that, with no grace, would never be followed by SIGKILL)."""
+    async with Supervisor(_with_exec(settings, kill_grace_sec=0.0)) as sup:
+        tools = {spec.name: spec for spec in exec_process_tools(sup)}
+        timed = await tools["exec"].handler({"command": _IGNORES_TERM, "timeout": 0.3, "yieldMs": 5000}, "a")
+        assert timed.data["state"] == "timed_out" and timed.data["exitSignal"] == "SIGKILL"
+        started = await tools["exec"].handler({"command": _IGNORES_TERM, "background": True}, "a")
+        killed = await tools["process"].handler({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
+        assert killed.data["status"] == "killed" and killed.data["signalSent"] == "SIGKILL"

@@ -274,9 +274,10 @@ class ExecProcessFace:
     def _ending(self, session: Session) -> str:
         if session.state is SessionState.TIMED_OUT:
             why = "; it was waiting for input on stdin" if session.timed_out_waiting_for_input else ""
-            return f"timed out after {session.duration_ms} ms{why}; the process tree was ended"
+            limit = f"{session.spec.timeout:g} s" if session.spec.timeout else "its"
+            return f"timed out at the {limit} limit{why}; {self._signals(session)}"
         if session.state is SessionState.KILLED:
-            return f"killed ({session.signal_sent or session.exit_signal}) after {session.duration_ms} ms"
+            return f"killed: {self._signals(session)}"
         if session.state is SessionState.LIMIT_EXCEEDED:
             return f"ended by its memory limit after {session.duration_ms} ms"
         if session.state is SessionState.FAILED_TO_START:
@@ -288,6 +289,17 @@ class ExecProcessFace:
         if missing is not None:
             how += f": the shell found no command {missing!r} (check the name; `command -v {missing}`)"
         return f"{how} after {session.duration_ms} ms"
+
+    def _signals(self, session: Session, first: str | None = None) -> str:
+        """Which signals ended the tree, and when it was gone (a timeout's text once said "after
+        6002 ms" for a 2 s timeout, hiding the grace period spent after it). ``first``: the signal
+        sent first, where known (a timeout's is SIGTERM unless there is no grace)."""
+        if first is None and session.state is SessionState.TIMED_OUT:
+            first = "SIGTERM" if session.kill_grace else "SIGKILL"
+        sent = session.signal_sent or session.exit_signal
+        if sent == "SIGKILL" and first not in (None, "SIGKILL"):
+            sent = f"{first}, then SIGKILL {session.kill_grace:g} s later"
+        return f"{sent} sent to the process tree; it was gone {session.duration_ms} ms after the start"
 
     async def _show(self, session: Session, stream: Stream, start: int, start_line: int, limit: int) -> Shown:
         """What a result shows of the output from ``start`` on: head and tail within ``limit``
@@ -641,9 +653,12 @@ class ExecProcessFace:
                 field="signal",
             )
         grace = self.cfg.kill_grace_sec
+        if name == "SIGTERM" and not grace:
+            name = "SIGKILL"  # killGraceSec 0: spec 001's kill, SIGKILL at once
         await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
         data = self._summary(session) | {"signalSent": session.signal_sent}
-        return ToolResult(f"[{self.profile.of(session)}: {self._ending(session)}]", data)
+        ending = f"killed: {self._signals(session, name)}" if session.state is SessionState.KILLED else self._ending(session)
+        return ToolResult(f"[{self.profile.of(session)}: {ending}]", data)
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         self.sup.clear(scope, session.id)
