@@ -593,12 +593,25 @@ async def test_exec_resolves_a_relative_workdir_against_the_workspace(tools: Too
     assert result.data["output"] == f"{root / 'sub'}\n"
 
 
-async def test_the_default_timeout_is_for_the_foreground(tools: Tools, supervisor: Supervisor) -> None:
+async def test_spec001_timeout_default_1800s_bounds_background_runs(tools: Tools, supervisor: Supervisor) -> None:
+    """Specs 001/002/004: ``timeout`` defaults to 1800 s, for ``background: true`` too (timeout 0
+    lets a dev server run on); the openclaw profile keeps OpenClaw's unbounded background runs."""
     background = await tools["exec"].call({"command": "sleep 30", "background": True}, "a")
+    unbounded = await tools["exec"].call({"command": "sleep 30", "background": True, "timeout": 0}, "a")
     foreground = await tools["exec"].call({"command": "sleep 0.1", "yieldMs": 10, "timeout": 0.05}, "a")
-    assert supervisor.get("a", background.data["sessionId"]).spec.timeout is None  # a dev server runs on
+    assert supervisor.get("a", background.data["sessionId"]).spec.timeout == 1800
+    assert supervisor.get("a", unbounded.data["sessionId"]).spec.timeout is None
     assert supervisor.get("a", foreground.data["sessionId"]).spec.timeout == 0.05  # fractions are seconds
-    await tools["process"].call({"action": "kill", "sessionId": background.data["sessionId"]}, "a")
+    for started in (background, unbounded):
+        await tools["process"].call({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
+    tools_settings = supervisor.settings.tools.model_copy(
+        update={"exec": supervisor.settings.exec.model_copy(update={"profile": "openclaw"})}
+    )
+    async with Supervisor(supervisor.settings.model_copy(update={"tools": tools_settings})) as openclaw:
+        oc_tools = {spec.name: spec for spec in exec_process_tools(openclaw)}
+        started = await oc_tools["exec"].call({"command": "sleep 30", "background": True}, "a")
+        assert openclaw.get("a", started.data["sessionId"]).spec.timeout is None
+        await oc_tools["process"].call({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
 
 
 async def test_list_says_which_sessions_wait_for_input(tools: Tools) -> None:

@@ -330,9 +330,10 @@ class ExecProcessFace:
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
         check_os_string("command", params.command)
-        # The configured default bounds foreground work; a run started in the background on
-        # purpose (a dev server, a watcher) runs until it ends or is killed, unless it says.
-        default = None if params.background else self.cfg.timeout_sec
+        # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
+        # server asks for timeout 0); the openclaw profile lets `background: true` run on, as
+        # OpenClaw does.
+        default = None if params.background and not self.profile.background_timeout else self.cfg.timeout_sec
         timeout = default if params.timeout is None else params.timeout
         # The engine's fences, as for every face: a workdir outside the workspace (.., absolute,
         # a symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
