@@ -16,6 +16,7 @@ from procpilot.config import Settings
 from procpilot.contract import ToolResult, ToolSpec
 from procpilot.engine.capture import Stream
 from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.all_tools import all_tools, served
 from procpilot.faces.exec_process import ExecParams, exec_process_tools
 from procpilot.transports.mcp import build_mcp_server
 
@@ -709,3 +710,15 @@ async def test_spec001_kill_grace_zero_is_sigkill_at_once(settings: Settings) ->
         started = await tools["exec"].handler({"command": _IGNORES_TERM, "background": True}, "a")
         killed = await tools["process"].handler({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
         assert killed.data["status"] == "killed" and killed.data["signalSent"] == "SIGKILL"
+
+
+async def test_spec004_process_tool_not_served_exec_runs_synchronously(settings: Settings) -> None:
+    """Spec 004: "If the process tool is disallowed, exec runs synchronously and ignores
+    yieldMs/background", also when it is left out of the served set (--tools exec,process.run):
+    a sessionId handed back then named a run nothing could manage."""
+    picked = settings.model_copy(update={"tools": settings.tools.model_copy(update={"serve": ("exec", "process.run")})})
+    async with Supervisor(picked) as sup:
+        tools = {spec.name: spec for spec in served(all_tools(sup), picked)}
+        assert set(tools) == {"exec", "process.run"}
+        result = await tools["exec"].call({"command": "sleep 0.2; echo late", "background": True}, "a")
+        assert result.data["status"] == "done" and result.data["output"] == "late\n"

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import regex
 from pydantic import BaseModel, ConfigDict, Field
 
+from procpilot.config import Settings
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_named, parse_arguments
 from procpilot.engine.capture import Stream
 from procpilot.engine.isolation import weaker_box
@@ -36,7 +37,7 @@ from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import cut_marker, derive_name, for_model, head_chars, tail_chars
 
-__all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
+__all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "process_served", "status_of"]
 
 ACTIONS = (
     "list",
@@ -205,6 +206,10 @@ class ExecProcessFace:
             self.profile.script_preflight if self.cfg.script_preflight is None else self.cfg.script_preflight
         )
         self._notifies_exit = notifies_exit
+        # Spec 004: "If the process tool is disallowed, exec runs synchronously and ignores
+        # yieldMs/background": turned off ([tools.process]) or left out of what is served
+        # (--tools exec,process.run), where a sessionId would name a run nothing can manage.
+        self.process_served = process_served(supervisor.settings)
         self._empty_polls: dict[str, int] = {}
         # Per session and stream: the byte offset after the last reported pattern match.
         self._wait_cursors: dict[str, dict[Stream, int]] = {}
@@ -353,12 +358,12 @@ class ExecProcessFace:
                 notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
                 # Without the process tool nothing could ever write to a stdin pipe: a prompt would
                 # hang until the timeout. /dev/null makes it read EOF at once instead.
-                stdin="pipe" if self.sup.settings.process.enabled else "null",
+                stdin="pipe" if self.process_served else "null",
             )
         if self._preflight and might_run_scripts(params.command):
             # A shell reading and a few file reads: off the loop, where no other agent waits on them.
             await asyncio.to_thread(check_scripts, params.command, spec.cwd or self.sup.settings.workspace_root)
-        if not self.sup.settings.process.enabled:
+        if not self.process_served:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
         elif params.background:
             yield_ms = 0
@@ -766,6 +771,12 @@ def _shell_not_found(session: Session) -> str | None:
     return None if found is None else found.group(1).decode(errors="replace")
 
 
+def process_served(settings: Settings) -> bool:
+    """Whether the ``process`` tool is offered beside ``exec``: on, and among the served tools."""
+    wanted = settings.served_tools
+    return settings.process.enabled and (wanted is None or "process" in wanted)
+
+
 def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = None) -> list[ToolSpec]:
     """``exec`` and ``process``; only ``exec`` (always synchronous) when ``[tools.process]`` is off.
 
@@ -775,7 +786,7 @@ def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = N
     """
     face = ExecProcessFace(supervisor, notifies_exit=notifies_exit)
     profile = face.profile
-    if not supervisor.settings.process.enabled:
+    if not face.process_served:
         return [ToolSpec("exec", profile.exec_sync_description, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
         ToolSpec("exec", profile.exec_description, ExecParams, face.exec, PermissionTier.NOTIFY),
