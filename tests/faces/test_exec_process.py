@@ -722,3 +722,14 @@ async def test_spec004_process_tool_not_served_exec_runs_synchronously(settings:
         assert set(tools) == {"exec", "process.run"}
         result = await tools["exec"].call({"command": "sleep 0.2; echo late", "background": True}, "a")
         assert result.data["status"] == "done" and result.data["output"] == "late\n"
+
+
+async def test_spec001_tail_last_2000_chars(tools: Tools) -> None:
+    """Spec 001: "tail: Last 2000 chars (quick preview for status responses)": a backgrounded
+    exec shows them (it showed 400)."""
+    printed = "".join(f"{n}\n" for n in range(1, 1001))
+    result = await tools["exec"].call({"command": "seq 1 1000; sleep 30", "yieldMs": 1000}, "a")
+    assert result.data["status"] == "running"
+    tail = result.data["tail"]  # whole lines, within the last 2000 characters
+    assert printed.endswith(tail) and 2000 - 5 <= len(tail) <= 2000
+    await tools["process"].call({"action": "kill", "sessionId": result.data["sessionId"]}, "a")

@@ -60,7 +60,7 @@ _MAX_PATTERN = 4096  # characters of a wait regex: it is compiled, and matched, 
 _WAIT_DEFAULT_MS = 30_000
 _WRITE_DEFAULT_MS = 5_000
 _LOG_DEFAULT_LINES = 200
-_TAIL_CHARS = 400
+_TAIL_CHARS = 2000  # spec 001: a status response's tail, "Last 2000 chars (quick preview)"
 # Spec 002: past this much output, results name the file that holds it, for the agent's file tools.
 _OFFLOAD_BYTES = 10 * 1024
 # Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
