@@ -198,11 +198,24 @@ async def test_timeout_is_error_with_partial_output(connect: Connect) -> None:
 
 async def test_list_shows_sessions_newest_first_with_names(connect: Connect) -> None:
     async with connect() as client:
-        await call(client, "exec", command="echo first")
-        await call(client, "exec", command="sleep 0.1 && echo second")
+        await call(client, "exec", command="echo first", background=True)
+        await call(client, "exec", command="sleep 0.1 && echo second", background=True)
         _, listing, _ = await call(client, "process", action="list")
         names = [s["name"] for s in listing["sessions"]]
         assert names[0].startswith("sleep") and names[1].startswith("echo")
+
+
+async def test_spec004_only_backgrounded_sessions_are_listed(connect: Connect) -> None:
+    """Spec 004: "Only backgrounded sessions are listed": a run that ended in the foreground is
+    not (its result held all of it), one that moved to the background is."""
+    async with connect() as client:
+        _, foreground, _ = await call(client, "exec", command="echo here")
+        _, background, _ = await call(client, "exec", command="sleep 0.3; echo later", yieldMs=10)
+        _, listing, _ = await call(client, "process", action="list")
+        assert [s["sessionId"] for s in listing["sessions"]] == [background["sessionId"]]
+        assert listing["total"] == 1
+        _, logged, _ = await call(client, "process", action="log", sessionId=foreground["sessionId"])
+        assert logged["output"] == "here"
 
 
 @pytest.mark.parametrize(

@@ -448,7 +448,9 @@ class ExecProcessFace:
     async def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
-        every = self.sup.list(scope)  # newest first
+        # Spec 004: "Only backgrounded sessions are listed": a run that ended in the foreground
+        # already gave its whole result (its sessionId still works for log and poll).
+        every = [s for s in self.sup.list(scope) if s.backgrounded]  # newest first
         sessions = _within_budget(every, self.cfg.result_max_chars)
         await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         # waitingForInput: a recent answer, else a fresh one for the newest sessions only, read
