@@ -187,7 +187,7 @@ class ProcSettings(BaseModel):
     # Seconds a process may run unless its spawn request says otherwise; 0 = no limit (TOML has no null).
     timeout: Annotated[float, Field(strict=True, ge=0)] = 30.0
     max_output_bytes: Annotated[_Int, _clamp(0, 1 << 30)] = _MIB  # pushed per process; the rest stays on disk
-    max_procs: Annotated[_Int, _clamp(1, 10_000)] = 10  # running processes per connection
+    max_procs: Annotated[_Int, _clamp(1, 10_000)] = 10  # running processes per agent (all its connections)
 
 
 Tier = Literal["autonomous", "notify", "approval_required", "blocked"]

@@ -32,6 +32,7 @@ from procpilot.faces.proc_protocol import (
     ProcWriteResponse,
 )
 from procpilot.faces.procs_client import ProcRequestError, ProcsAPI
+from procpilot.transports.serve import proc_handler_factory
 
 PY = sys.executable
 PROGRAMS = Path(__file__).parent.parent / "programs"
@@ -479,3 +480,23 @@ async def test_a_failing_on_output_callback_does_not_break_delivery(handler: Pro
     final = await procs.wait(resp.proc_id or "", timeout=10)
     assert final.state is ProcState.STOPPED and "".join(calls) == "one\ntwo\n"
     procs.close()
+
+
+async def test_spec003_max_procs_holds_per_agent_across_connections(supervisor: Supervisor) -> None:
+    """Spec 003's ``max_procs``, per agent: the daemon's handlers (one per WebSocket) share the
+    count, so one agent on two connections cannot run twice the limit (it once ran 6 of 3); another
+    agent has its own."""
+    settings = supervisor.settings.model_copy(update={"proc": supervisor.settings.proc.model_copy(update={"max_procs": 1})})
+    factory = proc_handler_factory(settings)
+    first, second, other = factory(supervisor, SCOPE), factory(supervisor, SCOPE), factory(supervisor, "other")
+    try:
+        running = await spawn(first, ["sleep", "30"])
+        refused = await spawn(second, ["sleep", "30"])
+        assert running["error"] is None and refused["error"]["code"] == "proc_limit"
+        elsewhere = await spawn(other, ["sleep", "30"])
+        assert elsewhere["error"] is None
+        for handler, resp in ((first, running), (other, elsewhere)):
+            await handler.handle({"type": "proc/kill/req", "proc_id": resp["proc_id"], "signal": "SIGKILL"})
+    finally:
+        for handler in (first, second, other):
+            handler.close()
