@@ -188,6 +188,9 @@ class ProcSettings(BaseModel):
     timeout: Annotated[float, Field(strict=True, ge=0)] = 30.0
     max_output_bytes: Annotated[_Int, _clamp(0, 1 << 30)] = _MIB  # pushed per process; the rest stays on disk
     max_procs: Annotated[_Int, _clamp(1, 10_000)] = 10  # running processes per agent (all its connections)
+    # Spec 003's example config: each process gets only a private loopback (refused where no
+    # mechanism can give it, never run with the network on: docs/security.md).
+    network_disabled: _Bool = False
 
 
 Tier = Literal["autonomous", "notify", "approval_required", "blocked"]

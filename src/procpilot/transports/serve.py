@@ -191,6 +191,7 @@ def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervis
             timeout=proc.timeout or None,  # 0 in TOML: no limit
             max_output_bytes=proc.max_output_bytes,
             max_procs=proc.max_procs,
+            network_disabled=proc.network_disabled,
         )
     spawned: dict[str, set[str]] = {}  # shared by all connections: max_procs holds per agent
 
