@@ -665,7 +665,8 @@ class ExecProcessFace:
             name = "SIGKILL"  # killGraceSec 0: spec 001's kill, SIGKILL at once
         await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
         data = self._summary(session) | {"signalSent": session.signal_sent}
-        ending = f"killed: {self._signals(session, name)}" if session.state is SessionState.KILLED else self._ending(session)
+        killed = session.state is SessionState.KILLED
+        ending = f"killed: {self._signals(session, name)}" if killed else self._ending(session)
         return ToolResult(f"[{self.profile.of(session)}: {ending}]", data)
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
