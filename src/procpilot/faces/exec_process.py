@@ -467,7 +467,7 @@ class ExecProcessFace:
                 "backgrounded": s.backgrounded,
                 "startedAt": s.created_at,
                 "cpuMs": None if usage is None else usage.cpu_ms,
-                "memoryBytes": None if usage is None else usage.memory_peak_bytes,
+                "memoryBytes": None if usage is None else usage.memory_peak_bytes or None,  # 0: not measured
             }
             rows.append(row)
             lines.append(self.profile.list_line(s, row))
