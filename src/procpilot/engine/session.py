@@ -647,7 +647,9 @@ class Session:
             # Read before the kill: afterwards nothing is blocked anywhere, and "it hung on a
             # prompt" is the likeliest reason a command ran out of time.
             self.timed_out_waiting_for_input = self.waiting_for_input
-            self.terminate(SessionState.TIMED_OUT, signal.SIGTERM, self.kill_grace)
+            # No grace: SIGKILL at once (SIGTERM with grace 0 would never escalate).
+            sig = signal.SIGTERM if self.kill_grace else signal.SIGKILL
+            self.terminate(SessionState.TIMED_OUT, sig, self.kill_grace)
 
     def terminate(self, end: SessionState, sig: int, grace: float | None) -> None:
         """Signal the whole tree; escalate to SIGKILL after ``grace`` seconds if it is still alive.

@@ -85,6 +85,9 @@ class Profile:
     env: Mapping[str, str] = MappingProxyType({})
     aggregated = False  # poll/log results carry the whole output so far
     script_preflight = False  # unless [tools.exec] scriptPreflight says otherwise
+    # Whether timeoutSec (1800 s) bounds a `background: true` run that gives no timeout, as specs
+    # 001/002/004 say; OpenClaw's own exec lets such a run go on until it ends or is killed.
+    background_timeout = True
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         return _STATUS[state]
@@ -151,6 +154,7 @@ class OpenClawProfile(Profile):
     env: Mapping[str, str] = MappingProxyType({"OPENCLAW_SHELL": "exec"})
     aggregated = True
     script_preflight = True
+    background_timeout = False
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         if state in (SessionState.QUEUED, SessionState.RUNNING, SessionState.RESTARTING):
