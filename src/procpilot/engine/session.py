@@ -165,6 +165,9 @@ class Session:
         self._reaper_armed = False
         self.left_orphans = False  # True iff processes outlived the leader (they are now ours to reap)
         self._signal_sent: str | None = None
+        # Every signal procpilot sent the tree, with when (ms since the run started): a kill's or a
+        # timeout's result tells the agent what was sent, not only how it ended.
+        self.signals_sent: list[tuple[str, int]] = []
         self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
         self._paused_reads: dict[int, asyncio.TimerHandle] = {}  # fd: when its reading resumes
@@ -607,6 +610,7 @@ class Session:
         if self._requested_end is None:
             self._requested_end = end
         self._signal_sent = signal_name(sig)
+        self.signals_sent.append((self._signal_sent, self.duration_ms))
         if self.cycle.next_run is not None:
             self.cycle.next_run.cancel()
             self.cycle.next_run = None
@@ -622,6 +626,7 @@ class Session:
     def _escalate(self) -> None:
         if not self._finished.is_set():
             self._signal_sent = "SIGKILL"
+            self.signals_sent.append(("SIGKILL", self.duration_ms))
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self._leader_reaped)
 
     # -- restarts ------------------------------------------------------------------------------

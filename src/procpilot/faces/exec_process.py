@@ -269,14 +269,18 @@ class ExecProcessFace:
                 data["waitingForInput"] = waiting
         elif session.timed_out_waiting_for_input:
             data["timedOutWaitingForInput"] = True
+        if session.signals_sent:
+            data["signalsSent"] = [{"signal": name, "atMs": ms} for name, ms in session.signals_sent]
         return data
 
     def _ending(self, session: Session) -> str:
         if session.state is SessionState.TIMED_OUT:
             why = "; it was waiting for input on stdin" if session.timed_out_waiting_for_input else ""
-            return f"timed out after {session.duration_ms} ms{why}; the process tree was ended"
+            return f"timed out after {session.duration_ms} ms{why}; the process tree was ended{_signals(session)}"
         if session.state is SessionState.KILLED:
-            return f"killed ({session.signal_sent or session.exit_signal}) after {session.duration_ms} ms"
+            # The status word already says "killed": the ending says how, not "killed" again.
+            sent = _signals(session) or f" ({session.exit_signal})"
+            return f"ended after {session.duration_ms} ms{sent}"
         if session.state is SessionState.LIMIT_EXCEEDED:
             return f"ended by its memory limit after {session.duration_ms} ms"
         if session.state is SessionState.FAILED_TO_START:
@@ -378,7 +382,14 @@ class ExecProcessFace:
             + ("its exit will be announced" if announced else "wait or poll to learn when it ends"),
             "next": self._next_for_running(session),
         }
+        if data.get("waitingForInput"):
+            # A command stopped at a prompt never ends on its own: say so where the model reads.
+            data["note"] += "; it is waiting for input on stdin (use process write)"
+        elif not tail and session.is_running:
+            data["note"] += _NO_OUTPUT_YET
         text = self.profile.backgrounded_text(session, tail, announced=announced)
+        if data.get("waitingForInput"):
+            text += f"\n[waiting for input on stdin: process write sessionId={session.id} data=...]"
         return _noting_loss(session, ToolResult(text + _weaker_note(data), data))
 
     # -- process -------------------------------------------------------------------------------
@@ -396,7 +407,7 @@ class ExecProcessFace:
         if not params.sessionId:
             raise InvalidArgument(
                 f"sessionId is required for action {params.action!r}",
-                hints={"list_sessions": "Call process with action='list' to see your session ids."},
+                hints={"see_your_sessions": "Call process with action='list' to see your session ids."},
                 field="sessionId",
             )
         session = self.sup.get(scope, params.sessionId)
@@ -638,8 +649,9 @@ class ExecProcessFace:
             )
         grace = self.cfg.kill_grace_sec
         await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
-        data = self._summary(session) | {"signalSent": session.signal_sent}
-        return ToolResult(f"[{self.profile.of(session)}: {self._ending(session)}]", data)
+        note = f"{self.profile.of(session)}: {self._ending(session)}"
+        data = self._summary(session) | {"signalSent": session.signal_sent, "note": note}
+        return ToolResult(f"[{note}]", data)
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         self.sup.clear(scope, session.id)
@@ -657,7 +669,9 @@ class ExecProcessFace:
         pattern = None
         if params.pattern is not None:
             try:
-                pattern = regex.compile(params.pattern)
+                # MULTILINE: ^ and $ match at each line's start and end (a REPL's "42" line),
+                # as an agent reading a log line by line expects.
+                pattern = regex.compile(params.pattern, regex.MULTILINE)
             except regex.error as exc:
                 raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
         timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
@@ -688,7 +702,8 @@ class ExecProcessFace:
         if outcome.reason == "pattern":
             head = f"[pattern matched: {outcome.match!r}; session still {self.profile.of(session)}]"
         else:
-            head = f"[still running after {timeout_ms} ms; wait again or poll]"
+            quiet = "" if tail or session.output[Stream.COMBINED].size else _NO_OUTPUT_YET
+            head = f"[still running after {timeout_ms} ms{quiet}; wait again or poll]"
         data |= {"note": head[1:-1], "next": self._next_for_running(session)}
         return ToolResult(f"{tail}\n{head}" if tail else head, data)
 
@@ -704,6 +719,21 @@ _PRUNE_MIN = 256  # entries in the face's per-session tables before they are fir
 _NOT_FOUND = re.compile(
     rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:eval: )?(.{1,200}?): (?:command )?not found$", re.M
 )
+
+
+# Said when a running session has printed nothing yet: the likeliest cause is a program that
+# buffers its output when it is not writing to a terminal (C stdio, python without -u).
+_NO_OUTPUT_YET = (
+    "; no output yet: the program may be buffering its output because it is not writing to a"
+    " terminal (try python3 -u, stdbuf -oL, or a tty)"
+)
+
+
+def _signals(session: Session) -> str:
+    """The signals procpilot sent the session's tree and when, for an ending's text."""
+    if not session.signals_sent:
+        return ""
+    return " (" + ", then ".join(f"{name} sent at {ms} ms" for name, ms in session.signals_sent) + ")"
 
 
 def _weaker_note(data: Mapping[str, Any]) -> str:
