@@ -70,6 +70,9 @@ class ToolSpec:
     handler: Handler
     tier: PermissionTier = PermissionTier.AUTONOMOUS
     meta: dict[str, Any] = field(default_factory=dict)
+    # Actions (its ``action`` argument) of an autonomous tool that change a process's state: the
+    # policy gate audits them as it audits a notify-tier call (``process`` kill, write, remove).
+    audited_actions: frozenset[str] = frozenset()
     # Every result of this tool is its text alone (a harness profile's tools: faces/codex_profile.py,
     # faces/claude_profile.py), the policy gate's refusals included.
     text_only: bool = False

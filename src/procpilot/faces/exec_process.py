@@ -51,6 +51,8 @@ ACTIONS = (
     "remove",
     "wait",
 )
+# The actions that change a session (its input, its life, its record): each call is audited.
+STATE_CHANGING_ACTIONS = frozenset({"write", "send-keys", "submit", "paste", "kill", "clear", "remove"})
 _POLL_MAX_WAIT_MS = 30_000
 _WAIT_MAX_MS = 600_000
 # Bounds on numbers an agent sends: past them a value means nothing but an overflow later.
@@ -789,5 +791,12 @@ def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = N
         return [ToolSpec("exec", profile.exec_sync_description, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
         ToolSpec("exec", profile.exec_description, ExecParams, face.exec, PermissionTier.NOTIFY),
-        ToolSpec("process", profile.process_description, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
+        ToolSpec(
+            "process",
+            profile.process_description,
+            ProcessParams,
+            face.process,
+            PermissionTier.AUTONOMOUS,
+            audited_actions=STATE_CHANGING_ACTIONS,
+        ),
     ]
