@@ -54,7 +54,12 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.lanes.model_dump() == {"main": 1, "subagent": 8, "cron": 1, "default": 1}
     passthrough = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL")
     assert s.base_env.passthrough == passthrough
-    assert dict(s.base_env.set) == {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
+    assert dict(s.base_env.set) == {
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "GIT_TERMINAL_PROMPT": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
     assert s.env.protected == ("PATH", "HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 

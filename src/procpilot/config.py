@@ -290,8 +290,15 @@ class BaseEnvSettings(BaseModel):
         "TMPDIR",
         "SHELL",
     )
+    # PYTHONUNBUFFERED: python writing to a pipe buffers 8 KB, so a background server's banner
+    # (http.server's "Serving HTTP") reached no wait or poll for minutes. A call's env overrides it.
     set: Mapping[str, str] = Field(
-        default_factory=lambda: {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
+        default_factory=lambda: {
+            "PAGER": "cat",
+            "GIT_PAGER": "cat",
+            "GIT_TERMINAL_PROMPT": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
     )
 
 

@@ -222,7 +222,7 @@ class SessionNotFound(ProcpilotError, LookupError):
     http_status: ClassVar[int] = 404
     _proc_code = "unknown_proc"
     default_hints: ClassVar[dict[str, str]] = {
-        "list_processes": "List your sessions (process list / process.list) to see the ids that exist.",
+        "see_your_sessions": "List your sessions (process list / process.list) to see the ids that exist.",
     }
 
 
@@ -231,7 +231,7 @@ class ProcessNotFound(SessionNotFound):
 
     _proc_code = "unknown_proc"
     default_hints: ClassVar[dict[str, str]] = {
-        "list_processes": "Use process.list to see all tracked processes.",
+        "see_your_sessions": "Use process.list to see all tracked processes.",
     }
 
 

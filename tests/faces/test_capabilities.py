@@ -340,7 +340,7 @@ async def test_unknown_process_is_process_not_found(connect: Connect) -> None:
         for tool, extra in (("process.monitor", {}), ("process.kill", {}), ("process.logs", {})):
             text, data, is_error = await mcp_call(client, tool, process_id="nope", **extra)
             assert is_error and data["error"] == "ProcessNotFound", tool
-            assert data["hints"] == {"list_processes": "Use process.list to see all tracked processes."}
+            assert data["hints"] == {"see_your_sessions": "Use process.list to see all tracked processes."}
             assert data["process_id"] == "nope" and text.startswith("ProcessNotFound")
 
 

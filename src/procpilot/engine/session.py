@@ -180,6 +180,9 @@ class Session:
         self._on_finish = on_finish
         self._requested_end: SessionState | None = None
         self._signal_sent: str | None = None
+        # Every signal procpilot sent the tree, with when (ms since the run started): a kill's or a
+        # timeout's result tells the agent what was sent, not only how it ended.
+        self.signals_sent: list[tuple[str, int]] = []
         self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
         self._finished = asyncio.Event()
@@ -662,6 +665,7 @@ class Session:
         if self._requested_end is None:
             self._requested_end = end
         self._signal_sent = signal_name(sig)
+        self.signals_sent.append((self._signal_sent, self.duration_ms))
         if self.cycle.next_run is not None:
             self.cycle.next_run.cancel()
             self.cycle.next_run = None
@@ -677,6 +681,7 @@ class Session:
     def _escalate(self) -> None:
         if not self._finished.is_set():
             self._signal_sent = "SIGKILL"
+            self.signals_sent.append(("SIGKILL", self.duration_ms))
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
 
     # -- restoring -----------------------------------------------------------------------------

@@ -52,6 +52,8 @@ ACTIONS = (
     "remove",
     "wait",
 )
+# The actions that change a session (its input, its life, its record): each call is audited.
+STATE_CHANGING_ACTIONS = frozenset({"write", "send-keys", "submit", "paste", "kill", "clear", "remove"})
 _POLL_MAX_WAIT_MS = 30_000
 _WAIT_MAX_MS = 600_000
 # Bounds on numbers an agent sends: past them a value means nothing but an overflow later.
@@ -275,15 +277,19 @@ class ExecProcessFace:
                 data["waitingForInput"] = waiting
         elif session.timed_out_waiting_for_input:
             data["timedOutWaitingForInput"] = True
+        if session.signals_sent:
+            data["signalsSent"] = [{"signal": name, "atMs": ms} for name, ms in session.signals_sent]
         return data
 
     def _ending(self, session: Session) -> str:
         if session.state is SessionState.TIMED_OUT:
             why = "; it was waiting for input on stdin" if session.timed_out_waiting_for_input else ""
             limit = f"{session.spec.timeout:g} s" if session.spec.timeout else "its"
-            return f"timed out at the {limit} limit{why}; {self._signals(session)}"
+            return f"timed out at the {limit} limit{why}; the process tree was ended{_signals(session)}"
         if session.state is SessionState.KILLED:
-            return f"killed: {self._signals(session)}"
+            # The status word already says "killed": the ending says how, not "killed" again.
+            sent = _signals(session) or f" ({session.exit_signal})"
+            return f"ended after {session.duration_ms} ms{sent}"
         if session.state is SessionState.LIMIT_EXCEEDED:
             return f"ended by its memory limit after {session.duration_ms} ms"
         if session.state is SessionState.FAILED_TO_START:
@@ -295,17 +301,6 @@ class ExecProcessFace:
         if missing is not None:
             how += f": the shell found no command {missing!r} (check the name; `command -v {missing}`)"
         return f"{how} after {session.duration_ms} ms"
-
-    def _signals(self, session: Session, first: str | None = None) -> str:
-        """Which signals ended the tree, and when it was gone (a timeout's text once said "after
-        6002 ms" for a 2 s timeout, hiding the grace period spent after it). ``first``: the signal
-        sent first, where known (a timeout's is SIGTERM unless there is no grace)."""
-        if first is None and session.state is SessionState.TIMED_OUT:
-            first = "SIGTERM" if session.kill_grace else "SIGKILL"
-        sent = session.signal_sent or session.exit_signal
-        if sent == "SIGKILL" and first not in (None, "SIGKILL"):
-            sent = f"{first}, then SIGKILL {session.kill_grace:g} s later"
-        return f"{sent} sent to the process tree; it was gone {session.duration_ms} ms after the start"
 
     async def _show(self, session: Session, stream: Stream, start: int, start_line: int, limit: int) -> Shown:
         """What a result shows of the output from ``start`` on: head and tail within ``limit``
@@ -401,7 +396,14 @@ class ExecProcessFace:
             + ("its exit will be announced" if announced else "wait or poll to learn when it ends"),
             "next": self._next_for_running(session),
         }
+        if data.get("waitingForInput"):
+            # A command stopped at a prompt never ends on its own: say so where the model reads.
+            data["note"] += "; it is waiting for input on stdin (use process write)"
+        elif not tail and session.is_running:
+            data["note"] += _NO_OUTPUT_YET
         text = self.profile.backgrounded_text(session, tail, announced=announced)
+        if data.get("waitingForInput"):
+            text += f"\n[waiting for input on stdin: process write sessionId={session.id} data=...]"
         return _noting_loss(session, ToolResult(text + _weaker_note(data), data))
 
     # -- process -------------------------------------------------------------------------------
@@ -419,7 +421,7 @@ class ExecProcessFace:
         if not params.sessionId:
             raise InvalidArgument(
                 f"sessionId is required for action {params.action!r}",
-                hints={"list_sessions": "Call process with action='list' to see your session ids."},
+                hints={"see_your_sessions": "Call process with action='list' to see your session ids."},
                 field="sessionId",
             )
         session = self.sup.get(scope, params.sessionId)
@@ -665,10 +667,9 @@ class ExecProcessFace:
         if name == "SIGTERM" and not grace:
             name = "SIGKILL"  # killGraceSec 0: spec 001's kill, SIGKILL at once
         await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
-        data = self._summary(session) | {"signalSent": session.signal_sent}
-        killed = session.state is SessionState.KILLED
-        ending = f"killed: {self._signals(session, name)}" if killed else self._ending(session)
-        return ToolResult(f"[{self.profile.of(session)}: {ending}]", data)
+        note = f"{self.profile.of(session)}: {self._ending(session)}"
+        data = self._summary(session) | {"signalSent": session.signal_sent, "note": note}
+        return ToolResult(f"[{note}]", data)
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         self.sup.clear(scope, session.id)
@@ -686,7 +687,9 @@ class ExecProcessFace:
         pattern = None
         if params.pattern is not None:
             try:
-                pattern = regex.compile(params.pattern)
+                # MULTILINE: ^ and $ match at each line's start and end (a REPL's "42" line),
+                # as an agent reading a log line by line expects.
+                pattern = regex.compile(params.pattern, regex.MULTILINE)
             except regex.error as exc:
                 raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
         timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
@@ -717,7 +720,8 @@ class ExecProcessFace:
         if outcome.reason == "pattern":
             head = f"[pattern matched: {outcome.match!r}; session still {self.profile.of(session)}]"
         else:
-            head = f"[still running after {timeout_ms} ms; wait again or poll]"
+            quiet = "" if tail or session.output[Stream.COMBINED].size else _NO_OUTPUT_YET
+            head = f"[still running after {timeout_ms} ms{quiet}; wait again or poll]"
         data |= {"note": head[1:-1], "next": self._next_for_running(session)}
         return ToolResult(f"{tail}\n{head}" if tail else head, data)
 
@@ -733,6 +737,21 @@ _PRUNE_MIN = 256  # entries in the face's per-session tables before they are fir
 _NOT_FOUND = re.compile(
     rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:eval: )?(.{1,200}?): (?:command )?not found$", re.M
 )
+
+
+# Said when a running session has printed nothing yet: the likeliest cause is a program that
+# buffers its output when it is not writing to a terminal (C stdio, python without -u).
+_NO_OUTPUT_YET = (
+    "; no output yet: the program may be buffering its output because it is not writing to a"
+    " terminal (try python3 -u, stdbuf -oL, or a tty)"
+)
+
+
+def _signals(session: Session) -> str:
+    """The signals procpilot sent the session's tree and when, for an ending's text."""
+    if not session.signals_sent:
+        return ""
+    return " (" + ", then ".join(f"{name} sent at {ms} ms" for name, ms in session.signals_sent) + ")"
 
 
 def _weaker_note(data: Mapping[str, Any]) -> str:
@@ -804,5 +823,12 @@ def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = N
         return [ToolSpec("exec", profile.exec_sync_description, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
         ToolSpec("exec", profile.exec_description, ExecParams, face.exec, PermissionTier.NOTIFY),
-        ToolSpec("process", profile.process_description, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
+        ToolSpec(
+            "process",
+            profile.process_description,
+            ProcessParams,
+            face.process,
+            PermissionTier.AUTONOMOUS,
+            audited_actions=STATE_CHANGING_ACTIONS,
+        ),
     ]

@@ -126,6 +126,8 @@ class Profile:
 
     def log_note(self, shown: int, total: int) -> str | None:
         """The note of a log call without offset or limit (the default window of the last lines)."""
+        if total == 0:
+            return "the log is empty: the session has written no output yet"
         return f"showing the last {shown} of {total} lines; pass offset/limit for others"
 
     def encode_input(
