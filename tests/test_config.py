@@ -41,7 +41,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "result_max_chars": 30_000,
         "pending_max_chars": 200_000,
         "max_log_bytes": 64 * 1024 * 1024,
-        "kill_grace_sec": 5.0,
+        "kill_grace_sec": 1.0,
         "pty_cols": 120,
         "pty_rows": 30,
         "profile": "procpilot",
@@ -54,7 +54,12 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.lanes.model_dump() == {"main": 1, "subagent": 8, "cron": 1, "default": 1}
     passthrough = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "SHELL")
     assert s.base_env.passthrough == passthrough
-    assert dict(s.base_env.set) == {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
+    assert dict(s.base_env.set) == {
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "GIT_TERMINAL_PROMPT": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
     assert s.env.protected == ("PATH", "HOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 
@@ -453,7 +458,7 @@ def test_describe_uses_toml_names(tmp_path: Path) -> None:
         "resultMaxChars": 30_000,
         "pendingMaxOutputChars": 200_000,
         "maxLogBytes": 64 * 1024 * 1024,
-        "killGraceSec": 5.0,
+        "killGraceSec": 1.0,
         "ptyCols": 120,
         "ptyRows": 30,
         "profile": "procpilot",
@@ -493,6 +498,26 @@ def test_proc_defaults_are_spec_003s() -> None:
     assert (proc.max_output_bytes, proc.max_procs) == (spec.max_output_bytes, spec.max_procs)
 
 
+def test_spec003_example_config_network_disabled(tmp_path: Path) -> None:
+    """Spec 003's own example config, ``network_disabled: true`` included, is a valid ``[proc]``
+    (it was an unknown key), and reaches the handler's config."""
+    from procpilot.engine.supervisor import Supervisor
+    from procpilot.transports.serve import proc_handler_factory
+
+    example = (
+        '[proc]\nallowed_commands = ["python3", "bash", "ls", "echo"]\ntimeout = 30\n'
+        "max_output_bytes = 1048576\nmax_procs = 10\nnetwork_disabled = true\n"
+    )
+    settings = load_settings(write(tmp_path, example), env={})
+    assert settings.proc.network_disabled is True
+    assert load_settings(env={}).proc.network_disabled is False
+    handler = proc_handler_factory(settings)(Supervisor(settings), "a")
+    try:
+        assert handler.config.network_disabled is True
+    finally:
+        handler.close()
+
+
 def test_proc_section(tmp_path: Path) -> None:
     cfg = write(tmp_path, '[proc]\nallowed_commands = ["make", "pytest"]\ntimeout = 3600\nmax_procs = 4\n')
     proc = load_settings(cfg, env={}).proc
@@ -528,8 +553,8 @@ def test_unknown_proc_key_is_a_config_error(tmp_path: Path) -> None:
     err = load_error(cfg, env={})
     assert err.message.startswith("proc.max_proc: unknown key (did you mean 'max_procs'?)")
     assert err.details["key"] == "proc.max_proc"
-    err = load_error(env={}, proc={"network_disabled": True})
-    assert "proc.network_disabled: unknown key" in err.message
+    err = load_error(env={}, proc={"network_off": True})
+    assert "proc.network_off: unknown key" in err.message
 
 
 def test_server_approvers(tmp_path: Path) -> None:

@@ -106,7 +106,10 @@ class ExecSettings(BaseModel):
     result_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = RESULT_CHARS
     pending_max_chars: Annotated[_Int, _clamp(1_000, 200_000)] = Field(200_000, alias="pendingMaxOutputChars")
     max_log_bytes: Annotated[int, Field(strict=True, ge=64 * _KIB)] = 64 * _MIB
-    kill_grace_sec: Annotated[float, Field(strict=True, ge=0, le=600)] = 5.0
+    # SIGTERM, then SIGKILL this long after (0: SIGKILL at once). Spec 001 ends a timed-out tree
+    # with SIGKILL and finalizes it a second later; a second of SIGTERM first keeps that bound
+    # and still lets a program that handles TERM shut down cleanly (docs/tools.md, "Ending").
+    kill_grace_sec: Annotated[float, Field(strict=True, ge=0, le=600)] = 1.0
     pty_cols: Annotated[int, Field(strict=True, ge=1, le=1000)] = 120
     pty_rows: Annotated[int, Field(strict=True, ge=1, le=1000)] = 30
     # "openclaw": the exec/process tools behave as OpenClaw's do where ours differ
@@ -184,7 +187,10 @@ class ProcSettings(BaseModel):
     # Seconds a process may run unless its spawn request says otherwise; 0 = no limit (TOML has no null).
     timeout: Annotated[float, Field(strict=True, ge=0)] = 30.0
     max_output_bytes: Annotated[_Int, _clamp(0, 1 << 30)] = _MIB  # pushed per process; the rest stays on disk
-    max_procs: Annotated[_Int, _clamp(1, 10_000)] = 10  # running processes per connection
+    max_procs: Annotated[_Int, _clamp(1, 10_000)] = 10  # running processes per agent (all its connections)
+    # Spec 003's example config: each process gets only a private loopback (refused where no
+    # mechanism can give it, never run with the network on: docs/security.md).
+    network_disabled: _Bool = False
 
 
 Tier = Literal["autonomous", "notify", "approval_required", "blocked"]
@@ -284,8 +290,15 @@ class BaseEnvSettings(BaseModel):
         "TMPDIR",
         "SHELL",
     )
+    # PYTHONUNBUFFERED: python writing to a pipe buffers 8 KB, so a background server's banner
+    # (http.server's "Serving HTTP") reached no wait or poll for minutes. A call's env overrides it.
     set: Mapping[str, str] = Field(
-        default_factory=lambda: {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
+        default_factory=lambda: {
+            "PAGER": "cat",
+            "GIT_PAGER": "cat",
+            "GIT_TERMINAL_PROMPT": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
     )
 
 

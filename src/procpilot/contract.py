@@ -8,6 +8,7 @@ them needs another's module for it, and faces never see a wire format.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import enum
 import json
 import logging
@@ -69,6 +70,9 @@ class ToolSpec:
     handler: Handler
     tier: PermissionTier = PermissionTier.AUTONOMOUS
     meta: dict[str, Any] = field(default_factory=dict)
+    # Actions (its ``action`` argument) of an autonomous tool that change a process's state: the
+    # policy gate audits them as it audits a notify-tier call (``process`` kill, write, remove).
+    audited_actions: frozenset[str] = frozenset()
     # Every result of this tool is its text alone (a harness profile's tools: faces/codex_profile.py,
     # faces/claude_profile.py), the policy gate's refusals included.
     text_only: bool = False
@@ -101,7 +105,9 @@ class ToolSpec:
 
 
 def error_result(exc: ProcpilotError) -> ToolResult:
-    hints = "\n".join(f"- {name}: {text}" for name, text in exc.hints.items())
+    # The hints' keys are for programs; the model reads their sentences (a key such as
+    # list_processes read as the name of a tool that does not exist).
+    hints = "\n".join(f"- {text}" for text in exc.hints.values())
     text = f"{exc.code}: {exc.message}" + (f"\nWhat to do next:\n{hints}" if hints else "")
     return ToolResult(text, exc.to_dict(), is_error=True)
 
@@ -129,14 +135,32 @@ def parse_arguments(model: type[pydantic.BaseModel], arguments: Mapping[str, Any
     except pydantic.ValidationError as exc:
         problems = []
         fields = []
+        hints: dict[str, str] = {}
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
             fields.append(where)
-            problems.append(f"{where}: {err['msg']}")
+            problem = f"{where}: {err['msg']}"
+            if err["type"] == "extra_forbidden" and (close := did_you_mean(model, where)) is not None:
+                problem += f" (did you mean {close!r}?)"
+                hints[f"use_{close}"] = f"Pass {close!r} instead of {where!r}."
+            problems.append(problem)
         raise InvalidArgument(
             "invalid arguments: " + "; ".join(problems),
+            hints=hints,
             fields=fields,
         ) from None
+
+
+def did_you_mean(model: type[pydantic.BaseModel], name: str) -> str | None:
+    """The argument of ``model`` closest to the unknown ``name`` (a misspelling, another casing:
+    ``yieldms`` for ``yieldMs``), or None when none is close."""
+    known: dict[str, str] = {}
+    for field_name, info in model.model_fields.items():
+        for spelling in (field_name, info.alias):
+            if spelling:
+                known[spelling.lower()] = spelling
+    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.75)
+    return known[close[0]] if close else None
 
 
 def dumps(data: Mapping[str, Any]) -> str:

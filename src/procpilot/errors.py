@@ -7,7 +7,8 @@
     │   ├── InvalidPattern                   422  invalid_pattern   a wait pattern is not a valid regex
     │   ├── AmbiguousSession                 422                    a name or id prefix fits several sessions
     │   ├── SessionNameInUse                 409                    a live session of the agent has that name
-    │   └── ScriptHasShellSyntax             422                    a python/node script holds $VAR (preflight)
+    │   ├── ScriptHasShellSyntax             422                    a python/node script holds $VAR (preflight)
+    │   └── ScriptNotCheckable               422                    a script fed through a pipe or <(...) (preflight)
     ├── SessionNotFound (LookupError)        404  unknown_proc      no such session in the caller's scope
     │   └── ProcessNotFound                  404  unknown_proc      spec 000's name for it
     ├── ApprovalNotFound (LookupError)       404                    no pending approval request with that id
@@ -99,6 +100,7 @@ __all__ = [
     "RequestTooLarge",
     "ResourceLimitExceeded",
     "ScriptHasShellSyntax",
+    "ScriptNotCheckable",
     "SelfApprovalDenied",
     "ServeRefused",
     "SessionNameInUse",
@@ -207,11 +209,20 @@ class ScriptHasShellSyntax(InvalidArgument):
     }
 
 
+class ScriptNotCheckable(InvalidArgument):
+    """The script preflight cannot read the script a command runs: it reaches the interpreter through
+    a pipe (``cat x.py | python``) or a process substitution (``python <(cat x.py)``)."""
+
+    default_hints: ClassVar[dict[str, str]] = {
+        "run_directly": "Run the file directly: python <file>.py or node <file>.js.",
+    }
+
+
 class SessionNotFound(ProcpilotError, LookupError):
     http_status: ClassVar[int] = 404
     _proc_code = "unknown_proc"
     default_hints: ClassVar[dict[str, str]] = {
-        "list_processes": "List your sessions (process list / process.list) to see the ids that exist.",
+        "see_your_sessions": "List your sessions (process list / process.list) to see the ids that exist.",
     }
 
 
@@ -220,7 +231,7 @@ class ProcessNotFound(SessionNotFound):
 
     _proc_code = "unknown_proc"
     default_hints: ClassVar[dict[str, str]] = {
-        "list_processes": "Use process.list to see all tracked processes.",
+        "see_your_sessions": "Use process.list to see all tracked processes.",
     }
 
 

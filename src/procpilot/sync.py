@@ -36,6 +36,11 @@ class SyncSupervisor:
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the supervisor's loop and return its result: for synchronous wrappers
+        of what runs over the supervisor (``procpilot.faces.procs_client.SyncProcsAPI``)."""
+        return self._call(coro)
+
     def __enter__(self) -> SyncSupervisor:
         return self
 

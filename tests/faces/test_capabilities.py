@@ -82,7 +82,8 @@ def tools(supervisor: Supervisor) -> Tools:
 
 def assert_usage(usage: dict[str, Any]) -> None:
     assert set(usage) == USAGE_FIELDS
-    assert all(isinstance(v, int) and v >= 0 for v in usage.values())
+    measured = {k: v for k, v in usage.items() if not (k == "memory_peak_bytes" and v is None)}  # null: unknown
+    assert all(isinstance(v, int) and v >= 0 for v in measured.values())
 
 
 def parse_iso(value: str) -> dt.datetime:
@@ -339,7 +340,7 @@ async def test_unknown_process_is_process_not_found(connect: Connect) -> None:
         for tool, extra in (("process.monitor", {}), ("process.kill", {}), ("process.logs", {})):
             text, data, is_error = await mcp_call(client, tool, process_id="nope", **extra)
             assert is_error and data["error"] == "ProcessNotFound", tool
-            assert data["hints"] == {"list_processes": "Use process.list to see all tracked processes."}
+            assert data["hints"] == {"see_your_sessions": "Use process.list to see all tracked processes."}
             assert data["process_id"] == "nope" and text.startswith("ProcessNotFound")
 
 
@@ -744,3 +745,12 @@ async def test_a_name_and_restarts_beyond_the_spec_show_only_where_a_process_has
     err = await tools.error("process.run", command="true", name="web")
     assert err["error"] == "SessionNameInUse"
     await tools("process.kill", process_id="web", signal="SIGKILL")
+
+
+async def test_spec000_memory_peak_bytes_is_null_when_not_measured(tools: Tools) -> None:
+    """``memory_peak_bytes`` of a tree too short to be sampled (and below the supervisor's own
+    peak, so wait4's figure says nothing) is null, unknown, not 0 (no process uses no memory)."""
+    data = await tools("process.run", command="true")
+    assert data["resource_usage"]["memory_peak_bytes"] is None
+    listed = await tools("process.list", state_filter="all")
+    assert listed["processes"][0]["resource_usage"]["memory_peak_bytes"] is None

@@ -155,9 +155,9 @@ async def test_states_agree_across_faces(supervisor: Supervisor, connect: Connec
                 run = await call(client, "process.run", command=command)
                 pid = run["process_id"]
                 assert run["state"] == spec000
-                listed = await call(client, "process", action="list")
-                row = next(s for s in listed["sessions"] if s["sessionId"] == pid)
-                assert row["status"] == spec002
+                # poll, not list: a foreground run is not listed (spec 004), every action takes its id
+                polled = await call(client, "process", action="poll", sessionId=pid)
+                assert polled["status"] == spec002
                 assert (await procs.status(pid)).state is spec003
             timed = await call(client, "process.run", command="sleep 30", timeout=1)
             assert timed["state"] == "timed_out"

@@ -16,6 +16,7 @@ from procpilot.config import Settings
 from procpilot.contract import ToolResult, ToolSpec
 from procpilot.engine.capture import Stream
 from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.all_tools import all_tools, served
 from procpilot.faces.exec_process import ExecParams, exec_process_tools
 from procpilot.transports.mcp import build_mcp_server
 
@@ -197,11 +198,24 @@ async def test_timeout_is_error_with_partial_output(connect: Connect) -> None:
 
 async def test_list_shows_sessions_newest_first_with_names(connect: Connect) -> None:
     async with connect() as client:
-        await call(client, "exec", command="echo first")
-        await call(client, "exec", command="sleep 0.1 && echo second")
+        await call(client, "exec", command="echo first", background=True)
+        await call(client, "exec", command="sleep 0.1 && echo second", background=True)
         _, listing, _ = await call(client, "process", action="list")
         names = [s["name"] for s in listing["sessions"]]
         assert names[0].startswith("sleep") and names[1].startswith("echo")
+
+
+async def test_spec004_only_backgrounded_sessions_are_listed(connect: Connect) -> None:
+    """Spec 004: "Only backgrounded sessions are listed": a run that ended in the foreground is
+    not (its result held all of it), one that moved to the background is."""
+    async with connect() as client:
+        _, foreground, _ = await call(client, "exec", command="echo here")
+        _, background, _ = await call(client, "exec", command="sleep 0.3; echo later", yieldMs=10)
+        _, listing, _ = await call(client, "process", action="list")
+        assert [s["sessionId"] for s in listing["sessions"]] == [background["sessionId"]]
+        assert listing["total"] == 1
+        _, logged, _ = await call(client, "process", action="log", sessionId=foreground["sessionId"])
+        assert logged["output"] == "here"
 
 
 @pytest.mark.parametrize(
@@ -593,12 +607,25 @@ async def test_exec_resolves_a_relative_workdir_against_the_workspace(tools: Too
     assert result.data["output"] == f"{root / 'sub'}\n"
 
 
-async def test_the_default_timeout_is_for_the_foreground(tools: Tools, supervisor: Supervisor) -> None:
+async def test_spec001_timeout_default_1800s_bounds_background_runs(tools: Tools, supervisor: Supervisor) -> None:
+    """Specs 001/002/004: ``timeout`` defaults to 1800 s, for ``background: true`` too (timeout 0
+    lets a dev server run on); the openclaw profile keeps OpenClaw's unbounded background runs."""
     background = await tools["exec"].call({"command": "sleep 30", "background": True}, "a")
+    unbounded = await tools["exec"].call({"command": "sleep 30", "background": True, "timeout": 0}, "a")
     foreground = await tools["exec"].call({"command": "sleep 0.1", "yieldMs": 10, "timeout": 0.05}, "a")
-    assert supervisor.get("a", background.data["sessionId"]).spec.timeout is None  # a dev server runs on
+    assert supervisor.get("a", background.data["sessionId"]).spec.timeout == 1800
+    assert supervisor.get("a", unbounded.data["sessionId"]).spec.timeout is None
     assert supervisor.get("a", foreground.data["sessionId"]).spec.timeout == 0.05  # fractions are seconds
-    await tools["process"].call({"action": "kill", "sessionId": background.data["sessionId"]}, "a")
+    for started in (background, unbounded):
+        await tools["process"].call({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
+    tools_settings = supervisor.settings.tools.model_copy(
+        update={"exec": supervisor.settings.exec.model_copy(update={"profile": "openclaw"})}
+    )
+    async with Supervisor(supervisor.settings.model_copy(update={"tools": tools_settings})) as openclaw:
+        oc_tools = {spec.name: spec for spec in exec_process_tools(openclaw)}
+        started = await oc_tools["exec"].call({"command": "sleep 30", "background": True}, "a")
+        assert openclaw.get("a", started.data["sessionId"]).spec.timeout is None
+        await oc_tools["process"].call({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
 
 
 async def test_list_says_which_sessions_wait_for_input(tools: Tools) -> None:
@@ -657,3 +684,83 @@ async def test_a_list_row_clips_a_long_command_and_poll_shows_it_whole(superviso
     assert polled.data["command"] == command
     for sid in rows:
         await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+def _with_exec(settings: Settings, **exec_keys: Any) -> Settings:
+    tools = settings.tools.model_copy(update={"exec": settings.exec.model_copy(update=exec_keys)})
+    return settings.model_copy(update={"tools": tools})
+
+
+async def test_spec001_yieldms_null_stays_in_foreground(settings: Settings) -> None:
+    """Spec 001: ``yieldMs`` "(null = stay foreground)": the call waits for the end, past the
+    default yield, where an omitted yieldMs backgrounds at it."""
+    async with Supervisor(_with_exec(settings, background_ms=50)) as sup:
+        tools = {spec.name: spec for spec in exec_process_tools(sup)}
+        held = await tools["exec"].handler({"command": "sleep 0.4; echo late", "yieldMs": None}, "a")
+        assert held.data["status"] == "done" and held.data["output"] == "late\n"
+        moved = await tools["exec"].handler({"command": "sleep 0.4; echo late"}, "a")
+        assert moved.data["status"] == "running"
+        await tools["process"].handler({"action": "remove", "sessionId": moved.data["sessionId"]}, "a")
+
+
+_IGNORES_TERM = "trap '' TERM; echo up; sleep 30"
+
+
+async def test_spec001_timeout_sigkill_finalized_1s_later(tools: Tools) -> None:
+    """Spec 001, "Timeout Enforcement": SIGKILL when the timeout expires, finalized 1 s later. A
+    tree that ignores SIGTERM is gone within the 1 s grace of the SIGTERM sent first, and the
+    text names the signals (it once overran a 2 s timeout by 5 s and said "after 6002 ms")."""
+    result = await tools["exec"].handler({"command": _IGNORES_TERM, "timeout": 0.5, "yieldMs": None}, "a")
+    assert result.data["state"] == "timed_out" and result.data["exitSignal"] == "SIGKILL"
+    assert result.data["durationMs"] < 0.5 * 1000 + 1000 + 700
+    assert "timed out at the 0.5 s limit; the process tree was ended (SIGTERM sent at" in result.text
+    assert re.search(r"SIGTERM sent at \d+ ms, then SIGKILL sent at \d+ ms", result.text), result.text
+
+
+async def test_spec001_kill_sends_sigkill(tools: Tools) -> None:
+    """Spec 001: ``kill`` "Send SIGKILL to process": a tree that ignores SIGTERM is SIGKILLed
+    within the 1 s grace, and the result says so."""
+    started = await tools["exec"].handler({"command": _IGNORES_TERM, "background": True}, "a")
+    sid = started.data["sessionId"]
+    await tools["process"].handler({"action": "wait", "sessionId": sid, "pattern": "up", "timeout": 10_000}, "a")
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    killed = await tools["process"].handler({"action": "kill", "sessionId": sid}, "a")
+    assert loop.time() - begun < 1.7
+    assert killed.data["status"] == "killed" and killed.data["exitSignal"] == "SIGKILL"
+    assert re.search(r"SIGTERM sent at \d+ ms, then SIGKILL sent at \d+ ms", killed.text), killed.text
+
+
+async def test_spec001_kill_grace_zero_is_sigkill_at_once(settings: Settings) -> None:
+    """Spec 001's letter behind ``killGraceSec = 0``: kill and timeout send SIGKILL first (no
+    SIGTERM that, with no grace, would never be followed by SIGKILL)."""
+    async with Supervisor(_with_exec(settings, kill_grace_sec=0.0)) as sup:
+        tools = {spec.name: spec for spec in exec_process_tools(sup)}
+        timed = await tools["exec"].handler({"command": _IGNORES_TERM, "timeout": 0.3, "yieldMs": 5000}, "a")
+        assert timed.data["state"] == "timed_out" and timed.data["exitSignal"] == "SIGKILL"
+        started = await tools["exec"].handler({"command": _IGNORES_TERM, "background": True}, "a")
+        killed = await tools["process"].handler({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
+        assert killed.data["status"] == "killed" and killed.data["signalSent"] == "SIGKILL"
+
+
+async def test_spec004_process_tool_not_served_exec_runs_synchronously(settings: Settings) -> None:
+    """Spec 004: "If the process tool is disallowed, exec runs synchronously and ignores
+    yieldMs/background", also when it is left out of the served set (--tools exec,process.run):
+    a sessionId handed back then named a run nothing could manage."""
+    picked = settings.model_copy(update={"tools": settings.tools.model_copy(update={"serve": ("exec", "process.run")})})
+    async with Supervisor(picked) as sup:
+        tools = {spec.name: spec for spec in served(all_tools(sup), picked)}
+        assert set(tools) == {"exec", "process.run"}
+        result = await tools["exec"].call({"command": "sleep 0.2; echo late", "background": True}, "a")
+        assert result.data["status"] == "done" and result.data["output"] == "late\n"
+
+
+async def test_spec001_tail_last_2000_chars(tools: Tools) -> None:
+    """Spec 001: "tail: Last 2000 chars (quick preview for status responses)": a backgrounded
+    exec shows them (it showed 400)."""
+    printed = "".join(f"{n}\n" for n in range(1, 1001))
+    result = await tools["exec"].call({"command": "seq 1 1000; sleep 30", "yieldMs": 1000}, "a")
+    assert result.data["status"] == "running"
+    tail = result.data["tail"]  # whole lines, within the last 2000 characters
+    assert printed.endswith(tail) and 2000 - 5 <= len(tail) <= 2000
+    await tools["process"].call({"action": "kill", "sessionId": result.data["sessionId"]}, "a")

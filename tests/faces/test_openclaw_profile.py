@@ -87,6 +87,15 @@ async def test_failed_is_kept_for_timeouts_signals_and_what_the_shell_cannot_run
         assert text.endswith("Process exited with signal SIGTERM.")
 
 
+async def test_a_timeout_says_to_rerun_with_a_higher_timeout(tmp_path: Path, workspace: Path) -> None:
+    advice = "If this command is expected to take longer, re-run with a higher timeout (e.g., exec timeout=300)."
+    async for sup in _supervisor(tmp_path / "t", workspace, profile="openclaw", timeout_sec=1):
+        async with _connect(sup)() as client:
+            text, data, _ = await call(client, "exec", command="sleep 30")  # the default timeout, 1 s here
+            assert data["status"] == "failed"
+            assert text == f"Command timed out after 1 seconds. {advice}"
+
+
 async def test_ours_keeps_spec_002s_vocabulary(ours: Connect) -> None:
     async with ours() as client:
         text, data, _ = await call(client, "exec", command="exit 3")
@@ -143,6 +152,12 @@ async def test_tool_descriptions_send_the_agent_to_process_to_confirm_completion
         tools = {t.name: t.description or "" for t in (await client.list_tools()).tools}
         assert "confirm it completed" in tools["exec"]
         assert "completed or failed" in tools["process"]
+        # OpenClaw's own guidance: what each tool is for, and what not to use it for.
+        assert "Use process whenever you need logs, status, input, or intervention." in tools["exec"]
+        assert "Do not use exec sleep or delay loops for reminders." in tools["exec"]
+        assert "Use pty=true for TTY-required commands." in tools["exec"]
+        assert "Use write/send-keys/submit/paste/kill for input or intervention." in tools["process"]
+        assert "Do not use process polling to emulate timers." in tools["process"]
 
 
 # -- 5. OPENCLAW_SHELL ---------------------------------------------------------------------------
@@ -166,12 +181,22 @@ async def test_home_end_are_vt_keys_and_a_bad_hex_element_is_skipped_with_a_warn
         sent = {"literal": "a", "hex": ["62", "zz"], "keys": ["Home", "End"]}
         text, data, err = await call(client, "process", action="send-keys", sessionId=sid, **sent)
         assert not err and data["warnings"] == ["hex[1] = 'zz' is not a byte in hex: skipped"]
-        assert "[warning: hex[1]" in text
+        # OpenClaw's answer: the bytes that went (a, b, ESC[1~, ESC[4~), then the warnings listed.
+        assert text == f"Sent 10 bytes to session {sid}.\nWarnings:\n- hex[1] = 'zz' is not a byte in hex: skipped"
         await call(client, "process", action="write", sessionId=sid, data="\n", eof=True)
         await wait(client, sid)
         _, log, _ = await call(client, "process", action="log", sessionId=sid)
         # literal, hex, keys, in that order: a b ESC[1~ ESC[4~
         assert log["output"].split() == ["61", "62", "1b", "5b", "31", "7e", "1b", "5b", "34", "7e"]
+
+
+async def test_send_keys_answers_sent_n_bytes_to_session(openclaw: Connect, ours: Connect) -> None:
+    for connect, expected in ((openclaw, "Sent 3 bytes to session {}."), (ours, "wrote 3 bytes to session {}")):
+        async with connect() as client:
+            sid = await run_bg(client, "sleep 30")
+            text, data, err = await call(client, "process", action="send-keys", sessionId=sid, keys=["C-a", "x", "y"])
+            assert not err and text == expected.format(sid) and data["bytesWritten"] == 3
+            await call(client, "process", action="kill", sessionId=sid)
 
 
 async def test_ours_refuses_a_bad_hex_element(ours: Connect) -> None:
@@ -207,7 +232,7 @@ async def test_scripts_holding_shell_syntax_are_refused_before_they_run(
     async with openclaw() as client:
         text, _, err = await call(client, "exec", command=command)
         assert err and text.startswith("ScriptHasShellSyntax")
-        assert "line" in text and "$DM_JSON" in text
+        assert "$DM_JSON" in text
 
 
 async def test_a_script_with_dollars_only_in_strings_runs(openclaw: Connect, workspace: Path) -> None:
@@ -215,6 +240,89 @@ async def test_a_script_with_dollars_only_in_strings_runs(openclaw: Connect, wor
     async with openclaw() as client:
         _, data, err = await call(client, "exec", command="python3 ok.py")
         assert not err and data["output"] == "$5\n"
+
+
+async def test_the_refusal_reads_as_openclaws(openclaw: Connect, workspace: Path) -> None:
+    (workspace / "bad.py").write_text("import json\n# an agent wrote shell:\npayload = $DM_JSON\n")
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command="python3 bad.py")
+        assert err
+        assert "exec preflight: detected likely shell variable injection ($DM_JSON) in python script: bad.py:3." in text
+        assert 'In Python, use os.environ.get("DM_JSON") instead of raw $DM_JSON.' in text
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "node --require ./bad.js app.js",
+        "node -r bad.js",
+        "node --import bad.js",
+        "node --require=bad.js -e 'console.log(1)'",
+        "node --import=./bad.js -e 'console.log(1)'",
+    ],
+)
+async def test_node_preload_modules_are_checked_like_the_script(
+    openclaw: Connect, workspace: Path, command: str
+) -> None:
+    (workspace / "bad.js").write_text("const value = $DM_JSON;\n")
+    (workspace / "app.js").write_text("console.log('ok');\n")
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command=command)
+        assert err and "exec preflight: detected likely shell variable injection ($DM_JSON) in node script" in text
+
+
+@pytest.mark.parametrize("command", ["cat bad.py | python3", "python3 <(cat bad.py)"])
+async def test_a_script_the_preflight_cannot_read_fails_closed(
+    openclaw: Connect, workspace: Path, command: str
+) -> None:
+    (workspace / "bad.py").write_text("print('fine')\n")  # refused for the form, whatever it holds
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command=f"bash -c {command!r}")
+        assert err and text.startswith("ScriptNotCheckable")
+        assert "exec preflight: complex interpreter invocation detected" in text
+        # An interpreter that reads no script on the other side of a pipe is left alone.
+        _, data, err = await call(client, "exec", command="echo bad.py | python3 --version")
+        assert not err and data["exitCode"] == 0
+
+
+async def test_a_shell_line_saved_as_a_script_is_refused(openclaw: Connect, workspace: Path) -> None:
+    # $TMPDIR is inside a string, but on the first line of code: the whole line is shell, not JavaScript.
+    (workspace / "bad.js").write_text('// written by an agent\nNODE "$TMPDIR/hot.json"\nconsole.log("hi");\n')
+    (workspace / "ok.js").write_text('console.log("ok");\nconst s = "$HOME";\n')  # later lines: strings are text
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command="node bad.js")
+        assert err and "shell variable injection ($TMPDIR) in node script: bad.js:2." in text
+        _, data, err = await call(client, "exec", command="node ok.js")
+        assert not err and data["output"] == "ok\n"
+
+
+async def test_only_scripts_inside_the_workdir_are_read(openclaw: Connect, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    (workspace / "outside.py").write_text("payload = $DM_JSON\n")
+    async with openclaw() as client:
+        _, data, err = await call(client, "exec", command="python3 ../outside.py", workdir="sub")
+        assert not err and data["exitCode"] == 1  # it ran: Python's own SyntaxError, as in OpenClaw
+        (workspace / "sub" / "link.py").symlink_to(workspace / "outside.py")  # a link does not lead it out
+        _, data, err = await call(client, "exec", command="python3 link.py", workdir="sub")
+        assert not err and data["exitCode"] == 1
+        text, _, err = await call(client, "exec", command="python3 outside.py")  # the same file, from its own dir
+        assert err and "$DM_JSON" in text
+
+
+@pytest.mark.parametrize(
+    ("source", "token"),
+    [('text = "ok"\rpayload = $C\n', "$C"), ('text = "ok\rpayload = $E\n', "$E"), ("# note\rpayload = $D\n", "$D")],
+)
+async def test_a_lone_cr_ends_a_line_as_python_reads_it(
+    openclaw: Connect, workspace: Path, source: str, token: str
+) -> None:
+    (workspace / "bad.py").write_bytes(source.encode())
+    (workspace / "ok.py").write_bytes(b'continued = "text \\\r\n$U"\r\nprint(continued)\r\n')  # a continued string
+    async with openclaw() as client:
+        text, _, err = await call(client, "exec", command="python3 bad.py")
+        assert err and f"shell variable injection ({token})" in text
+        _, data, err = await call(client, "exec", command="python3 ok.py")
+        assert not err and data["output"] == "text $U\n"
 
 
 async def test_preflight_is_opt_in_outside_the_profile(tmp_path: Path, workspace: Path, ours: Connect) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from procpilot.config import Settings
 from procpilot.engine.capture import Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -31,7 +32,9 @@ from procpilot.faces.proc_protocol import (
     ProcWriteRequest,
     ProcWriteResponse,
 )
-from procpilot.faces.procs_client import ProcRequestError, ProcsAPI
+from procpilot.faces.procs_client import ProcRequestError, ProcsAPI, SyncProcsAPI
+from procpilot.sync import SyncSupervisor
+from procpilot.transports.serve import proc_handler_factory
 
 PY = sys.executable
 PROGRAMS = Path(__file__).parent.parent / "programs"
@@ -479,3 +482,39 @@ async def test_a_failing_on_output_callback_does_not_break_delivery(handler: Pro
     final = await procs.wait(resp.proc_id or "", timeout=10)
     assert final.state is ProcState.STOPPED and "".join(calls) == "one\ntwo\n"
     procs.close()
+
+
+async def test_spec003_max_procs_holds_per_agent_across_connections(supervisor: Supervisor) -> None:
+    """Spec 003's ``max_procs``, per agent: the daemon's handlers (one per WebSocket) share the
+    count, so one agent on two connections cannot run twice the limit (it once ran 6 of 3); another
+    agent has its own."""
+    limited = supervisor.settings.proc.model_copy(update={"max_procs": 1})
+    factory = proc_handler_factory(supervisor.settings.model_copy(update={"proc": limited}))
+    first, second, other = (factory(supervisor, agent) for agent in (SCOPE, SCOPE, "other"))
+    try:
+        running = await spawn(first, ["sleep", "30"])
+        refused = await spawn(second, ["sleep", "30"])
+        assert running["error"] is None and refused["error"]["code"] == "proc_limit"
+        elsewhere = await spawn(other, ["sleep", "30"])
+        assert elsewhere["error"] is None
+        for handler, resp in ((first, running), (other, elsewhere)):
+            await handler.handle({"type": "proc/kill/req", "proc_id": resp["proc_id"], "signal": "SIGKILL"})
+    finally:
+        for handler in (first, second, other):
+            handler.close()
+
+
+def test_spec003_procsapi_example_is_synchronous(settings: Settings) -> None:
+    """Spec 003's ProcsAPI example calls ``procs.spawn``, ``write``, ``kill`` and ``status``
+    without ``await``: ``SyncProcsAPI`` runs it so (the client was async only)."""
+    seen: list[str] = []
+    with SyncSupervisor(settings) as sup, SyncProcsAPI(sup, SCOPE) as procs:
+        resp = procs.spawn(["cat"], on_output=lambda event: seen.append(event.data))
+        procs.write(resp.proc_id, "input data\n", eof=True)
+        assert procs.wait(resp.proc_id, timeout=10).state is ProcState.STOPPED
+        assert "".join(seen) == "input data\n"
+        other = procs.spawn(["sleep", "30"])
+        assert procs.status(other.proc_id).state is ProcState.RUNNING
+        procs.kill(other.proc_id, signal="SIGKILL")
+        status = procs.wait(other.proc_id, timeout=10)
+        assert status.state is ProcState.STOPPED and status.exit_code is None

@@ -247,3 +247,58 @@ def test_audited_arguments_are_cut_and_say_so() -> None:
     assert len(json.dumps(many)) < 4 * AUDIT_ARGUMENTS_BUDGET and many["..."].endswith("more arguments>")
     small = {"command": "ls", "args": ["-l", "src"], "env": {"A": "secret"}}
     assert audit_arguments(small) == {"command": "ls", "args": ["-l", "src"], "env": {"A": "<redacted>"}}
+
+
+async def test_process_calls_that_change_a_session_are_audited_and_reads_are_not(
+    tmp_path: Path, workspace: Path
+) -> None:
+    # Issue 23, item 9: process kill, write and remove were not audited, while process.kill was.
+    settings = policy_settings(tmp_path, workspace, "")
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        events: list[AuditEvent] = []
+        gate.audit.add_callback(events.append)
+        tools = gate.wrap(exec_process_tools(sup))
+        process = tool(tools, "process")
+        started = await tool(tools, "exec").call({"command": "cat", "background": True}, "a1")
+        sid = started.data["sessionId"]
+        for action, more in (
+            ("poll", {}),
+            ("write", {"data": "s3cret\n"}),
+            ("log", {}),
+            ("list", {}),
+            ("kill", {"signal": "SIGKILL"}),
+            ("remove", {}),
+        ):
+            result = await process.call({"action": action, "sessionId": sid, **more}, "a1")
+            assert not result.is_error, result.text
+        audited = [(e.tool, (e.arguments or {}).get("action"), e.process_id, e.tier, e.outcome) for e in events[1:]]
+        assert audited == [
+            ("process", "write", sid, "notify", "ok"),
+            ("process", "kill", sid, "notify", "ok"),
+            ("process", "remove", sid, "notify", "ok"),
+        ]
+        assert "s3cret" not in repr(events)  # what is written is audited by its size only
+
+
+async def test_the_claude_profiles_kills_are_audited(tmp_path: Path, workspace: Path) -> None:
+    # Issue 23, item 9: TaskStop and KillShell end a process, as process.kill does, unaudited.
+    from procpilot.faces.claude_profile import claude_tools
+
+    settings = policy_settings(tmp_path, workspace, "")
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        events: list[AuditEvent] = []
+        gate.audit.add_callback(events.append)
+        tools = gate.wrap(claude_tools(sup))
+        for stop, key in (("TaskStop", "task_id"), ("KillShell", "shell_id")):
+            started = await tool(tools, "Bash").call({"command": "sleep 30", "run_in_background": True}, "a1")
+            task = re.search(r"\bb[a-z0-9]{8}\b", started.text)
+            assert task is not None, started.text
+            assert not (await tool(tools, stop).call({key: task.group(0)}, "a1")).is_error
+        assert [(e.tool, e.outcome) for e in events] == [
+            ("Bash", "ok"),
+            ("TaskStop", "ok"),
+            ("Bash", "ok"),
+            ("KillShell", "ok"),
+        ]

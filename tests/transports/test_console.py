@@ -357,6 +357,24 @@ def test_the_list_updates_live(open_page: Callable[..., Any], served: Served) ->
         kill(served, TOKEN_A, sid)
 
 
+def test_names_are_shown_and_searched_and_an_empty_list_says_why(open_page: Callable[..., Any], served: Served) -> None:
+    # Issue 23, item 10: session names appeared nowhere and could not be searched; a filter that
+    # let nothing through showed a blank table.
+    page = open_page(TOKEN_A)
+    sid = start(served, TOKEN_A, "sleep 3106", name="api-gateway")
+    try:
+        page.locator(f"tr[data-id='{sid}']").wait_for()
+        page.get_by_label("Search commands").fill("api-gateway")
+        expect(page.locator("#sessions tbody tr")).to_have_count(1)
+        expect(page.locator(f"tr[data-id='{sid}'] .name")).to_have_text("api-gateway")
+        page.get_by_label("Search commands").fill("no-such-session-anywhere")
+        expect(page.locator("#sessions tbody tr")).to_have_count(0)
+        expect(page.locator("#sessions-empty")).to_be_visible()
+        expect(page.locator("#sessions-empty")).to_contain_text("No session matches these filters")
+    finally:
+        kill(served, TOKEN_A, sid)
+
+
 def test_output_streams_and_stdin_reaches_a_pipe_session(open_page: Callable[..., Any], served: Served) -> None:
     sid = start(
         served,

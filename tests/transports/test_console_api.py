@@ -265,3 +265,46 @@ def test_without_tokens_the_page_shows_everything_and_changes_need_its_secret(
                 assert again.status_code == 200
     finally:
         assert daemon.stop() == 0, daemon.log_text()
+
+
+def first_snapshot(served: Served, token: str) -> list[dict[str, Any]]:
+    """The sessions' rows the console's stream sends first, as the page gets them."""
+    name, cookie, secret = login(served, token)
+    with (
+        served.http(None) as browser,
+        browser.stream("GET", "/console/api/stream", headers=as_browser(name, [cookie], secret)) as events,
+    ):
+        lines = events.iter_lines()
+        while next(lines) != "event: sessions":
+            pass
+        rows: list[dict[str, Any]] = json.loads(next(lines)[len("data: ") :])
+        return rows
+
+
+def test_rows_name_their_session_and_tell_how_it_ended(served: Served) -> None:
+    # Issue 23, item 10: session names appeared nowhere; a killed restart session showed exit 0.
+    with served.http(TOKEN_A) as a:
+        named = post(a, "exec", command="sleep 3105", name="web-server", yieldMs=0).json()["data"]["sessionId"]
+        looping = post(a, "exec", command="true", restart="always", background=True).json()["data"]["sessionId"]
+        # Between two runs (the backoff after "restart 1 of ..."), the last run's exit code is 0.
+        waited = post(a, "process", action="wait", sessionId=looping, pattern="restart 1 of", timeout=20_000)
+        assert waited.json()["data"]["reason"] == "pattern"
+        assert post(a, "process", action="kill", sessionId=looping).status_code == 200
+        try:
+            rows = {r["id"]: r for r in first_snapshot(served, TOKEN_A)}
+            assert rows[named]["name"] == "web-server"
+            killed = rows[looping]
+            assert killed["state"] == "killed" and killed["exitCode"] == 0  # what the column showed
+            assert killed["exit"].startswith("killed") and killed["exit"] != "0", killed
+        finally:
+            for sid in (named, looping):
+                post(a, "process", action="remove", sessionId=sid)
+
+
+def test_browsers_get_a_favicon(served: Served) -> None:
+    # Issue 23, item 10: /favicon.ico was a 404 on every page load.
+    with served.http(None) as anon:
+        icon = anon.get("/favicon.ico")
+        assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+        assert icon.content.startswith(b"<svg")
+        assert 'rel="icon"' in anon.get("/console/").text

@@ -180,6 +180,9 @@ class Session:
         self._on_finish = on_finish
         self._requested_end: SessionState | None = None
         self._signal_sent: str | None = None
+        # Every signal procpilot sent the tree, with when (ms since the run started): a kill's or a
+        # timeout's result tells the agent what was sent, not only how it ended.
+        self.signals_sent: list[tuple[str, int]] = []
         self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
         self._finished = asyncio.Event()
@@ -647,7 +650,9 @@ class Session:
             # Read before the kill: afterwards nothing is blocked anywhere, and "it hung on a
             # prompt" is the likeliest reason a command ran out of time.
             self.timed_out_waiting_for_input = self.waiting_for_input
-            self.terminate(SessionState.TIMED_OUT, signal.SIGTERM, self.kill_grace)
+            # No grace: SIGKILL at once (SIGTERM with grace 0 would never escalate).
+            sig = signal.SIGTERM if self.kill_grace else signal.SIGKILL
+            self.terminate(SessionState.TIMED_OUT, sig, self.kill_grace)
 
     def terminate(self, end: SessionState, sig: int, grace: float | None) -> None:
         """Signal the whole tree; escalate to SIGKILL after ``grace`` seconds if it is still alive.
@@ -660,6 +665,7 @@ class Session:
         if self._requested_end is None:
             self._requested_end = end
         self._signal_sent = signal_name(sig)
+        self.signals_sent.append((self._signal_sent, self.duration_ms))
         if self.cycle.next_run is not None:
             self.cycle.next_run.cancel()
             self.cycle.next_run = None
@@ -675,6 +681,7 @@ class Session:
     def _escalate(self) -> None:
         if not self._finished.is_set():
             self._signal_sent = "SIGKILL"
+            self.signals_sent.append(("SIGKILL", self.duration_ms))
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
 
     # -- restoring -----------------------------------------------------------------------------

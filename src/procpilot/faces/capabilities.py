@@ -308,9 +308,16 @@ class LogsInput(BaseModel):
 
 class ResourceUsage(BaseModel):
     cpu_ms: int
-    memory_peak_bytes: int
+    # None: not measured (a tree too short to sample, below the supervisor's own peak RSS). A live
+    # process always has resident memory, so the engine's 0 never means "used none".
+    memory_peak_bytes: int | None
     io_read_bytes: int
     io_write_bytes: int
+
+    @classmethod
+    def of(cls, usage: Usage) -> ResourceUsage:
+        figures = usage.as_dict()
+        return cls(**figures | {"memory_peak_bytes": figures["memory_peak_bytes"] or None})
 
 
 class RunOutput(BaseModel):
@@ -406,7 +413,7 @@ class ProcessCapabilities:
         return self.sup.get(scope, process_id)
 
     def _resource_usage(self, session: Session) -> ResourceUsage:
-        return ResourceUsage(**self.usage.usage(session).as_dict())
+        return ResourceUsage.of(self.usage.usage(session))
 
     async def _summary(self, session: Session, stream: Stream, lines: int) -> str:
         """The last ``lines`` lines of a stream, as a model should read them."""
@@ -571,7 +578,7 @@ class ProcessCapabilities:
                     exit_code=spec_exit_code(s),
                     started_at=self._started_at(s),
                     duration_ms=s.duration_ms,
-                    resource_usage=ResourceUsage(**(usages[s.id] or Usage()).as_dict()),
+                    resource_usage=ResourceUsage.of(usages[s.id] or Usage()),
                     **_extras(s),
                 )
                 for s in shown

@@ -424,11 +424,12 @@ def _kept_lines(matcher: regex.Pattern[str], text: str) -> str:
 
 def claude_tools(supervisor: Supervisor) -> list[ToolSpec]:
     face = ClaudeFace(supervisor)
+    # TaskStop and KillShell end a process: notify-tier, so each call is audited as process.kill is.
     tools: list[tuple[str, str, type[BaseModel], Handler, PermissionTier]] = [
         ("Bash", BASH_DESCRIPTION, BashParams, face.bash, PermissionTier.NOTIFY),
         ("TaskOutput", TASK_OUTPUT_DESCRIPTION, TaskOutputParams, face.task_output, PermissionTier.AUTONOMOUS),
-        ("TaskStop", TASK_STOP_DESCRIPTION, TaskStopParams, face.task_stop, PermissionTier.AUTONOMOUS),
+        ("TaskStop", TASK_STOP_DESCRIPTION, TaskStopParams, face.task_stop, PermissionTier.NOTIFY),
         ("BashOutput", BASH_OUTPUT_DESCRIPTION, BashOutputParams, face.bash_output, PermissionTier.AUTONOMOUS),
-        ("KillShell", KILL_SHELL_DESCRIPTION, KillShellParams, face.kill_shell, PermissionTier.AUTONOMOUS),
+        ("KillShell", KILL_SHELL_DESCRIPTION, KillShellParams, face.kill_shell, PermissionTier.NOTIFY),
     ]
     return [ToolSpec(name, text, model, handler, tier, text_only=True) for name, text, model, handler, tier in tools]

@@ -15,10 +15,11 @@ from typing import Any
 
 from procpilot.engine.capture import OutputView, Stream
 from procpilot.engine.session import Session
+from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, ProcpilotError
 
-__all__ = ["MAX_ROWS", "PAGE_MAX", "act", "log_page", "output_chunks", "rows", "view"]
+__all__ = ["MAX_ROWS", "PAGE_MAX", "act", "exit_text", "log_page", "output_chunks", "rows", "view"]
 
 MAX_ROWS = 500  # sessions in one snapshot, newest first
 PAGE_MAX = 256 * 1024  # bytes in one log page, whatever is asked
@@ -51,12 +52,38 @@ def row(sup: Supervisor, s: Session) -> dict[str, Any]:
         "durationMs": s.duration_ms,
         "exitCode": s.exit_code,
         "exitSignal": s.exit_signal,
+        "exit": exit_text(s),
+        "name": s.name,
         "cpuMs": usage.cpu_ms if usage else 0,
         "memoryBytes": sup.usage.rss_now(s),  # the tree's resident memory now (0 once ended)
         "memoryPeakBytes": usage.memory_peak_bytes if usage else 0,
         "stdinOpen": s.stdin_open,
         "bytes": s.output[Stream.COMBINED].size,
     }
+
+
+# Endings procpilot brought about: the exit column names them and the signal, never only a code.
+_ENDED_BY = {
+    SessionState.KILLED: "killed",
+    SessionState.TIMED_OUT: "timed out",
+    SessionState.LIMIT_EXCEEDED: "memory limit",
+}
+
+
+def exit_text(s: Session) -> str:
+    """How a session ended, for the exit column ("" while it runs). A restarting session killed
+    between two runs kept its last run's exit code 0: shown as such it read as a success."""
+    if not s.finished:
+        return ""
+    if (word := _ENDED_BY.get(s.state)) is not None:
+        if s.exit_signal:
+            return f"{word} ({s.exit_signal})"
+        sent = f", {s.signal_sent} sent" if s.signal_sent else ""
+        last = f"; last run exited {s.exit_code}" if s.exit_code is not None else ""
+        return f"{word}{sent}{last}"
+    if s.exit_signal:
+        return s.exit_signal
+    return "" if s.exit_code is None else str(s.exit_code)
 
 
 def view(session: Session, name: str) -> OutputView:

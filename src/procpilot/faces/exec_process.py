@@ -20,6 +20,7 @@ from typing import Any, Literal
 import regex
 from pydantic import BaseModel, ConfigDict, Field
 
+from procpilot.config import Settings
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_named, parse_arguments
 from procpilot.engine.capture import Stream
 from procpilot.engine.isolation import weaker_box
@@ -36,7 +37,7 @@ from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import cut_marker, derive_name, for_model, head_chars, tail_chars
 
-__all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "status_of"]
+__all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "process_served", "status_of"]
 
 ACTIONS = (
     "list",
@@ -51,6 +52,8 @@ ACTIONS = (
     "remove",
     "wait",
 )
+# The actions that change a session (its input, its life, its record): each call is audited.
+STATE_CHANGING_ACTIONS = frozenset({"write", "send-keys", "submit", "paste", "kill", "clear", "remove"})
 _POLL_MAX_WAIT_MS = 30_000
 _WAIT_MAX_MS = 600_000
 # Bounds on numbers an agent sends: past them a value means nothing but an overflow later.
@@ -59,7 +62,7 @@ _MAX_PATTERN = 4096  # characters of a wait regex: it is compiled, and matched, 
 _WAIT_DEFAULT_MS = 30_000
 _WRITE_DEFAULT_MS = 5_000
 _LOG_DEFAULT_LINES = 200
-_TAIL_CHARS = 400
+_TAIL_CHARS = 2000  # spec 001: a status response's tail, "Last 2000 chars (quick preview)"
 # Spec 002: past this much output, results name the file that holds it, for the agent's file tools.
 _OFFLOAD_BYTES = 10 * 1024
 # Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
@@ -119,7 +122,7 @@ class ExecParams(BaseModel):
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
         None,
         le=_MAX_COUNT,
-        description="ms before it moves to the background (default 10000).",
+        description="ms before it moves to the background (default 10000; null: never).",
     )
     background: bool = Field(False, description="Return at once; the run goes on.")
     timeout: float | None = Field(
@@ -206,6 +209,10 @@ class ExecProcessFace:
             self.profile.script_preflight if self.cfg.script_preflight is None else self.cfg.script_preflight
         )
         self._notifies_exit = notifies_exit
+        # Spec 004: "If the process tool is disallowed, exec runs synchronously and ignores
+        # yieldMs/background": turned off ([tools.process]) or left out of what is served
+        # (--tools exec,process.run), where a sessionId would name a run nothing can manage.
+        self.process_served = process_served(supervisor.settings)
         self._empty_polls: dict[str, int] = {}
         # Per session and stream: the byte offset after the last reported pattern match.
         self._wait_cursors: dict[str, dict[Stream, int]] = {}
@@ -270,14 +277,19 @@ class ExecProcessFace:
                 data["waitingForInput"] = waiting
         elif session.timed_out_waiting_for_input:
             data["timedOutWaitingForInput"] = True
+        if session.signals_sent:
+            data["signalsSent"] = [{"signal": name, "atMs": ms} for name, ms in session.signals_sent]
         return data
 
     def _ending(self, session: Session) -> str:
         if session.state is SessionState.TIMED_OUT:
             why = "; it was waiting for input on stdin" if session.timed_out_waiting_for_input else ""
-            return f"timed out after {session.duration_ms} ms{why}; the process tree was ended"
+            limit = f"{session.spec.timeout:g} s" if session.spec.timeout else "its"
+            return f"timed out at the {limit} limit{why}; the process tree was ended{_signals(session)}"
         if session.state is SessionState.KILLED:
-            return f"killed ({session.signal_sent or session.exit_signal}) after {session.duration_ms} ms"
+            # The status word already says "killed": the ending says how, not "killed" again.
+            sent = _signals(session) or f" ({session.exit_signal})"
+            return f"ended after {session.duration_ms} ms{sent}"
         if session.state is SessionState.LIMIT_EXCEEDED:
             return f"ended by its memory limit after {session.duration_ms} ms"
         if session.state is SessionState.FAILED_TO_START:
@@ -319,9 +331,10 @@ class ExecProcessFace:
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
         check_os_string("command", params.command)
-        # The configured default bounds foreground work; a run started in the background on
-        # purpose (a dev server, a watcher) runs until it ends or is killed, unless it says.
-        default = None if params.background else self.cfg.timeout_sec
+        # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
+        # server asks for timeout 0); the openclaw profile lets `background: true` run on, as
+        # OpenClaw does.
+        default = None if params.background and not self.profile.background_timeout else self.cfg.timeout_sec
         timeout = default if params.timeout is None else params.timeout
         # The engine's fences, as for every face: a workdir outside the workspace (.., absolute,
         # a symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
@@ -341,15 +354,19 @@ class ExecProcessFace:
                 notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
                 # Without the process tool nothing could ever write to a stdin pipe: a prompt would
                 # hang until the timeout. /dev/null makes it read EOF at once instead.
-                stdin="pipe" if self.sup.settings.process.enabled else "null",
+                stdin="pipe" if self.process_served else "null",
             )
         if self._preflight and might_run_scripts(params.command):
             # A shell reading and a few file reads: off the loop, where no other agent waits on them.
             await asyncio.to_thread(check_scripts, params.command, spec.cwd or self.sup.settings.workspace_root)
-        if not self.sup.settings.process.enabled:
+        if not self.process_served:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
         elif params.background:
             yield_ms = 0
+        elif "yieldMs" in arguments and arguments["yieldMs"] is None:
+            # Spec 001: an explicit null stays in the foreground (the timeout still bounds it);
+            # parse_arguments reads a null as "the default", so the raw arguments tell.
+            yield_ms = None
         else:
             yield_ms = self.cfg.background_ms if params.yieldMs is None else min(max(params.yieldMs, 10), 120_000)
         session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
@@ -379,7 +396,14 @@ class ExecProcessFace:
             + ("its exit will be announced" if announced else "wait or poll to learn when it ends"),
             "next": self._next_for_running(session),
         }
+        if data.get("waitingForInput"):
+            # A command stopped at a prompt never ends on its own: say so where the model reads.
+            data["note"] += "; it is waiting for input on stdin (use process write)"
+        elif not tail and session.is_running:
+            data["note"] += _NO_OUTPUT_YET
         text = self.profile.backgrounded_text(session, tail, announced=announced)
+        if data.get("waitingForInput"):
+            text += f"\n[waiting for input on stdin: process write sessionId={session.id} data=...]"
         return _noting_loss(session, ToolResult(text + _weaker_note(data), data))
 
     # -- process -------------------------------------------------------------------------------
@@ -397,7 +421,7 @@ class ExecProcessFace:
         if not params.sessionId:
             raise InvalidArgument(
                 f"sessionId is required for action {params.action!r}",
-                hints={"list_sessions": "Call process with action='list' to see your session ids."},
+                hints={"see_your_sessions": "Call process with action='list' to see your session ids."},
                 field="sessionId",
             )
         session = self.sup.get(scope, params.sessionId)
@@ -427,7 +451,9 @@ class ExecProcessFace:
     async def _list(self, scope: str) -> ToolResult:
         rows = []
         lines = []
-        every = self.sup.list(scope)  # newest first
+        # Spec 004: "Only backgrounded sessions are listed": a run that ended in the foreground
+        # already gave its whole result (its sessionId still works for log and poll).
+        every = [s for s in self.sup.list(scope) if s.backgrounded]  # newest first
         sessions = _within_budget(every, self.cfg.result_max_chars)
         await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         # waitingForInput: a recent answer, else a fresh one for the newest sessions only, read
@@ -445,7 +471,7 @@ class ExecProcessFace:
                 "backgrounded": s.backgrounded,
                 "startedAt": s.created_at,
                 "cpuMs": None if usage is None else usage.cpu_ms,
-                "memoryBytes": None if usage is None else usage.memory_peak_bytes,
+                "memoryBytes": None if usage is None else usage.memory_peak_bytes or None,  # 0: not measured
             }
             rows.append(row)
             lines.append(self.profile.list_line(s, row))
@@ -612,10 +638,9 @@ class ExecProcessFace:
             params.literal, params.hex, params.keys, app_cursor=session.terminal.app_cursor_keys
         )
         result = await self._send(session, params, scope, payload)
-        if not warnings:
-            return result
-        text = result.text + "".join(f"\n[warning: {w}]" for w in warnings)
-        return ToolResult(text, result.data | {"warnings": warnings})
+        complete = result.data["bytesNotWritten"] == 0
+        text = self.profile.keys_text(result.text, len(payload), session.id, warnings, complete=complete)
+        return ToolResult(text, result.data | ({"warnings": warnings} if warnings else {}))
 
     async def _submit(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         # A terminal's Enter is CR; a pipe reader wants LF.
@@ -639,9 +664,12 @@ class ExecProcessFace:
                 field="signal",
             )
         grace = self.cfg.kill_grace_sec
+        if name == "SIGTERM" and not grace:
+            name = "SIGKILL"  # killGraceSec 0: spec 001's kill, SIGKILL at once
         await self.sup.kill(scope, session.id, signal_module.Signals[name], grace=grace, wait=grace + 2)
-        data = self._summary(session) | {"signalSent": session.signal_sent}
-        return ToolResult(f"[{self.profile.of(session)}: {self._ending(session)}]", data)
+        note = f"{self.profile.of(session)}: {self._ending(session)}"
+        data = self._summary(session) | {"signalSent": session.signal_sent, "note": note}
+        return ToolResult(f"[{note}]", data)
 
     async def _clear(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         self.sup.clear(scope, session.id)
@@ -659,7 +687,9 @@ class ExecProcessFace:
         pattern = None
         if params.pattern is not None:
             try:
-                pattern = regex.compile(params.pattern)
+                # MULTILINE: ^ and $ match at each line's start and end (a REPL's "42" line),
+                # as an agent reading a log line by line expects.
+                pattern = regex.compile(params.pattern, regex.MULTILINE)
             except regex.error as exc:
                 raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
         timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
@@ -690,7 +720,8 @@ class ExecProcessFace:
         if outcome.reason == "pattern":
             head = f"[pattern matched: {outcome.match!r}; session still {self.profile.of(session)}]"
         else:
-            head = f"[still running after {timeout_ms} ms; wait again or poll]"
+            quiet = "" if tail or session.output[Stream.COMBINED].size else _NO_OUTPUT_YET
+            head = f"[still running after {timeout_ms} ms{quiet}; wait again or poll]"
         data |= {"note": head[1:-1], "next": self._next_for_running(session)}
         return ToolResult(f"{tail}\n{head}" if tail else head, data)
 
@@ -706,6 +737,21 @@ _PRUNE_MIN = 256  # entries in the face's per-session tables before they are fir
 _NOT_FOUND = re.compile(
     rb"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:eval: )?(.{1,200}?): (?:command )?not found$", re.M
 )
+
+
+# Said when a running session has printed nothing yet: the likeliest cause is a program that
+# buffers its output when it is not writing to a terminal (C stdio, python without -u).
+_NO_OUTPUT_YET = (
+    "; no output yet: the program may be buffering its output because it is not writing to a"
+    " terminal (try python3 -u, stdbuf -oL, or a tty)"
+)
+
+
+def _signals(session: Session) -> str:
+    """The signals procpilot sent the session's tree and when, for an ending's text."""
+    if not session.signals_sent:
+        return ""
+    return " (" + ", then ".join(f"{name} sent at {ms} ms" for name, ms in session.signals_sent) + ")"
 
 
 def _weaker_note(data: Mapping[str, Any]) -> str:
@@ -758,6 +804,12 @@ def _shell_not_found(session: Session) -> str | None:
     return None if found is None else found.group(1).decode(errors="replace")
 
 
+def process_served(settings: Settings) -> bool:
+    """Whether the ``process`` tool is offered beside ``exec``: on, and among the served tools."""
+    wanted = settings.served_tools
+    return settings.process.enabled and (wanted is None or "process" in wanted)
+
+
 def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = None) -> list[ToolSpec]:
     """``exec`` and ``process``; only ``exec`` (always synchronous) when ``[tools.process]`` is off.
 
@@ -767,9 +819,16 @@ def exec_process_tools(supervisor: Supervisor, *, notifies_exit: bool | None = N
     """
     face = ExecProcessFace(supervisor, notifies_exit=notifies_exit)
     profile = face.profile
-    if not supervisor.settings.process.enabled:
+    if not face.process_served:
         return [ToolSpec("exec", profile.exec_sync_description, ExecParams, face.exec, PermissionTier.NOTIFY)]
     return [
         ToolSpec("exec", profile.exec_description, ExecParams, face.exec, PermissionTier.NOTIFY),
-        ToolSpec("process", profile.process_description, ProcessParams, face.process, PermissionTier.AUTONOMOUS),
+        ToolSpec(
+            "process",
+            profile.process_description,
+            ProcessParams,
+            face.process,
+            PermissionTier.AUTONOMOUS,
+            audited_actions=STATE_CHANGING_ACTIONS,
+        ),
     ]

@@ -13,8 +13,9 @@ the face consults; nothing else in the face asks which profile is on:
 - send-keys: Home/End are ``ESC [1~``/``ESC [4~`` (``ESC O H``/``ESC O F`` in cursor-key mode), and
   a hex element that is no byte is skipped with a warning instead of failing the call;
 - python/node scripts are checked for shell syntax before they run (policy/script_preflight.py);
-- the result texts ("(no new output)", "Process still running.", "showing last 200 of 201 lines")
-  and the tool descriptions follow OpenClaw's.
+- the result texts ("(no new output)", "Process still running.", "showing last 200 of 201 lines",
+  a timeout's "re-run with a higher timeout", send-keys' "Sent N bytes to session S.") and the tool
+  descriptions (OpenClaw's guidance) follow OpenClaw's.
 """
 
 from __future__ import annotations
@@ -57,17 +58,20 @@ PROCESS_DESCRIPTION = (
     "clear; remove (kill, clear)."
 )
 
-# OpenClaw's guidance, in our words: a backgrounded command is not finished until process says so.
+# OpenClaw's own descriptions and guidance, cut to fit the definition size cap (1,600 characters with
+# the schema) and less what names a tool we do not serve (cron); process also has wait here.
 _OPENCLAW_EXEC_DESCRIPTION = (
-    "Execute a shell command. After yieldMs (default 10000 ms) in the foreground it goes on in the "
-    "background with a sessionId (background=true: at once). It has not finished then: confirm it "
-    "completed with process (poll, wait) before relying on it."
+    "Execute shell commands with background continuation. Use yieldMs/background to continue later via "
+    "process tool; confirm it completed there (poll/wait). Use process whenever you need logs, status, input, "
+    "or intervention. Do not use exec sleep or delay loops for reminders. Use pty=true for TTY-required commands."
 )
 _OPENCLAW_PROCESS_DESCRIPTION = (
-    "Manage exec's background sessions: list, poll (new output and status), log (lines by offset/limit), "
-    "write (stdin; eof closes it), send-keys/submit/paste, wait (exit or a pattern), kill, clear, remove. "
-    "Poll or wait until status is completed or failed before treating a command as done."
+    "Manage running exec sessions: list, poll, log, wait, write, send-keys, submit, paste, kill, clear, remove. "
+    "Poll/wait until status is completed or failed before treating a command as done. Use "
+    "write/send-keys/submit/paste/kill for input or intervention. Do not use process polling to emulate timers."
 )
+# OpenClaw's advice after a timeout: the agent's next move is a higher timeout or the background.
+_RERUN = "If this command is expected to take longer, re-run with a higher timeout (e.g., exec timeout=300)."
 
 
 class Profile:
@@ -81,6 +85,9 @@ class Profile:
     env: Mapping[str, str] = MappingProxyType({})
     aggregated = False  # poll/log results carry the whole output so far
     script_preflight = False  # unless [tools.exec] scriptPreflight says otherwise
+    # Whether timeoutSec (1800 s) bounds a `background: true` run that gives no timeout, as specs
+    # 001/002/004 say; OpenClaw's own exec lets such a run go on until it ends or is killed.
+    background_timeout = True
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         return _STATUS[state]
@@ -119,6 +126,8 @@ class Profile:
 
     def log_note(self, shown: int, total: int) -> str | None:
         """The note of a log call without offset or limit (the default window of the last lines)."""
+        if total == 0:
+            return "the log is empty: the session has written no output yet"
         return f"showing the last {shown} of {total} lines; pass offset/limit for others"
 
     def encode_input(
@@ -132,6 +141,10 @@ class Profile:
             payload += encode_keys(keys, app_cursor=app_cursor)
         return payload, []
 
+    def keys_text(self, written: str, sent: int, session_id: str, warnings: Sequence[str], *, complete: bool) -> str:
+        """send-keys' answer: ``written`` is the write's own text, ``sent`` the bytes that went."""
+        return written + "".join(f"\n[warning: {w}]" for w in warnings)
+
 
 class OpenClawProfile(Profile):
     """OpenClaw's exec/process tools, where they differ from ours."""
@@ -143,6 +156,7 @@ class OpenClawProfile(Profile):
     env: Mapping[str, str] = MappingProxyType({"OPENCLAW_SHELL": "exec"})
     aggregated = True
     script_preflight = True
+    background_timeout = False
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         if state in (SessionState.QUEUED, SessionState.RUNNING, SessionState.RESTARTING):
@@ -153,8 +167,10 @@ class OpenClawProfile(Profile):
 
     def _reason(self, session: Session, ending: str) -> str:
         if session.state is SessionState.TIMED_OUT:
-            seconds = session.spec.timeout or 0
-            return f"Command timed out after {seconds:g} seconds"
+            seconds = session.spec.timeout
+            return (
+                f"Command timed out after {seconds:g} seconds. {_RERUN}" if seconds else f"Command timed out. {_RERUN}"
+            )
         if session.exit_signal is not None or session.state is SessionState.KILLED:
             return f"Command aborted by signal {session.signal_sent or session.exit_signal}"
         if session.exit_code is not None:
@@ -207,6 +223,12 @@ class OpenClawProfile(Profile):
         if keys:
             payload += encode_keys(keys, app_cursor=app_cursor, vt_home_end=True)
         return payload, warnings
+
+    def keys_text(self, written: str, sent: int, session_id: str, warnings: Sequence[str], *, complete: bool) -> str:
+        if not complete:
+            return super().keys_text(written, sent, session_id, warnings, complete=complete)  # ours says what is left
+        listed = "".join(f"\n- {w}" for w in warnings)
+        return f"Sent {sent} bytes to session {session_id}." + (f"\nWarnings:{listed}" if warnings else "")
 
 
 PROCPILOT = Profile()

@@ -225,7 +225,7 @@ class ProcConfig(BaseModel):
     allowed_commands: list[str] | None = None  # None: every command (the agent's policy still applies)
     timeout: float | None = Field(30.0, gt=0)  # default per process; a request's own timeout wins
     max_output_bytes: int = Field(_MIB, ge=0)  # pushed per process; the rest stays on disk only
-    max_procs: int = Field(10, ge=1)  # running processes spawned through this handler
+    max_procs: int = Field(10, ge=1)  # running processes spawned over proc/* per agent (see ProcHandler)
     network_disabled: bool = False  # only a private loopback; refused (fails closed) where no mechanism works
 
 
@@ -270,7 +270,17 @@ class _Pump:
 class ProcHandler:
     """Answers proc/* requests for one scope and pushes proc/read/event to its subscribers."""
 
-    def __init__(self, supervisor: Supervisor, scope: str, config: ProcConfig | None = None) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        scope: str,
+        config: ProcConfig | None = None,
+        spawned: dict[str, set[str]] | None = None,
+    ) -> None:
+        """``spawned``: per agent, the processes started over proc/* and maybe still running,
+        shared by every handler of one server so ``max_procs`` holds per agent, not per
+        connection (one agent on two WebSockets once ran 6 with ``max_procs = 3``). Without it
+        the handler counts its own."""
         self.sup = supervisor
         self.scope = scope
         self.config = config or ProcConfig()
@@ -278,7 +288,7 @@ class ProcHandler:
         self._allowed = None if allowed is None else CommandPolicy(allow=tuple(allowed))
         self._subscribers: list[EventCallback] = []
         self._pumps: dict[str, _Pump] = {}
-        self._mine: set[str] = set()  # running processes spawned here (for max_procs)
+        self._spawned = {} if spawned is None else spawned
         self._remove_exit_callback = supervisor.on_exit(self._on_exit)
         self._closed = False
 
@@ -435,8 +445,8 @@ class ProcHandler:
         refused = self._check_allowed(req.cmd)
         if refused is not None:
             return ProcSpawnResponse(id=req.id, session_id=req.session_id, error=refused)
-        self._mine = {proc_id for proc_id in self._mine if self._running(proc_id)}
-        running = len(self._mine)
+        mine = self._spawned[self.scope] = {p for p in self._spawned.get(self.scope, ()) if self._running(p)}
+        running = len(mine)
         if running >= self.config.max_procs:
             return ProcSpawnResponse(
                 id=req.id,
@@ -462,7 +472,7 @@ class ProcHandler:
         session = await self.sup.spawn(spec, scope=self.scope)
         # No await from here to the return: output is appended by the event loop's reader callbacks,
         # which cannot run before this step ends, so the snapshot + subscription miss and repeat nothing.
-        self._mine.add(session.id)
+        mine.add(session.id)
         self._attach(session)
         return ProcSpawnResponse(
             id=req.id,

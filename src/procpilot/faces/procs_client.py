@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol, TypeVar
 
 from procpilot.faces.proc_protocol import (
+    ProcConfig,
     ProcHandler,
     ProcKillRequest,
     ProcKillResponse,
@@ -31,8 +32,9 @@ from procpilot.faces.proc_protocol import (
     ProcWriteRequest,
     ProcWriteResponse,
 )
+from procpilot.sync import SyncSupervisor
 
-__all__ = ["InProcessTransport", "OutputCallback", "ProcRequestError", "ProcTransport", "ProcsAPI"]
+__all__ = ["InProcessTransport", "OutputCallback", "ProcRequestError", "ProcTransport", "ProcsAPI", "SyncProcsAPI"]
 
 _log = logging.getLogger(__name__)
 
@@ -209,3 +211,63 @@ class ProcsAPI:
             if deadline is not None and time.monotonic() >= deadline:
                 return status
             await asyncio.sleep(interval)
+
+
+class SyncProcsAPI:
+    """Spec 003's client as its example calls it, without ``await``::
+
+        with SyncSupervisor() as sup, SyncProcsAPI(sup, "me") as procs:
+            resp = procs.spawn(["python3", "-c", "print('hello')"], on_output=lambda e: print(e.data))
+            print(procs.wait(resp.proc_id).state)
+
+    A thin wrapper, as :class:`SyncSupervisor` is one over the supervisor: a :class:`ProcsAPI` over
+    a :class:`ProcHandler` for ``scope``, both on the supervisor's loop. ``on_output`` callbacks
+    run on that loop's thread, so they must not block (a slow one holds every process's output).
+    """
+
+    def __init__(self, supervisor: SyncSupervisor, scope: str, config: ProcConfig | None = None) -> None:
+        self._sup = supervisor
+
+        async def make() -> tuple[ProcHandler, ProcsAPI]:
+            handler = ProcHandler(supervisor.supervisor, scope, config)
+            return handler, ProcsAPI(handler)
+
+        self._handler, self._api = supervisor.call(make())
+
+    def __enter__(self) -> SyncProcsAPI:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop receiving events (processes are not touched)."""
+
+        async def close() -> None:
+            self._api.close()
+            self._handler.close()
+
+        self._sup.call(close())
+
+    def spawn(
+        self,
+        cmd: list[str],
+        on_output: OutputCallback | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin_mode: Literal["pipe", "null"] = "pipe",
+        timeout: float | None = None,
+    ) -> ProcSpawnResponse:
+        return self._sup.call(self._api.spawn(cmd, on_output, cwd, env, stdin_mode, timeout))
+
+    def write(self, proc_id: str, data: str, eof: bool = False) -> ProcWriteResponse:
+        return self._sup.call(self._api.write(proc_id, data, eof))
+
+    def kill(self, proc_id: str, signal: Literal["SIGTERM", "SIGKILL", "SIGINT"] = "SIGTERM") -> ProcKillResponse:
+        return self._sup.call(self._api.kill(proc_id, signal))
+
+    def status(self, proc_id: str) -> ProcStatusResponse:
+        return self._sup.call(self._api.status(proc_id))
+
+    def wait(self, proc_id: str, timeout: float | None = None) -> ProcStatusResponse:
+        return self._sup.call(self._api.wait(proc_id, timeout))

@@ -168,6 +168,8 @@ class Gate:
                 await self._await_approval(scope, spec, arguments)
             started = time.monotonic()
             result = await spec.call(arguments, scope)
+            if tier is PermissionTier.AUTONOMOUS and arguments.get("action") in spec.audited_actions:
+                tier = PermissionTier.NOTIFY  # a state change within a read-mostly tool: audited
             if tier is not PermissionTier.AUTONOMOUS:
                 outcome = f"error:{result.data.get('error')}" if result.is_error else "ok"
                 self.audit.publish(

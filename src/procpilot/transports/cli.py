@@ -274,8 +274,7 @@ def _how_to_connect(address: DaemonAddress, settings: Settings) -> list[str]:
 
 # Hints written for agents name tool calls; at a terminal the same advice is a CLI verb.
 _CLI_HINTS = {
-    "list_processes": "`procpilot ps` lists your sessions and their ids.",
-    "list_sessions": "`procpilot ps` lists your sessions and their ids.",
+    "see_your_sessions": "`procpilot ps` lists your sessions and their ids.",
     "check_status": "`procpilot logs ID` shows its output; `procpilot wait ID` its exit code.",
     "kill_first": "`procpilot kill ID` first, or `procpilot rm ID`, which kills and then removes it.",
     "force_kill": "`procpilot kill ID --signal SIGKILL`.",

@@ -181,18 +181,20 @@ def proc_handler_factory(settings: Settings | None = None) -> Callable[[Supervis
     ``[proc]`` (spec 003's defaults without settings)."""
     from procpilot.faces.proc_protocol import ProcConfig, ProcHandler
 
-    if settings is None:
-        return ProcHandler
-    proc = settings.proc
-    config = ProcConfig(
-        allowed_commands=list(proc.allowed_commands) if proc.allowed_commands is not None else None,
-        timeout=proc.timeout or None,  # 0 in TOML: no limit
-        max_output_bytes=proc.max_output_bytes,
-        max_procs=proc.max_procs,
-    )
+    config = None
+    if settings is not None:
+        proc = settings.proc
+        config = ProcConfig(
+            allowed_commands=list(proc.allowed_commands) if proc.allowed_commands is not None else None,
+            timeout=proc.timeout or None,  # 0 in TOML: no limit
+            max_output_bytes=proc.max_output_bytes,
+            max_procs=proc.max_procs,
+            network_disabled=proc.network_disabled,
+        )
+    spawned: dict[str, set[str]] = {}  # shared by all connections: max_procs holds per agent
 
     def handler(supervisor: Supervisor, agent: str) -> Any:
-        return ProcHandler(supervisor, agent, config)
+        return ProcHandler(supervisor, agent, config, spawned)
 
     return handler
 

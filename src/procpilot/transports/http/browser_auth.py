@@ -51,7 +51,7 @@ _MAX_SECRET = 128  # a header longer than any secret made here is not looked up
 
 # What a browser may fetch before logging in: the page's own static files (they hold no data:
 # everything shown comes from the authenticated API) and the login/logout calls themselves.
-_PUBLIC_EXACT = ("/", "/console", "/console/", "/console/api/login", "/console/api/logout")
+_PUBLIC_EXACT = ("/", "/console", "/console/", "/console/api/login", "/console/api/logout", "/favicon.ico")
 _PUBLIC_PREFIX = "/console/static/"
 
 

@@ -2,6 +2,7 @@
 
     GET  /                                   redirects to /console/
     GET  /console/, /console/static/...      the page and its files (no data: served before login)
+    GET  /favicon.ico                        its icon (what browsers ask for whatever the page links)
     POST /console/api/login {"token"}        a console session: its secret in the body, its binding cookie
     POST /console/api/logout                 ends the browser's sessions on the daemon, clears the cookie
     GET  /console/api/me                     who the page speaks for
@@ -103,6 +104,7 @@ class Console:
         return [
             Route("/", self.to_console, methods=["GET"]),
             Route("/console", self.to_console, methods=["GET"]),
+            Route("/favicon.ico", self.favicon, methods=["GET"]),
             Route("/console/", self.page, methods=["GET"]),
             Mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static"),
             Route("/console/api/login", self.login, methods=["POST"]),
@@ -187,6 +189,11 @@ class Console:
 
     async def to_console(self, request: Request) -> Response:
         return RedirectResponse("/console/", status_code=302)
+
+    async def favicon(self, request: Request) -> Response:
+        """Browsers ask for /favicon.ico whatever the page links: the console's icon, not a 404."""
+        body = (STATIC_DIR / "favicon.svg").read_bytes()
+        return Response(body, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     async def page(self, request: Request) -> Response:
         body = (STATIC_DIR / "index.html").read_bytes()  # 4 KiB from the page cache

@@ -230,11 +230,11 @@ function sessionsView() {
   const agent = el("select", { "aria-label": "Agent" }, el("option", { value: "" }, "all agents"));
   const status = el("select", { "aria-label": "State" },
     ...[["", "any state"], ["running", "running"], ["ended", "ended"], ["exited_ok", "exited ok"], ["exited_error", "exited with error"], ["killed", "killed"]].map(([v, t]) => el("option", { value: v }, t)));
-  const search = el("input", { type: "search", placeholder: "search commands", "aria-label": "Search commands" });
+  const search = el("input", { type: "search", placeholder: "search commands and names", "aria-label": "Search commands and names" });
   const tbody = el("tbody");
   const table = el("table", { id: "sessions" },
     el("thead", {}, el("tr", {}, ...["Agent", "Command", "Status", "Started", "Runtime", "CPU", "Memory", "Exit"].map((h) => el("th", {}, h)))), tbody);
-  const empty = el("p", { class: "empty" }, "No sessions yet. They appear here as agents start them.");
+  const empty = el("p", { class: "empty", id: "sessions-empty" }, "");
   main.append(el("h2", {}, "Sessions"), el("div", { class: "filters" }, agent, status, search), table, empty);
 
   function render() {
@@ -246,20 +246,23 @@ function sessionsView() {
     const rows = state.sessions.filter((s) =>
       (!agent.value || s.agent === agent.value) &&
       (!status.value || (status.value === "ended" ? ended(s) : status.value === "running" ? ["running", "restarting"].includes(s.state) : s.state === status.value)) &&
-      (!q || s.command.toLowerCase().includes(q)));
+      (!q || s.command.toLowerCase().includes(q) || (s.name ?? "").toLowerCase().includes(q)));
     tbody.replaceChildren(...rows.map((s) => {
       const href = `#/session/${encodeURIComponent(s.agent)}/${encodeURIComponent(s.id)}`;
       return el("tr", { class: "row", "data-id": s.id, "data-state": s.state, onclick: () => { location.hash = href; } },
         el("td", {}, s.agent),
-        el("td", { class: "cmd", title: s.command }, el("a", { href }, s.command)),
+        el("td", { class: "cmd", title: s.command }, el("a", { href }, s.name ? el("strong", { class: "name" }, s.name) : "", s.name ? " " : "", s.command)),
         el("td", {}, el("span", { class: `state ${s.state}` }, s.state.replace("_", " "))),
         el("td", {}, clock(s.startedAt)),
         el("td", { class: "num" }, runtime(s.durationMs)),
         el("td", { class: "num" }, ended(s) ? "" : `${s.cpuPercent.toFixed(0)}%`),
         el("td", { class: "num" }, ended(s) ? (s.memoryPeakBytes ? `peak ${bytes(s.memoryPeakBytes)}` : "") : bytes(s.memoryBytes)),
-        el("td", { class: "num" }, s.exitCode ?? s.exitSignal ?? ""));
+        el("td", { class: "num" }, s.exit ?? s.exitCode ?? s.exitSignal ?? ""));
     }));
-    empty.hidden = state.sessions.length > 0;
+    // An empty table says why: no session at all, or none that the filters let through.
+    empty.textContent = state.sessions.length ? `No session matches these filters (${state.sessions.length} hidden).`
+      : "No sessions yet. They appear here as agents start them.";
+    empty.hidden = rows.length > 0;
   }
   for (const input of [agent, status]) input.addEventListener("change", render);
   search.addEventListener("input", render);
@@ -294,11 +297,11 @@ function sessionView(agent, id) {
   function header() {
     const s = find();
     if (!s) { badge.textContent = "gone"; return; }
-    title.textContent = s.command;
+    title.textContent = s.name ? `${s.name}: ${s.command}` : s.command;
     badge.className = `state ${s.state}`;
     badge.textContent = s.state.replace("_", " ");
     info.textContent = `agent ${s.agent} · pid ${s.pid ?? "-"} · ${runtime(s.durationMs)} · ${bytes(s.bytes)} of output` +
-      (ended(s) ? ` · exit ${s.exitCode ?? s.exitSignal ?? "?"}` : "");
+      (ended(s) ? ` · exit ${s.exit || (s.exitCode ?? s.exitSignal ?? "?")}` : "");
     for (const b of buttons.slice(0, 3)) b.disabled = ended(s);
     chart.add(s);
   }
