@@ -74,6 +74,7 @@ run: $(STAMP)
 
 test: $(DEV_STAMP)
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

@@ -59,8 +59,12 @@ placement = "ws_a"
 
 
 def client(socket: str, token: str) -> httpx2.Client:
-    return httpx2.Client(transport=httpx2.HTTPTransport(uds=socket), base_url="http://localhost",
-                         headers={"Authorization": f"Bearer {token}"}, timeout=300)
+    return httpx2.Client(
+        transport=httpx2.HTTPTransport(uds=socket),
+        base_url="http://localhost",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=300,
+    )
 
 
 def call(h: httpx2.Client, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -126,8 +130,9 @@ def log_pages(h: httpx2.Client, n: int, idle: float = 0.0) -> tuple[float, float
 
 async def start_rate(socket: str, token: str, n: int) -> float:
     transport = httpx2.AsyncHTTPTransport(uds=socket)
-    async with httpx2.AsyncClient(transport=transport, base_url="http://localhost",
-                                  headers={"Authorization": f"Bearer {token}"}, timeout=300) as h:
+    async with httpx2.AsyncClient(
+        transport=transport, base_url="http://localhost", headers={"Authorization": f"Bearer {token}"}, timeout=300
+    ) as h:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(n):
             queue.put_nowait(i)
@@ -164,9 +169,11 @@ def main() -> int:
             cluster = start_cluster(root / "cluster", CONFIG)
             assert local.unix_socket
             rows: list[tuple[str, float, float, str]] = []
-            with client(local.unix_socket, "tok-local-0123456789") as lh, \
-                    client(cluster.socket, "tok-worker-012345678") as wh, \
-                    client(cluster.socket, "tok-head-0123456789") as hh:
+            with (
+                client(local.unix_socket, "tok-local-0123456789") as lh,
+                client(cluster.socket, "tok-worker-012345678") as wh,
+                client(cluster.socket, "tok-head-0123456789") as hh,
+            ):
                 for idle, when in ((0.0, "back to back"), (IDLE, "after 100 ms idle")):
                     base = exec_true(lh, n, idle) * 1e3
                     for node, h in (("worker", wh), ("head", hh)):
@@ -176,9 +183,11 @@ def main() -> int:
                 rows.append((f"{size // 1_000_000} MB output, MB/s: head node", big_output(hh, size), base_mb, "%"))
                 for idle, when in ((0.0, "back to back"), (IDLE, "after 100 ms idle")):
                     pages, base_pages = log_pages(wh, n, idle), log_pages(lh, n, idle)
-                    names = (f"64 KiB log page mid-log, p50 ms, {when}: from the node",
-                             f"64 KiB log page at the end, {when}: daemon's copy",
-                             f"process list, 20 running, p50 ms, {when}: worker node")
+                    names = (
+                        f"64 KiB log page mid-log, p50 ms, {when}: from the node",
+                        f"64 KiB log page at the end, {when}: daemon's copy",
+                        f"process list, 20 running, p50 ms, {when}: worker node",
+                    )
                     rows += [(name, a * 1e3, b * 1e3, "x") for name, a, b in zip(names, pages, base_pages, strict=True)]
             base_rate = asyncio.run(start_rate(local.unix_socket, "tok-local-0123456789", starts))
             rate = asyncio.run(start_rate(cluster.socket, "tok-local-0123456789", starts))

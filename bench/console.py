@@ -102,8 +102,14 @@ def main() -> int:
                     if label != "back to back":
                         time.sleep(5)
                     log_ms, static_ms = paging(c, sid, args.pages)
-                    rows.append((f"64 KiB log page, 208 MB log ({label})", f"{log_ms:.2f} ms", f"{static_ms:.2f} ms",
-                                 f"{log_ms / static_ms:.2f}x"))
+                    rows.append(
+                        (
+                            f"64 KiB log page, 208 MB log ({label})",
+                            f"{log_ms:.2f} ms",
+                            f"{static_ms:.2f} ms",
+                            f"{log_ms / static_ms:.2f}x",
+                        )
+                    )
                 for label in ("back to back", "after 5 s idle"):
                     if label != "back to back":
                         time.sleep(5)
@@ -115,8 +121,14 @@ def main() -> int:
                     watched, idle = console_cpu(url, proc.pid, 10)
                     for sid in ids:
                         c.post("/v1/tools/process", json={"action": "kill", "sessionId": sid, "signal": "SIGKILL"})
-                    rows.append((f"daemon CPU, {args.sessions} running, console open ({label})", f"{watched:.1f}%",
-                                 f"{idle:.1f}%", f"+{watched - idle:.1f} points"))
+                    rows.append(
+                        (
+                            f"daemon CPU, {args.sessions} running, console open ({label})",
+                            f"{watched:.1f}%",
+                            f"{idle:.1f}%",
+                            f"+{watched - idle:.1f} points",
+                        )
+                    )
         finally:
             proc.terminate()
             proc.wait(60)

@@ -266,8 +266,10 @@ async def main() -> int:
     idle = rows[0]
     print(f"hostile neighbour: quiet agent's `exec true` over REST, {args.calls} calls {args.gap_ms:.0f} ms apart")
     print(f"daemon RSS at start: {start_rss:.0f} MiB")
-    print(f"{'phase':<18} {'p50 ms':>8} {'p99 ms':>8} {'p99/idle':>9} {'noisy ok':>9} {'refused':>8} "
-          f"{'RSS peak':>9} {'RSS after':>10}")
+    print(
+        f"{'phase':<18} {'p50 ms':>8} {'p99 ms':>8} {'p99/idle':>9} {'noisy ok':>9} {'refused':>8} "
+        f"{'RSS peak':>9} {'RSS after':>10}"
+    )
     for row in rows:
         noise = row["noise"]
         assert isinstance(noise, Noise)

@@ -182,4 +182,3 @@ def marked(session_id: str) -> list[int]:
         except OSError:
             continue
     return found
-

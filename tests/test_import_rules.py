@@ -95,7 +95,6 @@ def test_every_module_is_under_a_rule() -> None:
         assert any(path == rule or rule in path.parents for rule in ruled), f"{path.relative_to(SRC)} has no rule"
 
 
-
 # -- one graph: no circle, no private name across modules ----------------------------------------
 
 

@@ -33,8 +33,12 @@ BIN = Path(sys.executable).parent
 HEAD_RESOURCE, WORKER_RESOURCE = "ws_a", "ws_b"
 # The control store declares a node dead after about 2 s without its heartbeat (Ray's default is
 # 15 s or more): a killed node's sessions end `lost` within seconds, not a quarter of a minute.
-_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
-           "RAY_health_check_failure_threshold": "4", "RAY_health_check_initial_delay_ms": "0"}
+_HEALTH = {
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "4",
+    "RAY_health_check_initial_delay_ms": "0",
+}
 
 _INIT = r"""
 set -e
@@ -146,11 +150,32 @@ class Cluster:
         init = psutil.Process(self.proc.pid).children()[0]
         env = {**self.env, "BIN": str(BIN)}
         subprocess.run(
-            ["nsenter", "--target", str(init.pid), "--net", "--pid", "--mount", "--",
-             str(BIN / "ray"), "start", "--address", "127.0.0.1:6379", "--node-ip-address", "127.0.0.1",
-             "--num-cpus", "1", "--object-store-memory", "100000000", "--disable-usage-stats",
-             "--resources", json.dumps({resource: 1})],
-            env=env, check=True, capture_output=True, timeout=120,
+            [
+                "nsenter",
+                "--target",
+                str(init.pid),
+                "--net",
+                "--pid",
+                "--mount",
+                "--",
+                str(BIN / "ray"),
+                "start",
+                "--address",
+                "127.0.0.1:6379",
+                "--node-ip-address",
+                "127.0.0.1",
+                "--num-cpus",
+                "1",
+                "--object-store-memory",
+                "100000000",
+                "--disable-usage-stats",
+                "--resources",
+                json.dumps({resource: 1}),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
 
     def stop(self) -> None:
@@ -165,8 +190,15 @@ def start_cluster(root: Path, config: str, *, outlive_daemon: bool = False) -> C
     root.mkdir(parents=True, exist_ok=True)
     (root / "ws").mkdir(exist_ok=True)
     (root / "procpilot.toml").write_text(config)
-    env = {"PATH": f"{BIN}:{os.environ['PATH']}", "HOME": str(root), "LANG": "C.UTF-8", "BIN": str(BIN),
-           "ROOT": str(root), "RAY_USAGE_STATS_ENABLED": "0", **_HEALTH}
+    env = {
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "HOME": str(root),
+        "LANG": "C.UTF-8",
+        "BIN": str(BIN),
+        "ROOT": str(root),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **_HEALTH,
+    }
     if outlive_daemon:
         env["OUTLIVE_DAEMON"] = "1"
     if "PYTHONPATH" in os.environ:  # a worktree's tree first, for the daemon and the nodes' workers alike

@@ -105,11 +105,15 @@ def test_serve_refuses_at_once_when_no_cluster_answers(tmp_path: Path) -> None:
     config = tmp_path / "procpilot.toml"
     config.write_text(
         f'state_dir = "state"\nworkspace_root = "."\n[cluster]\nbackend = "ray"\naddress = "127.0.0.1:{port}"\n'
-        '[server]\nport = 0\n'
+        "[server]\nport = 0\n"
     )
     done = subprocess.run(
         [str(Path(sys.executable).parent / "procpilot"), "serve", "--config", str(config)],
-        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "HOME": str(tmp_path)},
     )
     assert done.returncode != 0
     assert "ServeRefused: no Ray cluster answers at" in done.stderr

@@ -85,7 +85,10 @@ def test_the_daemon_lists_each_node_with_its_sessions_and_mechanisms(cluster: Cl
     # procpilot doctor shows the same, from the daemon it reaches.
     shown = subprocess.run(
         [str(BIN / "procpilot"), "doctor", "--json", "--url", f"unix://{cluster.socket}", "--token", TOKEN_A],
-        capture_output=True, check=True, timeout=120, env={**os.environ, "HOME": str(cluster.root)},
+        capture_output=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(cluster.root)},
     )
     doctor_nodes = json.loads(shown.stdout)["daemon"]["capabilities"]["cluster"]["nodes"]
     assert {n["node"] for n in doctor_nodes} == set(nodes)

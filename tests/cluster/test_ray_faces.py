@@ -118,8 +118,7 @@ def test_a_session_name_is_unique_across_the_nodes(cluster: Cluster) -> None:
 
 HUNDRED_MB = 100 << 20
 HOG = (  # 100 MB resident, a second of CPU, then quiet
-    "python3 -c 'import time; b = b\"x\" * (100 << 20)\n"
-    "while time.process_time() < 1: pass\ntime.sleep(300)'"
+    "python3 -c 'import time; b = b\"x\" * (100 << 20)\nwhile time.process_time() < 1: pass\ntime.sleep(300)'"
 )
 
 

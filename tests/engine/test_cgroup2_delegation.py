@@ -82,9 +82,7 @@ def delegated() -> Iterator[tuple[Path, str]]:
 
 
 def _start_in(service: Path, controller: str) -> subprocess.Popen[str]:
-    child = subprocess.Popen(
-        [PY, "-c", _CHILD, controller], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    child = subprocess.Popen([PY, "-c", _CHILD, controller], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     (service / "cgroup.procs").write_text(str(child.pid))
     assert child.stdin is not None
     child.stdin.write("go\n")

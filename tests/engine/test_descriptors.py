@@ -72,4 +72,3 @@ def test_a_server_holds_more_sessions_than_its_starting_soft_limit(tmp_path: Pat
     # Sessions get the soft limit the server started with, warm or cold.
     assert found["warm_ulimit"].strip() == str(start_soft)
     assert found["cold_ulimit"].strip() == str(start_soft)
-

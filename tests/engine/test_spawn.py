@@ -32,7 +32,6 @@ def test_a_pty_gets_a_terminal_and_its_size() -> None:
     assert env["PATH"] == os.defpath  # none passed through: the default search path, never none
 
 
-
 def test_a_marker_cannot_be_overridden() -> None:
     with pytest.raises(ProtectedVariable):
         build_env((), {}, {MARKER_ENV: "other"}, markers=MARKERS, pty=False, pty_size=(80, 24), source={})
@@ -120,6 +119,7 @@ async def test_a_spawned_child_writes_to_its_pipes_and_reads_its_stdin(tmp_path:
         for fd in (spawned.stdin_fd, spawned.stdout_fd, spawned.stderr_fd, spawned.pidfd):
             if fd is not None and fd >= 0:
                 os.close(fd)
+
 
 def test_the_policys_limits_and_box_do_not_resolve_the_directory_again(tmp_path: Path) -> None:
     # The spawn filter confines every spec: the directory was resolved and checked when the face

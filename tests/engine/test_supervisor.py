@@ -305,7 +305,8 @@ async def test_shutdown_ends_every_tree(settings, tmp_path: Path) -> None:  # ty
 
 
 async def test_two_supervisors_in_one_process_do_not_touch_each_others_trees(
-    settings, tmp_path: Path  # type: ignore[no-untyped-def]
+    settings,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     from procpilot.config import load_settings
 
@@ -449,7 +450,7 @@ async def test_a_catastrophic_wait_pattern_never_holds_the_event_loop(supervisor
 async def test_output_waits_in_its_pipe_while_no_descriptor_is_free(supervisor: Supervisor) -> None:
     import resource
 
-    s = await supervisor.run(SpawnSpec("read line; echo \"got $line\""), scope=A, yield_ms=0)
+    s = await supervisor.run(SpawnSpec('read line; echo "got $line"'), scope=A, yield_ms=0)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # The log's file is opened at the first byte: with a limit of 3 (0-2 are open) it cannot be,
     # whatever other descriptors close meanwhile; those already open go on working.

@@ -27,9 +27,7 @@ def outside(tmp_path: Path) -> Path:
     return path
 
 
-async def test_a_workdir_swapped_after_the_check_is_refused(
-    settings: Settings, workspace: Path, outside: Path
-) -> None:
+async def test_a_workdir_swapped_after_the_check_is_refused(settings: Settings, workspace: Path, outside: Path) -> None:
     sub = workspace / "sub"
     sub.mkdir()
 

@@ -55,9 +55,7 @@ def test_a_slow_bwrap_probe_is_no_answer_and_is_probed_again(root: Path) -> None
     marks.mkdir()
     # Its first two runs hang (a host under load), every later one is the real bubblewrap.
     body = f'for n in 1 2; do mkdir "{marks}/$n" 2>/dev/null && exec sleep 30; done\nexec {BWRAP} "$@"'
-    served = start_daemon(
-        root, extra="[policy.agents.agent-a]\nisolate = true\n", wrap=_fake_bwrap(root, body)
-    )
+    served = start_daemon(root, extra="[policy.agents.agent-a]\nisolate = true\n", wrap=_fake_bwrap(root, body))
     try:
         with served.http(TOKEN_A) as c:
             first = post(c, "exec", command="cat /proc/1/comm")

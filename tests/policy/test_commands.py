@@ -140,8 +140,8 @@ BYPASSES: list[tuple[str, str]] = [
     ("[[ -v b[x] ]]", "-v"),
     ("test -v 'b[x]'", "-v"),
     ("mapfile -t 'b[$(rm x)]' <<< 1", "mapfile"),
-    ('o=-v; printf "$o" \'b[x]\' 1', "b[x]"),
-    ('o=-v; [ "$o" \'b[x]\' ]', "b[x]"),
+    ("o=-v; printf \"$o\" 'b[x]' 1", "b[x]"),
+    ("o=-v; [ \"$o\" 'b[x]' ]", "b[x]"),
     ("o=-p; ls & wait -n $o 'b[x]'", "b[x]"),
 ]
 
@@ -173,7 +173,7 @@ ARITHMETIC_SINKS = [
     "test -v 'b[x]'",
     "[ -v 'b[x]' ]",
     "o=-v; test \"$o\" 'b[x]'",
-    "o=-v; v='b[x]'; [ \"$o\" \"$v\" ]",
+    'o=-v; v=\'b[x]\'; [ "$o" "$v" ]',
     "b[x]=1",
     "echo $((x))",
 ]

@@ -47,9 +47,7 @@ async def test_tiers_block_notify_and_audit(tmp_path: Path, workspace: Path) -> 
         assert len(events) == 2  # autonomous calls are not audited
 
 
-async def test_an_audit_event_names_the_process_and_hides_environment_values(
-    tmp_path: Path, workspace: Path
-) -> None:
+async def test_an_audit_event_names_the_process_and_hides_environment_values(tmp_path: Path, workspace: Path) -> None:
     from procpilot.faces.all_tools import all_tools
 
     settings = policy_settings(tmp_path, workspace, "")

@@ -37,9 +37,7 @@ def test_wrapped_commands_are_read_as_well() -> None:
 
 def test_code_the_line_hides_is_a_problem() -> None:
     assert read('eval "$cmd"').problems == ['eval "$cmd": eval runs its arguments as shell code']
-    assert read("$CMD arg").problems == [
-        "the command word $CMD is only known at run time (variable, glob, brace or ~)"
-    ]
+    assert read("$CMD arg").problems == ["the command word $CMD is only known at run time (variable, glob, brace or ~)"]
     assert read("LD_PRELOAD=/tmp/x.so ls").problems == [
         "assignment to LD_PRELOAD changes which program runs or what it loads"
     ]

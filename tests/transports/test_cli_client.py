@@ -37,7 +37,13 @@ def cli(
     if token is not None:
         env["PROCPILOT_TOKEN"] = token
     return subprocess.run(
-        [PROCPILOT, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False, **kw  # type: ignore[call-overload]
+        [PROCPILOT, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kw,  # type: ignore[call-overload]
     )
 
 

@@ -22,9 +22,7 @@ PROCPILOT = str(Path(sys.executable).parent / "procpilot")
 
 
 def server_env(tmp_path: Path) -> dict[str, str]:
-    return cli_env(
-        HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path)
-    )
+    return cli_env(HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path))
 
 
 async def call(client: Client, tool: str, **args: Any) -> dict[str, Any]:

@@ -252,7 +252,6 @@ async def test_streaming_client_over_the_unix_socket(served: Served) -> None:
         assert resp["state"] in ("RUNNING", "STOPPED")
 
 
-
 async def test_spec_003_procs_api_over_the_websocket(served: Served) -> None:
     from procpilot.client import WebSocketTransport
     from procpilot.faces.procs_client import ProcsAPI

@@ -208,12 +208,8 @@ class RunInput(BaseModel):
         min_length=1,
         description="Alone: a shell command. With args: the program, run without a shell.",
     )
-    args: list[str] | None = Field(
-        None, description="The program's arguments, one per element."
-    )
-    working_directory: str | None = Field(
-        None, description="Directory in the workspace (default: its root)."
-    )
+    args: list[str] | None = Field(None, description="The program's arguments, one per element.")
+    working_directory: str | None = Field(None, description="Directory in the workspace (default: its root).")
     environment: dict[str, str] | None = Field(
         None,
         description="Extra environment variables (PATH, HOME, LD_* and the like are protected).",
@@ -229,13 +225,9 @@ class RunInput(BaseModel):
         description="Return a process_id at once (no timeout).",
     )
     stdin: str | None = Field(None, description="Fed to stdin, then closed (foreground only).")
-    cpu_limit: float | None = Field(
-        None, gt=0, le=_MAX_CORES, description="Cores, e.g. 0.5."
-    )
+    cpu_limit: float | None = Field(None, gt=0, le=_MAX_CORES, description="Cores, e.g. 0.5.")
     memory_limit: int | None = Field(None, ge=1, le=_MAX_BYTES, description="Bytes.")
-    stdout_lines: int = Field(
-        100, ge=0, description="Trailing lines in each summary."
-    )
+    stdout_lines: int = Field(100, ge=0, description="Trailing lines in each summary.")
 
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,

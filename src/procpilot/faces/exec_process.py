@@ -132,9 +132,7 @@ class ExecParams(BaseModel):
         description="Seconds before the whole tree is killed (default 1800, 0 = none).",
     )
     pty: bool = Field(False, description="Run in a pseudo-terminal.")
-    elevated: bool = Field(
-        False, description="Run outside the sandbox, if policy allows."
-    )
+    elevated: bool = Field(False, description="Run outside the sandbox, if policy allows.")
     notifyOnExit: bool | None = Field(  # noqa: N815
         None, description="Announce a background run's exit (default true)."
     )
@@ -166,9 +164,7 @@ class ProcessParams(BaseModel):
     hex: list[str] | None = Field(None, description="send-keys: bytes as hex.")
     literal: str | None = Field(None, description="send-keys: text as is.")
     text: str | None = Field(None, description="submit/paste: the text.")
-    pattern: str | None = Field(
-        None, max_length=_MAX_PATTERN, description="wait: regex to wait for."
-    )
+    pattern: str | None = Field(None, max_length=_MAX_PATTERN, description="wait: regex to wait for.")
     stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
         None, description="Which output (default both, in arrival order)."
     )
@@ -178,9 +174,7 @@ class ProcessParams(BaseModel):
         le=_MAX_COUNT,
         description="log: first line; wait: byte offset to scan from.",
     )
-    limit: int | None = Field(
-        None, ge=0, le=_MAX_COUNT, description="log: lines; poll: most characters."
-    )
+    limit: int | None = Field(None, ge=0, le=_MAX_COUNT, description="log: lines; poll: most characters.")
     timeout: int | None = Field(
         None,
         ge=0,

@@ -128,9 +128,7 @@ class BrowserAuth:
         return values
 
     def set_cookie(self, scope: Scope, binding: str) -> str:
-        return (
-            f"{self.cookie_name(scope)}={binding}; HttpOnly; SameSite=Strict; Path=/; Max-Age={int(self.lifetime)}"
-        )
+        return f"{self.cookie_name(scope)}={binding}; HttpOnly; SameSite=Strict; Path=/; Max-Age={int(self.lifetime)}"
 
     def clear_cookie(self, scope: Scope) -> str:
         return f"{self.cookie_name(scope)}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"
