@@ -86,3 +86,21 @@ def test_json_example_parses_and_names_real_tools(code: str) -> None:
         if "action" in arguments:
             actions = re.findall(r"[\w-]+", schema["properties"]["action"]["description"])
             assert arguments["action"] in actions, f"{value['tool']} has no action {arguments['action']}"
+
+
+def test_every_test_security_md_names_exists() -> None:
+    # docs/security.md pairs each promise with the test that attacks it: a renamed or deleted
+    # test would leave a promise that reads as checked and is not.
+    table = (ROOT / "docs" / "security.md").read_text().split("## Every promise, and the test that attacks it")[1]
+    named, current = [], None
+    for ref in re.findall(r"`(tests/[\w/]+\.py)?(?:::(\w+))?`", table):
+        current = ref[0] or current
+        assert current is not None
+        named.append((current, ref[1]))
+    assert len(named) > 40
+    missing = [
+        f"{path}::{name}"
+        for path, name in named
+        if not (ROOT / path).is_file() or (name and not re.search(rf"def {name}\b", (ROOT / path).read_text()))
+    ]
+    assert not missing, missing
