@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
-from procpilot.engine.trees import CgroupTrees, TreeBackend
+from procpilot.engine.trees import CgroupTrees, TreeBackend, rmdir_when_empty
 
 __all__ = ["AgentGroups", "Placement", "group_name", "probe_fairness"]
 
@@ -128,26 +126,15 @@ class AgentGroups:
         members.discard(session_id)
         if not members and self.base is not None:
             del self._members[group]
-            _rmdir(self.base / group)
+            rmdir_when_empty(self.base / group)
 
     def close(self) -> None:
         """Remove every group left (the supervisor's trees are gone)."""
         for group in list(self._members):
             if self.base is not None:
-                _rmdir(self.base / group)
+                rmdir_when_empty(self.base / group)
         self._members.clear()
         self._group_of.clear()
-
-
-def _rmdir(path: Path) -> None:
-    for _ in range(25):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.002)  # the kernel lags a moment behind the last exit in the group
 
 
 def probe_fairness(trees: TreeBackend, limits: LimitBackend) -> AgentGroups:

@@ -1005,17 +1005,7 @@ class Supervisor:
         output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.config.max_log_bytes))
         if state in END_STATES:
             # Ended before this server: as it was, with nothing running and nothing held.
-            session = Session(
-                session_id,
-                str(record["scope"]),
-                spec,
-                output,
-                self._tree_backend,
-                self._on_finish,
-                kill_grace=self.config.kill_grace_sec,
-            )
-            session.restore(record)
-            session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+            session = self._rebuilt(record, spec, output, self._tree_backend)
             session.restore_ended(state, record.get("ended_at"))
             self._sessions[session_id] = session
             return session
@@ -1024,28 +1014,32 @@ class Supervisor:
             return self._resume(record, spec, output, state, float(next_run_at or 0))
         return self._adopt_one(record, spec, output, held)
 
-    def _resume(
-        self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, state: SessionState, next_run_at: float
-    ) -> Session:
-        """A session that was queued behind its lane (queued again) or between two runs (its next
-        run on schedule) when its server went: no process of it runs, none is held."""
-        session_id = str(record["id"])
+    def _rebuilt(self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, trees: TreeBackend) -> Session:
+        """The session a record describes, with its life so far and what the next server needs."""
         session = Session(
-            session_id,
+            str(record["id"]),
             str(record["scope"]),
             spec,
             output,
-            self._tree_backend,
+            trees,
             self._on_finish,
             kill_grace=self.config.kill_grace_sec,
         )
         session.restore(record)
         session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
+        return session
+
+    def _resume(
+        self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, state: SessionState, next_run_at: float
+    ) -> Session:
+        """A session that was queued behind its lane (queued again) or between two runs (its next
+        run on schedule) when its server went: no process of it runs, none is held."""
+        session = self._rebuilt(record, spec, output, self._tree_backend)
         session.custody.record["format"] = _RECORD_FORMAT
         self._supervise(session)
         self._register(session)
         if self._restarts is not None:
-            for leftover in (self._restarts.exit_file(session_id), self._restarts.record_file(session_id)):
+            for leftover in (self._restarts.exit_file(session.id), self._restarts.record_file(session.id)):
                 with contextlib.suppress(OSError):
                     leftover.unlink()  # the last run's: how it ended is in the record already
         if state is SessionState.QUEUED:
@@ -1069,11 +1063,8 @@ class Supervisor:
         directory = store.session_dir(session_id)
         replay_spool(output, directory)
         trees = restarts.trees_for(record.get("tree_root"), self._tree_backend)
-        grace = self.config.kill_grace_sec
-        session = Session(session_id, str(record["scope"]), spec, output, trees, self._on_finish, kill_grace=grace)
-        session.restore(record)
+        session = self._rebuilt(record, spec, output, trees)
         session.backgrounded = True
-        session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
         # What its files are in now: a session with no output yet begins in this version's layout.
         session.custody.record["format"] = _RECORD_FORMAT if output.layout == "once" else _PER_STREAM_FORMAT
         session.accounting.limit_backend = restarts.limits_for(record)

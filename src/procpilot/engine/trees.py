@@ -48,6 +48,7 @@ __all__ = [
     "reap_orphans",
     "reap_stale_instances",
     "release_instance",
+    "rmdir_when_empty",
 ]
 
 MARKER_ENV = "PROCPILOT_SESSION"
@@ -288,7 +289,7 @@ class CgroupTrees:
     def release(self, session_id: str) -> None:
         for path in (self._dir(session_id), self._moved.pop(session_id, None)):
             if path is not None:
-                _rmdir_busy(path)
+                rmdir_when_empty(path)
         self._paths.pop(session_id, None)
 
     def detach(self) -> None:
@@ -308,7 +309,8 @@ class CgroupTrees:
         self._hold = None
 
 
-def _rmdir_busy(path: str) -> None:
+def rmdir_when_empty(path: str | os.PathLike[str]) -> None:
+    """Remove a cgroup directory whose last process has just exited (gone already: done)."""
     for _ in range(50):
         try:
             os.rmdir(path)

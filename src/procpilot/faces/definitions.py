@@ -97,22 +97,7 @@ _CONSTRAINTS = (
     "maxProperties",
 )
 # Validation bounds: neither the lean nor the strict form shows them (see _strict and _lean).
-_BOUNDS = frozenset(
-    {
-        "minLength",
-        "maxLength",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "minProperties",
-        "maxProperties",
-    }
-)
+_BOUNDS = frozenset(_CONSTRAINTS) - {"pattern", "format"}
 _DROPPED = ("title", "examples", "$schema", "$id", "$comment", "readOnly", "writeOnly", "deprecated")
 
 
