@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.daemon import TOKEN_A, Served, start_daemon
+from tests.daemon import TOKEN_A, TOKEN_B, Served, start_daemon
 
-POLICY = "[policy.agents.agent-a]\nmax_procs = 2\n"
+POLICY = '[policy.agents.agent-a]\nmax_procs = 2\n[policy.agents.agent-b]\ntiers = { exec = "blocked" }\n'
 
 
 def _daemon(root: Path, isolate: bool) -> Iterator[Served]:
@@ -103,3 +103,10 @@ async def test_the_console_reaches_a_conversations_session_under_its_agent(isola
                 assert sid not in listed.text
         finally:
             await a.call_tool("process", {"action": "remove", "sessionId": sid})
+
+
+async def test_the_agents_tiers_hold_in_each_conversation(isolated: Served) -> None:
+    async with isolated.mcp(TOKEN_B, mode="legacy") as b:
+        refused = await _start(b, "echo should-not-run")
+        assert refused.is_error and _data(refused)["error"] == "PermissionDenied"
+        assert "agent-b" in json.dumps(refused.structured_content)  # named as the agent, not a conversation
