@@ -271,6 +271,9 @@ class ToolsSettings(BaseModel):
     names: Literal["dotted", "underscore"] = "dotted"
     # Which tools: names, or a face ("exec", "process", "process.*"); None: all.
     serve: tuple[str, ...] | None = None
+    # True: each MCP session (conversation) of a token sees only the sessions it started (spec 002's
+    # "isolated by conversationId"); policy, limits, lanes and audit stay the agent's.
+    isolate_conversations: _Bool = False
 
 
 class BaseEnvSettings(BaseModel):

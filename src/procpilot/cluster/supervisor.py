@@ -31,6 +31,7 @@ from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
+from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -166,12 +167,12 @@ class ClusterSupervisor(Supervisor):
         # slot waits here (no node chosen yet) and its node runs it with no lane of its own.
         if spec.lane is None:
             return await self._place(spec, scope, session_id)
-        if not self._lanes.try_acquire(spec.lane, scope):
+        if not self._lanes.try_acquire(spec.lane, agent_of(scope)):
             return self._queue(spec, scope)
         try:
             return await self._place(spec, scope, session_id)
         except BaseException:
-            self._lanes.release(spec.lane, scope)
+            self._lanes.release(spec.lane, agent_of(scope))
             raise
 
     async def _place(
@@ -179,7 +180,7 @@ class ClusterSupervisor(Supervisor):
     ) -> RemoteSession:
         """Start ``spec`` on a node (its lane slot, if any, held) and follow it: as a new session,
         or as ``queued``, the session that waited here for its slot."""
-        resource = self.settings.policy.for_agent(scope).placement
+        resource = self.settings.policy.for_agent(agent_of(scope)).placement
         while True:
             views = [NodeView(n, node.info.resources, self._running_on(n)) for n, node in self._nodes.items()]
             node = self._nodes[choose_node(views, resource)]
@@ -254,10 +255,10 @@ class ClusterSupervisor(Supervisor):
         try:
             await self._place(session.spec, session.scope, session.id, queued=session)
         except BaseException:
-            self._lanes.release(lane, session.scope)
+            self._lanes.release(lane, agent_of(session.scope))
             raise
         if session.started_at is None:  # killed here while its node started it
-            self._lanes.release(lane, session.scope)
+            self._lanes.release(lane, agent_of(session.scope))
 
     async def _start_on(self, node: _Node, scope: str, spec: SpawnSpec, session_id: str | None) -> dict[str, Any]:
         # Shielded: a caller that gives up must not leave a session the daemon never heard of.
@@ -330,7 +331,7 @@ class ClusterSupervisor(Supervisor):
     def _on_finish(self, session: Session) -> None:
         # No orphans here: those are the node's. The lane slot, the journal and the exit event are ours.
         if session.spec.lane is not None and session.started_at is not None:
-            self._lanes.release(session.spec.lane, session.scope)
+            self._lanes.release(session.spec.lane, agent_of(session.scope))
         if self._store is not None and session.id in self._sessions:
             self._store.save(session.id, session.record())
         if session.spec.notify_on_exit and self.exits.has_listeners:

@@ -47,6 +47,7 @@ from procpilot.engine.limits import (
     probe_limits,
 )
 from procpilot.engine.records import spec_from_record
+from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.state_files import StateDirIdentity, make_state_dir
@@ -254,7 +255,8 @@ class Supervisor:
         # (scope, name) of sessions being started: a name is taken from the check on, so two
         # concurrent spawns cannot both get it.
         self._starting_names: set[tuple[str, str]] = set()
-        # Each scope's sessions not finished yet (queued or running), kept as they start and end:
+        # Each agent's sessions not finished yet (queued or running; all its conversations' scopes
+        # together, engine/scopes.py), kept as they start and end:
         # the spawn filter's count must not cost a walk over every session kept.
         self._unfinished: dict[str, set[str]] = {}
         self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
@@ -629,7 +631,7 @@ class Supervisor:
         # The engine's own fence, before any policy reads the spec: no face can skip it.
         check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
-            running = len(self._unfinished.get(scope, ()))
+            running = len(self._unfinished.get(agent_of(scope), ()))
             spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
         elif spec.elevated:
             # Leaving a box is the policy's to allow; with no policy nothing could have allowed it.
@@ -685,9 +687,10 @@ class Supervisor:
     ) -> Session:
         if self._state_dir is not None:
             self._state_dir.check()  # one stat, before anything is taken: its files go there
-        starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, scope)
+        starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, agent_of(scope))
         # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
-        warm = self._warm.take(spec, scope) if starts_now and self._warm is not None and given_id is None else None
+        warm_ok = starts_now and self._warm is not None and given_id is None
+        warm = self._warm.take(spec, agent_of(scope)) if warm_ok and self._warm is not None else None
         session_id = given_id or (new_session_id() if warm is None else warm.session_id)
         directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
@@ -783,7 +786,7 @@ class Supervisor:
                     self._attach(session, spawned)
                     return
             try:
-                place = self._groups.enter(session.scope, session.id)
+                place = self._groups.enter(agent_of(session.scope), session.id)
             except OSError as exc:
                 raise SpawnFailed(f"could not make the agent's CPU group: {exc}") from exc
             tree_line = self._tree_backend.prepare(session.id, place.tree_group)
@@ -814,7 +817,7 @@ class Supervisor:
             if not again:
                 self._groups.leave(session.id)
             if spec.lane is not None and not again:
-                self._lanes.release(spec.lane, session.scope)
+                self._lanes.release(spec.lane, agent_of(session.scope))
             raise
         self._attach(session, spawned)
 
@@ -831,14 +834,14 @@ class Supervisor:
 
     async def _start_when_free(self, session: Session, lane: str) -> None:
         try:
-            await self._lanes.acquire(lane, session.scope)
+            await self._lanes.acquire(lane, agent_of(session.scope))
         except asyncio.CancelledError:
             # Handed over, it stays queued: the next server queues it again from its record.
             if session.state is SessionState.QUEUED and not self._handed_over.is_set():
                 session.fail_to_start("the supervisor shut down before a lane slot was free")
             raise
         if session.state is not SessionState.QUEUED:
-            self._lanes.release(lane, session.scope)  # killed while waiting
+            self._lanes.release(lane, agent_of(session.scope))  # killed while waiting
             return
         try:
             await self._start(session)
@@ -855,7 +858,7 @@ class Supervisor:
 
     def _register(self, session: Session) -> None:
         self._sessions[session.id] = session
-        self._unfinished.setdefault(session.scope, set()).add(session.id)
+        self._unfinished.setdefault(agent_of(session.scope), set()).add(session.id)
 
     def _hand_to_holder(self, session: Session, spawned: Spawned) -> None:
         """Copies of the new session's descriptors to the holder, and what the next server needs
@@ -1049,7 +1052,7 @@ class Supervisor:
                 self._spawn_task(self._start_when_free(session, spec.lane))
             return session
         if spec.lane is not None:
-            self._lanes.take(spec.lane, session.scope)  # it held its slot between runs: it still does
+            self._lanes.take(spec.lane, agent_of(session.scope))  # it held its slot between runs: it still does
         session.resume_between_runs(next_run_at)
         return session
 
@@ -1071,7 +1074,7 @@ class Supervisor:
         self._supervise(session)
         self._register(session)
         if spec.lane is not None:
-            self._lanes.take(spec.lane, session.scope)  # released when it ends, as every run's slot
+            self._lanes.take(spec.lane, agent_of(session.scope))  # released when it ends, as every run's slot
         pid = record.get("pid")
         if not isinstance(pid, int):
             session.fail_to_start("the server stopped before this session could start")
@@ -1116,11 +1119,11 @@ class Supervisor:
 
     def _on_finish(self, session: Session) -> None:
         self._groups.leave(session.id)  # its trees are gone: its agent's group, if its last
-        unfinished = self._unfinished.get(session.scope)
+        unfinished = self._unfinished.get(agent_of(session.scope))
         if unfinished is not None:
             unfinished.discard(session.id)
             if not unfinished:
-                del self._unfinished[session.scope]
+                del self._unfinished[agent_of(session.scope)]
         if self._warm is not None:
             self._warm.refill_soon()
         if self._restarts is not None:
@@ -1133,7 +1136,7 @@ class Supervisor:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
             reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
         if session.spec.lane is not None and session.started_at is not None:
-            self._lanes.release(session.spec.lane, session.scope)
+            self._lanes.release(session.spec.lane, agent_of(session.scope))
         if self._store is not None and session.id in self._sessions:
             if self._restarts is not None and session.final_usage is None:
                 # Measured now, while its rusage and samples are here: a later server has neither.
@@ -1190,7 +1193,7 @@ class Supervisor:
 
     def lane_usage(self, scope: str | None = None) -> dict[str, tuple[int, int, int]]:
         """(active, waiting, cap) per lane in use: ``scope``'s, or every scope's keyed ``scope/lane``."""
-        return self._lanes.usage(scope)
+        return self._lanes.usage(None if scope is None else agent_of(scope))
 
     async def observe(self, sessions: Sequence[Session]) -> None:
         """Bring what ``sessions`` say of their trees (usage, waiting for input) up to date before

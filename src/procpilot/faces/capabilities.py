@@ -51,6 +51,7 @@ from procpilot.engine.events import EventBus
 from procpilot.engine.isolation import weaker_box
 from procpilot.engine.limits import Limits
 from procpilot.engine.restart import RestartPolicy
+from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -706,7 +707,7 @@ def audited(spec: ToolSpec, supervisor: Supervisor) -> ToolSpec:
             process_id = data.get("process_id") or data.get("sessionId") or arguments.get("process_id")
             bus.publish(
                 AuditEvent(
-                    scope=scope,
+                    scope=agent_of(scope),  # the audit trail is the agent's (engine/scopes.py)
                     tool=spec.name,
                     tier=spec.tier.value,
                     outcome="ok" if error is None else f"error:{error}",

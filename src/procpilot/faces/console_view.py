@@ -14,12 +14,24 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from procpilot.engine.capture import OutputView, Stream
+from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import Session
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument, ProcpilotError
+from procpilot.errors import InvalidArgument, ProcpilotError, SessionNotFound
 
-__all__ = ["MAX_ROWS", "PAGE_MAX", "act", "exit_text", "log_page", "output_chunks", "rows", "view"]
+__all__ = [
+    "MAX_ROWS",
+    "PAGE_MAX",
+    "act",
+    "agent_sessions",
+    "exit_text",
+    "find",
+    "log_page",
+    "output_chunks",
+    "rows",
+    "view",
+]
 
 MAX_ROWS = 500  # sessions in one snapshot, newest first
 PAGE_MAX = 256 * 1024  # bytes in one log page, whatever is asked
@@ -30,10 +42,28 @@ _STREAMS = {"combined": Stream.COMBINED, "stdout": Stream.STDOUT, "stderr": Stre
 
 
 def rows(sup: Supervisor, scope: str | None) -> list[dict[str, Any]]:
-    """The newest sessions of ``scope`` (None: of every agent), at most ``MAX_ROWS``."""
-    sessions = sup.all_sessions() if scope is None else sup.list(scope)
+    """The newest sessions of ``scope`` (None: of every agent), at most ``MAX_ROWS``: an agent's
+    rows hold those of all its conversations (``[tools] isolate_conversations``) too."""
+    sessions = sup.all_sessions() if scope is None else agent_sessions(sup, scope)
     newest = sorted(sessions, key=lambda s: s.created_at, reverse=True)[:MAX_ROWS]
     return [row(sup, s) for s in newest]
+
+
+def agent_sessions(sup: Supervisor, agent: str) -> list[Session]:
+    """``agent``'s sessions, in its own scope and in each of its conversations' scopes."""
+    return [s for s in sup.all_sessions() if agent_of(s.scope) == agent]
+
+
+def find(sup: Supervisor, agent: str, session_id: str) -> Session:
+    """``agent``'s session by id (or name, or prefix) in its own scope, else by exact id in one of
+    its conversations': the console is where a human reaches them all."""
+    try:
+        return sup.get(agent, session_id)
+    except SessionNotFound:
+        for session in agent_sessions(sup, agent):
+            if session.id == session_id:
+                return session
+        raise
 
 
 def row(sup: Supervisor, s: Session) -> dict[str, Any]:
@@ -41,7 +71,7 @@ def row(sup: Supervisor, s: Session) -> dict[str, Any]:
     usage = sup.usage.latest(s) if s.pid is not None else None
     return {
         "id": s.id,
-        "agent": s.scope,
+        "agent": agent_of(s.scope),  # a conversation's sessions are shown under its agent
         "command": s.command[:2000],
         "state": s.state.value,
         "pty": s.spec.pty,

@@ -34,6 +34,7 @@ from procpilot.contract import (
     redact_environment,
 )
 from procpilot.engine.events import EventBus
+from procpilot.engine.scopes import agent_of
 from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
 
 __all__ = ["DECIDED_KEPT", "ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
@@ -159,13 +160,16 @@ class Gate:
 
     def _gated(self, spec: ToolSpec) -> Any:
         async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-            tier = self.tier_for(scope, spec)
+            # Tiers, approvals and the audit trail are the agent's, whichever of its
+            # conversations calls (engine/scopes.py); only the call itself runs in ``scope``.
+            agent = agent_of(scope)
+            tier = self.tier_for(agent, spec)
             summary = call_summary(spec.name, arguments)
             if tier is PermissionTier.BLOCKED:
-                self.audit.publish(AuditEvent(scope, spec.name, tier.value, "blocked", summary))
-                raise PermissionDenied(f"{spec.name} is blocked for agent {scope!r}", tool=spec.name)
+                self.audit.publish(AuditEvent(agent, spec.name, tier.value, "blocked", summary))
+                raise PermissionDenied(f"{spec.name} is blocked for agent {agent!r}", tool=spec.name)
             if tier is PermissionTier.APPROVAL:
-                await self._await_approval(scope, spec, arguments)
+                await self._await_approval(agent, spec, arguments)
             started = time.monotonic()
             result = await spec.call(arguments, scope)
             if tier is PermissionTier.AUTONOMOUS and arguments.get("action") in spec.audited_actions:
@@ -174,7 +178,7 @@ class Gate:
                 outcome = f"error:{result.data.get('error')}" if result.is_error else "ok"
                 self.audit.publish(
                     AuditEvent(
-                        scope,
+                        agent,
                         spec.name,
                         tier.value,
                         outcome,

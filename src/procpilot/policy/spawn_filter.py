@@ -17,6 +17,7 @@ from pathlib import Path
 from procpilot.config import AgentPolicy, Settings
 from procpilot.engine.isolation import Isolation
 from procpilot.engine.limits import Limits
+from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.errors import ElevationDenied, LimitAboveAllocation, ProcLimit
@@ -74,6 +75,9 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
         return command_policies[key]
 
     def spawn_filter(scope: str, spec: SpawnSpec, running: int) -> SpawnSpec:
+        # A conversation's scope answers to its agent's policy (engine/scopes.py); ``running``
+        # already counts the agent's sessions in all its conversations.
+        scope = agent_of(scope)
         policy = policy_for(scope)
         if policy.max_procs is not None and running >= policy.max_procs:
             raise ProcLimit(
@@ -115,6 +119,7 @@ def make_write_filter(settings: Settings) -> WriteFilter:
     checkers: dict[str, CommandPolicy] = {}
 
     def write_filter(scope: str, session: Session, data: bytes) -> None:
+        scope = agent_of(scope)  # a conversation's input is checked by its agent's policy
         policy = settings.policy.for_agent(scope)
         if not policy.check_stdin:
             return

@@ -46,6 +46,7 @@ from starlette.staticfiles import StaticFiles
 
 from procpilot import wire
 from procpilot.contract import AuditEvent
+from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import Session
 from procpilot.errors import (
     CsrfRejected,
@@ -183,7 +184,7 @@ class Console:
         session_id = request.path_params["session_id"]
         if len(session_id) > 64:
             raise SessionNotFound(f"no session {session_id[:64]!r}", session_id=session_id[:64])
-        return self.daemon.sup.get(scope, session_id)
+        return console_view.find(self.daemon.sup, scope, session_id)
 
     # -- the page --
 
@@ -404,7 +405,7 @@ class Console:
             return
         self.daemon.audit.publish(
             AuditEvent(
-                session.scope,
+                agent_of(session.scope),
                 f"console.{action}",
                 "operator",
                 "ok",

@@ -17,6 +17,7 @@ from procpilot import wire
 from procpilot.aio import cancel_and_wait
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
+from procpilot.engine.scopes import conversation_scope
 from procpilot.engine.session import ExitInfo
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import SessionNotFound, TooManyConnections
@@ -41,9 +42,10 @@ class _ScopedBus:
     event reaches only the listen streams of the agent that owns the session. A new listener is
     first told what its agent missed (``missed(agent)``: exits while no server ran)."""
 
-    def __init__(self, missed: Callable[[str], list[Any]]) -> None:
+    def __init__(self, missed: Callable[[str], list[Any]], scope_of: Callable[[], str | None]) -> None:
         self._listeners: dict[object, tuple[str | None, Callable[[Any], None]]] = {}
         self._missed = missed
+        self._scope_of = scope_of  # the listener's scope: its agent, or its conversation
 
     async def publish(self, event: Any) -> None:
         self.publish_to(None, event)
@@ -59,7 +61,7 @@ class _ScopedBus:
 
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         key = object()
-        agent = current_agent.get()
+        agent = self._scope_of()
         self._listeners[key] = (agent, listener)
         # The SDK buffers what a listener is given before its acknowledgement, and sends it after.
         for event in self._missed(agent) if agent is not None else []:
@@ -106,14 +108,14 @@ class McpFace:
         self.sup = supervisor
         self.settings = settings
         self.spawn = spawn  # runs a notification as the daemon's own task (ended at shutdown)
-        self.bus = _ScopedBus(self._missed)
+        self.bus = _ScopedBus(self._missed, self._listener_scope)
         self._legacy: dict[str, list[tuple[str, Any]]] = {}
         self._legacy_prune_at = 256
         # Every exit the agent was not told of heads its next result, whatever the client
         # listens to (an SDK client in its default mode listens to nothing unasked).
         self.notices = ExitNotices(supervisor)
         wrapped = [self._wrap(self.notices.wrap(spec)) for spec in tools]
-        self.server = build_mcp_server(wrapped, scope=request_agent)
+        self.server = build_mcp_server(wrapped, scope=self.request_scope)
         low = mcp_sdk.lowlevel_server(self.server)
         # The SDK's own bus fans out by URI only; ours also checks the listener's agent.
         mcp_sdk.use_subscription_bus(self.server, self.bus)
@@ -130,6 +132,21 @@ class McpFace:
         )
 
     # -- requests --
+
+    def request_scope(self, ctx: Any = None) -> str:
+        """The scope the current MCP request acts in: its agent's, or with ``[tools]
+        isolate_conversations`` its MCP session's own (engine/scopes.py). A request without a
+        session id (stateless) acts as the agent: there is no conversation to keep it to."""
+        agent = request_agent()
+        if not self.settings.tools.isolate_conversations:
+            return agent
+        request = getattr(ctx if ctx is not None else _mcp_request.get(), "request", None)
+        headers = getattr(request, "headers", None)
+        conversation = headers.get("mcp-session-id") if headers is not None else None
+        return conversation_scope(agent, conversation) if isinstance(conversation, str) and conversation else agent
+
+    def _listener_scope(self) -> str | None:
+        return self.request_scope() if current_agent.get() is not None else None
 
     async def _capture_request(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         token = _mcp_request.set(ctx)
@@ -196,7 +213,7 @@ class McpFace:
         from mcp.shared.exceptions import MCPError
         from mcp_types import INVALID_PARAMS, EmptyResult
 
-        agent = request_agent()
+        agent = self.request_scope(ctx)
         uri = str(params.uri)
         session_id = uri.removeprefix("proc://")
         try:
@@ -265,7 +282,7 @@ class McpFace:
         )
         async def read_session(sessionId: str) -> str:  # noqa: N803 - the URI template's variable
             try:
-                session = sup.get(request_agent(), sessionId)
+                session = sup.get(self.request_scope(), sessionId)
             except SessionNotFound:
                 raise ResourceNotFoundError(f"no session {sessionId!r}") from None
             data = session_resource(sup, session)
