@@ -72,6 +72,8 @@ ALLOWED = {
         "procpilot.engine.events",
         "procpilot.engine.session",
         "procpilot.engine.state_files",
+        # scopes: which agent a conversation's scope belongs to (the console groups sessions by agent)
+        "procpilot.engine.scopes",
     },
 }
 

@@ -306,9 +306,14 @@ async def test_mcp_same_tools_and_results_as_rest(served: Served, mode: str) -> 
         assert done["output"] == "via-mcp\n"
         err = await client.call_tool("process", {"action": "poll", "sessionId": "nosuchsession000"})
         assert err.is_error and (err.structured_content or {})["error"] == "SessionNotFound"
-        # Sessions started over MCP are the agent's sessions over REST too.
+        # Sessions started over MCP are the agent's sessions over REST too (a list names only
+        # backgrounded ones, spec 004: a background run there, and a poll of the foreground one).
+        polled = (await http.post("/v1/tools/process", json={"action": "poll", "sessionId": done["sessionId"]})).json()
+        assert polled["data"]["status"] == "done"
+        running = await _call(client, "exec", command="sleep 30", background=True)
         listed = (await http.post("/v1/tools/process", json={"action": "list"})).json()["data"]["sessions"]
-        assert done["sessionId"] in {s["sessionId"] for s in listed}
+        assert running["sessionId"] in {s["sessionId"] for s in listed}
+        await http.post("/v1/tools/process", json={"action": "remove", "sessionId": running["sessionId"]})
         await http.post("/v1/tools/process", json={"action": "remove", "sessionId": done["sessionId"]})
 
 
