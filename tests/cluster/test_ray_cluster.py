@@ -101,7 +101,11 @@ def test_an_agent_placed_on_a_resource_runs_only_on_the_node_offering_it(
         for i in range(3):
             done = tool(h, "exec", command=f"echo run {i}", yieldMs=30_000)["data"]
             assert (done["status"], done["output"], done["node"]) == ("done", f"run {i}\n", node_of[WORKER_RESOURCE])
+        started = [background(h, "sleep 60") for _ in range(2)]  # a list names backgrounded sessions
         listed = tool(h, "process", action="list")["data"]["sessions"]
+        for s in started:
+            tool(h, "process", action="remove", sessionId=s["sessionId"])
+    assert {row["sessionId"] for row in listed} >= {s["sessionId"] for s in started}
     assert {row["node"] for row in listed} == {node_of[WORKER_RESOURCE]}
 
 

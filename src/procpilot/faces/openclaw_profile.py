@@ -61,8 +61,8 @@ PROCESS_DESCRIPTION = (
 # OpenClaw's own descriptions and guidance, cut to fit the definition size cap (1,600 characters with
 # the schema) and less what names a tool we do not serve (cron); process also has wait here.
 _OPENCLAW_EXEC_DESCRIPTION = (
-    "Execute shell commands with background continuation. Use yieldMs/background to continue later via "
-    "process tool; confirm it completed there (poll/wait). Use process whenever you need logs, status, input, "
+    "Run shell commands with background continuation. Use yieldMs/background to continue later via "
+    "process; confirm it completed there (poll/wait). Use process whenever you need logs, status, input, "
     "or intervention. Do not use exec sleep or delay loops for reminders. Use pty=true for TTY-required commands."
 )
 _OPENCLAW_PROCESS_DESCRIPTION = (
