@@ -4,8 +4,10 @@ socket) with two agents' tokens, and the small REST helpers the transport tests 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -58,6 +60,24 @@ class Served:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+class JsonLines:
+    """A ``procpilot mcp`` subprocess spoken to a JSON-RPC line at a time (``server``: set by
+    the subclass that starts it)."""
+
+    server: subprocess.Popen[bytes]
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.server.stdin is not None
+        self.server.stdin.write(json.dumps(message).encode() + b"\n")
+        self.server.stdin.flush()
+
+    def reply(self, timeout: float = 30) -> dict[str, Any]:
+        assert self.server.stdout is not None
+        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
+        assert ready, f"no reply within {timeout} s"
+        return dict(json.loads(self.server.stdout.readline()))
 
 
 def cli_env(**more: str) -> dict[str, str]:

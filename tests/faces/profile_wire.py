@@ -4,8 +4,6 @@ transports/mcp_direct.py, unless a ``_meta`` sends them through the SDK)."""
 
 from __future__ import annotations
 
-import json
-import select
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +16,7 @@ from procpilot.config import load_settings
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.all_tools import all_tools
 from procpilot.transports.mcp import build_mcp_server
-from tests.daemon import cli_env
+from tests.daemon import JsonLines, cli_env
 
 Connect = Callable[[], Client]
 SCOPE = "a"
@@ -51,7 +49,7 @@ async def call(client: Client, tool: str, **args: Any) -> tuple[str, bool]:
     return result.content[0].text, bool(result.is_error)  # type: ignore[union-attr]
 
 
-class StdioServer:
+class StdioServer(JsonLines):
     """A real ``procpilot mcp --profile NAME`` and a bare JSON-RPC client on its pipes."""
 
     def __init__(self, tmp_path: Path, profile: str) -> None:
@@ -67,17 +65,6 @@ class StdioServer:
         # The model is given its harness's own tools: no instructions speak of exec or process.
         assert "instructions" not in self.reply()["result"]
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.server.stdin is not None
-        self.server.stdin.write(json.dumps(message).encode() + b"\n")
-        self.server.stdin.flush()
-
-    def reply(self, timeout: float = 30) -> dict[str, Any]:
-        assert self.server.stdout is not None
-        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
-        assert ready, f"no reply within {timeout} s"
-        return dict(json.loads(self.server.stdout.readline()))
 
     def request(self, request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
         self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})

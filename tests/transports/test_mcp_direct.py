@@ -17,14 +17,14 @@ from mcp_types import JSONRPCResponse
 
 from procpilot.contract import ToolResult
 from procpilot.transports.mcp_direct import MODERN, SHAPED_ALIKE, DirectCalls
-from tests.daemon import cli_env
+from tests.daemon import JsonLines, cli_env
 
 PROCPILOT = str(Path(sys.executable).parent / "procpilot")
 # Volatile fields of a result: everything else must be identical whichever path answered.
 _VOLATILE = {"sessionId", "pid", "durationMs"}
 
 
-class Bare:
+class Bare(JsonLines):
     """A bare JSON-RPC client on a real ``procpilot mcp``'s pipes: the handshake of ``version``,
     or for 2026-07-28 a ``server/discover`` under the envelope every request then carries."""
 
@@ -57,17 +57,6 @@ class Bare:
             return params | ({"_meta": {}} if through_sdk else {})
         other = {"io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}} if through_sdk else {}
         return params | {"_meta": self.envelope | other}
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.server.stdin is not None
-        self.server.stdin.write(json.dumps(message).encode() + b"\n")
-        self.server.stdin.flush()
-
-    def reply(self, timeout: float = 30) -> dict[str, Any]:
-        assert self.server.stdout is not None
-        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
-        assert ready, f"no reply within {timeout} s"
-        return dict(json.loads(self.server.stdout.readline()))
 
     def call(self, request_id: int, params: dict[str, Any]) -> dict[str, Any]:
         self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
