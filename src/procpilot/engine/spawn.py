@@ -33,7 +33,6 @@ from procpilot.engine.restart import RestartPolicy
 from procpilot.errors import (
     CommandNotFound,
     InvalidArgument,
-    IsolationUnavailable,
     PathOutOfScope,
     ProtectedVariable,
     SpawnFailed,
@@ -255,13 +254,11 @@ async def spawn_process(
 async def _box(isolation: Isolation | None) -> list[str]:
     """The isolation prefix, built in a worker thread: a mechanism whose probe has not answered
     yet may take seconds to probe, and hidden paths are listed on disk; every other session goes
-    on meanwhile. The exec point's invariant: an isolation asked for is a prefix, or a refusal."""
+    on meanwhile. isolation_prefix keeps the exec point's invariant: an isolation asked for is a
+    prefix, or a refusal."""
     if isolation is None or isolation.empty:
         return []
-    prefix = await asyncio.to_thread(isolation_prefix, isolation)
-    if not prefix:
-        raise IsolationUnavailable(f"no mechanism was chosen for {isolation!r}: refusing to run it unconfined")
-    return prefix
+    return await asyncio.to_thread(isolation_prefix, isolation)
 
 
 _ROOTS: dict[Path, tuple[Path, int, int, float]] = {}  # workspace: real path, its (dev, inode), when checked
