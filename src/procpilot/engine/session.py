@@ -446,7 +446,11 @@ class Session:
     # -- output --------------------------------------------------------------------------------
 
     def _on_readable(self, fd: int, stream: Stream) -> None:
-        if not self.output.is_open and _unread(fd) and not self.output.ready():
+        # The files are opened (the first time: made) before the read, not between it and the
+        # write: a server killed -9 there loses what it read, so that window is kept to the read
+        # and two pwrites. A pty's FIONREAD says 0 while its bytes are still on their way to the
+        # master, so under a pty the files are opened whatever it says.
+        if not self.output.is_open and (self.spec.pty or _unread(fd)) and not self.output.ready():
             # Out of descriptors for the log's file (EMFILE): bytes read now would be lost. They
             # wait in the pipe (a command that fills it blocks) and reading resumes shortly.
             self._loop.remove_reader(fd)
@@ -462,9 +466,9 @@ class Session:
                 raise
             data = b""
         if data:
+            self.output.append(stream, data)
             if self.spec.pty:
                 self.terminal.feed(data)
-            self.output.append(stream, data)
             return
         self._close_stream(fd)
 
