@@ -52,6 +52,7 @@
     │   ├── StateDirBusy                     409                    another live server owns these sessions
     │   └── StateDirIncompatible             409                    another procpilot version's state directory
     ├── StateDirDamaged                      500                    a state directory file is not what it must be
+    ├── SupervisorClosed                     503                    a spawn (or start) after the supervisor closed
     ├── DaemonNotRunning                     503                    the client found no daemon to talk to
     ├── NodeUnavailable                      503                    no live cluster node can run the session
     └── DaemonConnectionLost                 503                    the daemon stopped answering mid-request
@@ -113,6 +114,7 @@ __all__ = [
     "StateDirDamaged",
     "StateDirIncompatible",
     "StdinClosed",
+    "SupervisorClosed",
     "TooManyConnections",
     "UnanalyzableCommand",
     "Unauthorized",
@@ -533,6 +535,17 @@ class StateDirDamaged(ProcpilotError):
     http_status: ClassVar[int] = 500
     default_hints: ClassVar[dict[str, str]] = {
         "look": "Look at the named path: procpilot made it a plain file (or directory) and never replaces it.",
+    }
+
+
+class SupervisorClosed(ProcpilotError):
+    """A spawn, a run or a ``start`` on a supervisor that is closing or closed (engine/lifecycle.py),
+    also one that was closed before it ever started: nothing was started. ``state`` names where
+    the supervisor is. A server that is shutting down answers this to calls still on their way."""
+
+    http_status: ClassVar[int] = 503
+    default_hints: ClassVar[dict[str, str]] = {
+        "retry": "Call again on the next server (or, in a library, a new Supervisor): this one takes no new work.",
     }
 
 

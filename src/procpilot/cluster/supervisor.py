@@ -31,13 +31,14 @@ from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
+from procpilot.engine.lifecycle import SupervisorState
 from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor, new_session_id
 from procpilot.engine.warm import WarmShell
-from procpilot.errors import NodeUnavailable, ProcpilotError
+from procpilot.errors import NodeUnavailable
 
 __all__ = ["ClusterSupervisor"]
 
@@ -81,7 +82,7 @@ class ClusterSupervisor(Supervisor):
     # -- membership ----------------------------------------------------------------------------
 
     async def start(self) -> ClusterSupervisor:
-        if self._started:
+        if self.state is SupervisorState.RUNNING:
             return self
         await super().start()
         try:
@@ -150,8 +151,7 @@ class ClusterSupervisor(Supervisor):
 
     async def spawn(self, spec: SpawnSpec, *, scope: str, session_id: str | None = None) -> Session:
         spec = await self._admit(spec, scope)
-        if self._store is None:
-            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        self._open_store()
         # A name is unique among the agent's live sessions on every node: checked here, where
         # all of them are known (each node sees only its own).
         if spec.name is not None:
@@ -232,9 +232,7 @@ class ClusterSupervisor(Supervisor):
         return session
 
     def _store_dir(self, session_id: str) -> Path:
-        if self._store is None:
-            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
-        return self._store.session_dir(session_id)
+        return self._open_store().session_dir(session_id)
 
     def _queue(self, spec: SpawnSpec, scope: str) -> RemoteSession:
         """A session waiting for its lane slot: no node yet, an id of the daemon's making."""

@@ -38,6 +38,7 @@ from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import FALLBACKS, isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
+from procpilot.engine.lifecycle import Lifecycle, SupervisorState
 from procpilot.engine.limits import (
     CgroupV1Limits,
     CgroupV2Limits,
@@ -75,6 +76,7 @@ from procpilot.errors import (
     SessionNotFound,
     SessionStillRunning,
     SpawnFailed,
+    SupervisorClosed,
 )
 from procpilot.render import complete_utf8_prefix, for_model, tail_chars
 
@@ -273,18 +275,28 @@ class Supervisor:
         # descriptors: its connections) (engine/descriptors.py); a library caller's keeps its own.
         self._descriptors_for = descriptors_for
         self._tasks: set[asyncio.Task[None]] = set()
-        self._started = False
-        self._closed = False
-        self._close_task: asyncio.Task[None] | None = None
+        # new -> running -> closing -> closed (engine/lifecycle.py): what it may still start.
+        self._lifecycle = Lifecycle()
+        self._close_task: asyncio.Task[None] | None = None  # the one aclose()/detach() run, once begun
         # Named at construction, so every process this supervisor starts carries the same name
         # (SUPERVISOR_ENV) as its cgroup directories.
         self.instance = instance_name()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    @property
+    def state(self) -> SupervisorState:
+        """Where this supervisor is in its life: new, running, closing or closed."""
+        return self._lifecycle.state
+
     async def start(self) -> Supervisor:
-        if self._started:
+        """Open the state directory, probe the host, adopt what a previous server left, start the
+        warm pool and housekeeping. Again while running: nothing. Once closing or closed:
+        ``SupervisorClosed`` (a closed supervisor never starts again). A start that fails leaves
+        it new."""
+        if self._lifecycle.state is SupervisorState.RUNNING:
             return self
+        self._lifecycle.refuse_if_ending("start")
         make_state_dir(self.config.state_dir, "the state directory")
         self._state_dir = StateDirIdentity(self.config.state_dir)
         check_state_format(self.config.state_dir)
@@ -304,7 +316,7 @@ class Supervisor:
             if self._restarts is not None:
                 self._restarts.close(detach=True)
             raise
-        self._started = True
+        self._lifecycle.move(SupervisorState.RUNNING)
         if self._restarts is not None:
             self._restarts.link.on_lost = self._holder_lost
             self._adopt(held)
@@ -460,13 +472,25 @@ class Supervisor:
         caller leaves running and a second call waits for; if that task itself is cancelled (the
         event loop is going away) every tree is SIGKILLed on the spot.
         """
-        if not self._started:
-            self._closed = True
+        if self._close_task is None and self._lifecycle.state is not SupervisorState.RUNNING:
+            if self._lifecycle.state is SupervisorState.NEW:  # nothing started: nothing to end
+                self._lifecycle.move(SupervisorState.CLOSED)
             return
         if self._close_task is None:
-            self._closed = True
-            self._close_task = asyncio.ensure_future(self._close(sig, grace))
-        await asyncio.shield(self._close_task)
+            self._begin_closing(self._close(sig, grace))
+        if self._close_task is not None:
+            await asyncio.shield(self._close_task)
+
+    def _begin_closing(self, work: Coroutine[Any, Any, None]) -> None:
+        """RUNNING -> CLOSING now, CLOSED once ``work`` (the shutdown or the hand-over) is over."""
+        self._lifecycle.move(SupervisorState.CLOSING)
+        self._close_task = asyncio.ensure_future(self._until_closed(work))
+
+    async def _until_closed(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        finally:
+            self._lifecycle.move(SupervisorState.CLOSED)
 
     @property
     def can_detach(self) -> bool:
@@ -482,9 +506,9 @@ class Supervisor:
             await self.aclose()
             return
         if self._close_task is None:
-            self._closed = True
-            self._close_task = asyncio.ensure_future(self._detach())
-        await asyncio.shield(self._close_task)
+            self._begin_closing(self._detach())
+        if self._close_task is not None:
+            await asyncio.shield(self._close_task)
 
     async def _detach(self) -> None:
         self._handed_over.set()
@@ -624,10 +648,12 @@ class Supervisor:
     async def _admit(self, spec: SpawnSpec, scope: str) -> SpawnSpec:
         """The checks every spawn passes before anything starts, and the spec the policy returns:
         the same for a session started here and one a cluster starts on another node."""
-        if not self._started:
+        # Refused before anything starts: a spawn on a supervisor closed before it ever ran
+        # must not start its warm pool and housekeeping only to find it closed.
+        self._lifecycle.refuse_if_ending("start a session")
+        if self._lifecycle.state is SupervisorState.NEW:
             await self.start()
-        if self._closed or self._store is None:
-            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        self._lifecycle.refuse_if_ending("start a session")  # closed while it started
         # The engine's own fence, before any policy reads the spec: no face can skip it.
         check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
@@ -661,15 +687,21 @@ class Supervisor:
 
     async def _spawn(self, spec: SpawnSpec, scope: str, session_id: str | None = None) -> Session:
         spec = await self._admit(spec, scope)
-        if self._store is None:  # _admit refused this already; said again for the type checker
-            raise ProcpilotError("the supervisor is shutting down", hints={"retry": "Start a new server."})
+        store = self._open_store()
         if spec.name is not None:
             self._take_name(scope, spec.name)
         try:
-            return await self._spawn_checked(spec, scope, self._store, session_id)
+            return await self._spawn_checked(spec, scope, store, session_id)
         finally:
             if spec.name is not None:
                 self._starting_names.discard((scope, spec.name))
+
+    def _open_store(self) -> SessionStore:
+        """The journal, from start until the supervisor closes."""
+        state = self._lifecycle.state
+        if self._store is None or state is not SupervisorState.RUNNING:
+            raise SupervisorClosed(f"the supervisor is {state.value}", state=state.value)
+        return self._store
 
     def _take_name(self, scope: str, name: str) -> None:
         live = (s for s in self._sessions.values() if s.scope == scope and s.name == name and not s.finished)
@@ -911,7 +943,7 @@ class Supervisor:
         restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
 
     def _holder_lost(self) -> None:
-        if not self._closed and (self._rehold is None or self._rehold.done()):
+        if not self._lifecycle.state.is_ending and (self._rehold is None or self._rehold.done()):
             self._rehold = self._spawn_task(self._hold_again())
 
     async def _hold_again(self) -> None:
@@ -923,7 +955,7 @@ class Supervisor:
         link = restarts.link
         for attempt in range(_REHOLD_TRIES):
             found = await asyncio.to_thread(link.open)  # starting a holder waits on its start-up
-            if self._closed or link.mismatch:
+            if self._lifecycle.state.is_ending or link.mismatch:
                 if found is not None:
                     found[0].close()
                     for copy in found[1]:

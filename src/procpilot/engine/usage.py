@@ -278,7 +278,7 @@ class UsageTracker:
             return
         self._watched.add(session)
         sup = self._sup()
-        if sup is None or sup._closed or (self._task is not None and not self._task.done()):
+        if sup is None or sup.state.is_ending or (self._task is not None and not self._task.done()):
             return
         self._task = sup._spawn_task(self._run())
 
