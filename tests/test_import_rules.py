@@ -198,13 +198,7 @@ def _circles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 # What remains in modules another branch owns, each named so it can be cleared there (issue 22).
-CIRCLES_ALLOWED = {
-    # usage.py names Session and Supervisor for its types only; clear when session.py and
-    # supervisor.py settle (usage can read them through Protocols of what it uses)
-    "engine-usage-types": frozenset(
-        {"procpilot.engine.session", "procpilot.engine.supervisor", "procpilot.engine.usage"}
-    ),
-}
+CIRCLES_ALLOWED: dict[str, frozenset[str]] = {}
 PRIVATE_ALLOWED: dict[str, str] = {}  # name -> "module imports _x from source" / "module reads source._x"
 
 

@@ -22,7 +22,7 @@ async def test_a_node_boxes_and_checks_the_spec_it_receives(tmp_path: Path) -> N
     config = tmp_path / "procpilot.toml"
     config.write_text('[policy.agents.boxed]\nnetwork = false\ndeny = ["/usr/bin/curl"]\n')
     settings = load_settings(config, env={}, state_dir=tmp_path / "state", workspace_root=workspace)
-    # What ClusterSupervisor hands each node: the policy's filter over the nodes' settings.
+    # What RayLauncher hands each node: the policy's filter over the nodes' settings.
     node = NodeAgent(settings, "node-" + "0" * 40, orphan_after=3600, spawn_filter=make_spawn_filter(settings))
     await node.start()
     try:

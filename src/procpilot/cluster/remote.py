@@ -98,7 +98,7 @@ class RemoteSession(Session):
 
     @property
     def waiting_for_input(self) -> bool:
-        """The node's last answer (its /proc), as ``ClusterSupervisor.observe`` brought it."""
+        """The node's last answer (its /proc), as ``RayLauncher.observe`` brought it."""
         return self.is_running and self.stdin_open and self._input_check is not None and self._input_check[0]
 
     def usage_report(self) -> Usage:

@@ -18,9 +18,9 @@ import secrets
 import signal
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -38,6 +38,7 @@ from procpilot.engine.holder import SPOOL_NAME
 from procpilot.engine.holder_client import HeldSession
 from procpilot.engine.isolation import FALLBACKS, isolation_capabilities
 from procpilot.engine.lanes import LaneScheduler
+from procpilot.engine.launcher import Launcher, LaunchHost
 from procpilot.engine.lifecycle import Lifecycle, SupervisorState
 from procpilot.engine.limits import (
     CgroupV1Limits,
@@ -80,7 +81,7 @@ from procpilot.errors import (
 )
 from procpilot.render import complete_utf8_prefix, for_model, tail_chars
 
-__all__ = ["Supervisor", "WaitOutcome", "disk_space"]
+__all__ = ["LocalLauncher", "Supervisor", "WaitOutcome", "disk_space"]
 
 _log = logging.getLogger(__name__)
 _TAIL_CHARS = 400
@@ -101,9 +102,6 @@ _MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
 # each next one twice as late (a holder that cannot start at all is reported, not spun on).
 _REHOLD_TRIES = 5
 _REHOLD_DELAY = 0.2
-# Set while run() starts its session: spawn() leaves the hand-over to the holder to run(), which
-# does it only if the session outlives its yield (a context variable: concurrent runs each their own).
-_RUN_HOLDS_LATER: ContextVar[bool] = ContextVar("procpilot_run_holds_later", default=False)
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
 # 2: the output is stored once (the combined log and its ordering index); 1: a copy per stream
@@ -225,7 +223,9 @@ class Supervisor:
         warm_shells: int | None = None,
         owner: str | None = None,
         descriptors_for: tuple[int, int] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
+        """``launcher``: where sessions run (engine/launcher.py); None: on this host."""
         # The faces over this supervisor read the whole settings; the engine reads only its part.
         self.settings = settings or load_settings()
         self.config: EngineSettings = self.settings.engine
@@ -281,6 +281,20 @@ class Supervisor:
         # Named at construction, so every process this supervisor starts carries the same name
         # (SUPERVISOR_ENV) as its cgroup directories.
         self.instance = instance_name()
+        self._launcher: Launcher = LocalLauncher(self) if launcher is None else launcher
+        self._launcher.bind(
+            LaunchHost(
+                settings=self.settings,
+                lanes=self._lanes,
+                trees=lambda: self._tree_backend,
+                session_dir=self._session_dir,
+                register=self._keep,
+                save=self._save,
+                on_finish=self._on_finish,
+                start_when_free=self._queue_for_lane,
+                sessions=self.all_sessions,
+            )
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -326,6 +340,11 @@ class Supervisor:
             )
             self._warm.fill()
         self._spawn_task(self._housekeeping())
+        try:
+            await self._launcher.open()
+        except BaseException:
+            await self.aclose()
+            raise
         return self
 
     def _probe(self) -> None:
@@ -384,7 +403,7 @@ class Supervisor:
             "state_dir": self.state_dir_space(),
             "restarts": self._restart_capability(),
             "outage_exits": self._restarts.outage_exits() if self._restarts else outage_exits(),
-        }
+        } | self._launcher.capabilities()
 
     def _isolation_report(self) -> dict[str, Any]:
         """The host's mechanisms, which weaker boxes the policy allows (``isolation_fallback``), and
@@ -437,7 +456,19 @@ class Supervisor:
     def usage(self) -> UsageTracker:
         """Resource usage of the sessions' trees (made on first use: sampling costs nothing before)."""
         if self._usage is None:
-            self._usage = UsageTracker(self)
+            me = weakref.ref(self)  # the tracker's sampling task must not keep this supervisor alive
+
+            def trees() -> TreeBackend | None:
+                sup = me()
+                return None if sup is None else sup._tree_backend
+
+            def start(run: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[None] | None:
+                sup = me()
+                if sup is None or sup._lifecycle.state.is_ending:
+                    return None
+                return sup._spawn_task(run())
+
+            self._usage = UsageTracker(trees, start)
         return self._usage
 
     def state_dir_space(self) -> dict[str, Any]:
@@ -538,6 +569,13 @@ class Supervisor:
         self.exits.close()
 
     async def _close(self, sig: int, grace: float | None) -> None:
+        try:
+            await self._end_local(sig, grace)
+        finally:
+            # Then whatever the launcher runs elsewhere (a cluster's nodes), its own grace given.
+            await self._launcher.close(self.config.kill_grace_sec if grace is None else grace)
+
+    async def _end_local(self, sig: int, grace: float | None) -> None:
         try:
             await self._end_all(sig, grace)
         except asyncio.CancelledError:
@@ -673,8 +711,7 @@ class Supervisor:
         ``session_id``: the id to use (a cluster's daemon names a session it queued itself);
         None: a new one."""
         session = await self._spawn(spec, scope, session_id)
-        if not _RUN_HOLDS_LATER.get():
-            self._hold_now()
+        self._hold_now()  # its id leaves the engine now (run() holds later, only if it must)
         return session
 
     def _hold_now(self) -> None:
@@ -687,11 +724,13 @@ class Supervisor:
 
     async def _spawn(self, spec: SpawnSpec, scope: str, session_id: str | None = None) -> Session:
         spec = await self._admit(spec, scope)
-        store = self._open_store()
+        self._open_store()
+        # A name is unique among the scope's live sessions wherever they run: checked here, where
+        # all of them are known (a cluster's node sees only its own).
         if spec.name is not None:
             self._take_name(scope, spec.name)
         try:
-            return await self._spawn_checked(spec, scope, store, session_id)
+            return await self._launcher.launch(spec, scope, session_id)
         finally:
             if spec.name is not None:
                 self._starting_names.discard((scope, spec.name))
@@ -754,6 +793,19 @@ class Supervisor:
         if session.spec.restart is not None:
             session.cycle.hook = self._restart_soon
             session.cycle.on_wait = self._save
+
+    def _session_dir(self, session_id: str) -> Path:
+        if self._store is None:  # not started yet
+            state = self._lifecycle.state.value
+            raise SupervisorClosed(f"the supervisor is {state}", state=state)
+        return self._store.session_dir(session_id)
+
+    def _keep(self, session: Session) -> None:
+        """A session a launcher other than the local one runs: answered for from now on."""
+        self._sessions[session.id] = session
+
+    def _queue_for_lane(self, session: Session, lane: str) -> None:
+        self._spawn_task(self._start_when_free(session, lane))
 
     def _save(self, session: Session) -> None:
         if self._store is not None and session.id in self._sessions:
@@ -876,7 +928,7 @@ class Supervisor:
             self._lanes.release(lane, agent_of(session.scope))  # killed while waiting
             return
         try:
-            await self._start(session)
+            await self._launcher.launch_queued(session)
         except ProcpilotError as exc:
             session.fail_to_start(f"{exc.code}: {exc.message}")
         except Exception as exc:
@@ -1150,23 +1202,12 @@ class Supervisor:
         return session
 
     def _on_finish(self, session: Session) -> None:
-        self._groups.leave(session.id)  # its trees are gone: its agent's group, if its last
+        self._launcher.finished(session)
         unfinished = self._unfinished.get(agent_of(session.scope))
         if unfinished is not None:
             unfinished.discard(session.id)
             if not unfinished:
                 del self._unfinished[agent_of(session.scope)]
-        if self._warm is not None:
-            self._warm.refill_soon()
-        if self._restarts is not None:
-            self._restarts.link.forget(session.id)
-            if session.custody.adopted:  # what recorded its end, whichever was not needed
-                for record in (self._restarts.exit_file(session.id), self._restarts.record_file(session.id)):
-                    with contextlib.suppress(OSError):
-                        record.unlink()
-        if session.left_orphans:
-            # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
-            reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
         if session.spec.lane is not None and session.started_at is not None:
             self._lanes.release(session.spec.lane, agent_of(session.scope))
         if self._store is not None and session.id in self._sessions:
@@ -1231,6 +1272,7 @@ class Supervisor:
         """Bring what ``sessions`` say of their trees (usage, waiting for input) up to date before
         a result shows it: a cluster asks the nodes that run them; on one host each session reads
         its own tree when asked, so there is nothing to do."""
+        await self._launcher.observe(sessions)
 
     def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
         view = session.output[Stream.COMBINED]
@@ -1245,11 +1287,8 @@ class Supervisor:
         ``yield_ms=None`` waits for the end; ``0`` returns at once. The process is never
         restarted or interrupted by the hand-over: it is the same session either way.
         """
-        holds_later = _RUN_HOLDS_LATER.set(True)
-        try:
-            session = await self.spawn(spec, scope=scope)  # overridden by a cluster's supervisor
-        finally:
-            _RUN_HOLDS_LATER.reset(holds_later)
+        # Not spawn(): the hand-over to the holder waits until the session outlives its yield.
+        session = await self._spawn(spec, scope)
         timeout = None if yield_ms is None else yield_ms / 1000
         if timeout != 0:
             await session.wait_finished(timeout)
@@ -1398,6 +1437,7 @@ class Supervisor:
         session.output.remove_files()
         if self._store is not None:
             self._store.delete(session.id)
+        self._launcher.forgotten(session)
 
     def sweep(self, now: float | None = None) -> builtins.list[str]:
         """Remove finished sessions idle for longer than the TTL; returns their ids. The others
@@ -1437,3 +1477,51 @@ class Supervisor:
                 yield event
         finally:
             sub.close()
+
+
+class LocalLauncher:
+    """Sessions on this host: process groups or cgroups, limits, the warm pool, the holder. The
+    supervisor's own machinery, reached through the Launcher seam (engine/launcher.py)."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._sup = supervisor
+
+    def bind(self, host: LaunchHost) -> None:
+        """Nothing to take: the local launcher is the supervisor's own machinery."""
+
+    async def open(self) -> None:
+        """Nothing beyond the supervisor's own start."""
+
+    async def launch(self, spec: SpawnSpec, scope: str, session_id: str | None) -> Session:
+        sup = self._sup
+        return await sup._spawn_checked(spec, scope, sup._open_store(), session_id)
+
+    async def launch_queued(self, session: Session) -> None:
+        await self._sup._start(session)
+
+    def finished(self, session: Session) -> None:
+        sup = self._sup
+        sup._groups.leave(session.id)  # its trees are gone: its agent's group, if its last
+        if sup._warm is not None:
+            sup._warm.refill_soon()
+        if sup._restarts is not None:
+            sup._restarts.link.forget(session.id)
+            if session.custody.adopted:  # what recorded its end, whichever was not needed
+                for record in (sup._restarts.exit_file(session.id), sup._restarts.record_file(session.id)):
+                    with contextlib.suppress(OSError):
+                        record.unlink()
+        if session.left_orphans:
+            # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
+            reap_orphans({s.pid for s in sup._sessions.values() if s.pid and not s.finished})
+
+    def forgotten(self, session: Session) -> None:
+        """Its files went with the supervisor's record of it: nothing else keeps it here."""
+
+    async def close(self, grace: float) -> None:
+        """The supervisor's shutdown ended every local tree already."""
+
+    async def observe(self, sessions: Sequence[Session]) -> None:
+        """Each local session reads its own tree when asked: nothing to bring up to date."""
+
+    def capabilities(self) -> dict[str, Any]:
+        return {}

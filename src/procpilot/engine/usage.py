@@ -30,18 +30,17 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psutil
 
-if TYPE_CHECKING:
-    from procpilot.engine.session import Session
-    from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.limits import LimitReport
+from procpilot.engine.trees import TreeBackend
 
-__all__ = ["PidSample", "Usage", "UsageTracker", "sample_pid", "sample_tree", "usage_tracker"]
+__all__ = ["PidSample", "Tracked", "Usage", "UsageTracker", "sample_pid", "sample_tree", "usage_tracker"]
 
 # Sampling cadence while watched trees run: fast while one of them is young (a short-lived
 # grandchild is still caught), then once a second.
@@ -183,16 +182,55 @@ class _Track:
     final: Usage | None = None
 
 
-class UsageTracker:
-    """Per-session resource usage over whole trees; one per supervisor (``Supervisor.usage``)."""
+class Accounted(Protocol):
+    """What a tree leaves to account for once it is over (``session.Accounting``)."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._sup = weakref.ref(supervisor)
-        self._tracks: weakref.WeakKeyDictionary[Session, _Track] = weakref.WeakKeyDictionary()
-        self._watched: weakref.WeakSet[Session] = weakref.WeakSet()
+    @property
+    def rusage(self) -> Any: ...
+    @property
+    def spawner_maxrss_kb(self) -> int: ...
+    @property
+    def exit_io(self) -> tuple[int, int] | None: ...
+    @property
+    def limit_report(self) -> LimitReport | None: ...
+
+
+class Tracked(Protocol):
+    """What the tracker reads of a session (a ``Session``; named here so that usage.py, which
+    session.py reads for ``Usage``, needs neither session.py nor supervisor.py)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def accounting(self) -> Accounted: ...
+    def usage_report(self) -> Usage | None: ...
+
+
+# The supervisor's tree backend; None once the supervisor is gone.
+TreesOf = Callable[[], TreeBackend | None]
+# Runs the sampling loop as the supervisor's task; None (and nothing run) once it is ending or gone.
+StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], "asyncio.Task[None] | None"]
+
+
+class UsageTracker:
+    """Per-session resource usage over whole trees; one per supervisor (``Supervisor.usage``),
+    which gives it its tree backend and a way to run its sampling loop (neither keeps the
+    supervisor alive)."""
+
+    def __init__(self, trees: TreesOf, start: StartTask) -> None:
+        self._trees = trees
+        self._start = start
+        self._tracks: weakref.WeakKeyDictionary[Tracked, _Track] = weakref.WeakKeyDictionary()
+        self._watched: weakref.WeakSet[Tracked] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
 
-    def usage(self, session: Session) -> Usage:
+    def usage(self, session: Tracked) -> Usage:
         """The session's usage now: sampled if it runs (and watched from now on), final if it ended."""
         reported = session.usage_report()
         if reported is not None:
@@ -205,7 +243,7 @@ class UsageTracker:
         self.watch(session)
         return self._track(session).best
 
-    def latest(self, session: Session) -> Usage:
+    def latest(self, session: Tracked) -> Usage:
         """The usage at the last periodic sample, without sampling now (cheap enough to ask of
         every session every second); the session is watched from now on. Zeros until sampled."""
         reported = session.usage_report()
@@ -219,7 +257,7 @@ class UsageTracker:
         track = self._tracks.get(session)
         return track.best if track is not None else Usage()
 
-    def rss_now(self, session: Session) -> int:
+    def rss_now(self, session: Tracked) -> int:
         """The tree's resident memory at its last sample (0 once it ended or before one was taken)."""
         if session.finished:
             return 0
@@ -227,7 +265,7 @@ class UsageTracker:
         return sum(s.rss_bytes for s in track.last.values()) if track is not None else 0
 
     async def snapshot(
-        self, sessions: Sequence[Session], budget: float | None = _LIST_SAMPLE_BUDGET
+        self, sessions: Sequence[Tracked], budget: float | None = _LIST_SAMPLE_BUDGET
     ) -> dict[str, Usage | None]:
         """Each session's usage, keyed by id, for a listing: an ended one's final usage, a running
         one's best so far if sampled in the last couple of seconds, else sampled afresh in a
@@ -238,7 +276,7 @@ class UsageTracker:
         (Not read after the listing in the background instead: a thread reading a thousand trees
         holds the GIL between its reads, and the next listing's rows then took twice as long.)"""
         found: dict[str, Usage | None] = {}
-        stale: list[tuple[float, Session]] = []
+        stale: list[tuple[float, Tracked]] = []
         now = time.monotonic()
         for session in sessions:
             reported = session.usage_report()
@@ -258,12 +296,12 @@ class UsageTracker:
             else:
                 stale.append((-1.0 if at is None else at, session))
                 found[session.id] = None if track is None or at is None else track.best
-        sup = self._sup()
-        if stale and sup is not None:
+        backend = self._trees()
+        if stale and backend is not None:
             stale.sort(key=lambda item: item[0])
             order = _trees_of([session for _, session in stale])
             trees = [tree for _, tree in order]
-            readings = await asyncio.to_thread(_read_within, sup._tree_backend, trees, budget)
+            readings = await asyncio.to_thread(_read_within, backend, trees, budget)
             for (session, _), reading in zip(order, readings, strict=False):
                 if not session.finished:
                     found[session.id] = self._apply(session, reading)
@@ -272,35 +310,34 @@ class UsageTracker:
                     found[session.id] = self._finalize(session)
         return found
 
-    def watch(self, session: Session) -> None:
+    def watch(self, session: Tracked) -> None:
         """Sample ``session`` periodically until it ends (cheap: one light task for all of them)."""
         if session.finished or session.usage_report() is not None:  # measured where it runs
             return
         self._watched.add(session)
-        sup = self._sup()
-        if sup is None or sup.state.is_ending or (self._task is not None and not self._task.done()):
+        if self._task is not None and not self._task.done():
             return
-        self._task = sup._spawn_task(self._run())
+        self._task = self._start(self._run)
 
-    def forget(self, session: Session) -> None:
+    def forget(self, session: Tracked) -> None:
         self._watched.discard(session)
         self._tracks.pop(session, None)
 
     # -- sampling ------------------------------------------------------------------------------
 
-    def _track(self, session: Session) -> _Track:
+    def _track(self, session: Tracked) -> _Track:
         track = self._tracks.get(session)
         if track is None:
             track = self._tracks[session] = _Track()
         return track
 
-    def _sample(self, session: Session) -> None:
-        sup = self._sup()
-        if sup is None or session.pid is None or session.finished:
+    def _sample(self, session: Tracked) -> None:
+        backend = self._trees()
+        if backend is None or session.pid is None or session.finished:
             return
-        self._apply(session, _read(sup._tree_backend, session.id, session.pid))
+        self._apply(session, _read(backend, session.id, session.pid))
 
-    def _apply(self, session: Session, reading: _Reading) -> Usage:
+    def _apply(self, session: Tracked, reading: _Reading) -> Usage:
         """Fold one reading of a running tree into its track; returns the best usage so far."""
         track = self._track(session)
         samples = reading.samples
@@ -333,7 +370,7 @@ class UsageTracker:
         track.best = track.best.max(Usage(int(cpu), memory, io_read, io_write))
         return track.best
 
-    def _finalize(self, session: Session) -> Usage:
+    def _finalize(self, session: Tracked) -> Usage:
         track = self._track(session)
         if track.final is not None:
             return track.final
@@ -366,13 +403,13 @@ class UsageTracker:
                 return
             young = any(s.started_at is not None and time.time() - s.started_at < _YOUNG_SEC for s in running)
             await asyncio.sleep(_FAST_INTERVAL if young else _SLOW_INTERVAL)
-            sup = self._sup()
-            if sup is None:
+            backend = self._trees()
+            if backend is None:
                 return
             # Read in a worker thread: a console watching a thousand trees would otherwise hold
             # the event loop ~0.1 s every second.
             order = _trees_of(running)
-            readings = await asyncio.to_thread(_read_within, sup._tree_backend, [tree for _, tree in order], None)
+            readings = await asyncio.to_thread(_read_within, backend, [tree for _, tree in order], None)
             for (session, _), reading in zip(order, readings, strict=True):
                 if not session.finished:
                     self._apply(session, reading)
@@ -396,11 +433,16 @@ def _read_within(trees: Any, trees_of: Sequence[tuple[str, int]], budget: float 
     return readings
 
 
-def _trees_of(sessions: Sequence[Session]) -> list[tuple[Session, tuple[str, int]]]:
+def _trees_of(sessions: Sequence[Tracked]) -> list[tuple[Tracked, tuple[str, int]]]:
     """What a worker thread needs of each running session, taken on the event loop."""
     return [(s, (s.id, s.pid)) for s in sessions if s.pid is not None and not s.finished]
 
 
-def usage_tracker(supervisor: Supervisor) -> UsageTracker:
+class HasUsage(Protocol):
+    @property
+    def usage(self) -> UsageTracker: ...
+
+
+def usage_tracker(supervisor: HasUsage) -> UsageTracker:
     """The supervisor's one tracker (``supervisor.usage``)."""
     return supervisor.usage

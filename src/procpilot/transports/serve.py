@@ -102,10 +102,13 @@ def make_supervisor(settings: Settings, *, owner: str | None = None) -> Supervis
     spawn_filter, write_filter = make_spawn_filter(settings), make_write_filter(settings)
     if settings.cluster.backend == "ray":
         # Imported only here: the single-host daemon never loads Ray.
-        from procpilot.cluster.supervisor import ClusterSupervisor
+        from procpilot.cluster.launcher import RayLauncher
 
-        return ClusterSupervisor(
-            settings, spawn_filter=spawn_filter, write_filter=write_filter, node_filter=make_spawn_filter
+        return Supervisor(
+            settings,
+            spawn_filter=spawn_filter,
+            write_filter=write_filter,
+            launcher=RayLauncher(settings, node_filter=make_spawn_filter),
         )
     return Supervisor(
         settings,

@@ -1,12 +1,13 @@
-"""The daemon's supervisor on a Ray cluster: the faces call it as they call the one-host Supervisor.
+"""The launcher of a daemon on a Ray cluster: its ``Supervisor`` runs every session on a node.
 
-It *is* a ``Supervisor`` whose sessions all run on the cluster's nodes: ``spawn`` runs the same
-admission (the engine's fence, the agent's policy) here, places the session on a node (its
-agent's ``placement`` resource, else the least busy node) and starts it there through that
-node's actor; everything that reads a session (get, list, wait, poll, log, the exit events)
-works on the daemon's copy of it, kept current by one stream per session (a bounded copy: a
-page it does not hold is read from the node, ``pages.py``). A node that dies
-ends its sessions ``lost`` (``node_lost``); a node that joins is used from then on.
+The daemon's ``Supervisor`` is the engine's own, given this launcher (engine/launcher.py): it
+runs the same admission (the engine's fence, the agent's policy), keeps names and lanes across
+the cluster, and hands each admitted spec here, which places the session on a node (its agent's
+``placement`` resource, else the least busy node) and starts it there through that node's
+actor. Everything that reads a session (get, list, wait, poll, log, the exit events) works on
+the daemon's copy of it, kept current by one stream per session (a bounded copy: a page it does
+not hold is read from the node, ``pages.py``). A node that dies ends its sessions ``lost``
+(``node_lost``); a node that joins is used from then on.
 
 Invariants: every live session has exactly one pump task reading its node's stream, and a
 session leaves the running states only through its node's record of the end or through
@@ -20,7 +21,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from procpilot.cluster.node import SpawnFilter
@@ -31,16 +31,15 @@ from procpilot.cluster.remote import RemoteSession, mirror
 from procpilot.cluster.replies import raise_reply
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
-from procpilot.engine.lifecycle import SupervisorState
+from procpilot.engine.launcher import LaunchHost
 from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
-from procpilot.engine.supervisor import Supervisor, new_session_id
-from procpilot.engine.warm import WarmShell
+from procpilot.engine.supervisor import new_session_id
 from procpilot.errors import NodeUnavailable
 
-__all__ = ["ClusterSupervisor"]
+__all__ = ["RayLauncher"]
 
 _log = logging.getLogger(__name__)
 _WATCH_INTERVAL = 2.0  # seconds between two looks at the cluster's membership (a control-plane call)
@@ -57,18 +56,13 @@ class _Node:
     capabilities: dict[str, Any]
 
 
-class ClusterSupervisor(Supervisor):
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        spawn_filter: Callable[[str, SpawnSpec, int], SpawnSpec] | None = None,
-        write_filter: Callable[[str, Session, bytes], None] | None = None,
-        node_filter: Callable[[Settings], SpawnFilter] | None = None,
-    ) -> None:
+class RayLauncher:
+    def __init__(self, settings: Settings, *, node_filter: Callable[[Settings], SpawnFilter] | None = None) -> None:
         """``node_filter`` builds the spawn filter each node applies again to the specs it gets
         (``make_spawn_filter``): from the nodes' settings, so no token travels with it."""
-        super().__init__(settings, spawn_filter=spawn_filter, write_filter=write_filter)
+        self.settings = settings
+        self.config = settings.engine
+        self._host: LaunchHost | None = None
         self._nodes: dict[str, _Node] = {}  # live nodes in the order they joined
         self._joining: set[str] = set()
         self._pumps: set[asyncio.Task[None]] = set()
@@ -79,20 +73,45 @@ class ClusterSupervisor(Supervisor):
         self._node_settings = settings.model_copy(update={"server": server})
         self._node_filter = None if node_filter is None else node_filter(self._node_settings)
 
-    # -- membership ----------------------------------------------------------------------------
+    # -- the Launcher seam ---------------------------------------------------------------------
 
-    async def start(self) -> ClusterSupervisor:
-        if self.state is SupervisorState.RUNNING:
-            return self
-        await super().start()
-        try:
-            await asyncio.to_thread(join, self.settings.cluster.address)
-            await self._refresh_nodes()
-        except BaseException:
-            await self.aclose()
-            raise
+    def bind(self, host: LaunchHost) -> None:
+        if self._host is not None:
+            raise RuntimeError("a RayLauncher serves one supervisor")
+        self._host = host
+
+    @property
+    def host(self) -> LaunchHost:
+        if self._host is None:
+            raise RuntimeError("this RayLauncher was given to no Supervisor")
+        return self._host
+
+    async def open(self) -> None:
+        """Join the cluster, start an actor on each live node, then watch its membership (a
+        failure here closes the supervisor, which leaves the cluster again)."""
+        await asyncio.to_thread(join, self.settings.cluster.address)
+        await self._refresh_nodes()
         self._watcher = asyncio.ensure_future(self._watch_nodes())
-        return self
+
+    async def launch(self, spec: SpawnSpec, scope: str, session_id: str | None) -> Session:
+        return await self._admitted(spec, scope, session_id)
+
+    def finished(self, session: Session) -> None:
+        """No orphans, groups or warm shells here: those are the node's. The lane slot, the
+        journal and the exit event are the supervisor's part."""
+
+    def forgotten(self, session: Session) -> None:
+        node = self._nodes.get(session.node or "")
+        if node is not None:
+            self._in_background(node.actor.call("forget", session.scope, session.id))
+
+    async def close(self, grace: float) -> None:
+        await self._leave_cluster(grace)
+
+    def _sessions(self) -> list[Session]:
+        return self.host.sessions()
+
+    # -- membership ----------------------------------------------------------------------------
 
     async def _watch_nodes(self) -> None:
         while True:
@@ -136,7 +155,7 @@ class ClusterSupervisor(Supervisor):
 
     def _node_lost(self, node_id: str, why: str) -> None:
         node = self._nodes.pop(node_id, None)
-        for session in self._sessions.values():
+        for session in self._sessions():
             if isinstance(session, RemoteSession) and session.node == node_id:
                 session.lose(f"node {node_id[:12]} is gone ({why})")
         if node is not None:
@@ -145,34 +164,22 @@ class ClusterSupervisor(Supervisor):
                 node.actor.kill()
 
     def _running_on(self, node_id: str) -> int:
-        return sum(1 for s in self._sessions.values() if s.node == node_id and not s.finished)
+        return sum(1 for s in self._sessions() if s.node == node_id and not s.finished)
 
     # -- spawning ------------------------------------------------------------------------------
-
-    async def spawn(self, spec: SpawnSpec, *, scope: str, session_id: str | None = None) -> Session:
-        spec = await self._admit(spec, scope)
-        self._open_store()
-        # A name is unique among the agent's live sessions on every node: checked here, where
-        # all of them are known (each node sees only its own).
-        if spec.name is not None:
-            self._take_name(scope, spec.name)
-        try:
-            return await self._admitted(spec, scope, session_id)
-        finally:
-            if spec.name is not None:
-                self._starting_names.discard((scope, spec.name))
 
     async def _admitted(self, spec: SpawnSpec, scope: str, session_id: str | None) -> RemoteSession:
         # Lanes are the daemon's, so a cap holds across the cluster: a session that waits for a
         # slot waits here (no node chosen yet) and its node runs it with no lane of its own.
         if spec.lane is None:
             return await self._place(spec, scope, session_id)
-        if not self._lanes.try_acquire(spec.lane, agent_of(scope)):
+        lanes = self.host.lanes
+        if not lanes.try_acquire(spec.lane, agent_of(scope)):
             return self._queue(spec, scope)
         try:
             return await self._place(spec, scope, session_id)
         except BaseException:
-            self._lanes.release(spec.lane, agent_of(scope))
+            lanes.release(spec.lane, agent_of(scope))
             raise
 
     async def _place(
@@ -204,8 +211,7 @@ class ClusterSupervisor(Supervisor):
             session = queued
         else:
             session = self._remote(record, scope, spec, node.info.node_id, node.actor.call)
-        if self._store is not None:
-            self._store.save(session.id, session.record())
+        self.host.save(session)
         pump = asyncio.ensure_future(self._pump(session, node))
         self._pumps.add(pump)
         pump.add_done_callback(self._pumps.discard)
@@ -215,48 +221,46 @@ class ClusterSupervisor(Supervisor):
         self, record: dict[str, Any], scope: str, spec: SpawnSpec, node: str | None, call: Any
     ) -> RemoteSession:
         node_dropped: dict[Stream, int] = {}  # shared by the session and its copy's views
-        output = copy_output(self._store_dir(record["id"]), self.config.max_log_bytes, node_dropped)
+        host = self.host
+        output = copy_output(host.session_dir(record["id"]), self.config.max_log_bytes, node_dropped)
         session = RemoteSession(
             record,
             scope,
             spec,
             output,
-            self._tree_backend,
-            self._on_finish,
+            host.trees(),
+            host.on_finish,
             node=node,
             call=call,
             node_dropped=node_dropped,
             kill_grace=self.config.kill_grace_sec,
         )
-        self._sessions[session.id] = session
+        host.register(session)
         return session
-
-    def _store_dir(self, session_id: str) -> Path:
-        return self._open_store().session_dir(session_id)
 
     def _queue(self, spec: SpawnSpec, scope: str) -> RemoteSession:
         """A session waiting for its lane slot: no node yet, an id of the daemon's making."""
         session_id = new_session_id()
         record = {"id": session_id, "state": SessionState.QUEUED.value, "pid": None, "started_at": None}
         session = self._remote(record, scope, spec, None, None)
-        if self._store is not None:
-            self._store.save(session.id, session.record())
-        self._spawn_task(self._start_when_free(session, spec.lane or ""))
+        self.host.save(session)
+        self.host.start_when_free(session, spec.lane or "")
         return session
 
-    async def _start(self, session: Session, warm: WarmShell | None = None, *, again: bool = False) -> None:
-        """Place a session that waited here for its lane slot, now held (the engine's
-        ``_start_when_free`` calls this); the slot goes back if it never starts."""
+    async def launch_queued(self, session: Session) -> None:
+        """Place a session that waited here for its lane slot, now held (the supervisor calls
+        this once its slot is free); the slot goes back if it never starts."""
         if not isinstance(session, RemoteSession) or session.spec.lane is None:
             raise TypeError(f"the cluster starts only sessions queued for a lane here, not {session!r}")
         lane = session.spec.lane
+        lanes = self.host.lanes
         try:
             await self._place(session.spec, session.scope, session.id, queued=session)
         except BaseException:
-            self._lanes.release(lane, agent_of(session.scope))
+            lanes.release(lane, agent_of(session.scope))
             raise
         if session.started_at is None:  # killed here while its node started it
-            self._lanes.release(lane, agent_of(session.scope))
+            lanes.release(lane, agent_of(session.scope))
 
     async def _start_on(self, node: _Node, scope: str, spec: SpawnSpec, session_id: str | None) -> dict[str, Any]:
         # Shielded: a caller that gives up must not leave a session the daemon never heard of.
@@ -324,28 +328,7 @@ class ClusterSupervisor(Supervisor):
             return any(n.node_id == node.info.node_id for n in await asyncio.to_thread(alive_nodes))
         return False
 
-    # -- what the base class does for local sessions -------------------------------------------
-
-    def _on_finish(self, session: Session) -> None:
-        # No orphans here: those are the node's. The lane slot, the journal and the exit event are ours.
-        if session.spec.lane is not None and session.started_at is not None:
-            self._lanes.release(session.spec.lane, agent_of(session.scope))
-        if self._store is not None and session.id in self._sessions:
-            self._store.save(session.id, session.record())
-        if session.spec.notify_on_exit and self.exits.has_listeners:
-            self.exits.publish(session.exit_info(self.tail_text(session)))
-
-    def _forget(self, session: Session) -> None:
-        super()._forget(session)
-        node = self._nodes.get(session.node or "")
-        if node is not None:
-            self._in_background(node.actor.call("forget", session.scope, session.id))
-
-    async def _close(self, sig: int, grace: float | None) -> None:
-        try:
-            await super()._close(sig, grace)
-        finally:
-            await self._leave_cluster(self.config.kill_grace_sec if grace is None else grace)
+    # -- leaving -------------------------------------------------------------------------------
 
     async def _leave_cluster(self, grace: float) -> None:
         if self._watcher is not None:
@@ -356,7 +339,7 @@ class ClusterSupervisor(Supervisor):
         for task in [*self._pumps, *self._background]:
             task.cancel()
         await asyncio.gather(*self._pumps, *self._background, return_exceptions=True)
-        for session in self._sessions.values():
+        for session in self._sessions() if self._host is not None else []:
             if isinstance(session, RemoteSession):
                 session.lose("the daemon left the cluster before its end was heard")
         for node in nodes:
@@ -406,6 +389,5 @@ class ClusterSupervisor(Supervisor):
         return shown
 
     def capabilities(self) -> dict[str, Any]:
-        caps = super().capabilities()  # the daemon's own host: where the state directory lives
-        caps["cluster"] = {"backend": "ray", "address": self.settings.cluster.address, "nodes": self.nodes()}
-        return caps
+        """Beside the daemon's own host's (where the state directory lives): the cluster's."""
+        return {"cluster": {"backend": "ray", "address": self.settings.cluster.address, "nodes": self.nodes()}}
