@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import pkgutil
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,11 @@ SRC = Path(procpilot.__file__).parent
 def test_no_class_subclasses_the_supervisor() -> None:
     """A cluster (or any other place to run sessions) is a Launcher given to the Supervisor."""
     pytest.importorskip("ray")
+    import procpilot.cluster
+
+    for module in pkgutil.iter_modules(procpilot.cluster.__path__, "procpilot.cluster."):
+        importlib.import_module(module.name)
     launcher = importlib.import_module("procpilot.cluster.launcher")
-    importlib.import_module("procpilot.transports.serve")
     assert Supervisor.__subclasses__() == []
     assert not issubclass(launcher.RayLauncher, Supervisor)
 
