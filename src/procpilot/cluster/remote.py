@@ -140,7 +140,7 @@ class RemoteSession(Session):
         self.exit_code = record["exit_code"]
         self.exit_signal = record["exit_signal"]
         self.error = record["error"]
-        self._signal_sent = record["signal_sent"] or self._signal_sent
+        self.signal_sent = record["signal_sent"] or self.signal_sent
         self.timed_out_waiting_for_input = bool(record["timed_out_waiting_for_input"])
         if record.get("usage") is not None:
             self._usage = self._usage.max(Usage(**record["usage"]))  # the node's final figures
@@ -185,7 +185,7 @@ class RemoteSession(Session):
             raise ProcessAlreadyExited(f"session {self.id} has already ended ({self.state.value})")
         if self._requested_end is None:
             self._requested_end = end
-        self._signal_sent = signal_name(sig)
+        self.signal_sent = signal_name(sig)
         self._in_background(self._send("kill", int(sig), grace))
 
     async def _send(self, kind: str, *args: Any) -> None:

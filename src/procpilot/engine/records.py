@@ -1,4 +1,11 @@
-"""A session's spec as the journal keeps it, and read back: what was admitted, whole.
+"""A session's record (``SessionRecord``) and its spec as the journal keeps them, and read back.
+
+A session is three parts: its record (what it is: identity, the spec as admitted, its life so
+far, its exit, its restart counters, its TTL clock, its final usage, what faces keep of it), its
+current run (session.Run: the process and descriptors of one run, replaced at each restart) and
+its stdin writer (stdin.py). Whatever a face shows of a session comes from its record or from the
+running process; the journal writes the record (``SessionRecord.to_json``) and every restart
+path rebuilds sessions from it (``SessionRecord.from_json``, ``Session.from_record``).
 
 A restarted server rebuilds every session of its owner from the journal (Supervisor._adopt). A
 session that starts another run there (a restart policy) runs exactly what was admitted the
@@ -16,6 +23,8 @@ from __future__ import annotations
 
 import base64
 import re
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +32,10 @@ from procpilot.engine.isolation import FALLBACKS, Isolation
 from procpilot.engine.limits import Limits
 from procpilot.engine.restart import RestartPolicy
 from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.usage import Usage
 
-__all__ = ["spec_from_record", "spec_record", "valid_session_id"]
+__all__ = ["SessionRecord", "spec_from_record", "spec_record", "valid_session_id"]
 
 # One path component and nothing else: no "." or "..", no "/", no NUL, short. Every id procpilot
 # makes (16 base32 characters) fits; a record with any other id is a damaged or planted one.
@@ -195,3 +206,146 @@ def spec_from_record(record: dict[str, Any]) -> SpawnSpec:
         name=name,
         restart=_restart(record.get("restart")),
     )
+
+
+@dataclass(slots=True)
+class SessionRecord:
+    """What a session is, apart from its current run and its stdin writer; times are wall-clock.
+
+    The session keeps its record current as it lives (its fields are the session's: ``state``,
+    ``exit_code``...); the parts that belong to the run or to a clock (``pid``, ``touched_at``,
+    the restart cycle's times) are brought up to date when it is written."""
+
+    # identity, and the spec as admitted (command, cwd, env, limits, box, lane, pty, name, policy)
+    id: str
+    scope: str
+    spec: SpawnSpec
+    state: SessionState = SessionState.QUEUED
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    ended_at: float | None = None
+    pid: int | None = None  # the leader of its current (or last) run
+    node: str | None = None  # the cluster node that runs it; None: this host
+    backgrounded: bool = False
+    # exit info
+    exit_code: int | None = None
+    exit_signal: str | None = None
+    error: str | None = None
+    signal_sent: str | None = None  # the last signal procpilot sent its tree
+    # every signal procpilot sent the tree, with when (ms since the run started)
+    signals_sent: list[tuple[str, int]] = field(default_factory=list)
+    timed_out_waiting_for_input: bool = False
+    # the restart policy's counters
+    restarts: int = 0  # runs after the first
+    quick_failures: int = 0  # short runs in a row, for the backoff
+    run_started_at: float | None = None
+    next_run_at: float | None = None  # while its next run is due
+    # the TTL clock: when it was last read (or ended, if later)
+    touched_at: float | None = None
+    # output accounting: its resources over its whole life, once ended (the output's own
+    # accounting, sizes and what the cap dropped, is in its files)
+    final_usage: Usage | None = None
+    # What faces keep of it under their own names (a profile's id for it, a read cursor): JSON
+    # values, written and restored as they are; the engine never reads them.
+    face_data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self, custody: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The journal's form; ``custody``: what the supervisor keeps for the next server
+        (owner, format, the tree's directories...), written beside it."""
+        found: dict[str, Any] = {
+            "id": self.id,
+            "scope": self.scope,
+            **spec_record(self.spec),
+            "state": self.state.value,
+            "pid": self.pid,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "exit_code": self.exit_code,
+            "exit_signal": self.exit_signal,
+            "backgrounded": self.backgrounded,
+            "error": self.error,
+            "name": self.spec.name,
+            "restarts": self.restarts,
+            "touched_at": self.touched_at,
+            **(custody or {}),
+        }
+        if self.spec.restart is not None:
+            found["quick_failures"] = self.quick_failures
+            found["run_started_at"] = self.run_started_at
+            if self.next_run_at is not None:
+                found["next_run_at"] = self.next_run_at
+        if self.signal_sent is not None:
+            found["signal_sent"] = self.signal_sent
+        if self.signals_sent:
+            found["signals_sent"] = [[name, ms] for name, ms in self.signals_sent]
+        if self.final_usage is not None:
+            found["usage"] = self.final_usage.as_dict()
+        if self.timed_out_waiting_for_input:
+            found["timed_out_waiting_for_input"] = True
+        if self.node is not None:
+            found["node"] = self.node
+        if self.face_data:
+            found["face_data"] = dict(self.face_data)
+        return found
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> SessionRecord:
+        """A record as the journal holds it, checked (TypeError, ValueError, KeyError or a
+        ProcpilotError: damaged). A record of an earlier format lacks some fields: each is then
+        what that format's adoption assumed (backgrounded, no counters)."""
+        code, sig, error = record.get("exit_code"), record.get("exit_signal"), record.get("error")
+        sent, node, kept = record.get("signal_sent"), record.get("node"), record.get("face_data")
+        return cls(
+            id=str(record["id"]),
+            scope=str(record["scope"]),
+            spec=spec_from_record(record),
+            state=SessionState(record["state"]),
+            created_at=_wall(record.get("created_at")) or time.time(),
+            started_at=_wall(record.get("started_at")),
+            ended_at=_wall(record.get("ended_at")),
+            pid=_integer_or_none(record.get("pid")),
+            node=node if isinstance(node, str) else None,
+            backgrounded=bool(record.get("backgrounded", True)),
+            exit_code=_integer_or_none(code),
+            exit_signal=sig if isinstance(sig, str) else None,
+            error=error if isinstance(error, str) else None,
+            signal_sent=sent if isinstance(sent, str) else None,
+            signals_sent=_signals(record.get("signals_sent")),
+            timed_out_waiting_for_input=bool(record.get("timed_out_waiting_for_input")),
+            restarts=int(record.get("restarts") or 0),
+            quick_failures=int(record.get("quick_failures") or 0),
+            run_started_at=_wall(record.get("run_started_at")),
+            next_run_at=_wall(record.get("next_run_at")),
+            touched_at=_wall(record.get("touched_at")),
+            final_usage=_usage(record.get("usage")),
+            face_data=dict(kept) if isinstance(kept, dict) else {},
+        )
+
+
+def _wall(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _integer_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _signals(found: Any) -> list[tuple[str, int]]:
+    if not isinstance(found, list):
+        return []
+    return [
+        (str(item[0]), int(item[1]))
+        for item in found
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)
+    ]
+
+
+def _usage(found: Any) -> Usage | None:
+    if not isinstance(found, dict):
+        return None
+    fields = ("cpu_ms", "memory_peak_bytes", "io_read_bytes", "io_write_bytes")
+    values = [found.get(k, 0) for k in fields]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    return Usage(*values)

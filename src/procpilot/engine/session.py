@@ -25,9 +25,9 @@ from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Strea
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.procfs import read_small
-from procpilot.engine.records import spec_record
+from procpilot.engine.records import SessionRecord
 from procpilot.engine.spawn import Spawned, SpawnSpec
-from procpilot.engine.states import END_STATES, SessionState, check_transition
+from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.stdin import StdinWriter
 from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
@@ -155,44 +155,169 @@ class Session:
         *,
         kill_grace: float = 5.0,
     ) -> None:
-        self.id = session_id
-        self.scope = scope
-        self.spec = spec
+        # What it is (identity, spec, life, exit, counters, face data): the journal writes this.
+        self.info = SessionRecord(session_id, scope, spec)
         self.output = output
-        self.created_at = time.time()
-        self.started_at: float | None = None
-        self.ended_at: float | None = None
         self._t0 = time.monotonic()
         self._t_end: float | None = None
         self.last_access = time.monotonic()
         self.recorded_access = self.last_access  # last_access as the latest record says it
-        self.state = SessionState.QUEUED
         self.run = Run()  # the current run (the last one between two runs, and once ended)
-        self.exit_code: int | None = None
-        self.exit_signal: str | None = None
-        self.error: str | None = None
-        self.backgrounded = False
-        self.node: str | None = None  # the cluster node that runs it; None: this host
         self.stdin = StdinWriter(session_id, pty=spec.pty, before_close=self._stdin_closing)
-        self.timed_out_waiting_for_input = False
         self._input_check: tuple[bool, float] | None = None  # the last waiting_for_input, and when
         self._trees = trees
         self._on_finish = on_finish
         self._requested_end: SessionState | None = None
-        self._signal_sent: str | None = None
-        # Every signal procpilot sent the tree, with when (ms since the run started): a kill's or a
-        # timeout's result tells the agent what was sent, not only how it ended.
-        self.signals_sent: list[tuple[str, int]] = []
         self.kill_grace = kill_grace
         self._timers: list[asyncio.TimerHandle] = []
         self._finished = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        # Its resources over its whole life, once it ended: kept in its record (a server that
-        # restores it after a restart has no rusage or samples of its own to measure it from).
-        self.final_usage: Usage | None = None
-        self.restarts = 0  # runs after the first (spec.restart)
         self.cycle = RestartCycle()
         self.custody = Custody()
+
+    @classmethod
+    def from_record(
+        cls,
+        record: SessionRecord,
+        output: SessionOutput,
+        trees: TreeBackend,
+        on_finish: Callable[[Session], None],
+        *,
+        kill_grace: float = 5.0,
+    ) -> Session:
+        """The session a record describes (a previous server wrote it), with its life so far; its
+        state is then given by how it is taken up (``restore_ended``, ``resume_between_runs``,
+        ``adopt``)."""
+        session = cls(record.id, record.scope, record.spec, output, trees, on_finish, kill_grace=kill_grace)
+        session.restore(record)
+        return session
+
+    # -- the record: what the session is -------------------------------------------------------
+    # Read and written through the session (faces read ``session.exit_code``); kept in ``info``.
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def scope(self) -> str:
+        return self.info.scope
+
+    @property
+    def spec(self) -> SpawnSpec:
+        """As admitted: what every run of it starts from."""
+        return self.info.spec
+
+    @property
+    def state(self) -> SessionState:
+        return self.info.state
+
+    @state.setter
+    def state(self, value: SessionState) -> None:
+        self.info.state = value
+
+    @property
+    def created_at(self) -> float:
+        return self.info.created_at
+
+    @property
+    def started_at(self) -> float | None:
+        return self.info.started_at
+
+    @started_at.setter
+    def started_at(self, value: float | None) -> None:
+        self.info.started_at = value
+
+    @property
+    def ended_at(self) -> float | None:
+        return self.info.ended_at
+
+    @ended_at.setter
+    def ended_at(self, value: float | None) -> None:
+        self.info.ended_at = value
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.info.exit_code
+
+    @exit_code.setter
+    def exit_code(self, value: int | None) -> None:
+        self.info.exit_code = value
+
+    @property
+    def exit_signal(self) -> str | None:
+        return self.info.exit_signal
+
+    @exit_signal.setter
+    def exit_signal(self, value: str | None) -> None:
+        self.info.exit_signal = value
+
+    @property
+    def error(self) -> str | None:
+        return self.info.error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        self.info.error = value
+
+    @property
+    def backgrounded(self) -> bool:
+        return self.info.backgrounded
+
+    @backgrounded.setter
+    def backgrounded(self, value: bool) -> None:
+        self.info.backgrounded = value
+
+    @property
+    def node(self) -> str | None:
+        """The cluster node that runs it; None: this host."""
+        return self.info.node
+
+    @node.setter
+    def node(self, value: str | None) -> None:
+        self.info.node = value
+
+    @property
+    def timed_out_waiting_for_input(self) -> bool:
+        return self.info.timed_out_waiting_for_input
+
+    @timed_out_waiting_for_input.setter
+    def timed_out_waiting_for_input(self, value: bool) -> None:
+        self.info.timed_out_waiting_for_input = value
+
+    @property
+    def signals_sent(self) -> list[tuple[str, int]]:
+        """Every signal procpilot sent the tree, with when (ms since the run started): a kill's or
+        a timeout's result tells the agent what was sent, not only how it ended."""
+        return self.info.signals_sent
+
+    @property
+    def final_usage(self) -> Usage | None:
+        """Its resources over its whole life, once it ended: kept in its record (a server that
+        restores it after a restart has no rusage or samples of its own to measure it from)."""
+        return self.info.final_usage
+
+    @final_usage.setter
+    def final_usage(self, value: Usage | None) -> None:
+        self.info.final_usage = value
+
+    @property
+    def restarts(self) -> int:
+        """Runs after the first (spec.restart)."""
+        return self.info.restarts
+
+    @restarts.setter
+    def restarts(self, value: int) -> None:
+        self.info.restarts = value
+
+    @property
+    def face_data(self) -> dict[str, Any]:
+        """What faces keep of it under their own names (``SessionRecord.face_data``)."""
+        return self.info.face_data
+
+    @face_data.setter
+    def face_data(self, value: dict[str, Any]) -> None:
+        self.info.face_data = value
 
     # -- the current run -----------------------------------------------------------------------
 
@@ -259,7 +384,11 @@ class Session:
     @property
     def signal_sent(self) -> str | None:
         """The last signal procpilot sent to this session's tree, if any."""
-        return self._signal_sent
+        return self.info.signal_sent
+
+    @signal_sent.setter
+    def signal_sent(self, value: str | None) -> None:  # a cluster node's record says it (cluster/remote.py)
+        self.info.signal_sent = value
 
     @property
     def waiting_for_input(self) -> bool:
@@ -668,8 +797,8 @@ class Session:
             raise ProcessAlreadyExited(f"session {self.id} has already ended ({self.state.value})")
         if self._requested_end is None:
             self._requested_end = end
-        self._signal_sent = signal_name(sig)
-        self.signals_sent.append((self._signal_sent, self.duration_ms))
+        self.info.signal_sent = signal_name(sig)
+        self.signals_sent.append((self.info.signal_sent, self.duration_ms))
         if self.cycle.next_run is not None:
             self.cycle.next_run.cancel()
             self.cycle.next_run = None
@@ -684,32 +813,33 @@ class Session:
 
     def _escalate(self) -> None:
         if not self._finished.is_set():
-            self._signal_sent = "SIGKILL"
+            self.info.signal_sent = "SIGKILL"
             self.signals_sent.append(("SIGKILL", self.duration_ms))
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
 
     # -- restoring -----------------------------------------------------------------------------
 
-    def restore(self, record: dict[str, Any]) -> None:
+    def restore(self, record: SessionRecord) -> None:
         """Take what a record says of this session's life so far (a previous server wrote it):
-        its times, its last exit, its restart counters and when it was last read (the TTL)."""
+        its times, its last exit, its restart counters, when it was last read (the TTL), what
+        faces keep of it. Its state is given by how it is taken up (see ``from_record``)."""
         now = time.time()
-        self.created_at = _wall(record.get("created_at")) or now
-        self.started_at = _wall(record.get("started_at"))
-        self.backgrounded = bool(record.get("backgrounded", True))
-        self.restarts = int(record.get("restarts") or 0)
-        self.cycle.quick_failures = int(record.get("quick_failures") or 0)
-        code, sig, error = record.get("exit_code"), record.get("exit_signal"), record.get("error")
-        self.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
-        self.exit_signal = sig if isinstance(sig, str) else None
-        self.error = error if isinstance(error, str) else None
-        sent = record.get("signal_sent")
-        self._signal_sent = sent if isinstance(sent, str) else None
-        self.timed_out_waiting_for_input = bool(record.get("timed_out_waiting_for_input"))
-        usage = record.get("usage")
-        if self.state.is_end or record.get("state") in {s.value for s in END_STATES}:
-            self.final_usage = _usage(usage)
-        touched = _wall(record.get("touched_at")) or _wall(record.get("ended_at")) or now
+        info = self.info
+        info.created_at = record.created_at
+        info.started_at = record.started_at
+        info.backgrounded = record.backgrounded
+        info.restarts = record.restarts
+        self.cycle.quick_failures = record.quick_failures
+        info.exit_code, info.exit_signal, info.error = record.exit_code, record.exit_signal, record.error
+        info.signal_sent = record.signal_sent
+        info.signals_sent = list(record.signals_sent)
+        info.timed_out_waiting_for_input = record.timed_out_waiting_for_input
+        info.node = record.node
+        info.face_data = dict(record.face_data)
+        if self.state.is_end or record.state.is_end:
+            info.final_usage = record.final_usage
+            self.run.pid = record.pid  # the pid it ran as, shown as before (nothing signals an ended one)
+        touched = record.touched_at or record.ended_at or now
         self.last_access = _monotonic_at(min(touched, now))
 
     def restore_ended(self, state: SessionState, ended_at: float | None) -> None:
@@ -849,50 +979,14 @@ class Session:
         """What the store keeps: the session whole, as a server started later rebuilds it (the
         spec as admitted, its restart counters, its TTL clock, how it ended); only the running
         process and its descriptors are not in it (the holder keeps those)."""
-        found = {
-            "id": self.id,
-            "scope": self.scope,
-            **spec_record(self.spec),
-            "state": self.state.value,
-            "pid": self.pid,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "exit_code": self.exit_code,
-            "exit_signal": self.exit_signal,
-            "backgrounded": self.backgrounded,
-            "error": self.error,
-            "name": self.name,
-            "restarts": self.restarts,
-            "touched_at": self._touched_at(),
-            **self.custody.record,
-        }
+        info = self.info
+        info.pid = self.pid
+        info.touched_at = self._touched_at()
         if self.spec.restart is not None:
-            found["quick_failures"] = self.cycle.quick_failures
-            found["run_started_at"] = time.time() - (time.monotonic() - self.cycle.run_t0)
-            if self.cycle.next_run_at is not None:
-                found["next_run_at"] = self.cycle.next_run_at
-        if self._signal_sent is not None:
-            found["signal_sent"] = self._signal_sent
-        if self.final_usage is not None:
-            found["usage"] = self.final_usage.as_dict()
-        if self.timed_out_waiting_for_input:
-            found["timed_out_waiting_for_input"] = True
-        return found
-
-
-def _wall(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _usage(found: Any) -> Usage | None:
-    if not isinstance(found, dict):
-        return None
-    fields = ("cpu_ms", "memory_peak_bytes", "io_read_bytes", "io_write_bytes")
-    values = [found.get(k, 0) for k in fields]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        return None
-    return Usage(*values)
+            info.quick_failures = self.cycle.quick_failures
+            info.run_started_at = time.time() - (time.monotonic() - self.cycle.run_t0)
+            info.next_run_at = self.cycle.next_run_at
+        return info.to_json(self.custody.record)
 
 
 def _monotonic_at(wall: float) -> float:

@@ -48,7 +48,7 @@ from procpilot.engine.limits import (
     WatchdogLimits,
     probe_limits,
 )
-from procpilot.engine.records import spec_from_record
+from procpilot.engine.records import SessionRecord
 from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import ExitInfo, Session
 from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
@@ -1085,43 +1085,43 @@ class Supervisor:
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
             return None
-        state = SessionState(record["state"])
-        session_id = str(record["id"])
-        spec = spec_from_record(record)
+        recorded = SessionRecord.from_json(record)
+        state, session_id = recorded.state, recorded.id
         directory = store.session_dir(session_id)
         output = SessionOutput.recover(directory, int(record.get("max_log_bytes") or self.config.max_log_bytes))
         if state in END_STATES:
             # Ended before this server: as it was, with nothing running and nothing held.
-            session = self._rebuilt(record, spec, output, self._tree_backend)
-            session.restore_ended(state, record.get("ended_at"))
+            session = self._rebuilt(record, recorded, output, self._tree_backend)
+            session.restore_ended(state, recorded.ended_at)
             self._sessions[session_id] = session
             return session
-        next_run_at = record.get("next_run_at")
-        if state is SessionState.QUEUED or (state is SessionState.RESTARTING and isinstance(next_run_at, int | float)):
-            return self._resume(record, spec, output, state, float(next_run_at or 0))
-        return self._adopt_one(record, spec, output, held)
+        if state is SessionState.QUEUED or (state is SessionState.RESTARTING and recorded.next_run_at is not None):
+            return self._resume(record, recorded, output, state, recorded.next_run_at or 0.0)
+        return self._adopt_one(record, recorded, output, held)
 
-    def _rebuilt(self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, trees: TreeBackend) -> Session:
-        """The session a record describes, with its life so far and what the next server needs."""
-        session = Session(
-            str(record["id"]),
-            str(record["scope"]),
-            spec,
-            output,
-            trees,
-            self._on_finish,
-            kill_grace=self.config.kill_grace_sec,
+    def _rebuilt(
+        self, record: dict[str, Any], recorded: SessionRecord, output: SessionOutput, trees: TreeBackend
+    ) -> Session:
+        """The session a record describes, with its life so far and what the next server needs
+        (``record``'s custody keys: its owner, its format, where its tree is)."""
+        session = Session.from_record(
+            recorded, output, trees, self._on_finish, kill_grace=self.config.kill_grace_sec
         )
-        session.restore(record)
         session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
         return session
 
     def _resume(
-        self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, state: SessionState, next_run_at: float
+        self,
+        record: dict[str, Any],
+        recorded: SessionRecord,
+        output: SessionOutput,
+        state: SessionState,
+        next_run_at: float,
     ) -> Session:
         """A session that was queued behind its lane (queued again) or between two runs (its next
         run on schedule) when its server went: no process of it runs, none is held."""
-        session = self._rebuilt(record, spec, output, self._tree_backend)
+        spec = recorded.spec
+        session = self._rebuilt(record, recorded, output, self._tree_backend)
         session.custody.record["format"] = _RECORD_FORMAT
         self._supervise(session)
         self._register(session)
@@ -1141,16 +1141,16 @@ class Supervisor:
         return session
 
     def _adopt_one(
-        self, record: dict[str, Any], spec: SpawnSpec, output: SessionOutput, held: HeldSession | None
+        self, record: dict[str, Any], recorded: SessionRecord, output: SessionOutput, held: HeldSession | None
     ) -> Session | None:
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
             return None
-        session_id = str(record["id"])
+        session_id, spec = recorded.id, recorded.spec
         directory = store.session_dir(session_id)
         replay_spool(output, directory)
         trees = restarts.trees_for(record.get("tree_root"), self._tree_backend)
-        session = self._rebuilt(record, spec, output, trees)
+        session = self._rebuilt(record, recorded, output, trees)
         session.backgrounded = True
         # What its files are in now: a session with no output yet begins in this version's layout.
         session.custody.record["format"] = _RECORD_FORMAT if output.layout == "once" else _PER_STREAM_FORMAT
@@ -1159,8 +1159,8 @@ class Supervisor:
         self._register(session)
         if spec.lane is not None:
             self._lanes.take(spec.lane, agent_of(session.scope))  # released when it ends, as every run's slot
-        pid = record.get("pid")
-        if not isinstance(pid, int):
+        pid = recorded.pid
+        if pid is None:
             session.fail_to_start("the server stopped before this session could start")
             return session
         fds = held.fds if held is not None else {}
@@ -1186,16 +1186,16 @@ class Supervisor:
             session.custody.ended_in_outage = True
         exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
         # A leader alive with its pidfd held: a holder that records exits writes how it ends.
-        recorded = restarts.link.records is not None and "pidfd" in fds and not exited
+        exit_recorded = restarts.link.records is not None and "pidfd" in fds and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
         own_child = record.get("server_pid") == os.getpid()
         session.adopt(
             spawned,
-            started_at=float(record.get("started_at") or session.created_at),
-            run_started_at=record.get("run_started_at"),
+            started_at=recorded.started_at or session.created_at,
+            run_started_at=recorded.run_started_at,
             leader_exited=exited or (not alive and "pidfd" not in fds),
-            read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=recorded),
+            read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=exit_recorded),
         )
         link = restarts.link
         session.custody.on_stdin_close = lambda: link.stdin_closed(session_id)
