@@ -210,8 +210,10 @@ async def test_every_field_a_face_shows_of_an_ended_session_comes_back_from_its_
     first = await Supervisor(settings, owner="faces", warm_shells=0).start()
     try:
         listing, rows, sessions, killed = await _ended_sessions_shown(first)
-    finally:
-        await first.detach()
+    except BaseException:
+        await first.aclose()  # nothing left running for a next server that never comes
+        raise
+    await first.detach()
     async with Supervisor(settings, owner="faces", warm_shells=0) as second:
         again, rows_again = await _shown(second)
         assert second.get(A, killed.id).face_data == {"a-face": {"its-id": 7}}
