@@ -231,3 +231,12 @@ def _cmd(pid: int) -> str:
         return f"{cmd!r} ppid={ppid.decode()}"
     except OSError:
         return "?"
+
+
+# The guest's tests (a qemu boot each, minutes under software emulation) start first: a worker
+# runs them while the others take the rest, and steal its queue once they are done.
+_FIRST = ("tests/engine/test_cgroup2_vm.py::",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(_FIRST))
