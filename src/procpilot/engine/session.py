@@ -193,6 +193,10 @@ class Session:
         self.restarts = 0  # runs after the first (spec.restart)
         self.cycle = RestartCycle()
         self.custody = Custody()
+        # What a face keeps of this session under its own name (a profile's id for it, a read
+        # cursor): JSON values, written with the record and restored as they are, so they last
+        # as long as the session does, across restarts too. The engine never reads them.
+        self.face_data: dict[str, Any] = {}
 
     # -- the current run -----------------------------------------------------------------------
 
@@ -711,6 +715,8 @@ class Session:
             self.final_usage = _usage(usage)
         touched = _wall(record.get("touched_at")) or _wall(record.get("ended_at")) or now
         self.last_access = _monotonic_at(min(touched, now))
+        kept = record.get("face_data")
+        self.face_data = dict(kept) if isinstance(kept, dict) else {}
 
     def restore_ended(self, state: SessionState, ended_at: float | None) -> None:
         """A session that had ended before this server started: listed and readable as it was,
@@ -878,6 +884,8 @@ class Session:
             found["usage"] = self.final_usage.as_dict()
         if self.timed_out_waiting_for_input:
             found["timed_out_waiting_for_input"] = True
+        if self.face_data:
+            found["face_data"] = dict(self.face_data)
         return found
 
 
