@@ -1,6 +1,7 @@
-"""The codex and claude profiles' own ids outlive their server: a real daemon killed outright
-(kill -9), then a new one on the same state directory, which answers the old ids (Codex's
-integers, Claude Code's ``b…`` task ids) and goes on from where each read cursor was."""
+"""The codex and claude profiles' own ids (Codex's integers, Claude Code's ``b…`` task ids) are
+kept with their sessions: a real daemon killed outright (kill -9), then a new one on the same
+state directory, answers the old ids and goes on from where each read cursor was; with
+``isolate_conversations`` each conversation has its own, and an id goes with its session."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from mcp import Client
 
-from tests.daemon import Served, start_daemon
+from tests.daemon import TOKEN_A, Served, start_daemon
+from tests.transports.test_console_api import as_browser, login
 from tests.transports.test_restarts import _kill_9, _leave_nothing
 
 
@@ -43,7 +45,9 @@ async def test_codex_ids_and_cursors_outlive_a_kill_9(tmp_path: Path) -> None:
     second: Served | None = None
     try:
         async with first.mcp() as client:
-            text = await _text(client, "exec_command", cmd="echo ready; read x; echo got:$x", tty=True, yield_time_ms=1000)
+            text = await _text(
+                client, "exec_command", cmd="echo ready; read x; echo got:$x", tty=True, yield_time_ms=1000
+            )
             tty = _codex_id(text)
             assert "ready" in _output(text)
             text = await _text(client, "exec_command", cmd="echo a; read x; echo b", tty=True, yield_time_ms=1000)
@@ -100,3 +104,25 @@ async def test_claude_task_ids_and_bash_output_cursor_outlive_a_kill_9(tmp_path:
             assert "<task-notification>" not in text and "<status>killed</status>" in text, text
     finally:
         _leave_nothing(root, first, second)
+
+
+async def test_each_conversation_has_its_own_task_ids_and_one_goes_with_its_session(tmp_path: Path) -> None:
+    served = start_daemon(tmp_path / "d", exec_='profile = "claude"', extra="[tools]\nisolate_conversations = true\n")
+    try:
+        async with served.mcp(TOKEN_A, mode="legacy") as a, served.mcp(TOKEN_A, mode="legacy") as b:
+            text = await _text(a, "Bash", command="echo from-a", run_in_background=True)
+            task = _claude_id(text)
+            session_id = Path(text.rsplit(": ", 1)[1]).parent.name  # the file it writes to names it
+            assert "<status>completed</status>" in await _text(a, "TaskOutput", task_id=task, timeout=10_000)
+            assert await _text(b, "TaskOutput", task_id=task) == f"No task found with ID: {task}"
+            assert "<task-notification>" not in await _text(b, "Bash", command="true")
+            # A person removes the session in the console: its task id goes with it.
+            name, cookie, secret = login(served, TOKEN_A)
+            with served.http(None) as page:
+                removed = page.post(
+                    f"/console/api/sessions/agent-a/{session_id}/remove", headers=as_browser(name, [cookie], secret)
+                )
+                assert removed.status_code == 200, removed.text
+            assert await _text(a, "TaskOutput", task_id=task) == f"No task found with ID: {task}"
+    finally:
+        assert served.stop() == 0, served.log_text()
