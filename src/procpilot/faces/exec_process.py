@@ -30,7 +30,7 @@ from procpilot.engine.session import ExitInfo, Session, check_inputs
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, SessionNotFound
+from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, ProtectedVariable, SessionNotFound
 from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
 from procpilot.faces.capabilities import restart_policy
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
@@ -323,6 +323,12 @@ class ExecProcessFace:
     # -- exec ----------------------------------------------------------------------------------
 
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        try:
+            return await self._exec(arguments, scope)
+        except ProtectedVariable as exc:
+            raise self.profile.refused_env(exc) from None
+
+    async def _exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
         check_os_string("command", params.command)
         # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev

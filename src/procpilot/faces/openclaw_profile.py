@@ -28,6 +28,7 @@ from procpilot.config import Settings
 from procpilot.engine.keys import encode_hex, encode_hex_lenient, encode_keys, encode_literal
 from procpilot.engine.session import Session
 from procpilot.engine.states import SessionState
+from procpilot.errors import ProtectedVariable
 
 __all__ = ["OPENCLAW", "PROCPILOT", "Profile", "profile_for"]
 
@@ -100,6 +101,10 @@ class Profile:
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         return _STATUS[state]
+
+    def refused_env(self, exc: ProtectedVariable) -> ProtectedVariable:
+        """exec's refusal of an env override that names a protected variable."""
+        return exc
 
     def unknown_session(self, session_id: str) -> tuple[str, dict[str, Any]] | None:
         """A process action's answer (text, data) for a session id the agent has not got; None:
@@ -175,6 +180,17 @@ class OpenClawProfile(Profile):
     finished_poll_repeats = True
     stdin_without_pty: Literal["pipe", "null"] = "null"
     background_timeout = False
+
+    def refused_env(self, exc: ProtectedVariable) -> ProtectedVariable:
+        # OpenClaw's words for one variable; several keep ours, which names them all.
+        names = exc.details.get("variables") or []
+        if len(names) != 1:
+            return exc
+        if names[0] == "PATH":
+            message = "Security Violation: Custom 'PATH' variable is forbidden during host execution."
+        else:
+            message = f"Security Violation: Environment variable '{names[0]}' is forbidden during host execution."
+        return ProtectedVariable(message, hints=exc.hints, variables=names)
 
     def unknown_session(self, session_id: str) -> tuple[str, dict[str, Any]] | None:
         # OpenClaw answers rather than throws: a failed status (another agent's id, one gone).
