@@ -332,6 +332,22 @@ async def test_without_a_terminal_stdin_is_closed_as_in_openclaw(openclaw: Conne
         assert (await wait(client, data["sessionId"]))[1]["exitCode"] == 0
 
 
+async def test_a_protected_env_override_is_refused_in_openclaws_words(openclaw: Connect, ours: Connect) -> None:
+    async with openclaw() as client:
+        for env, words in (
+            ({"PATH": "/x"}, "Security Violation: Custom 'PATH' variable is forbidden during host execution."),
+            (
+                {"LD_DEBUG": "1"},
+                "Security Violation: Environment variable 'LD_DEBUG' is forbidden during host execution.",
+            ),
+        ):
+            text, data, err = await call(client, "exec", command="true", env=env)
+            assert err and data["error"] == "ProtectedVariable" and text.startswith(f"ProtectedVariable: {words}")
+    async with ours() as client:
+        text, _, err = await call(client, "exec", command="true", env={"LD_DEBUG": "1"})
+        assert err and "cannot override protected environment variable(s): LD_DEBUG" in text
+
+
 async def test_a_session_id_it_does_not_know_is_a_failed_status_as_in_openclaw(
     openclaw: Connect, ours: Connect
 ) -> None:
