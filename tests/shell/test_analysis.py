@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from procpilot.shell.analysis import analyze_argv, analyze_text, commands_in
+from procpilot.shell.analysis import analyze_argv, analyze_text, commands_in, control_flow_in
 from procpilot.shell.lexer import Scan, Word
 
 
@@ -75,3 +75,16 @@ def test_commands_in_gives_programs_with_their_arguments() -> None:
         ("python3", ("y.py",)),
     ]
     assert commands_in("python3 $SCRIPT") == [("python3", (None,))]  # known only at run time
+
+
+def test_control_flow_in_sees_reserved_words_only_where_a_command_starts() -> None:
+    for line in (
+        "if true; then python3 x.py; fi",
+        "true && while false; do :; done",
+        "for f in a b; do echo $f; done",
+        "x=1\nuntil true; do :; done",
+        "! case a in a) :;; esac",
+    ):
+        assert control_flow_in(line), line
+    for line in ("echo if then fi", "echo 'while'", "python3 x.py > if", "time python3 x.py", "'if' true"):
+        assert not control_flow_in(line), line

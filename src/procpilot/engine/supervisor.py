@@ -1420,6 +1420,16 @@ class Supervisor:
             raise SessionStillRunning(f"session {session_id} is still {session.state.value}")
         self._forget(session)
 
+    def keep_face_data(self, session: Session, face: str, value: Any) -> None:
+        """Set what ``face`` keeps of ``session`` (``Session.face_data``; None drops it) and write
+        the session's record at once: a server killed outright a moment later leaves it to the
+        next one, which restores it with the session."""
+        if value is None:
+            session.face_data.pop(face, None)
+        else:
+            session.face_data[face] = value
+        self._save(session)
+
     async def remove(self, scope: str, session_id: str) -> Session:
         """Kill if running (SIGTERM, SIGKILL after the grace period, waiting for the tree to end),
         then clear. A program gets its chance to clean up, as with kill."""

@@ -14,7 +14,8 @@ place of exec/process, and every result is its text alone:
   the next result of any of these tools, unless the model already saw it end.
 
 Each task is an ordinary engine session (the agent's limits, box, command policy, console and
-durability all apply), named by its task id in a bounded table per agent.
+durability all apply), named by its task id, at most 256 per agent (or conversation); the id and
+what the model was told of it are kept in the session's record, so a restarted server knows them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import secrets
 import signal
 import string
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +68,7 @@ _TASK_OUTPUT_TAIL = 32_000
 _TASKS_KEPT = 256  # per agent; the oldest ended task is forgotten past that (its session stays)
 _ID_CHARS = string.digits + string.ascii_lowercase
 _MERGED = "exec 2>&1; "
+_FACE = "claude"  # its key in a session's face_data
 _FILTER_SCAN = 0.5  # s a filter may take over one result (catastrophic backtracking)
 
 BASH_DESCRIPTION = (
@@ -128,12 +129,39 @@ class KillShellParams(BaseModel):
 
 @dataclass(slots=True)
 class _Task:
+    """A background task by its id, as its session's record keeps it (``face_data``)."""
+
     session: Session
+    task_id: str
     command: str
     summary: str  # the description, else the command: how the notification names it
     notified: bool = False  # the model has been told (or has seen) how it ended
     stopped: bool = False  # TaskStop ended it
     read: int = 0  # where BashOutput's last read of the output ended
+
+    def kept(self) -> dict[str, Any]:
+        return {
+            "id": self.task_id,
+            "command": self.command,
+            "summary": self.summary,
+            "notified": self.notified,
+            "stopped": self.stopped,
+            "read": self.read,
+        }
+
+
+def _kept_task(session: Session) -> _Task | None:
+    """The task ``session``'s record carries, if any (anything malformed is no task)."""
+    kept = session.face_data.get(_FACE)
+    if not isinstance(kept, dict):
+        return None
+    task_id, command, summary, read = kept.get("id"), kept.get("command"), kept.get("summary"), kept.get("read", 0)
+    if not all(isinstance(v, str) for v in (task_id, command, summary)):
+        return None
+    if isinstance(read, bool) or not isinstance(read, int):
+        return None
+    notified, stopped = bool(kept.get("notified")), bool(kept.get("stopped"))
+    return _Task(session, str(task_id), str(command), str(summary), notified, stopped, read)
 
 
 def cut_middle(text: str, limit: int) -> str:
@@ -171,13 +199,27 @@ def _status(task: _Task) -> str:
 
 
 class ClaudeFace:
+    """Claude Code's tools over the engine. Its task ids are not a table of its own: each task
+    (id, command, what the model was told, where BashOutput's reads got to) lives in its
+    session's record (``face_data``), so it is kept across restarts and goes with its session
+    (the TTL sweep, a removal), and a scope (an agent, or one conversation of it) sees only its
+    own sessions' tasks."""
+
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
-        self._tasks: dict[str, OrderedDict[str, _Task]] = {}
         self._limit = _output_limit()
 
-    def _table(self, scope: str) -> OrderedDict[str, _Task]:
-        return self._tasks.setdefault(scope, OrderedDict())
+    def _table(self, scope: str) -> dict[str, _Task]:
+        """``scope``'s tasks, oldest first."""
+        mine = reversed(self.sup.list(scope))
+        return {t.task_id: t for s in mine if (t := _kept_task(s)) is not None}
+
+    def _keep(self, task: _Task) -> None:
+        # Every field moves one way only: a call that waited keeps what another wrote meanwhile.
+        if (now := _kept_task(task.session)) is not None:
+            task.notified, task.stopped = task.notified or now.notified, task.stopped or now.stopped
+            task.read = max(task.read, now.read)
+        self.sup.keep_face_data(task.session, _FACE, task.kept())
 
     def _task(self, scope: str, task_id: str) -> _Task:
         task = self._table(scope).get(task_id)
@@ -194,6 +236,7 @@ class ClaudeFace:
             if task.notified or not task.session.finished:
                 continue
             task.notified = True
+            self._keep(task)
             status = _status(task)
             if status == "killed":
                 how = "was stopped"
@@ -290,13 +333,13 @@ class ClaudeFace:
     def _add(self, scope: str, session: Session, command: str, summary: str) -> str:
         table = self._table(scope)
         if len(table) >= _TASKS_KEPT:  # forget the oldest task that ended (else the oldest)
-            ended = next((tid for tid, t in table.items() if t.session.finished), next(iter(table)))
-            del table[ended]
+            ended = next((t for t in table.values() if t.session.finished), next(iter(table.values())))
+            self.sup.keep_face_data(ended.session, _FACE, None)
         while True:
             task_id = "b" + "".join(secrets.choice(_ID_CHARS) for _ in range(8))
             if task_id not in table:
                 break
-        table[task_id] = _Task(session, command, summary)
+        self._keep(_Task(session, task_id, command, summary))
         return task_id
 
     # -- TaskOutput, BashOutput ----------------------------------------------------------------
@@ -311,6 +354,7 @@ class ClaudeFace:
             if task.session.finished:
                 retrieval = "success"
                 task.notified = True  # the model sees how it ended here
+                self._keep(task)
             else:
                 retrieval = "timeout" if params.block else "not_ready"
             return self._told(scope, await self._task_text(params.task_id, task, retrieval))
@@ -355,6 +399,7 @@ class ClaudeFace:
             if session.finished and (code := exit_code(session)) is not None:
                 parts.append(f"<exit_code>{code}</exit_code>")
             new, task.read = await self._new(session, task.read)
+            self._keep(task)
             shown = new if matcher is None else _kept_lines(matcher, new)
             if shown:  # stderr is merged into it (see _MERGED): there is never a <stderr> part
                 parts.append(f"<stdout>\n{shown.rstrip(chr(10))}\n</stdout>")
@@ -390,6 +435,7 @@ class ClaudeFace:
         if task.session.finished or task.stopped:
             raise SessionStateError(f"Task {task_id} is not running (status: {_status(task)})", session_id=task_id)
         task.stopped = task.notified = True  # it ends because the model asked: nothing to tell
+        self._keep(task)
         # SIGTERM, SIGKILL after the grace period: the answer waits for the tree to be gone.
         await self.sup.kill(scope, task.session.id, signal.SIGTERM, wait=None)
         answer = {

@@ -13,9 +13,10 @@ exec/process, and every result is its text alone, laid out as Codex lays it out:
     hi
 
 Codex's process ids are small integers; here each maps onto an ordinary engine session (so the
-agent's limits, box, command policy, console and durability all apply), in a table per agent that
-keeps at most 64 live processes, as Codex does. An id is forgotten once a call has reported its
-process's exit; the engine session stays until the TTL sweep, as every session does.
+agent's limits, box, command policy, console and durability all apply), at most 64 live ones per
+agent (or conversation), as Codex has it. The id is kept in its session's record, so a restarted
+server still knows it. An id is forgotten once a call has reported its process's exit; the engine
+session stays until the TTL sweep, as every session does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import secrets
 import signal
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +65,7 @@ _AFTER_WRITE = 0.1  # s: under a terminal, the echo and the first answer come th
 _MAX_LIVE = 64
 _KEEP_NEWEST = 8  # never pruned to make room
 _IDS = (1000, 99_999)
+_FACE = "codex"  # its key in a session's face_data
 _STDIN_CLOSED = "stdin is closed for this session; rerun exec_command with tty=true to keep stdin open"
 _CTRL_C = "\u0003"
 
@@ -112,40 +113,39 @@ class WriteStdinParams(BaseModel):
 
 @dataclass(slots=True)
 class _Process:
+    """A live process by its Codex id, as its session's record keeps it (``face_data``)."""
+
     session: Session
+    process_id: int
     cursor: int  # the byte of its combined output the next call starts at
+    used: float  # when a call last named it (wall clock): the least recently used goes first
+
+    def kept(self) -> dict[str, Any]:
+        return {"id": self.process_id, "cursor": self.cursor, "used": self.used}
 
 
-class _Table:
-    """One agent's live processes by Codex id, least recently used first."""
+def _kept_process(session: Session) -> _Process | None:
+    """The Codex id ``session``'s record carries, if any (anything malformed is no id)."""
+    kept = session.face_data.get(_FACE)
+    if not isinstance(kept, dict):
+        return None
+    process_id, cursor, used = kept.get("id"), kept.get("cursor"), kept.get("used")
+    if not isinstance(process_id, int) or not isinstance(cursor, int) or not isinstance(used, int | float):
+        return None
+    return _Process(session, process_id, cursor, float(used))
 
-    def __init__(self) -> None:
-        self.entries: OrderedDict[int, _Process] = OrderedDict()
 
-    def use(self, process_id: int) -> _Process | None:
-        entry = self.entries.get(process_id)
-        if entry is not None:
-            self.entries.move_to_end(process_id)
-        return entry
-
-    def victim(self) -> int | None:
-        """Which process goes to make room: past the newest few, an exited one first, else the
-        least recently used."""
-        if len(self.entries) < _MAX_LIVE:
-            return None
-        candidates = list(self.entries)[: max(0, len(self.entries) - _KEEP_NEWEST)]
-        for process_id in candidates:
-            if self.entries[process_id].session.finished:
-                return process_id
-        return candidates[0] if candidates else None
-
-    def add(self, session: Session, cursor: int) -> int:
-        while True:
-            process_id = secrets.randbelow(_IDS[1] - _IDS[0] + 1) + _IDS[0]
-            if process_id not in self.entries:
-                break
-        self.entries[process_id] = _Process(session, cursor)
-        return process_id
+def _victim(table: Mapping[int, _Process]) -> _Process | None:
+    """Which process goes to make room: past the newest few, an exited one first, else the
+    least recently used."""
+    if len(table) < _MAX_LIVE:
+        return None
+    by_use = sorted(table.values(), key=lambda p: p.used)
+    candidates = by_use[: max(0, len(by_use) - _KEEP_NEWEST)]
+    for process in candidates:
+        if process.session.finished:
+            return process
+    return candidates[0] if candidates else None
 
 
 def truncate_middle(chunk: Chunk, max_tokens: int) -> str:
@@ -183,14 +183,21 @@ def _failure(text: str) -> ToolResult:
 
 
 class CodexFace:
+    """Codex's tools over the engine. Its ids are not a table of its own: each lives in its
+    session's record (``face_data``), so it is kept across restarts and goes with its session
+    (the TTL sweep, a removal), and a scope (an agent, or one conversation of it) sees only its
+    own sessions' ids."""
+
     def __init__(self, supervisor: Supervisor) -> None:
         self.sup = supervisor
-        self._tables: dict[str, _Table] = {}
         # Codex lets the policy cap a budget: ours is the exec face's result cap.
         self._max_tokens = supervisor.settings.exec.result_max_chars // 4
 
-    def _table(self, scope: str) -> _Table:
-        return self._tables.setdefault(scope, _Table())
+    def _table(self, scope: str) -> dict[int, _Process]:
+        return {p.process_id: p for s in self.sup.list(scope) if (p := _kept_process(s)) is not None}
+
+    def _keep(self, process: _Process) -> None:
+        self.sup.keep_face_data(process.session, _FACE, process.kept())
 
     async def exec_command(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecCommandParams = parse_arguments(ExecCommandParams, arguments)
@@ -201,13 +208,18 @@ class CodexFace:
             return _failure(f"exec_command failed for `{params.cmd}`: {exc.message}")
         if session.state is SessionState.FAILED_TO_START:
             return _failure(f"exec_command failed for `{params.cmd}`: {session.error}")
-        end = session.output[Stream.COMBINED].size
+        end = await _shown_end(session, 0, session.output[Stream.COMBINED].size)
         process_id = None
         if not session.finished:
             table = self._table(scope)
-            if (victim := table.victim()) is not None:
-                await self._prune(scope, table, victim)
-            process_id = table.add(session, end)
+            if (victim := _victim(table)) is not None:
+                await self._prune(scope, victim)
+                del table[victim.process_id]
+            while True:
+                process_id = secrets.randbelow(_IDS[1] - _IDS[0] + 1) + _IDS[0]
+                if process_id not in table:
+                    break
+            self._keep(_Process(session, process_id, end, time.time()))
         return await self._answer(session, 0, end, started, process_id, params.max_output_tokens)
 
     async def _start(self, params: ExecCommandParams, scope: str) -> Session:
@@ -227,19 +239,18 @@ class CodexFace:
             )
         return await self.sup.run(spec, scope=scope, yield_ms=_clamp(params.yield_time_ms, _EXEC_YIELD))
 
-    async def _prune(self, scope: str, table: _Table, process_id: int) -> None:
-        entry = table.entries.pop(process_id)
-        if not entry.session.finished:
-            await self.sup.kill(scope, entry.session.id, signal.SIGKILL, grace=0)
+    async def _prune(self, scope: str, process: _Process) -> None:
+        self.sup.keep_face_data(process.session, _FACE, None)
+        if not process.session.finished:
+            await self.sup.kill(scope, process.session.id, signal.SIGKILL, grace=0)
 
     async def write_stdin(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: WriteStdinParams = parse_arguments(WriteStdinParams, arguments)
         started = time.monotonic()
-        table = self._table(scope)
-        entry = table.use(params.session_id)
-        if entry is None:
+        process = self._table(scope).get(params.session_id)
+        if process is None:
             return _failure(f"write_stdin failed: Unknown process id {params.session_id}")
-        session = entry.session
+        session = process.session
         if params.chars:
             try:
                 await self._write(session, params.chars, scope)
@@ -249,12 +260,14 @@ class CodexFace:
         else:
             wait = _clamp(params.yield_time_ms, _POLL_YIELD) / 1000
         await session.wait_finished(max(0.0, started + wait - time.monotonic()))
-        start, end = entry.cursor, session.output[Stream.COMBINED].size
-        entry.cursor = end
-        process_id = params.session_id
+        start = process.cursor
+        end = await _shown_end(session, start, session.output[Stream.COMBINED].size)
         if session.finished:
-            del table.entries[process_id]  # its exit is told now, once
-        return await self._answer(session, start, end, started, process_id, params.max_output_tokens)
+            self.sup.keep_face_data(session, _FACE, None)  # its exit is told now, once
+        else:
+            process.cursor, process.used = end, time.time()
+            self._keep(process)
+        return await self._answer(session, start, end, started, params.session_id, params.max_output_tokens)
 
     async def _write(self, session: Session, chars: str, scope: str) -> None:
         if not session.spec.pty:
@@ -270,12 +283,6 @@ class CodexFace:
     async def _answer(
         self, session: Session, start: int, end: int, started: float, process_id: int | None, tokens: int | None
     ) -> ToolResult:
-        if not session.finished and end > start:
-            # A character split across two calls is shown whole by the next one.
-            last = await read_bytes(session, max(start, end - 3), end)
-            end -= len(last) - complete_utf8_prefix(last)
-            if process_id is not None and (entry := self._table(session.scope).entries.get(process_id)):
-                entry.cursor = end
         budget = min(_DEFAULT_TOKENS if tokens is None else tokens, self._max_tokens)
         chunk = await scan_for(session, start, end, budget)
         lines = [f"Chunk ID: {secrets.token_hex(3)}", f"Wall time: {time.monotonic() - started:.4f} seconds"]
@@ -286,6 +293,15 @@ class CodexFace:
             lines.append(f"Process running with session ID {process_id}")
         lines += [f"Original token count: {-(-chunk.size // 4)}", "Output:", truncate_middle(chunk, budget)]
         return ToolResult("\n".join(lines), {"sessionId": session.id}, structured=False)
+
+
+async def _shown_end(session: Session, start: int, end: int) -> int:
+    """Where this call's output ends: while the process runs, before a character split at the
+    end (the next call shows it whole)."""
+    if session.finished or end <= start:
+        return end
+    last = await read_bytes(session, max(start, end - 3), end)
+    return end - (len(last) - complete_utf8_prefix(last))
 
 
 def codex_tools(supervisor: Supervisor) -> list[ToolSpec]:

@@ -30,7 +30,7 @@ from procpilot.engine.session import ExitInfo, Session, check_inputs
 from procpilot.engine.spawn import SpawnSpec, check_os_string
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
+from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, ProtectedVariable, SessionNotFound
 from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
 from procpilot.faces.capabilities import restart_policy
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
@@ -323,6 +323,12 @@ class ExecProcessFace:
     # -- exec ----------------------------------------------------------------------------------
 
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
+        try:
+            return await self._exec(arguments, scope)
+        except ProtectedVariable as exc:
+            raise self.profile.refused_env(exc) from None
+
+    async def _exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
         check_os_string("command", params.command)
         # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
@@ -330,6 +336,10 @@ class ExecProcessFace:
         # OpenClaw does.
         default = None if params.background and not self.profile.background_timeout else self.cfg.timeout_sec
         timeout = default if params.timeout is None else params.timeout
+        # Without the process tool nothing could ever write to a stdin pipe: a prompt would hang
+        # until the timeout. /dev/null makes it read EOF at once instead (as the openclaw profile
+        # has it for every command without a terminal).
+        stdin = ("pipe" if params.pty else self.profile.stdin_without_pty) if self.process_served else "null"
         # The engine's fences, as for every face: a workdir outside the workspace (.., absolute,
         # a symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
         with fields_named({"working_directory": "workdir"}):
@@ -346,13 +356,16 @@ class ExecProcessFace:
                 name=params.name,
                 restart=restart_policy(self.cfg, params.restart, params.maxRestarts, background=params.background),
                 notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
-                # Without the process tool nothing could ever write to a stdin pipe: a prompt would
-                # hang until the timeout. /dev/null makes it read EOF at once instead.
-                stdin="pipe" if self.process_served else "null",
+                stdin=stdin,
             )
         if self._preflight and might_run_scripts(params.command):
             # A shell reading and a few file reads: off the loop, where no other agent waits on them.
-            await asyncio.to_thread(check_scripts, params.command, spec.cwd or self.sup.settings.workspace_root)
+            await asyncio.to_thread(
+                check_scripts,
+                params.command,
+                spec.cwd or self.sup.settings.workspace_root,
+                fail_closed=self.profile.preflight_fails_closed,
+            )
         if not self.process_served:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
         elif params.background:
@@ -418,7 +431,13 @@ class ExecProcessFace:
                 hints={"see_your_sessions": "Call process with action='list' to see your session ids."},
                 field="sessionId",
             )
-        session = self.sup.get(scope, params.sessionId)
+        try:
+            session = self.sup.get(scope, params.sessionId)
+        except SessionNotFound:
+            answer = self.profile.unknown_session(params.sessionId)
+            if answer is None:
+                raise
+            return ToolResult(*answer)
         handler = getattr(self, "_" + params.action.replace("-", "_"))
         result: ToolResult = await handler(session, params, scope)
         if params.action in ("remove", "clear"):
@@ -484,6 +503,9 @@ class ExecProcessFace:
         stream = _stream(params.stream)
         view = session.output[stream]
         cursor, cursor_line = self._poll_cursors.get(session.id, {}).get(stream, (0, 0))
+        repeated = session.finished and self.profile.finished_poll_repeats
+        if repeated:
+            cursor, cursor_line = 0, 0
         if params.timeout and view.size <= cursor and not session.finished:
             await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
         # A finished session has nothing more to come: hand over all that is unread (up to the
@@ -513,7 +535,8 @@ class ExecProcessFace:
         if session.finished:
             ending = self._ending(session)
             data["note"] = f"{self.profile.of(session)}: {ending}"
-            return ToolResult(head + self.profile.finished_text(session, shown.text, ending, poll=True), data)
+            text = self.profile.finished_text(session, shown.text, ending, poll=True, repeated=repeated)
+            return ToolResult(head + text, data)
         note = "running"
         if data.get("waitingForInput"):
             note += "; waiting for input on stdin (use process write)"

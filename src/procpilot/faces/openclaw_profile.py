@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from procpilot.config import Settings
 from procpilot.engine.keys import encode_hex, encode_hex_lenient, encode_keys, encode_literal
 from procpilot.engine.session import Session
 from procpilot.engine.states import SessionState
+from procpilot.errors import ProtectedVariable
 
 __all__ = ["OPENCLAW", "PROCPILOT", "Profile", "profile_for"]
 
@@ -85,6 +86,15 @@ class Profile:
     env: Mapping[str, str] = MappingProxyType({})
     aggregated = False  # poll/log results carry the whole output so far
     script_preflight = False  # unless [tools.exec] scriptPreflight says otherwise
+    # The preflight refuses a script run inside `sh -c` or shell control flow unread (OpenClaw's
+    # letter) instead of reading through them (policy/script_preflight.py).
+    preflight_fails_closed = False
+    # A poll of a session that had ended before it shows the output again (from its start, within
+    # the result budget), not only what is new: OpenClaw's poll answers an ended session so.
+    finished_poll_repeats = False
+    # A command without a terminal gets a stdin pipe the process tool writes to; OpenClaw closes it
+    # ("null": the command reads end of file at once, as `cat` or a prompt then do).
+    stdin_without_pty: Literal["pipe", "null"] = "pipe"
     # Whether timeoutSec (1800 s) bounds a `background: true` run that gives no timeout, as specs
     # 001/002/004 say; OpenClaw's own exec lets such a run go on until it ends or is killed.
     background_timeout = True
@@ -92,11 +102,21 @@ class Profile:
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         return _STATUS[state]
 
+    def refused_env(self, exc: ProtectedVariable) -> ProtectedVariable:
+        """exec's refusal of an env override that names a protected variable."""
+        return exc
+
+    def unknown_session(self, session_id: str) -> tuple[str, dict[str, Any]] | None:
+        """A process action's answer (text, data) for a session id the agent has not got; None:
+        refuse it, as ours does (SessionNotFound, with its hints)."""
+        return None
+
     def of(self, session: Session) -> str:
         return self.status(session.state, session.exit_code, session.exit_signal)
 
-    def finished_text(self, session: Session, output: str, ending: str, *, poll: bool) -> str:
-        """A finished session's output followed by how it ended (exec, poll and wait)."""
+    def finished_text(self, session: Session, output: str, ending: str, *, poll: bool, repeated: bool = False) -> str:
+        """A finished session's output followed by how it ended (exec, poll and wait); ``repeated``:
+        a poll showing an ended session's output again (``finished_poll_repeats``)."""
         line = f"[{self.of(session)}: {ending}]"
         return f"{output}\n{line}" if output else line
 
@@ -156,7 +176,25 @@ class OpenClawProfile(Profile):
     env: Mapping[str, str] = MappingProxyType({"OPENCLAW_SHELL": "exec"})
     aggregated = True
     script_preflight = True
+    preflight_fails_closed = True
+    finished_poll_repeats = True
+    stdin_without_pty: Literal["pipe", "null"] = "null"
     background_timeout = False
+
+    def refused_env(self, exc: ProtectedVariable) -> ProtectedVariable:
+        # OpenClaw's words for one variable; several keep ours, which names them all.
+        names = exc.details.get("variables") or []
+        if len(names) != 1:
+            return exc
+        if names[0] == "PATH":
+            message = "Security Violation: Custom 'PATH' variable is forbidden during host execution."
+        else:
+            message = f"Security Violation: Environment variable '{names[0]}' is forbidden during host execution."
+        return ProtectedVariable(message, hints=exc.hints, variables=names)
+
+    def unknown_session(self, session_id: str) -> tuple[str, dict[str, Any]] | None:
+        # OpenClaw answers rather than throws: a failed status (another agent's id, one gone).
+        return f"No session found for {session_id}", {"status": "failed", "sessionId": session_id}
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         if state in (SessionState.QUEUED, SessionState.RUNNING, SessionState.RESTARTING):
@@ -177,11 +215,11 @@ class OpenClawProfile(Profile):
             return f"(Command exited with code {session.exit_code})"
         return f"Command failed: {ending}"
 
-    def finished_text(self, session: Session, output: str, ending: str, *, poll: bool) -> str:
+    def finished_text(self, session: Session, output: str, ending: str, *, poll: bool, repeated: bool = False) -> str:
         body = output.rstrip("\n")
         completed = self.of(session) == "completed"
         if poll:
-            body = body or "(no new output)"
+            body = body or ("(no output recorded)" if repeated else "(no new output)")
             if session.exit_signal is not None or session.state is SessionState.KILLED:
                 how = f"signal {session.signal_sent or session.exit_signal}"
             elif session.exit_code is not None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from procpilot.errors import ScriptHasShellSyntax, ScriptNotCheckable
-from procpilot.shell import commands_in
+from procpilot.shell import commands_in, control_flow_in
 
 __all__ = ["check_scripts", "might_run_scripts", "shell_syntax_in"]
 
@@ -49,6 +49,8 @@ _NODE_NO_FILE = frozenset({"-e", "--eval", "-p", "--print"})
 _PYTHON_INFO_ONLY = frozenset({"-V", "--version", "-h", "--help"})
 _NODE_INFO_ONLY = frozenset({"-v", "--version", "-h", "--help", "-c", "--check"})
 _SCRIPT_HINT = re.compile(r"\.(?:py|js|mjs|cjs)$")
+_SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "zsh"})
+_COMMAND_MODE = re.compile(r"-[A-Za-z]*c[A-Za-z]*")  # -c, -xc, -ceu: the next operand is shell code
 
 _COMPLEX = (
     "exec preflight: complex interpreter invocation detected; refusing to run without script preflight "
@@ -249,16 +251,22 @@ def _refusal(token: str, language: str, script: Path, line: int) -> ScriptHasShe
     )
 
 
-def check_scripts(command: str, cwd: Path) -> None:
+def check_scripts(command: str, cwd: Path, *, fail_closed: bool = False) -> None:
     """Raise :class:`ScriptHasShellSyntax` when ``command`` would run a Python or Node script (or
     Node preload module) inside ``cwd`` whose code holds shell syntax, and :class:`ScriptNotCheckable`
     when the script reaches the interpreter through a pipe or a process substitution.
+
+    ``fail_closed`` (OpenClaw's letter): a script run by a line that also has a ``sh -c`` string or
+    runs commands under shell control flow (``if``, ``while``, ``for``...) is refused unread, as
+    OpenClaw refuses it, whatever the script holds; without it the shell reading sees through
+    both and the script is checked like a direct one.
 
     It reads the command line and up to a few script files: a caller on an event loop runs it in
     a worker thread (see ``might_run_scripts`` for the cheap test first)."""
     if not might_run_scripts(command):
         return
     programs = commands_in(command)
+    wrapped = fail_closed and (_runs_shell_code(programs) or control_flow_in(command))
     checked = 0
     for index, (program, args) in enumerate(programs):
         run = _run_of(program, args)
@@ -272,7 +280,7 @@ def check_scripts(command: str, cwd: Path) -> None:
             and "|" in command
             and any(a is not None and _SCRIPT_HINT.search(a) for _, before in programs[:index] for a in before)
         )
-        if fed_by_substitution or fed_by_pipe:
+        if fed_by_substitution or fed_by_pipe or (wrapped and (run.files or run.unknown_script)):
             raise ScriptNotCheckable(_COMPLEX)
         for script in run.files:
             path = cwd / script
@@ -287,3 +295,11 @@ def check_scripts(command: str, cwd: Path) -> None:
                 raise _refusal(hit[1], run.language, path, hit[0])
             if checked >= _MAX_SCRIPTS:
                 return
+
+
+def _runs_shell_code(programs: list[tuple[str, tuple[str | None, ...]]]) -> bool:
+    """Whether one of ``programs`` is a shell given code to run (``bash -c``, ``sh -xc``...)."""
+    return any(
+        os.path.basename(program) in _SHELLS and any(a is not None and _COMMAND_MODE.fullmatch(a) for a in args)
+        for program, args in programs
+    )

@@ -4,7 +4,8 @@
 runs is read here, the way ``sh`` and ``bash`` would read it: ``lexer`` (words with their quoting
 and expansions, operators, redirections, here-documents, substitutions), ``analysis`` (the
 commands a line runs, assignments that would run code; ``commands_in``: each program with its
-arguments, for the script preflight), ``wrappers`` (programs that run other
+arguments, and ``control_flow_in``: whether it runs commands under ``if``/``while``/..., for the
+script preflight), ``wrappers`` (programs that run other
 programs: ``env``, ``sh -c``, ``xargs``, ``find -exec``, ``timeout``...), ``first`` (the first
 simple command's program, in one fast pass, for the spawn's not-found check) and ``names`` (a
 command line's simple commands as plain words, for session names).
@@ -13,7 +14,7 @@ It imports nothing of procpilot but the error tree: the engine (the spawn's pre-
 policy (allowlists, ``policy/commands.py``) and ``render`` (names) all read shell through it.
 """
 
-from procpilot.shell.analysis import commands_in
+from procpilot.shell.analysis import commands_in, control_flow_in
 from procpilot.shell.variables import sensitive_variable
 
-__all__ = ["commands_in", "sensitive_variable"]
+__all__ = ["commands_in", "control_flow_in", "sensitive_variable"]

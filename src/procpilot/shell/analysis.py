@@ -413,6 +413,31 @@ def _check_set(args: list[Word], scan: Scan) -> None:
                 scan.problem(f"set {word.raw} changes how later commands are read or run")
 
 
+# Reserved words that run the commands after them under a condition or a loop.
+_CONTROL = frozenset({"if", "while", "until", "for", "select", "case"})
+
+
+def control_flow_in(command: str) -> bool:
+    """True when ``command``'s own top level runs commands under shell control flow (``if``,
+    ``while``, ``until``, ``for``, ``select``, ``case``). Only a reserved word in command position
+    counts: ``echo if`` or a quoted ``'while'`` is an argument."""
+    scan = Scan(realpath_of=lambda _word: None)
+    at_start, target = True, False
+    for tok in Lexer(command, scan, []).run():
+        if isinstance(tok, Op):
+            at_start, target = True, False
+        elif isinstance(tok, Redir):
+            target = True  # the next word is the redirection's file, not a command
+        elif target:
+            target = False
+        elif at_start and not tok.quoted and tok.text in _CONTROL:
+            return True
+        else:
+            # After `then`, `do`, `!`...: still where a command starts.
+            at_start = not tok.quoted and tok.text in _RESERVED
+    return False
+
+
 def commands_in(command: str) -> list[tuple[str, tuple[str | None, ...]]]:
     """Best effort: each program ``command`` runs with its arguments (None where an argument is
     known only at run time), wrapped ones included (``sh -c 'cat x | python3 y.py'`` gives

@@ -1,0 +1,70 @@
+// OpenClaw's exec and process tools as its own tests import them, answered by a procpilot daemon's
+// REST face (POST /v1/tools/{exec,process}) serving `--profile openclaw`. A tool call is one HTTP
+// request; the result comes back in OpenClaw's shape, { content: [{ type: "text", text }], details },
+// and a refusal (an error body) is thrown, as OpenClaw's tools throw.
+//
+// createExecTool's defaults are OpenClaw's gateway settings; the ones with a per-call counterpart
+// on our exec are passed as that argument (timeoutSec -> timeout, backgroundMs -> yieldMs,
+// allowBackground: false -> yieldMs: null, notifyOnExit). A scopeKey picks the agent: its token
+// from PROCPILOT_SHIM_SCOPES. Host, security, ask, elevated and pathPrepend are the gateway's own
+// configuration (a server's is its config file) and have no per-call form: they are not sent.
+
+const BASE = (process.env.PROCPILOT_URL ?? "http://127.0.0.1:8765").replace(/\/$/, "");
+const TOKEN = process.env.PROCPILOT_TOKEN ?? "";
+const SCOPES = JSON.parse(process.env.PROCPILOT_SHIM_SCOPES ?? "{}");
+
+function tokenFor(scopeKey) {
+  if (scopeKey === undefined) return TOKEN;
+  const token = SCOPES[scopeKey];
+  if (!token) throw new Error(`openclaw shim: no token for scopeKey ${scopeKey} in PROCPILOT_SHIM_SCOPES`);
+  return token;
+}
+
+async function callTool(tool, args, token, signal) {
+  const response = await fetch(`${BASE}/v1/tools/${tool}`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: JSON.stringify(args),
+    signal,
+  });
+  const body = await response.json();
+  if (body.error !== undefined) {
+    throw new Error(body.text ?? body.message ?? body.error);
+  }
+  return { content: [{ type: "text", text: body.text ?? "" }], details: body.data ?? {} };
+}
+
+function execArguments(defaults, params) {
+  const args = { ...params };
+  if (defaults.timeoutSec !== undefined && args.timeout === undefined) args.timeout = defaults.timeoutSec;
+  if (defaults.allowBackground === false) {
+    delete args.background;
+    args.yieldMs = null; // never moved to the background: the call waits for the end
+  } else if (defaults.backgroundMs !== undefined && args.yieldMs === undefined && !args.background) {
+    args.yieldMs = defaults.backgroundMs;
+  }
+  if (defaults.notifyOnExit !== undefined && args.notifyOnExit === undefined) args.notifyOnExit = defaults.notifyOnExit;
+  return args;
+}
+
+export function createExecTool(defaults = {}) {
+  const token = tokenFor(defaults.scopeKey);
+  return {
+    name: "exec",
+    execute: (_toolCallId, params, signal) => callTool("exec", execArguments(defaults, params ?? {}), token, signal),
+  };
+}
+
+export function createProcessTool(defaults = {}) {
+  const token = tokenFor(defaults.scopeKey);
+  return {
+    name: "process",
+    execute: (_toolCallId, params, signal) => callTool("process", { ...(params ?? {}) }, token, signal),
+  };
+}
+
+export const execTool = createExecTool();
+export const processTool = createProcessTool();
+
+// OpenClaw's module-private helpers, exported for its unit tests: nothing of a server answers them.
+export const __testing = {};
