@@ -27,7 +27,7 @@ from procpilot.engine.isolation import weaker_box
 from procpilot.engine.keys import encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
 from procpilot.engine.session import ExitInfo, Session, check_inputs
-from procpilot.engine.spawn import SpawnSpec, check_os_string
+from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
@@ -235,7 +235,7 @@ class ExecProcessFace:
     def _name(self, session: Session) -> str:
         name = self._names.get(session.id)
         if name is None:
-            name = self._names[session.id] = derive_name(session.command)
+            name = self._names[session.id] = derive_name(session.spec.shell or session.command)
         return name
 
     def _summary(self, session: Session, *, input_check: bool = True) -> dict[str, Any]:
@@ -324,7 +324,6 @@ class ExecProcessFace:
 
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
-        check_os_string("command", params.command)
         # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
         # server asks for timeout 0); the openclaw profile lets `background: true` run on, as
         # OpenClaw does.
@@ -350,9 +349,9 @@ class ExecProcessFace:
                 # hang until the timeout. /dev/null makes it read EOF at once instead.
                 stdin="pipe" if self.process_served else "null",
             )
-        if self._preflight and might_run_scripts(params.command):
+        if self._preflight and spec.shell is not None and might_run_scripts(params.command):
             # A shell reading and a few file reads: off the loop, where no other agent waits on them.
-            await asyncio.to_thread(check_scripts, params.command, spec.cwd or self.sup.settings.workspace_root)
+            await asyncio.to_thread(check_scripts, spec.shell, spec.cwd or self.sup.settings.workspace_root)
         if not self.process_served:
             yield_ms: int | None = None  # no process tool to come back with: stay in the foreground
         elif params.background:
