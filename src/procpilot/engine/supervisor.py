@@ -261,9 +261,6 @@ class Supervisor:
         self._unfinished: dict[str, set[str]] = {}
         self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
-        # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
-        # rather than in a registry keyed by supervisor.
-        self.audit: EventBus[Any] = EventBus()
         self._usage: UsageTracker | None = None
         # Shells started ahead of time, each in its session's cgroup already (engine/warm.py);
         # 0 starts every session cold.

@@ -26,13 +26,13 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.isolation import weaker_box
 from procpilot.engine.keys import encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
+from procpilot.engine.restart import restart_policy
 from procpilot.engine.session import ExitInfo, Session, check_inputs
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream
 from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
-from procpilot.faces.capabilities import restart_policy
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import cut_marker, derive_name, for_model, head_chars, tail_chars
@@ -348,7 +348,14 @@ class ExecProcessFace:
                 pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
                 lane=params.lane,
                 name=params.name,
-                restart=restart_policy(self.cfg, params.restart, params.maxRestarts, background=params.background),
+                restart=restart_policy(
+                    params.restart,
+                    params.maxRestarts,
+                    background=params.background,
+                    default_mode=self.cfg.restart,
+                    default_max_restarts=self.cfg.max_restarts,
+                    backoff=self.cfg.restart_backoff_ms / 1000,
+                ),
                 notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
                 # Without the process tool nothing could ever write to a stdin pipe: a prompt would
                 # hang until the timeout. /dev/null makes it read EOF at once instead.
