@@ -83,3 +83,14 @@ async def test_one_exec_reads_its_shell_text_once(
         result = await exec_tool.call({"command": command, "yieldMs": 10_000}, "a")
     assert result.data["exitCode"] == 0 and "ran" in result.data["output"], result.text
     assert reads == ["lexer"]
+
+
+def test_after_the_pre_check_only_a_short_lines_tokens_stay() -> None:
+    """A session keeps its spec as long as it lives: a long line's tokens (megabytes at 120 KiB)
+    must not stay with it; a short one's serve the session's display name."""
+    short, long = ShellText("make -j4 && ./run"), ShellText("echo " + "word " * 1000)
+    for text in (short, long):
+        text.lexed()
+        text.lexed("inner text a wrapper ran")
+        text.first_program()
+    assert short.lexed_already() is not None and long.lexed_already() is None
