@@ -3,6 +3,7 @@ block through the config loader, a JSON block as JSON naming real tools and argu
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -104,3 +105,37 @@ def test_every_test_security_md_names_exists() -> None:
         if not (ROOT / path).is_file() or (name and not re.search(rf"def {name}\b", (ROOT / path).read_text()))
     ]
     assert not missing, missing
+
+
+def _defined(path: Path, name: str) -> bool:
+    """Whether ``name`` (a function or class, or ``Class.method``) is defined at the top of ``path``."""
+    tree = ast.parse(path.read_text())
+    outer, _, inner = name.partition(".")
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for node in tree.body:
+        if isinstance(node, kinds) and node.name == outer:
+            if not inner:
+                return True
+            return isinstance(node, ast.ClassDef) and any(
+                isinstance(item, kinds) and item.name == inner for item in node.body
+            )
+    return False
+
+
+def test_the_walk_of_one_call_names_real_files_and_functions() -> None:
+    # docs/architecture.md walks one exec call through the files it crosses, naming each
+    # function: a reader checks it against the code, and so does this, so a rename shows here.
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    walk = text.split("## One call, walked through")[1].split("\n## ")[0]
+    src = ROOT / "src" / "procpilot"
+    stops = re.findall(r"^\d+\. \*\*`([\w/]+\.py)`\*\* — (.*?):", walk, re.M | re.S)
+    named = [(file, name) for file, chain in stops for name in re.findall(r"`([\w.]+)`", chain)]
+    named += re.findall(r"`([\w/]+\.py)`'s `([\w.]+)`", walk)  # a helper's function, named in passing
+    files = [file for file, _ in stops]
+    assert len(files) == len(set(files)) <= 12, files  # at most 12 files, each one stop
+    assert len(named) > 25
+    paths = set(re.findall(r"`([\w/]+\.py)`", walk))
+    missing = [p for p in paths if not (ROOT / p if p.startswith("tests/") else src / p).is_file()]
+    assert not missing, missing
+    undefined = [f"{file}: {name}" for file, name in named if not _defined(src / file, name)]
+    assert not undefined, undefined

@@ -237,8 +237,8 @@ def _cut(value: Any, budget: list[int], depth: int) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """Who did what, when, and what came of it: a notify-tier call or an approval decision, from
-    whichever layer saw it (the policy gate in the daemon; the process.* face on its own)."""
+    """Who did what, when, and what came of it: a notify-tier call or an approval decision, as
+    the policy gate (``policy/gate.py``, the one audit wrapper) saw it."""
 
     scope: str  # the agent
     tool: str

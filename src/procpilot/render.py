@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from procpilot.errors import InvalidArgument
 from procpilot.shell.lexer import simple_commands
+from procpilot.shell.reading import ShellText
 
 __all__ = [
     "MAX_NAME_CHARS",
@@ -385,9 +386,14 @@ def _name_segment(words: Sequence[str], depth: int) -> tuple[str, str | None] | 
     return verb, _target(verb, args)
 
 
-def _name_command(command: str | Sequence[str], depth: int) -> tuple[str, str | None] | None:
+def _name_command(command: ShellText | str | Sequence[str], depth: int) -> tuple[str, str | None] | None:
     # An argv is not shell syntax: "&&" in it is an argument, not an operator.
-    segments = simple_commands(command) if isinstance(command, str) else [list(command)]
+    if isinstance(command, ShellText):  # a spec's: its lexing if a check made one, else its text
+        segments = simple_commands(command.lexed_already() or command.text)
+    elif isinstance(command, str):
+        segments = simple_commands(command)
+    else:
+        segments = [list(command)]
     first: tuple[str, str | None] | None = None
     for segment in segments:
         named = _name_segment(segment, depth)
@@ -399,7 +405,7 @@ def _name_command(command: str | Sequence[str], depth: int) -> tuple[str, str | 
     return first
 
 
-def derive_name(command: str | Sequence[str]) -> str:
+def derive_name(command: ShellText | str | Sequence[str]) -> str:
     """A short display name for a command: its verb plus its target, at most 40 characters.
 
     The rule, in order:

@@ -90,7 +90,7 @@ async def test_a_running_session_stores_again_when_room_returns(full_state: Path
 async def test_spec_000_results_carry_the_loss(full_state: Path, tmp_path: Path) -> None:
     settings = load_settings(env={}, state_dir=full_state, workspace_root=tmp_path)
     async with Supervisor(settings) as sup:
-        tools = {spec.name: spec for spec in capability_tools(sup, audit=False)}
+        tools = {spec.name: spec for spec in capability_tools(sup)}
         fill(full_state)
         run = await tools["process.run"].call({"command": "echo", "args": ["lost"]}, A)
         assert run.data["output_dropped"] == 5 and "lost" in run.text

@@ -22,9 +22,9 @@ from procpilot.errors import ProcpilotError
 from procpilot.faces.capabilities import (
     AuditEvent,
     ProcessAPI,
-    audit_bus,
     capability_tools,
 )
+from procpilot.policy.gate import Gate
 from procpilot.transports.mcp import build_mcp_server
 
 PROGRAMS = Path(__file__).parent.parent / "programs"
@@ -59,8 +59,9 @@ async def mcp_call(client: Client, tool: str, **args: Any) -> tuple[str, dict[st
 class Tools:
     """The process.* tools called as a transport would, in one scope."""
 
-    def __init__(self, supervisor: Supervisor, scope: str = "agent-a") -> None:
-        self.by_name: dict[str, ToolSpec] = {t.name: t for t in capability_tools(supervisor)}
+    def __init__(self, supervisor: Supervisor, scope: str = "agent-a", gate: Gate | None = None) -> None:
+        tools = capability_tools(supervisor)
+        self.by_name: dict[str, ToolSpec] = {t.name: t for t in (gate.wrap(tools) if gate else tools)}
         self.scope = scope
 
     async def __call__(self, tool: str, /, **args: Any) -> dict[str, Any]:
@@ -613,9 +614,13 @@ async def test_io_write_bytes_count(tools: Tools, workspace: Path) -> None:
 # -- audit -------------------------------------------------------------------------------------------
 
 
-async def test_notify_calls_are_audited(supervisor: Supervisor, tools: Tools) -> None:
+async def test_notify_calls_are_audited(supervisor: Supervisor) -> None:
+    """By the policy gate, the one audit wrapper: the event carries what the face's own wrapper
+    (there is none now) used to add, the session's state after the call and its start time."""
     events: list[AuditEvent] = []
-    remove = audit_bus(supervisor).add_callback(events.append)
+    gate = Gate(supervisor.settings)
+    tools = Tools(supervisor, gate=gate)
+    remove = gate.audit.add_callback(events.append)
     before = dt.datetime.now(dt.UTC)
     run = await tools("process.run", command="sleep 30", background=True, environment={"TOKEN": "secret"}, stdin="pw")
     await tools("process.monitor", process_id=run["process_id"])
@@ -637,13 +642,14 @@ async def test_notify_calls_are_audited(supervisor: Supervisor, tools: Tools) ->
     assert bad_run.outcome == "error:CommandNotFound"
 
 
-async def test_audit_can_be_left_to_another_layer(supervisor: Supervisor) -> None:
+async def test_a_notify_call_cut_short_is_audited_as_cancelled(supervisor: Supervisor) -> None:
     events: list[AuditEvent] = []
-    remove = audit_bus(supervisor).add_callback(events.append)
-    run = {t.name: t for t in capability_tools(supervisor, audit=False)}["process.run"]
-    result = await run.call({"command": "true"}, "agent-a")
-    remove()
-    assert not result.is_error and events == []
+    gate = Gate(supervisor.settings)
+    gate.audit.add_callback(events.append)
+    run = {t.name: t for t in gate.wrap(capability_tools(supervisor))}["process.run"]
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(run.call({"command": "sleep 30"}, "agent-a"), 0.2)
+    assert [(e.tool, e.outcome) for e in events] == [("process.run", "error:Cancelled")]
 
 
 # -- Python API ----------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ async def test_the_timeout_is_bounded_and_ends_the_command(claude: Connect) -> N
         assert await call(client, "Bash", command="true", timeout=600_000) == ("", False)
         text, err = await call(client, "Bash", command="echo before; sleep 30", timeout=300)
         assert (text, err) == ("Exit code 143\nbefore\nCommand timed out after 300 ms", True)
+        # TaskOutput's wait is bounded the same way, by its schema: once cut to 600 s in silence.
+        text, err = await call(client, "TaskOutput", task_id="b00000000", timeout=600_001)
+        assert err and text.startswith("InvalidArgument") and "timeout" in text
 
 
 async def test_output_past_30000_characters_keeps_the_head_and_the_tail(claude: Connect) -> None:

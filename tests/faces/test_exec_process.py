@@ -764,3 +764,41 @@ async def test_spec001_tail_last_2000_chars(tools: Tools) -> None:
     tail = result.data["tail"]  # whole lines, within the last 2000 characters
     assert printed.endswith(tail) and 2000 - 5 <= len(tail) <= 2000
     await tools["process"].call({"action": "kill", "sessionId": result.data["sessionId"]}, "a")
+
+
+# -- what is accepted is what is applied --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "field"),
+    [
+        ("exec", {"command": "true", "yieldMs": 120_001}, "yieldMs"),  # once accepted to 2**53, cut to 120 s
+        ("exec", {"command": "true", "yieldMs": -1}, "yieldMs"),
+        ("process", {"action": "wait", "sessionId": "SID", "timeout": 600_001}, "timeout"),  # once cut to 600 s
+        ("process", {"action": "write", "sessionId": "SID", "data": "x", "timeout": 2**40}, "timeout"),
+    ],
+)
+async def test_a_value_past_the_bound_that_is_applied_is_refused(
+    tools: Tools, tool: str, args: dict[str, Any], field: str
+) -> None:
+    cat = await tools["exec"].call({"command": "cat", "background": True}, "a")
+    sid = cat.data["sessionId"]
+    args = {k: (sid if v == "SID" else v) for k, v in args.items()}
+    result = await tools[tool].call(args, "a")
+    assert result.is_error and result.data["error"] == "InvalidArgument", result.text
+    assert field in result.text
+    await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+async def test_a_value_the_face_raises_or_lowers_is_stated_in_the_result(tools: Tools) -> None:
+    """yieldMs under 10 waits 10 ms (OpenClaw's floor), poll blocks at most 30 s: the result says so."""
+    started = await tools["exec"].call({"command": "cat", "yieldMs": 0}, "a")
+    assert started.data["yieldMsApplied"] == 10, started.text
+    sid = started.data["sessionId"]
+    await tools["process"].call({"action": "write", "sessionId": sid, "data": "hi\n", "eof": True}, "a")
+    await tools["process"].call({"action": "wait", "sessionId": sid, "timeout": 10_000}, "a")
+    polled = await tools["process"].call({"action": "poll", "sessionId": sid, "timeout": 45_000}, "a")
+    assert polled.data["timeoutApplied"] == 30_000, polled.text
+    asked = await tools["exec"].call({"command": "true", "yieldMs": 5_000}, "a")
+    assert "yieldMsApplied" not in asked.data  # applied as asked: nothing to say
+    await tools["process"].call({"action": "remove", "sessionId": sid}, "a")

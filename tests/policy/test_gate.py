@@ -55,7 +55,7 @@ async def test_an_audit_event_names_the_process_and_hides_environment_values(tmp
         gate = Gate(settings)
         events: list[AuditEvent] = []
         gate.audit.add_callback(events.append)
-        tools = gate.wrap(all_tools(sup, audit=False))
+        tools = gate.wrap(all_tools(sup))
         run = await tool(tools, "process.run").call(
             {"command": "sleep 30", "background": True, "environment": {"TOKEN": "s3cret"}}, "a1"
         )

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from procpilot.errors import CommandNotFound, InvalidArgument, SpawnFailed
-from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH, first_program, nested_too_deep, substitution_depth
+from procpilot.shell.first import MAX_SUBSTITUTION_DEPTH, nested_too_deep, substitution_depth
+from procpilot.shell.reading import ShellText
 
 __all__ = [
     "MAX_ARGV_BYTES",
@@ -87,9 +88,13 @@ def check_timeout(timeout: float | None) -> None:
         raise InvalidArgument(f"timeout: {timeout!r} is not between 0 and {MAX_TIMEOUT_S:.0f} seconds", field="timeout")
 
 
-def check_command(command: str | tuple[str, ...], env: Mapping[str, str], cwd: Path | None) -> None:
-    """Refuse a command whose program does not exist, before anything is started."""
-    program = command[0] if isinstance(command, tuple) else first_program(command)
+def check_command(command: ShellText | str | tuple[str, ...], env: Mapping[str, str], cwd: Path | None) -> None:
+    """Refuse a command whose program does not exist, before anything is started. Shell text is
+    read through its spec's ``ShellText``: from the tokens the policy or the preflight left, or
+    else in the first command's own fast pass."""
+    if isinstance(command, str):
+        command = ShellText(command)
+    program = command[0] if isinstance(command, tuple) else command.first_program()
     if not program:
         if isinstance(command, tuple):
             raise InvalidArgument("command: the argv list is empty", field="command")

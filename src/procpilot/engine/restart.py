@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["RestartMode", "RestartPolicy"]
+__all__ = ["RestartMode", "RestartPolicy", "restart_policy"]
 
 RestartMode = Literal["on-failure", "always"]
 
@@ -35,3 +35,26 @@ class RestartPolicy:
     def delay(self, quick_failures: int) -> float:
         """Seconds to wait before the next run, after ``quick_failures`` short runs in a row."""
         return min(self.max_backoff, self.backoff * 2.0 ** max(0, quick_failures - 1))
+
+
+def restart_policy(
+    mode: str | None,
+    max_restarts: int | None,
+    *,
+    background: bool,
+    default_mode: str,
+    default_max_restarts: int,
+    backoff: float,
+) -> RestartPolicy | None:
+    """The restart policy a run asked for (``mode``: "no", "on-failure", "always"; None: not
+    given), the same for every face; without one, the configured ``default_mode`` applies to
+    background runs only (a foreground command that fails is the agent's to look at)."""
+    if mode is None:
+        mode = default_mode if background else "no"
+    if mode == "no":
+        return None
+    return RestartPolicy(
+        "always" if mode == "always" else "on-failure",
+        max_restarts=default_max_restarts if max_restarts is None else max_restarts,
+        backoff=backoff,
+    )

@@ -37,6 +37,7 @@ from procpilot.errors import (
     ProtectedVariable,
     SpawnFailed,
 )
+from procpilot.shell.reading import ShellText
 
 __all__ = [
     "Launcher",
@@ -85,12 +86,21 @@ class SpawnSpec:
     name: str | None = None
     # Start the command again when it ends on its own (engine/restart.py); None: never.
     restart: RestartPolicy | None = None
+    # A shell command's one reading, shared by the preflight, the policy and the pre-check (and
+    # by the copies ``confined`` makes): the text is lexed once per call. None for an argv.
+    shell: ShellText | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         # Here, where every face builds its spec: nothing downstream (the policy's shell analysis
         # included) ever reads a command the kernel could not run anyway, or a directory outside
-        # the workspace.
+        # the workspace; and the spawn relies on it, checking none of it again.
         check_size(self.command)
+        if isinstance(self.command, str):
+            check_os_string("command", self.command)
+            object.__setattr__(self, "shell", ShellText(self.command))
+        else:
+            for index, word in enumerate(self.command):
+                check_os_string(f"command[{index}]", word, field="command")
         check_timeout(self.timeout)
         if self.name is not None and not _NAME.fullmatch(self.name):
             raise InvalidArgument(
@@ -232,14 +242,9 @@ async def spawn_process(
 ) -> Spawned:
     """Start the child, retrying transient OS errors with backoff; or, given ``launch``, hand the
     checked spec to it instead (the same checks first, so a warm start refuses what a cold one would)."""
-    if isinstance(spec.command, str):
-        check_os_string("command", spec.command)
-    else:
-        for index, word in enumerate(spec.command):
-            check_os_string(f"command[{index}]", word, field="command")
     cwd_fd, entered = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else (None, None)
     try:
-        check_command(spec.command, env, spec.cwd)
+        check_command(spec.shell or spec.command, env, spec.cwd)
         prefix = await _box(spec.isolation)
         if launch is not None:
             if cwd_fd is not None and entered is None:

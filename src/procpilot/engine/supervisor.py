@@ -263,9 +263,6 @@ class Supervisor:
         self._unfinished: dict[str, set[str]] = {}
         self._lanes = LaneScheduler(dict(self.config.lane_caps), self.config.default_lane_cap)
         self.exits: EventBus[ExitInfo] = EventBus()
-        # What faces report about calls (notify-tier tools): one stream per supervisor, owned here
-        # rather than in a registry keyed by supervisor.
-        self.audit: EventBus[Any] = EventBus()
         self._usage: UsageTracker | None = None
         # Shells started ahead of time, each in its session's cgroup already (engine/warm.py);
         # 0 starts every session cold.
@@ -1104,9 +1101,7 @@ class Supervisor:
     ) -> Session:
         """The session a record describes, with its life so far and what the next server needs
         (``record``'s custody keys: its owner, its format, where its tree is)."""
-        session = Session.from_record(
-            recorded, output, trees, self._on_finish, kill_grace=self.config.kill_grace_sec
-        )
+        session = Session.from_record(recorded, output, trees, self._on_finish, kill_grace=self.config.kill_grace_sec)
         session.custody.record = {k: record[k] for k in _ADOPTION_KEYS if k in record}
         return session
 

@@ -31,17 +31,17 @@ _PROFILE_DEFAULT_TOOLS = {
 }
 
 
-def all_tools(supervisor: Supervisor, *, audit: bool = True, notifies_exit: bool | None = None) -> list[ToolSpec]:
+def all_tools(supervisor: Supervisor, *, notifies_exit: bool | None = None) -> list[ToolSpec]:
     """``exec`` + ``process`` (specs 001/002/004), or the profile's shell tools in their place,
-    and ``process.*`` (spec 000), over one supervisor.
+    and ``process.*`` (spec 000), over one supervisor. Unaudited: the policy gate
+    (``policy/gate.py``) is the one audit wrapper, around all of them.
 
-    ``audit=False`` leaves the Notify-tier audit events to a wrapper that publishes its own (the
-    policy gate), so none is published twice. ``notifies_exit`` is whether the transport announces
-    session exits to its clients (see ``exec_process_tools``).
+    ``notifies_exit`` is whether the transport announces session exits to its clients (see
+    ``exec_process_tools``).
     """
     return [
         *_shell_tools(supervisor, notifies_exit),
-        *capability_tools(supervisor, audit=audit),
+        *capability_tools(supervisor),
     ]
 
 

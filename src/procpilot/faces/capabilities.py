@@ -17,41 +17,34 @@ State vocabulary (spec 000), from the engine's :class:`SessionState`:
 
 Errors carry the spec's names and recovery hints: the engine's ``SessionNotFound`` becomes
 :class:`ProcessNotFound` at this boundary, and the hints of the other spec errors are the spec's.
-``process.run`` and ``process.kill`` are Notify-tier: each call puts an :class:`AuditEvent` on the
-supervisor's audit bus (:func:`audit_bus`).
+``process.run`` and ``process.kill`` are Notify-tier: the policy gate (``policy/gate.py``, the one
+audit wrapper, around every face's tools) makes each call an :class:`AuditEvent`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import signal as signal_module
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from procpilot.config import ExecSettings
 from procpilot.contract import (
     AuditEvent,
     PermissionTier,
     ToolResult,
     ToolSpec,
-    audit_arguments,
-    call_summary,
     dumps,
     parse_arguments,
 )
 from procpilot.engine.capture import Stream
-from procpilot.engine.events import EventBus
 from procpilot.engine.isolation import weaker_box
 from procpilot.engine.limits import Limits
-from procpilot.engine.restart import RestartPolicy
-from procpilot.engine.scopes import agent_of
+from procpilot.engine.restart import restart_policy
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -90,8 +83,6 @@ __all__ = [
     "ResourceUsage",
     "RunInput",
     "RunOutput",
-    "audit_bus",
-    "audited",
     "capability_tools",
     "spec_exit_code",
     "spec_state",
@@ -184,22 +175,6 @@ def _spec_errors() -> Iterator[None]:
 
 
 # -- inputs ------------------------------------------------------------------------------------
-
-
-def restart_policy(
-    cfg: ExecSettings, mode: str | None, max_restarts: int | None, *, background: bool
-) -> RestartPolicy | None:
-    """The restart policy a run asked for; without one, the configured default applies to
-    background runs only (a foreground command that fails is the agent's to look at)."""
-    if mode is None:
-        mode = cfg.restart if background else "no"
-    if mode == "no":
-        return None
-    return RestartPolicy(
-        "always" if mode == "always" else "on-failure",
-        max_restarts=cfg.max_restarts if max_restarts is None else max_restarts,
-        backoff=cfg.restart_backoff_ms / 1000,
-    )
 
 
 class RunInput(BaseModel):
@@ -441,7 +416,14 @@ class ProcessCapabilities:
                     stdin="pipe",
                     limits=limits,
                     workspace=settings.workspace_root,
-                    restart=restart_policy(settings.exec, params.restart, params.max_restarts, background=True),
+                    restart=restart_policy(
+                        params.restart,
+                        params.max_restarts,
+                        background=True,
+                        default_mode=settings.exec.restart,
+                        default_max_restarts=settings.exec.max_restarts,
+                        backoff=settings.exec.restart_backoff_ms / 1000,
+                    ),
                 )
             else:
                 stdin_data = None if params.stdin is None else params.stdin.encode()
@@ -685,55 +667,6 @@ class ProcessAPI:
         return (await self.caps.logs(params, self.scope))[0]
 
 
-# -- audit -------------------------------------------------------------------------------------
-
-
-def audit_bus(supervisor: Supervisor) -> EventBus[AuditEvent]:
-    """The supervisor's audit event stream (``supervisor.audit``)."""
-    bus: EventBus[AuditEvent] = supervisor.audit
-    return bus
-
-
-def audited(spec: ToolSpec, supervisor: Supervisor) -> ToolSpec:
-    """``spec`` whose every call publishes an :class:`AuditEvent` on the supervisor's audit bus."""
-    inner = spec.handler
-    bus = audit_bus(supervisor)
-
-    async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        started = time.time()
-        t0 = time.monotonic()
-
-        def publish(data: Mapping[str, Any], error: str | None) -> None:
-            process_id = data.get("process_id") or data.get("sessionId") or arguments.get("process_id")
-            bus.publish(
-                AuditEvent(
-                    scope=agent_of(scope),  # the audit trail is the agent's (engine/scopes.py)
-                    tool=spec.name,
-                    tier=spec.tier.value,
-                    outcome="ok" if error is None else f"error:{error}",
-                    summary=call_summary(spec.name, arguments),
-                    at=started,
-                    process_id=process_id if isinstance(process_id, str) else None,
-                    arguments=audit_arguments(arguments),
-                    duration_ms=int((time.monotonic() - t0) * 1000),
-                    state=data.get("state") if isinstance(data.get("state"), str) else None,
-                )
-            )
-
-        try:
-            result = await inner(arguments, scope)
-        except ProcpilotError as exc:
-            publish({}, exc.code)
-            raise
-        except asyncio.CancelledError:
-            publish({}, "Cancelled")
-            raise
-        publish(result.data, str(result.data.get("error", "ProcpilotError")) if result.is_error else None)
-        return result
-
-    return dataclasses.replace(spec, handler=handler)
-
-
 # -- tools -------------------------------------------------------------------------------------
 
 RUN_DESCRIPTION = (
@@ -796,12 +729,9 @@ def _raise_if_limit_exceeded(session: Session) -> None:
     )
 
 
-def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[ToolSpec]:
-    """The process.* tools over ``supervisor``: run and kill are Notify, the rest Autonomous.
-
-    Notify calls publish an :class:`AuditEvent` on :func:`audit_bus` unless ``audit`` is False (for a
-    caller that wraps the tools in its own auditing layer).
-    """
+def capability_tools(supervisor: Supervisor) -> list[ToolSpec]:
+    """The process.* tools over ``supervisor``: run and kill are Notify (the gate audits them),
+    the rest Autonomous."""
     caps = ProcessCapabilities(supervisor)
 
     def rendered(data: dict[str, Any], notes: list[str] | None = None) -> ToolResult:
@@ -875,4 +805,4 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
         ToolSpec("process.list", LIST_DESCRIPTION, ListInput, list_, autonomous, _meta(autonomous)),
         ToolSpec("process.logs", LOGS_DESCRIPTION, LogsInput, logs, autonomous, _meta(autonomous)),
     ]
-    return [audited(t, supervisor) if audit and t.tier is PermissionTier.NOTIFY else t for t in tools]
+    return tools

@@ -105,7 +105,9 @@ class TaskOutputParams(BaseModel):
 
     task_id: str = Field(description="The task's id.")
     block: bool = Field(True, description="Wait for the task to finish (up to timeout).")
-    timeout: int | None = Field(None, ge=0, description="Milliseconds to wait (default 30000, max 600000).")
+    timeout: int | None = Field(
+        None, ge=0, le=_TASK_TIMEOUT[1], description="Milliseconds to wait (default 30000, max 600000)."
+    )
 
 
 class TaskStopParams(BaseModel):
@@ -347,7 +349,7 @@ class ClaudeFace:
     async def task_output(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         try:
             params: TaskOutputParams = parse_arguments(TaskOutputParams, arguments)
-            timeout = _TASK_TIMEOUT[0] if params.timeout is None else min(params.timeout, _TASK_TIMEOUT[1])
+            timeout = _TASK_TIMEOUT[0] if params.timeout is None else params.timeout  # the schema bounds it
             task = self._task(scope, params.task_id)
             if params.block and not task.session.finished:
                 await task.session.wait_finished(timeout / 1000)

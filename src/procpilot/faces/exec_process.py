@@ -26,13 +26,13 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.isolation import weaker_box
 from procpilot.engine.keys import encode_literal, encode_paste
 from procpilot.engine.precheck import MAX_TIMEOUT_S
+from procpilot.engine.restart import restart_policy
 from procpilot.engine.session import ExitInfo, Session, check_inputs
-from procpilot.engine.spawn import SpawnSpec, check_os_string
+from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, ProtectedVariable, SessionNotFound
 from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
-from procpilot.faces.capabilities import restart_policy
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import cut_marker, derive_name, for_model, head_chars, tail_chars
@@ -55,6 +55,10 @@ ACTIONS = (
 # The actions that change a session (its input, its life, its record): each call is audited.
 STATE_CHANGING_ACTIONS = frozenset({"write", "send-keys", "submit", "paste", "kill", "clear", "remove"})
 _POLL_MAX_WAIT_MS = 30_000
+# yieldMs as OpenClaw applies it: a shorter wait is made 10 ms (said in the result: yieldMsApplied);
+# a longer one is refused by the schema, which says so, rather than cut short in silence.
+_YIELD_MIN_MS = 10
+_YIELD_MAX_MS = 120_000
 _WAIT_MAX_MS = 600_000
 # Bounds on numbers an agent sends: past them a value means nothing but an overflow later.
 _MAX_COUNT = 2**53  # JSON's exact integers
@@ -121,7 +125,8 @@ class ExecParams(BaseModel):
     env: dict[str, str] | None = Field(None, description="Extra environment variables.")
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
         None,
-        le=_MAX_COUNT,
+        ge=0,
+        le=_YIELD_MAX_MS,
         description="ms before it moves to the background (default 10000; null: never).",
     )
     background: bool = Field(False, description="Return at once; the run goes on.")
@@ -178,7 +183,7 @@ class ProcessParams(BaseModel):
     timeout: int | None = Field(
         None,
         ge=0,
-        le=_MAX_COUNT,
+        le=_WAIT_MAX_MS,  # wait's and write's most; poll's is less, and its result says what it applied
         description="ms to block (poll, wait) or for input to be read (default 5000).",
     )
     signal: str | None = Field(None, description="kill: first signal (default SIGTERM).")
@@ -235,7 +240,7 @@ class ExecProcessFace:
     def _name(self, session: Session) -> str:
         name = self._names.get(session.id)
         if name is None:
-            name = self._names[session.id] = derive_name(session.command)
+            name = self._names[session.id] = derive_name(session.spec.shell or session.command)
         return name
 
     def _summary(self, session: Session, *, input_check: bool = True) -> dict[str, Any]:
@@ -330,7 +335,6 @@ class ExecProcessFace:
 
     async def _exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
-        check_os_string("command", params.command)
         # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
         # server asks for timeout 0); the openclaw profile lets `background: true` run on, as
         # OpenClaw does.
@@ -354,15 +358,22 @@ class ExecProcessFace:
                 pty_size=(self.cfg.pty_cols, self.cfg.pty_rows),
                 lane=params.lane,
                 name=params.name,
-                restart=restart_policy(self.cfg, params.restart, params.maxRestarts, background=params.background),
+                restart=restart_policy(
+                    params.restart,
+                    params.maxRestarts,
+                    background=params.background,
+                    default_mode=self.cfg.restart,
+                    default_max_restarts=self.cfg.max_restarts,
+                    backoff=self.cfg.restart_backoff_ms / 1000,
+                ),
                 notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
                 stdin=stdin,
             )
-        if self._preflight and might_run_scripts(params.command):
+        if self._preflight and spec.shell is not None and might_run_scripts(params.command):
             # A shell reading and a few file reads: off the loop, where no other agent waits on them.
             await asyncio.to_thread(
                 check_scripts,
-                params.command,
+                spec.shell,
                 spec.cwd or self.sup.settings.workspace_root,
                 fail_closed=self.profile.preflight_fails_closed,
             )
@@ -375,9 +386,11 @@ class ExecProcessFace:
             # parse_arguments reads a null as "the default", so the raw arguments tell.
             yield_ms = None
         else:
-            yield_ms = self.cfg.background_ms if params.yieldMs is None else min(max(params.yieldMs, 10), 120_000)
+            yield_ms = self.cfg.background_ms if params.yieldMs is None else max(params.yieldMs, _YIELD_MIN_MS)
         session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
         data = self._summary(session)
+        if params.yieldMs is not None and yield_ms != params.yieldMs:
+            data["yieldMsApplied"] = yield_ms  # what was accepted is what was applied, or it is said
         if session.finished:
             view = session.output[Stream.COMBINED]
             shown = await self._show(session, Stream.COMBINED, 0, 0, self.cfg.result_max_chars)
@@ -506,8 +519,9 @@ class ExecProcessFace:
         repeated = session.finished and self.profile.finished_poll_repeats
         if repeated:
             cursor, cursor_line = 0, 0
-        if params.timeout and view.size <= cursor and not session.finished:
-            await session.output.wait_for_change(min(params.timeout, _POLL_MAX_WAIT_MS) / 1000)
+        blocked_ms = min(params.timeout or 0, _POLL_MAX_WAIT_MS)
+        if blocked_ms and view.size <= cursor and not session.finished:
+            await session.output.wait_for_change(blocked_ms / 1000)
         # A finished session has nothing more to come: hand over all that is unread (up to the
         # result budget), head and tail, so the last poll never hides the ending nor the start.
         default = self.cfg.result_max_chars if session.finished else self.cfg.max_output_chars
@@ -517,6 +531,8 @@ class ExecProcessFace:
         await self.sup.observe([session])
         self._poll_cursors.setdefault(session.id, {})[stream] = (shown.end, shown.end_line)
         data = self._summary(session) | {"output": shown.text, "cutChars": shown.cut_chars, "stream": stream.value}
+        if params.timeout and blocked_ms != params.timeout:
+            data["timeoutApplied"] = blocked_ms  # poll blocks at most 30 s: wait is the long block
         if shown.text or shown.cut_chars or session.finished:
             self._empty_polls.pop(session.id, None)
         else:
@@ -625,7 +641,7 @@ class ExecProcessFace:
     async def _send(
         self, session: Session, params: ProcessParams, scope: str, payload: bytes, eof: bool = False
     ) -> ToolResult:
-        timeout_ms = _WRITE_DEFAULT_MS if params.timeout is None else min(params.timeout, _WAIT_MAX_MS)
+        timeout_ms = _WRITE_DEFAULT_MS if params.timeout is None else params.timeout  # the schema bounds it
         written = await self.sup.write(scope, session.id, payload, eof=eof, timeout=timeout_ms / 1000)
         data = self._summary(session) | {
             "bytesWritten": written,
@@ -709,7 +725,7 @@ class ExecProcessFace:
                 pattern = regex.compile(params.pattern, regex.MULTILINE)
             except regex.error as exc:
                 raise InvalidPattern(f"pattern is not a valid regular expression: {exc}", field="pattern") from None
-        timeout_ms = min(params.timeout if params.timeout is not None else _WAIT_DEFAULT_MS, _WAIT_MAX_MS)
+        timeout_ms = _WAIT_DEFAULT_MS if params.timeout is None else params.timeout  # the schema bounds it
         stream = _stream(params.stream)
         # Each pattern wait scans on from where the last match was reported, so waiting twice for
         # READY waits for the next READY instead of returning the old one; offset (bytes) resets.

@@ -40,6 +40,7 @@ from pathlib import Path
 from procpilot.errors import CommandDenied, UnanalyzableCommand
 from procpilot.shell.analysis import analyze_argv, analyze_text
 from procpilot.shell.lexer import Scan, Word, snippet
+from procpilot.shell.reading import ShellText
 from procpilot.shell.wrappers import MULTICALL, SHELLS
 
 __all__ = ["CommandDenied", "CommandPolicy", "UnanalyzableCommand", "programs_in"]
@@ -158,19 +159,20 @@ class CommandPolicy:
 
     # -- public ---------------------------------------------------------------------------------
 
-    def check(self, command: str | Sequence[str], cwd: Path | None = None) -> list[str]:
+    def check(self, command: ShellText | str | Sequence[str], cwd: Path | None = None) -> list[str]:
         """Refuse ``command`` unless every program it would run passes the policy.
 
-        A ``str`` is shell text (it will run through ``/bin/sh -c``); a sequence is an argv that is
-        exec'd directly. Returns the real paths of the programs it will run, in order (shell
+        A ``str`` is shell text (it will run through ``/bin/sh -c``), and so is a ``ShellText``
+        (a spec's, read here through what its earlier readers lexed); a sequence is an argv that
+        is exec'd directly. Returns the real paths of the programs it will run, in order (shell
         builtins, which run no program, are not listed). Raises :class:`UnanalyzableCommand` (under
         an allowlist) when the text hides what it runs, :class:`CommandDenied` when a program is
         refused or does not exist.
         """
         base = str(cwd) if cwd is not None else os.getcwd()
         scan = self._scan(base, interactive=False)
-        if isinstance(command, str):
-            analyze_text(command, scan)
+        if isinstance(command, str | ShellText):
+            (ShellText(command) if isinstance(command, str) else command).analyze(scan)
         else:
             argv = list(command)
             if not argv:

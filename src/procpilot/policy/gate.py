@@ -6,7 +6,9 @@
                        or the approval times out; every decision is an audit event
     blocked            refused with ``PermissionDenied``
 
-A tool's own tier (its ``ToolSpec.tier``) applies unless the agent's policy names another. What is
+A tool's own tier (its ``ToolSpec.tier``) applies unless the agent's policy names another. The gate
+is the one audit wrapper: the faces publish nothing themselves, so no call is audited twice or
+differently on one path than on another. What is
 written to a session's stdin is checked below every face, by the supervisor's write filter
 (``policy.spawn_filter.make_write_filter``).
 """
@@ -170,12 +172,14 @@ class Gate:
                 raise PermissionDenied(f"{spec.name} is blocked for agent {agent!r}", tool=spec.name)
             if tier is PermissionTier.APPROVAL:
                 await self._await_approval(agent, spec, arguments)
-            started = time.monotonic()
-            result = await spec.call(arguments, scope)
             if tier is PermissionTier.AUTONOMOUS and arguments.get("action") in spec.audited_actions:
                 tier = PermissionTier.NOTIFY  # a state change within a read-mostly tool: audited
-            if tier is not PermissionTier.AUTONOMOUS:
-                outcome = f"error:{result.data.get('error')}" if result.is_error else "ok"
+            if tier is PermissionTier.AUTONOMOUS:
+                return await spec.call(arguments, scope)
+            at, started = time.time(), time.monotonic()
+
+            def publish(outcome: str, result: ToolResult | None) -> None:
+                state = result.data.get("state") if result is not None else None
                 self.audit.publish(
                     AuditEvent(
                         agent,
@@ -183,11 +187,20 @@ class Gate:
                         tier.value,
                         outcome,
                         summary,
+                        at=at,
                         process_id=_process_id(arguments, result),
                         arguments=audit_arguments(arguments),
                         duration_ms=int((time.monotonic() - started) * 1000),
+                        state=state if isinstance(state, str) else None,
                     )
                 )
+
+            try:
+                result = await spec.call(arguments, scope)
+            except asyncio.CancelledError:
+                publish("error:Cancelled", None)  # a change may have begun: the trail says it was cut
+                raise
+            publish(f"error:{result.data.get('error')}" if result.is_error else "ok", result)
             return result
 
         return handler

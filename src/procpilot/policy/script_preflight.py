@@ -15,9 +15,9 @@ python``, ``python <(cat x.py)``) fails closed: "exec preflight: complex interpr
 detected". Only files inside the working directory are read (a script elsewhere runs unchecked, as
 in OpenClaw): the preflight never becomes a way to probe files outside it.
 
-Reading the command line is ``procpilot.shell``'s job (``commands_in``); this module only reads the
-scripts. It is a help, not a guard: what cannot be read (a missing file, a script named by a
-variable) is left for the interpreter to report.
+Reading the command line is ``procpilot.shell``'s job (the spec's ``ShellText``, lexed once per
+call whoever reads it first); this module only reads the scripts. It is a help, not a guard: what
+cannot be read (a missing file, a script named by a variable) is left for the interpreter to report.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from procpilot.errors import ScriptHasShellSyntax, ScriptNotCheckable
-from procpilot.shell import commands_in, control_flow_in
+from procpilot.shell import control_flow_in
+from procpilot.shell.reading import ShellText
 
 __all__ = ["check_scripts", "might_run_scripts", "shell_syntax_in"]
 
@@ -251,7 +252,7 @@ def _refusal(token: str, language: str, script: Path, line: int) -> ScriptHasShe
     )
 
 
-def check_scripts(command: str, cwd: Path, *, fail_closed: bool = False) -> None:
+def check_scripts(command: ShellText | str, cwd: Path, *, fail_closed: bool = False) -> None:
     """Raise :class:`ScriptHasShellSyntax` when ``command`` would run a Python or Node script (or
     Node preload module) inside ``cwd`` whose code holds shell syntax, and :class:`ScriptNotCheckable`
     when the script reaches the interpreter through a pipe or a process substitution.
@@ -263,10 +264,12 @@ def check_scripts(command: str, cwd: Path, *, fail_closed: bool = False) -> None
 
     It reads the command line and up to a few script files: a caller on an event loop runs it in
     a worker thread (see ``might_run_scripts`` for the cheap test first)."""
+    shell = ShellText(command) if isinstance(command, str) else command
+    command = shell.text
     if not might_run_scripts(command):
         return
-    programs = commands_in(command)
-    wrapped = fail_closed and (_runs_shell_code(programs) or control_flow_in(command))
+    programs = shell.commands()
+    wrapped = fail_closed and (_runs_shell_code(programs) or control_flow_in(shell.lexed()))
     checked = 0
     for index, (program, args) in enumerate(programs):
         run = _run_of(program, args)

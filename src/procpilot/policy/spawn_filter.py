@@ -88,7 +88,7 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
             raise ElevationDenied("elevated runs are not allowed for this agent")
         if policy.allow is not None or policy.deny:
             path = dict(spec.env).get("PATH") or _base_path(settings)
-            commands_for(scope, path).check(spec.command, spec.cwd)
+            commands_for(scope, path).check(spec.shell or spec.command, spec.cwd)
         isolation = spec.isolation
         network = policy.network_allowed
         if not spec.elevated and (not network or policy.readonly_root or policy.isolate):

@@ -7,8 +7,9 @@ commands a line runs, assignments that would run code; ``commands_in``: each pro
 arguments, and ``control_flow_in``: whether it runs commands under ``if``/``while``/..., for the
 script preflight), ``wrappers`` (programs that run other
 programs: ``env``, ``sh -c``, ``xargs``, ``find -exec``, ``timeout``...), ``first`` (the first
-simple command's program, in one fast pass, for the spawn's not-found check) and ``names`` (a
-command line's simple commands as plain words, for session names).
+simple command's program, in one fast pass, for the spawn's not-found check), ``reading``
+(``ShellText``: one call's command line, lexed once and read through it by the preflight, the
+policy, the pre-check and the session's name).
 
 It imports nothing of procpilot but the error tree: the engine (the spawn's pre-check), the
 policy (allowlists, ``policy/commands.py``) and ``render`` (names) all read shell through it.

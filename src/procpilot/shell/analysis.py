@@ -6,18 +6,20 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from collections.abc import Sequence
 
 from procpilot.shell import wrappers
 from procpilot.shell.lexer import (
     ASSIGNMENT,
     MAX_DEPTH,
-    Lexer,
+    Lexed,
     Op,
     Program,
     Redir,
     Scan,
     Token,
     Word,
+    lex,
     show,
     snippet,
 )
@@ -40,16 +42,17 @@ def analyze_text(text: str, scan: Scan) -> None:
         if scan.depth > MAX_DEPTH:
             scan.problem("shell code nested too deeply to check")
             return
-        nested: list[list[Token]] = []
-        tokens = Lexer(text, scan, nested).run()
-        _parse(tokens, scan)
-        for sub in nested:  # grows while parsing only through wrappers, which lex their own text
+        lexed = scan.lex(text) if scan.lex is not None else lex(text)
+        for problem in lexed.problems:  # the lexer's findings first, as when it wrote them itself
+            scan.problem(problem)
+        _parse(lexed.tokens, scan)
+        for sub in lexed.nested:
             _parse(sub, scan)
     finally:
         scan.depth -= 1
 
 
-def _parse(tokens: list[Token], scan: Scan) -> None:
+def _parse(tokens: Sequence[Token], scan: Scan) -> None:
     """Split tokens into simple commands (skipping reserved words, assignments and redirections)."""
     argv: list[Word] = []
     started = False  # an assignment or redirection belongs to the current command already
@@ -135,7 +138,7 @@ def _parse(tokens: list[Token], scan: Scan) -> None:
     finish()
 
 
-def _skip_for(tokens: list[Token], i: int, scan: Scan) -> int:
+def _skip_for(tokens: Sequence[Token], i: int, scan: Scan) -> int:
     """``for NAME [in WORDS]`` (or ``select``): past the loop head; the body is read as commands."""
     name = tokens[i] if i < len(tokens) else None
     if isinstance(name, Op) and name.text == "(":
@@ -417,13 +420,12 @@ def _check_set(args: list[Word], scan: Scan) -> None:
 _CONTROL = frozenset({"if", "while", "until", "for", "select", "case"})
 
 
-def control_flow_in(command: str) -> bool:
-    """True when ``command``'s own top level runs commands under shell control flow (``if``,
-    ``while``, ``until``, ``for``, ``select``, ``case``). Only a reserved word in command position
-    counts: ``echo if`` or a quoted ``'while'`` is an argument."""
-    scan = Scan(realpath_of=lambda _word: None)
+def control_flow_in(command: str | Lexed) -> bool:
+    """True when ``command``'s own top level (or its lexing, already made) runs commands under
+    shell control flow (``if``, ``while``, ``until``, ``for``, ``select``, ``case``). Only a
+    reserved word in command position counts: ``echo if`` or a quoted ``'while'`` is an argument."""
     at_start, target = True, False
-    for tok in Lexer(command, scan, []).run():
+    for tok in (lex(command) if isinstance(command, str) else command).tokens:
         if isinstance(tok, Op):
             at_start, target = True, False
         elif isinstance(tok, Redir):

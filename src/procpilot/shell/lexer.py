@@ -69,6 +69,9 @@ class Scan:
     cwd_changed: bool = False  # cd / pushd / env -C ...: relative paths no longer mean what they did
     depth: int = 0
     substitutions: int = 0  # $( ) open around the lexer now
+    # Where each text read in this scan is lexed: None lexes afresh; a call's ShellText
+    # (shell/reading.py) hands out the lexing it already made, so no text is lexed twice per call.
+    lex: Callable[[str], Lexed] | None = None
 
     def enter_substitution(self) -> None:
         """One more $( ) deep. Past MAX_SUBSTITUTION_DEPTH the text is malformed input, not a command
@@ -473,18 +476,39 @@ def _arith_end(t: str, i: int) -> int:
     return -1
 
 
-def simple_commands(text: str) -> list[list[str]]:
-    """The words of each simple command in ``text``, after quote removal, in order: operators
+@dataclass(frozen=True, slots=True)
+class Lexed:
+    """One text lexed: its tokens, those of its substitutions, and what the lexer could not
+    check. A pure function of the text (the lexer starts with no substitution open and records
+    only into a scan of its own), so one lexing serves every scan that reads the text."""
+
+    tokens: tuple[Token, ...]
+    nested: tuple[tuple[Token, ...], ...]
+    problems: tuple[str, ...]
+
+
+def lex(text: str) -> Lexed:
+    """Lex ``text`` once. Raises InvalidArgument for $( ) nested past MAX_SUBSTITUTION_DEPTH."""
+    scan = Scan(realpath_of=lambda _word: None)
+    nested: list[list[Token]] = []
+    tokens = Lexer(text, scan, nested).run()
+    return Lexed(tuple(tokens), tuple(tuple(sub) for sub in nested), tuple(scan.problems))
+
+
+def simple_commands(text: str | Lexed) -> list[list[str]]:
+    """The words of each simple command in ``text`` (or in its lexing, already made), after quote
+    removal, in order: operators
     (``;`` ``&&`` ``||`` ``|`` ``&`` newline, parentheses) separate commands, and redirections are
     dropped with their targets (``make > log`` is ``make``). Substitutions are not entered; a word
     that expands keeps its text as written. For naming and display, not for deciding anything:
     text the shell would refuse (an unfinished quote) still gives its words, as typed."""
-    scan = Scan(realpath_of=lambda _word: None)
-    try:
-        tokens = Lexer(text, scan, []).run()
-    except InvalidArgument:  # nested past the bound: there is nothing sensible to show
-        return []
-    as_typed = bool(scan.problems)  # the agent may have quoted for another layer: show it as sent
+    if isinstance(text, str):
+        try:
+            text = lex(text)
+        except InvalidArgument:  # nested past the bound: there is nothing sensible to show
+            return []
+    tokens = text.tokens
+    as_typed = bool(text.problems)  # the agent may have quoted for another layer: show it as sent
     commands: list[list[str]] = [[]]
     redirected = False
     for tok in tokens:

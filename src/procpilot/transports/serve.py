@@ -132,9 +132,9 @@ def build_toolset(supervisor: Supervisor, settings: Settings) -> Toolset:
     from procpilot.policy.gate import Gate
 
     gate = Gate(settings)
-    # The gate audits every notify-tier call itself: the faces must not publish them twice.
-    # Renamed after the gate: policy tiers and audit events keep the tools' own names.
-    tools = served(list(gate.wrap(all_tools(supervisor, audit=False))), settings)
+    # The gate is the one audit wrapper. Renamed after the gate: policy tiers and audit events
+    # keep the tools' own names.
+    tools = served(list(gate.wrap(all_tools(supervisor))), settings)
     return Toolset(tools, gate.audit, gate)
 
 
