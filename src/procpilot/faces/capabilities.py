@@ -207,37 +207,37 @@ class RunInput(BaseModel):
 
     command: str = Field(
         min_length=1,
-        description="Alone: a shell command. With args: the program, run without a shell.",
+        description="A shell command; with args, a program (no shell).",
     )
-    args: list[str] | None = Field(None, description="The program's arguments, one per element.")
-    working_directory: str | None = Field(None, description="Directory in the workspace (default: its root).")
+    args: list[str] | None = None
+    working_directory: str | None = Field(None, description="Default: the workspace.")
     environment: dict[str, str] | None = Field(
         None,
-        description="Extra environment variables (PATH, HOME, LD_* and the like are protected).",
+        description="Extra variables (not PATH, HOME, LD_*).",
     )
     timeout: int = Field(
         300,
         ge=1,
         le=MAX_TIMEOUT_SEC,
-        description="Foreground seconds (default 300, max 3600); then state='timed_out', output kept.",
+        description="Foreground seconds (default 300, max 3600).",
     )
     background: bool = Field(
         False,
-        description="Return a process_id at once (no timeout).",
+        description="Return at once.",
     )
-    stdin: str | None = Field(None, description="Fed to stdin, then closed (foreground only).")
+    stdin: str | None = Field(None, description="Fed to stdin.")
     cpu_limit: float | None = Field(None, gt=0, le=_MAX_CORES, description="Cores, e.g. 0.5.")
     memory_limit: int | None = Field(None, ge=1, le=_MAX_BYTES, description="Bytes.")
-    stdout_lines: int = Field(100, ge=0, description="Trailing lines in each summary.")
+    stdout_lines: int = Field(100, ge=0, description="Summary lines (default 100).")
 
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
-        description="With background: start it again when it ends on its own (backoff; same process_id).",
+        description="Rerun when a background run ends.",
     )
-    max_restarts: int | None = Field(None, ge=0, le=10_000, description="Most restarts (default 10).")
+    max_restarts: int | None = Field(None, ge=0, le=10_000, description="Default 10.")
     name: str | None = Field(
         None,
-        description="A name, usable as process_id.",
+        description="Usable as process_id.",
     )
 
 
@@ -737,9 +737,8 @@ def audited(spec: ToolSpec, supervisor: Supervisor) -> ToolSpec:
 # -- tools -------------------------------------------------------------------------------------
 
 RUN_DESCRIPTION = (
-    "Execute a command in the sandbox; returns exit_code, stdout_summary/stderr_summary (last lines), "
-    "duration_ms, process_id, state and resource_usage. A timeout is a state, not an error. "
-    "Not for filesystem operations."
+    "Execute a command in the sandbox; returns exit_code, output summaries, process_id, "
+    "state and resource_usage. A timeout is a state, not an error."
 )
 MONITOR_DESCRIPTION = (
     "Current state ('running', 'completed', 'killed', 'timed_out'), exit_code, runtime and resource_usage of a "

@@ -116,70 +116,70 @@ def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]
 class ExecParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="exec")
 
-    command: str = Field(min_length=1, description="Shell command (/bin/sh -c).")
-    workdir: str | None = Field(None, description="Working directory (default: the workspace).")
-    env: dict[str, str] | None = Field(None, description="Extra environment variables.")
+    command: str = Field(min_length=1)  # "a shell command" (sh -c) in the tool description
+    workdir: str | None = None  # the workspace unless given
+    env: dict[str, str] | None = Field(None, description="Extra variables.")
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
         None,
         le=_MAX_COUNT,
-        description="ms before it moves to the background (default 10000; null: never).",
+        description="ms before backgrounding (default 10000; null: never).",
     )
-    background: bool = Field(False, description="Return at once; the run goes on.")
+    background: bool = False
     timeout: float | None = Field(
         None,
         ge=0,
         le=MAX_TIMEOUT_S,
-        description="Seconds before the whole tree is killed (default 1800, 0 = none).",
+        description="Seconds before the tree is killed (default 1800; 0: none).",
     )
-    pty: bool = Field(False, description="Run in a pseudo-terminal.")
-    elevated: bool = Field(False, description="Run outside the sandbox, if policy allows.")
+    pty: bool = False
+    elevated: bool = Field(False, description="Outside the sandbox if allowed.")
     notifyOnExit: bool | None = Field(  # noqa: N815
-        None, description="Announce a background run's exit (default true)."
+        None, description="Announce its exit (default true)."
     )
-    lane: str | None = Field(None, description="Concurrency lane: main, subagent, cron[:job].")
+    lane: str | None = Field(None, description="main, subagent or cron[:job].")
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
-        description="Start it again when it ends on its own (backoff; same id).",
+        description="Rerun when it ends on its own.",
     )
     maxRestarts: int | None = Field(  # noqa: N815
-        None, ge=0, le=10_000, description="Most restarts (default 10)."
-    )
+        None, ge=0, le=10_000
+    )  # 10 unless given ([exec] max_restarts)
     name: str | None = Field(
         None,
         max_length=64,
-        description="Session name, usable as sessionId.",
+        description="Usable as sessionId.",
     )
 
 
 class ProcessParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="process")
 
-    action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
+    action: str  # the tool description names each action and what it does
     sessionId: str | None = Field(  # noqa: N815
         None, max_length=256, description="Id, id prefix or name."
     )
-    data: str | None = Field(None, description="write: text for stdin.")
-    eof: bool = Field(False, description="write: close stdin after.")
-    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. C-c.")
-    hex: list[str] | None = Field(None, description="send-keys: bytes as hex.")
-    literal: str | None = Field(None, description="send-keys: text as is.")
-    text: str | None = Field(None, description="submit/paste: the text.")
-    pattern: str | None = Field(None, max_length=_MAX_PATTERN, description="wait: regex to wait for.")
+    data: str | None = None
+    eof: bool = False
+    keys: list[str] | None = Field(None, description="send-keys: e.g. C-c.")
+    hex: list[str] | None = Field(None, description="send-keys: bytes.")
+    literal: str | None = None
+    text: str | None = None
+    pattern: str | None = Field(None, max_length=_MAX_PATTERN, description="wait: a regex.")
     stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
-        None, description="Which output (default both, in arrival order)."
+        None, description="Default both (arrival order)."
     )
     offset: int | None = Field(
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="log: first line; wait: byte offset to scan from.",
+        description="log: first line; wait: from byte.",
     )
     limit: int | None = Field(None, ge=0, le=_MAX_COUNT, description="log: lines; poll: most characters.")
     timeout: int | None = Field(
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="ms to block (poll, wait) or for input to be read (default 5000).",
+        description="ms to block (poll, wait, write; default 5000).",
     )
     signal: str | None = Field(None, description="kill: first signal (default SIGTERM).")
 
