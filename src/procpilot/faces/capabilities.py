@@ -273,6 +273,7 @@ class ListInput(BaseModel):
         json_schema_extra={"enum": list(STATE_FILTERS)},
     )
     limit: int = Field(50, ge=0, description="Maximum number of processes to return, most recent first.")
+    offset: int = Field(0, ge=0, le=_MAX_BYTES, description="Processes to skip (a later page).")
 
 
 class LogsInput(BaseModel):
@@ -373,6 +374,8 @@ class ListEntry(BaseModel):
 class ListOutput(BaseModel):
     processes: list[ListEntry]
     total: int
+    # Beyond spec 000: the call that lists the rest, when more match than were shown.
+    next: str | None = None
 
 
 class LogsOutput(BaseModel):
@@ -558,7 +561,7 @@ class ProcessCapabilities:
             matching = [
                 s for s in self.sup.list(scope) if params.state_filter == "all" or spec_state(s) == params.state_filter
             ]
-            shown = matching[: params.limit]
+            shown = matching[params.offset : params.offset + params.limit]
             # Every tree read in a worker thread (a sample up to 2 s old reused): the spec's rows
             # carry usage, and a long list must not hold the event loop while it is read.
             await self.sup.observe(shown)  # on a cluster: the nodes' figures
@@ -576,7 +579,14 @@ class ProcessCapabilities:
                 )
                 for s in shown
             ]
-            return ListOutput(processes=entries, total=len(matching))
+            end = min(params.offset, len(matching)) + len(shown)
+            following = None
+            if end < len(matching):
+                # the same call, one page on: the filter and limit it was made with kept
+                narrowed = "" if params.state_filter == "all" else f" state_filter={params.state_filter}"
+                sized = "" if params.limit == 50 else f" limit={params.limit}"
+                following = f"process.list{narrowed}{sized} offset={end}"
+            return ListOutput(processes=entries, total=len(matching), next=following)
 
     async def logs(self, params: LogsInput, scope: str) -> tuple[LogsOutput, dict[str, Any]]:
         """The output, and paging notes (next offsets, dropped bytes) for the text rendering."""
@@ -672,8 +682,8 @@ class ProcessAPI:
         )
         return await self.caps.kill(params, self.scope)
 
-    async def list(self, state_filter: str = "all", limit: int = 50) -> ListOutput:
-        params: ListInput = parse_arguments(ListInput, {"state_filter": state_filter, "limit": limit})
+    async def list(self, state_filter: str = "all", limit: int = 50, offset: int = 0) -> ListOutput:
+        params: ListInput = parse_arguments(ListInput, {"state_filter": state_filter, "limit": limit, "offset": offset})
         return await self.caps.list(params, self.scope)
 
     async def logs(
@@ -846,7 +856,11 @@ def capability_tools(supervisor: Supervisor, *, audit: bool = True) -> list[Tool
     async def list_(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         listing = (await caps.list(parse_arguments(ListInput, arguments), scope)).model_dump()
         listing["processes"] = [_spec_shaped(entry) for entry in listing["processes"]]
-        return rendered(listing)
+        if listing["next"] is None:
+            del listing["next"]  # all of them shown: spec 000's two fields only
+            return rendered(listing)
+        more = listing["total"] - len(listing["processes"])
+        return rendered(listing, [f"[{more} more not shown here: {listing['next']}]"])
 
     async def logs(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         out, notes = await caps.logs(parse_arguments(LogsInput, arguments), scope)

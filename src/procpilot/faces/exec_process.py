@@ -156,12 +156,12 @@ class ProcessParams(BaseModel):
 
     action: str  # the tool description names each action and what it does
     sessionId: str | None = Field(  # noqa: N815
-        None, max_length=256, description="Id, id prefix or name."
+        None, max_length=256, description="Id, prefix or name."
     )
     data: str | None = None
     eof: bool = False
     keys: list[str] | None = Field(None, description="send-keys: e.g. C-c.")
-    hex: list[str] | None = Field(None, description="send-keys: bytes.")
+    hex: list[str] | None = None  # send-keys: bytes as hex (the tool description says so)
     literal: str | None = None
     text: str | None = None
     pattern: str | None = Field(None, max_length=_MAX_PATTERN, description="wait: a regex.")
@@ -172,7 +172,7 @@ class ProcessParams(BaseModel):
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="log: first line; wait: from byte.",
+        description="log: first line; list: rows to skip; wait: from byte.",
     )
     limit: int | None = Field(None, ge=0, le=_MAX_COUNT, description="log: lines; poll: most characters.")
     timeout: int | None = Field(
@@ -181,7 +181,7 @@ class ProcessParams(BaseModel):
         le=_MAX_COUNT,
         description="ms to block (poll, wait, write; default 5000).",
     )
-    signal: str | None = Field(None, description="kill: first signal (default SIGTERM).")
+    signal: str | None = Field(None, description="kill: signal (default SIGTERM).")
 
 
 def _stream(name: str | None) -> Stream:
@@ -411,7 +411,7 @@ class ExecProcessFace:
                 field="action",
             )
         if params.action == "list":
-            return await self._list(scope)
+            return await self._list(scope, params.offset or 0)
         if not params.sessionId:
             raise InvalidArgument(
                 f"sessionId is required for action {params.action!r}",
@@ -442,13 +442,14 @@ class ExecProcessFace:
                 del table[session_id]
         self._prune_at = max(_PRUNE_MIN, 2 * sum(map(len, tables)))
 
-    async def _list(self, scope: str) -> ToolResult:
+    async def _list(self, scope: str, offset: int) -> ToolResult:
         rows = []
         lines = []
         # Spec 004: "Only backgrounded sessions are listed": a run that ended in the foreground
         # already gave its whole result (its sessionId still works for log and poll).
         every = [s for s in self.sup.list(scope) if s.backgrounded]  # newest first
-        sessions = _within_budget(every, self.cfg.result_max_chars)
+        # offset: the rows already seen (a page of a long list), bounded by the field itself
+        sessions = _within_budget(every[offset:], self.cfg.result_max_chars) if offset < len(every) else []
         await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         # waitingForInput: a recent answer, else a fresh one for the newest sessions only, read
         # off the loop beside the usage figures
@@ -470,15 +471,26 @@ class ExecProcessFace:
             rows.append(row)
             lines.append(self.profile.list_line(s, row))
         data: dict[str, Any] = {"sessions": rows, "total": len(every)}
+        if offset:
+            data["offset"] = offset
+        if not sessions:
+            empty = "No sessions." if not every else f"No sessions past offset {offset} ({len(every)} in all)."
+            return ToolResult(empty, data)
         if omitted := len(every) - len(sessions):
-            note = (
-                f"{omitted} older sessions not listed, to keep this result within its budget; "
-                "poll, log, wait and remove take any sessionId"
-            )
+            end = min(offset, len(every)) + len(sessions)
+            older = len(every) - end
+            # Every row not shown is named: the newer ones skipped by offset, the older ones by
+            # the budget, with the call that lists those (poll, log and wait take any id anyway).
+            parts = [f"{min(offset, len(every))} newer sessions skipped (offset)"] if offset else []
+            if older:
+                parts.append(f"{older} older sessions not listed, to keep this result within its budget")
+                data["next"] = f"process list offset={end}"
+            note = "; ".join(parts) + "; poll, log, wait and remove take any sessionId"
+            if older:
+                note += f"; {data['next']} lists the next ones"
             lines.append(f"[{note}]")
             data |= {"omitted": omitted, "note": note}
-        text = "\n".join(lines) if lines else "No sessions."
-        return ToolResult(text, data)
+        return ToolResult("\n".join(lines), data)
 
     async def _poll(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)
