@@ -58,6 +58,7 @@ async def serve_mcp(
 
 
 async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, keep_sessions: bool) -> None:
+    from procpilot.transports.mcp_handshake import take
     from procpilot.transports.mcp_stdio import Notification, serve_stdio
 
     # Exits are told twice over stdio: pushed as a log notification while the connection is
@@ -71,7 +72,9 @@ async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, ke
         return notices.listen(lambda scope, notice: deliver(exit_notification(notice)) if scope == agent else None)
 
     try:
-        await serve_until_signal(sup, lambda: serve_stdio(server, direct, pushes=pushes), keep=keep_sessions)
+        handshake = take()  # the handshake answered before this server loaded, if it was
+        serving = functools.partial(serve_stdio, server, direct, pushes=pushes, handshake=handshake)
+        await serve_until_signal(sup, serving, keep=keep_sessions)
     finally:
         notices.close()
 
