@@ -63,7 +63,8 @@ def mcp_start(env: dict[str, str], workspace: Path) -> tuple[float, float, float
     argv = [procpilot_bin(), "mcp", "--agent", "bench", "--workspace", str(workspace)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=workspace)
-    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdin is not None
+    assert proc.stdout is not None
     try:
         proc.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
         proc.stdin.flush()

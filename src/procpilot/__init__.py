@@ -8,6 +8,7 @@ use, so ``import procpilot`` stays light.
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from procpilot.client import AsyncClient, Client, ProcsClient
     from procpilot.config import Settings, load_settings
     from procpilot.engine.capture import Stream
     from procpilot.engine.limits import Limits
@@ -49,21 +50,46 @@ if TYPE_CHECKING:
         StdinClosed,
         UnanalyzableCommand,
     )
-    from procpilot.sync import SyncSupervisor
-    from procpilot.client import AsyncClient, Client, ProcsClient
     from procpilot.faces.capabilities import ProcessAPI
+    from procpilot.sync import SyncSupervisor
 
 # Every name is imported on first use: ``import procpilot`` (and so every ``procpilot.x`` module,
 # the command line's included) loads no engine, no pydantic model and no client until one is
 # used. ``procpilot mcp`` answers a client's handshake before the engine is loaded
 # (transports/mcp_handshake.py), so this costs nothing the first call does not need anyway.
-_ERRORS = (
-    "ApprovalDenied CommandDenied CommandNotFound ConfigError ElevationDenied InternalError InvalidArgument "
-    "InvalidFilter InvalidPattern InvalidStream IsolationUnavailable KillFailed LimitAboveAllocation NotSupported "
-    "PathOutOfScope PermissionDenied ProcessAlreadyExited ProcessNotFound ProcLimit ProcpilotError "
-    "ProtectedVariable SessionNotFound SessionStateError SessionStillRunning SpawnError SpawnFailed StateDirBusy "
-    "StateDirDamaged StateDirIncompatible StdinClosed UnanalyzableCommand"
-).split()
+_ERRORS = [
+    "ApprovalDenied",
+    "CommandDenied",
+    "CommandNotFound",
+    "ConfigError",
+    "ElevationDenied",
+    "InternalError",
+    "InvalidArgument",
+    "InvalidFilter",
+    "InvalidPattern",
+    "InvalidStream",
+    "IsolationUnavailable",
+    "KillFailed",
+    "LimitAboveAllocation",
+    "NotSupported",
+    "PathOutOfScope",
+    "PermissionDenied",
+    "ProcessAlreadyExited",
+    "ProcessNotFound",
+    "ProcLimit",
+    "ProcpilotError",
+    "ProtectedVariable",
+    "SessionNotFound",
+    "SessionStateError",
+    "SessionStillRunning",
+    "SpawnError",
+    "SpawnFailed",
+    "StateDirBusy",
+    "StateDirDamaged",
+    "StateDirIncompatible",
+    "StdinClosed",
+    "UnanalyzableCommand",
+]
 _LAZY = {
     **dict.fromkeys(_ERRORS, "procpilot.errors"),
     "Settings": "procpilot.config",
