@@ -107,7 +107,9 @@ def cache_path(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Pat
         root = Path(env["HOME"]) / ".cache"
     else:
         return None
-    digest = hashlib.sha256(f"{_FORMAT}\0{sys.executable}\0{sys.version}\0{os.getcwd()}\n".encode())
+    # Not the working directory: what is served does not depend on it (a relative --config is
+    # read here, its bytes in the key), so one entry serves every project a client starts it in.
+    digest = hashlib.sha256(f"{_FORMAT}\0{sys.executable}\0{sys.version}\n".encode())
     digest.update(json.dumps(list(argv)).encode())
     shaping = sorted((k, v) for k, v in env.items() if k.startswith("PROCPILOT_") or k in _ENV)
     digest.update(json.dumps(shaping).encode())
