@@ -118,7 +118,7 @@ async def test_tools_are_listed_with_spec_inputs_and_tiers(connect: Connect) -> 
         }
         assert props["process.monitor"] == {"process_id"}
         assert props["process.kill"] == {"process_id", "signal", "force_after"}
-        assert props["process.list"] == {"state_filter", "limit"}
+        assert props["process.list"] == {"state_filter", "limit", "offset"}  # offset: beyond spec 000, paging
         assert props["process.logs"] == {"process_id", "stream", "offset", "limit"}
         assert tools["process.run"].input_schema["required"] == ["command"]
         run_props = tools["process.run"].input_schema["properties"]
@@ -467,6 +467,31 @@ async def test_default_list_limit_is_50(tools: Tools) -> None:
         await tools("process.run", command="true")
     data = await tools("process.list")
     assert data["total"] == 52 and len(data["processes"]) == 50
+
+
+async def test_list_pages_with_an_offset_and_names_the_next_page(tools: Tools) -> None:
+    """Issue 23: process.list had no offset, so the processes past ``limit`` could not be listed."""
+    started = [(await tools("process.run", command="true"))["process_id"] for _ in range(5)]
+    newest_first = started[::-1]
+    result = await tools.by_name["process.list"].call({"limit": 2}, tools.scope)
+    assert result.data["next"] == "process.list limit=2 offset=2"
+    assert result.text.endswith("[3 more not shown here: process.list limit=2 offset=2]")
+    seen, arguments = [], {"limit": 2}
+    while True:
+        page = await tools("process.list", **arguments)
+        assert page["total"] == 5
+        seen += [p["process_id"] for p in page["processes"]]
+        if "next" not in page:
+            break
+        arguments = {"limit": 2, "offset": int(page["next"].rsplit("=", 1)[1])}
+    assert seen == newest_first  # every process once, in order, and the last page names no next
+    narrowed = await tools("process.list", state_filter="completed", limit=4)
+    assert narrowed["next"] == "process.list state_filter=completed limit=4 offset=4"
+    past = await tools("process.list", offset=99)
+    assert past["processes"] == [] and past["total"] == 5 and "next" not in past
+    for bad in (-1, 2**63):
+        err = await tools.error("process.list", offset=bad)
+        assert err["error"] == "InvalidArgument" and "offset" in err["message"]
 
 
 @pytest.mark.parametrize("value", ["done", "RUNNING", "exited", ""])

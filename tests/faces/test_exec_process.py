@@ -669,6 +669,40 @@ async def test_list_keeps_within_the_result_budget(settings: Settings) -> None:
         assert f"[{6 - len(shown)} older sessions not listed" in listed.text
 
 
+async def test_list_pages_past_the_budget_with_an_offset(settings: Settings) -> None:
+    """Issue 23: a list cut to its result budget said "N older sessions not listed" and no call
+    could list them: offset pages on, and the result names the call for the next page."""
+    small = settings.model_copy(
+        update={
+            "tools": settings.tools.model_copy(
+                update={"exec": settings.exec.model_copy(update={"result_max_chars": 2000})}
+            )
+        }
+    )
+    async with Supervisor(small) as sup:
+        tools = {spec.name: spec for spec in exec_process_tools(sup)}
+        started = [
+            (await tools["exec"].call({"command": f"sleep 30 # {n} " + "x" * 300, "background": True}, "a")).data
+            for n in range(6)
+        ]
+        seen: list[str] = []
+        arguments: dict[str, Any] = {"action": "list"}
+        for _ in range(6):
+            listed = await tools["process"].call(arguments, "a")
+            assert not listed.is_error and listed.data["total"] == 6
+            seen += [row["sessionId"] for row in listed.data["sessions"]]
+            if "next" not in listed.data:
+                break
+            call = listed.data["next"]
+            assert call == f"process list offset={len(seen)}" and call in listed.text
+            arguments = {"action": "list", "offset": len(seen)}
+        assert seen == [s["sessionId"] for s in reversed(started)]  # each once, newest first, all reached
+        past = await tools["process"].call({"action": "list", "offset": 6}, "a")
+        assert past.data["sessions"] == [] and past.text.startswith("No sessions past offset 6 (6 in all).")
+        refused = await tools["process"].call({"action": "list", "offset": -1}, "a")
+        assert refused.is_error and refused.data["error"] == "InvalidArgument" and "offset" in refused.text
+
+
 async def test_a_list_row_clips_a_long_command_and_poll_shows_it_whole(supervisor: Supervisor) -> None:
     # A list is for finding sessions: one 100 KB command must not take the result's budget from
     # every other session (nor a test's cleanup from the sessions it could not see).

@@ -273,7 +273,7 @@ def test_logs_follow_prints_a_complete_line_while_the_session_runs(served: Serve
 def test_wait_longer_than_one_tool_call(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from procpilot.transports import cli as cli_module
+    from procpilot.transports import cli_app as cli_module
 
     monkeypatch.setattr(cli_module, "_WAIT_CALL_S", 0.3)  # the tool's 600 s cap, scaled down
     sid = cli(served, "run", "-d", "sleep 1.5; exit 4").stdout.strip()

@@ -59,9 +59,9 @@ async def test_workspace_option_beats_the_environment(tmp_path: Path) -> None:
         assert escaped.is_error  # the workspace is also the bound: its parent is outside
 
 
-def start_http(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+def start_http(tmp_path: Path, *options: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [PROCPILOT, "mcp", "--http", "--port", "0", "--agent", "h1"],
+        [PROCPILOT, "mcp", "--http", "--port", "0", "--agent", "h1", *options],
         env=server_env(tmp_path),
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -97,6 +97,34 @@ async def test_http_server_and_shutdown_by_signal_end_every_tree(tmp_path: Path,
         assert proc.stderr is not None
         proc.stderr.close()
     assert not marked_processes()
+
+
+async def test_http_server_keeps_each_conversation_to_itself_when_told(tmp_path: Path) -> None:
+    """Issue 23: `procpilot mcp --http` ignored `[tools] isolate_conversations`: a second MCP
+    session of the same agent listed, polled and killed the first one's sessions."""
+    config = tmp_path / "isolated.toml"
+    config.write_text("[tools]\nisolate_conversations = true\n")
+    proc, url = start_http(tmp_path, "--config", str(config))
+    try:
+        async with Client(url, mode="legacy") as a, Client(url, mode="legacy") as b:
+            sid = (await call(a, "exec", command="sleep 30", background=True))["sessionId"]
+            assert sid not in json.dumps(await call(b, "process", action="list"))
+            for action in ("poll", "kill"):
+                refused = await b.call_tool("process", {"action": action, "sessionId": sid})
+                assert refused.is_error and (refused.structured_content or {})["error"] == "SessionNotFound"
+            assert (await call(a, "process", action="poll", sessionId=sid))["status"] == "running"
+            assert sid in json.dumps(await call(a, "process", action="list"))
+            await a.call_tool("process", {"action": "remove", "sessionId": sid})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            assert proc.stderr is not None
+            proc.stderr.close()
 
 
 def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:

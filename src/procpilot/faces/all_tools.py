@@ -79,7 +79,7 @@ def served(tools: Sequence[ToolSpec], settings: Settings) -> list[ToolSpec]:
 
     Served with underscore names, a tool's schema is OpenAI's strict form (what
     ``procpilot tools --format openai`` prints), so the OpenAI Agents SDK and strict function
-    calling take it as it is; the arguments sent for it (nulls, ``{name, value}`` pairs) are
+    calling take it as it is; the arguments sent for it (nulls, ``NAME=value`` strings) are
     made the model's own again before the face sees them, and a map still works.
     """
     picked = list(tools)

@@ -182,37 +182,37 @@ class RunInput(BaseModel):
 
     command: str = Field(
         min_length=1,
-        description="Alone: a shell command. With args: the program, run without a shell.",
+        description="A shell command; with args, a program (no shell).",
     )
-    args: list[str] | None = Field(None, description="The program's arguments, one per element.")
-    working_directory: str | None = Field(None, description="Directory in the workspace (default: its root).")
+    args: list[str] | None = None
+    working_directory: str | None = Field(None, description="Default: the workspace.")
     environment: dict[str, str] | None = Field(
         None,
-        description="Extra environment variables (PATH, HOME, LD_* and the like are protected).",
+        description="Extra variables (not PATH, HOME, LD_*).",
     )
     timeout: int = Field(
         300,
         ge=1,
         le=MAX_TIMEOUT_SEC,
-        description="Foreground seconds (default 300, max 3600); then state='timed_out', output kept.",
+        description="Foreground seconds (default 300, max 3600).",
     )
     background: bool = Field(
         False,
-        description="Return a process_id at once (no timeout).",
+        description="Return at once.",
     )
-    stdin: str | None = Field(None, description="Fed to stdin, then closed (foreground only).")
+    stdin: str | None = Field(None, description="Fed to stdin.")
     cpu_limit: float | None = Field(None, gt=0, le=_MAX_CORES, description="Cores, e.g. 0.5.")
     memory_limit: int | None = Field(None, ge=1, le=_MAX_BYTES, description="Bytes.")
-    stdout_lines: int = Field(100, ge=0, description="Trailing lines in each summary.")
+    stdout_lines: int = Field(100, ge=0, description="Summary lines (default 100).")
 
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
-        description="With background: start it again when it ends on its own (backoff; same process_id).",
+        description="Rerun when a background run ends.",
     )
-    max_restarts: int | None = Field(None, ge=0, le=10_000, description="Most restarts (default 10).")
+    max_restarts: int | None = Field(None, ge=0, le=10_000, description="Default 10.")
     name: str | None = Field(
         None,
-        description="A name, usable as process_id.",
+        description="Usable as process_id.",
     )
 
 
@@ -248,6 +248,7 @@ class ListInput(BaseModel):
         json_schema_extra={"enum": list(STATE_FILTERS)},
     )
     limit: int = Field(50, ge=0, description="Maximum number of processes to return, most recent first.")
+    offset: int = Field(0, ge=0, le=_MAX_BYTES, description="Processes to skip (a later page).")
 
 
 class LogsInput(BaseModel):
@@ -348,6 +349,8 @@ class ListEntry(BaseModel):
 class ListOutput(BaseModel):
     processes: list[ListEntry]
     total: int
+    # Beyond spec 000: the call that lists the rest, when more match than were shown.
+    next: str | None = None
 
 
 class LogsOutput(BaseModel):
@@ -540,7 +543,7 @@ class ProcessCapabilities:
             matching = [
                 s for s in self.sup.list(scope) if params.state_filter == "all" or spec_state(s) == params.state_filter
             ]
-            shown = matching[: params.limit]
+            shown = matching[params.offset : params.offset + params.limit]
             # Every tree read in a worker thread (a sample up to 2 s old reused): the spec's rows
             # carry usage, and a long list must not hold the event loop while it is read.
             await self.sup.observe(shown)  # on a cluster: the nodes' figures
@@ -558,7 +561,14 @@ class ProcessCapabilities:
                 )
                 for s in shown
             ]
-            return ListOutput(processes=entries, total=len(matching))
+            end = min(params.offset, len(matching)) + len(shown)
+            following = None
+            if end < len(matching):
+                # the same call, one page on: the filter and limit it was made with kept
+                narrowed = "" if params.state_filter == "all" else f" state_filter={params.state_filter}"
+                sized = "" if params.limit == 50 else f" limit={params.limit}"
+                following = f"process.list{narrowed}{sized} offset={end}"
+            return ListOutput(processes=entries, total=len(matching), next=following)
 
     async def logs(self, params: LogsInput, scope: str) -> tuple[LogsOutput, dict[str, Any]]:
         """The output, and paging notes (next offsets, dropped bytes) for the text rendering."""
@@ -654,8 +664,8 @@ class ProcessAPI:
         )
         return await self.caps.kill(params, self.scope)
 
-    async def list(self, state_filter: str = "all", limit: int = 50) -> ListOutput:
-        params: ListInput = parse_arguments(ListInput, {"state_filter": state_filter, "limit": limit})
+    async def list(self, state_filter: str = "all", limit: int = 50, offset: int = 0) -> ListOutput:
+        params: ListInput = parse_arguments(ListInput, {"state_filter": state_filter, "limit": limit, "offset": offset})
         return await self.caps.list(params, self.scope)
 
     async def logs(
@@ -670,9 +680,8 @@ class ProcessAPI:
 # -- tools -------------------------------------------------------------------------------------
 
 RUN_DESCRIPTION = (
-    "Execute a command in the sandbox; returns exit_code, stdout_summary/stderr_summary (last lines), "
-    "duration_ms, process_id, state and resource_usage. A timeout is a state, not an error. "
-    "Not for filesystem operations."
+    "Execute a command in the sandbox; returns exit_code, output summaries, process_id, "
+    "state and resource_usage. A timeout is a state, not an error."
 )
 MONITOR_DESCRIPTION = (
     "Current state ('running', 'completed', 'killed', 'timed_out'), exit_code, runtime and resource_usage of a "
@@ -777,7 +786,11 @@ def capability_tools(supervisor: Supervisor) -> list[ToolSpec]:
     async def list_(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         listing = (await caps.list(parse_arguments(ListInput, arguments), scope)).model_dump()
         listing["processes"] = [_spec_shaped(entry) for entry in listing["processes"]]
-        return rendered(listing)
+        if listing["next"] is None:
+            del listing["next"]  # all of them shown: spec 000's two fields only
+            return rendered(listing)
+        more = listing["total"] - len(listing["processes"])
+        return rendered(listing, [f"[{more} more not shown here: {listing['next']}]"])
 
     async def logs(arguments: Mapping[str, Any], scope: str) -> ToolResult:
         out, notes = await caps.logs(parse_arguments(LogsInput, arguments), scope)

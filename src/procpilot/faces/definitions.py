@@ -13,13 +13,14 @@
   every property required, the optional ones nullable (null means "use the default"); ``default``,
   ``title`` and the validation keywords strict mode refuses dropped: a default or a format the
   description does not state yet is noted there, bounds are left to the face (which refuses an
-  out-of-range value naming the field); a free-form map (``{"type": "object",
-  "additionalProperties": {...}}``, such as an environment) becomes an array of ``{"name", "value"}`` pairs.
+  out-of-range value naming the field); a free-form map of strings (an environment) becomes an
+  array of ``NAME=value`` strings, any other map (``{"type": "object", "additionalProperties":
+  {...}}``) an array of ``{"name", "value"}`` pairs.
 * ``anthropic`` — ``{name, description, input_schema}``, names matching ``^[a-zA-Z0-9_-]{1,64}$``.
 
 Arguments a model sends back for a rewritten schema go through :func:`native_arguments` (nulls
-dropped, pair arrays made maps again) before the tool is called; :func:`find_tool` maps a wire name
-back to its tool.
+dropped, ``NAME=value`` strings and pair arrays made maps again) before the tool is called;
+:func:`find_tool` maps a wire name back to its tool.
 """
 
 from __future__ import annotations
@@ -47,33 +48,18 @@ __all__ = [
 Format = Literal["mcp", "openai", "anthropic"]
 FORMATS: tuple[Format, ...] = ("mcp", "openai", "anthropic")
 
-_EXIT = {
-    "type": "object",
-    "description": "A background session's exit not told before: its state and the call that shows its output.",
-    "properties": {
-        "sessionId": {"type": "string"},
-        "status": {"type": "string"},
-        "state": {"type": "string"},
-        "exitCode": {"type": ["integer", "null"]},
-        "exitSignal": {"type": ["string", "null"]},
-        "durationMs": {"type": "integer"},
-        "command": {"type": "string"},
-        "next": {"type": "string"},
-    },
-}
 # What a client that shows its model the structured content (Claude Code, Codex) finds in every
 # result: the same output, state and next step the text carries (docs/tools.md, "What a model reads").
+# Kept short (every served tool repeats it): an exit's fields are the ones each result shows, so
+# ``exits`` declares objects without listing them again.
 RESULT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "output": {
-            "type": "string",
-            "description": "Output within the result budget: head and tail, a marker line where it was cut.",
-        },
-        "note": {"type": "string", "description": "The session's state in words (as the text's status line)."},
-        "next": {"type": "string", "description": "The call to make next, e.g. the process log call for what was cut."},
-        "exits": {"type": "array", "items": _EXIT, "description": "Exits not told before; each is told once."},
-        "exitsDropped": {"type": "integer", "description": "Older untold exits dropped past the bound."},
+        "output": {"type": "string", "description": "Within the result budget; a marker line where it was cut."},
+        "note": {"type": "string", "description": "The state, in words."},
+        "next": {"type": "string", "description": "The call to make next."},
+        "exits": {"type": "array", "items": {"type": "object"}, "description": "Exits not told before, each once."},
+        "exitsDropped": {"type": "integer"},
     },
     "additionalProperties": True,
 }
@@ -203,7 +189,16 @@ def _strict(
             nullable = nullable or has_null
         else:
             node["anyOf"] = branches + ([{"type": "null"}] if has_null else [])
-    if _is_map(node):
+    if _is_map(node) and _resolve(node["additionalProperties"], defs)[0].get("type") == "string":
+        # A map of strings (an environment) as NAME=value strings: the form a model knows from
+        # `env` and `docker -e`, and a third the size of {name, value} pairs in every definition.
+        described = node.get("description", "")
+        node = {
+            "type": "array",
+            "description": (described + " " if described else "") + "As NAME=value.",
+            "items": {"type": "string"},
+        }
+    elif _is_map(node):
         value = _strict(node["additionalProperties"], defs, nullable=False, seen=seen)
         described = node.get("description", "")
         node = {
@@ -318,11 +313,15 @@ def _native(schema: Mapping[str, Any], value: Any, defs: Mapping[str, Any]) -> A
             return _native(branch, value, defs)
     if _is_map(node) and isinstance(value, list):
         inner = node["additionalProperties"]
-        return {
-            item["name"]: _native(inner, item.get("value"), defs)
-            for item in value
-            if isinstance(item, Mapping) and "name" in item
-        }
+        native: dict[str, Any] = {}
+        for item in value:
+            if isinstance(item, Mapping) and "name" in item:
+                native[item["name"]] = _native(inner, item.get("value"), defs)
+            elif isinstance(item, str):
+                # NAME=value; an item without "=" is a name with an empty value, as `env NAME=` has it
+                name, _, text = item.partition("=")
+                native[name] = text
+        return native
     if isinstance(value, dict) and "properties" in node:
         props = node["properties"]
         return {k: _native(props.get(k, {}), v, defs) for k, v in value.items() if v is not None}

@@ -120,73 +120,73 @@ def session_resource(supervisor: Supervisor, session: Session) -> dict[str, Any]
 class ExecParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="exec")
 
-    command: str = Field(min_length=1, description="Shell command (/bin/sh -c).")
-    workdir: str | None = Field(None, description="Working directory (default: the workspace).")
-    env: dict[str, str] | None = Field(None, description="Extra environment variables.")
+    command: str = Field(min_length=1)  # "a shell command" (sh -c) in the tool description
+    workdir: str | None = None  # the workspace unless given
+    env: dict[str, str] | None = Field(None, description="Extra variables.")
     yieldMs: int | None = Field(  # noqa: N815 - the specs' parameter name
         None,
         ge=0,
         le=_YIELD_MAX_MS,
-        description="ms before it moves to the background (default 10000; null: never).",
+        description="ms before backgrounding (default 10000; null: never).",
     )
-    background: bool = Field(False, description="Return at once; the run goes on.")
+    background: bool = False
     timeout: float | None = Field(
         None,
         ge=0,
         le=MAX_TIMEOUT_S,
-        description="Seconds before the whole tree is killed (default 1800, 0 = none).",
+        description="Seconds before the tree is killed (default 1800; 0: none).",
     )
-    pty: bool = Field(False, description="Run in a pseudo-terminal.")
-    elevated: bool = Field(False, description="Run outside the sandbox, if policy allows.")
+    pty: bool = False
+    elevated: bool = Field(False, description="Outside the sandbox if allowed.")
     notifyOnExit: bool | None = Field(  # noqa: N815
-        None, description="Announce a background run's exit (default true)."
+        None, description="Announce its exit (default true)."
     )
-    lane: str | None = Field(None, description="Concurrency lane: main, subagent, cron[:job].")
+    lane: str | None = Field(None, description="main, subagent or cron[:job].")
     restart: Literal["no", "on-failure", "always"] | None = Field(
         None,
-        description="Start it again when it ends on its own (backoff; same id).",
+        description="Rerun when it ends on its own.",
     )
     maxRestarts: int | None = Field(  # noqa: N815
-        None, ge=0, le=10_000, description="Most restarts (default 10)."
-    )
+        None, ge=0, le=10_000
+    )  # 10 unless given ([exec] max_restarts)
     name: str | None = Field(
         None,
         max_length=64,
-        description="Session name, usable as sessionId.",
+        description="Usable as sessionId.",
     )
 
 
 class ProcessParams(BaseModel):
     model_config = ConfigDict(extra="forbid", title="process")
 
-    action: str = Field(description="One of: " + ", ".join(ACTIONS) + ".")
+    action: str  # the tool description names each action and what it does
     sessionId: str | None = Field(  # noqa: N815
-        None, max_length=256, description="Id, id prefix or name."
+        None, max_length=256, description="Id, prefix or name."
     )
-    data: str | None = Field(None, description="write: text for stdin.")
-    eof: bool = Field(False, description="write: close stdin after.")
-    keys: list[str] | None = Field(None, description="send-keys: key names, e.g. C-c.")
-    hex: list[str] | None = Field(None, description="send-keys: bytes as hex.")
-    literal: str | None = Field(None, description="send-keys: text as is.")
-    text: str | None = Field(None, description="submit/paste: the text.")
-    pattern: str | None = Field(None, max_length=_MAX_PATTERN, description="wait: regex to wait for.")
+    data: str | None = None
+    eof: bool = False
+    keys: list[str] | None = Field(None, description="send-keys: e.g. C-c.")
+    hex: list[str] | None = None  # send-keys: bytes as hex (the tool description says so)
+    literal: str | None = None
+    text: str | None = None
+    pattern: str | None = Field(None, max_length=_MAX_PATTERN, description="wait: a regex.")
     stream: Literal["combined", "both", "stdout", "stderr"] | None = Field(
-        None, description="Which output (default both, in arrival order)."
+        None, description="Default both (arrival order)."
     )
     offset: int | None = Field(
         None,
         ge=0,
         le=_MAX_COUNT,
-        description="log: first line; wait: byte offset to scan from.",
+        description="log: first line; list: rows to skip; wait: from byte.",
     )
     limit: int | None = Field(None, ge=0, le=_MAX_COUNT, description="log: lines; poll: most characters.")
     timeout: int | None = Field(
         None,
         ge=0,
         le=_WAIT_MAX_MS,  # wait's and write's most; poll's is less, and its result says what it applied
-        description="ms to block (poll, wait) or for input to be read (default 5000).",
+        description="ms to block (poll, wait, write; default 5000).",
     )
-    signal: str | None = Field(None, description="kill: first signal (default SIGTERM).")
+    signal: str | None = Field(None, description="kill: signal (default SIGTERM).")
 
 
 def _stream(name: str | None) -> Stream:
@@ -437,7 +437,7 @@ class ExecProcessFace:
                 field="action",
             )
         if params.action == "list":
-            return await self._list(scope)
+            return await self._list(scope, params.offset or 0)
         if not params.sessionId:
             raise InvalidArgument(
                 f"sessionId is required for action {params.action!r}",
@@ -474,13 +474,14 @@ class ExecProcessFace:
                 del table[session_id]
         self._prune_at = max(_PRUNE_MIN, 2 * sum(map(len, tables)))
 
-    async def _list(self, scope: str) -> ToolResult:
+    async def _list(self, scope: str, offset: int) -> ToolResult:
         rows = []
         lines = []
         # Spec 004: "Only backgrounded sessions are listed": a run that ended in the foreground
         # already gave its whole result (its sessionId still works for log and poll).
         every = [s for s in self.sup.list(scope) if s.backgrounded]  # newest first
-        sessions = _within_budget(every, self.cfg.result_max_chars)
+        # offset: the rows already seen (a page of a long list), bounded by the field itself
+        sessions = _within_budget(every[offset:], self.cfg.result_max_chars) if offset < len(every) else []
         await self.sup.observe(sessions)  # on a cluster: the nodes' figures and stdin waits
         # waitingForInput: a recent answer, else a fresh one for the newest sessions only, read
         # off the loop beside the usage figures
@@ -502,15 +503,26 @@ class ExecProcessFace:
             rows.append(row)
             lines.append(self.profile.list_line(s, row))
         data: dict[str, Any] = {"sessions": rows, "total": len(every)}
+        if offset:
+            data["offset"] = offset
+        if not sessions:
+            empty = "No sessions." if not every else f"No sessions past offset {offset} ({len(every)} in all)."
+            return ToolResult(empty, data)
         if omitted := len(every) - len(sessions):
-            note = (
-                f"{omitted} older sessions not listed, to keep this result within its budget; "
-                "poll, log, wait and remove take any sessionId"
-            )
+            end = min(offset, len(every)) + len(sessions)
+            older = len(every) - end
+            # Every row not shown is named: the newer ones skipped by offset, the older ones by
+            # the budget, with the call that lists those (poll, log and wait take any id anyway).
+            parts = [f"{min(offset, len(every))} newer sessions skipped (offset)"] if offset else []
+            if older:
+                parts.append(f"{older} older sessions not listed, to keep this result within its budget")
+                data["next"] = f"process list offset={end}"
+            note = "; ".join(parts) + "; poll, log, wait and remove take any sessionId"
+            if older:
+                note += f"; {data['next']} lists the next ones"
             lines.append(f"[{note}]")
             data |= {"omitted": omitted, "note": note}
-        text = "\n".join(lines) if lines else "No sessions."
-        return ToolResult(text, data)
+        return ToolResult("\n".join(lines), data)
 
     async def _poll(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         stream = _stream(params.stream)

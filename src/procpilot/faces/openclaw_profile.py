@@ -46,21 +46,21 @@ _STATUS = {
 }
 
 EXEC_DESCRIPTION = (
-    "Run a shell command. Its output comes back if it ends within yieldMs (default 10 s); otherwise it "
-    "runs on in the background with a sessionId for the process tool. timeout kills the whole tree."
+    "Run a shell command (sh -c). Its output comes back if it ends within yieldMs; otherwise it runs on "
+    "in the background with a sessionId for the process tool."
 )
 EXEC_SYNC_DESCRIPTION = (
     "Run a shell command and return its output when it ends (stdin is empty: it cannot prompt). "
     "The whole process tree is killed after timeout seconds."
 )
 PROCESS_DESCRIPTION = (
-    "Follow exec's background sessions: list; poll (new output); log (lines by offset/limit); wait (exit, "
-    "or pattern in new output); write (stdin; eof closes it); send-keys/submit/paste; kill (whole tree); "
-    "clear; remove (kill, clear)."
+    "Follow exec's background sessions. action: list; poll (new output); log (lines by offset/limit); "
+    "wait (exit, or pattern in new output); write (data to stdin; eof closes it); send-keys (keys, hex "
+    "or literal text); submit/paste (text); kill (whole tree); clear; remove (kill, clear)."
 )
 
-# OpenClaw's own descriptions and guidance, cut to fit the definition size cap (1,600 characters with
-# the schema) and less what names a tool we do not serve (cron); process also has wait here.
+# OpenClaw's own descriptions and guidance, cut to fit the definition size cap (1,500 characters with
+# the name and the schema) and less what names a tool we do not serve (cron); process also has wait here.
 _OPENCLAW_EXEC_DESCRIPTION = (
     "Run shell commands with background continuation. Use yieldMs/background to continue later via "
     "process; confirm it completed there (poll/wait). Use process whenever you need logs, status, input, "

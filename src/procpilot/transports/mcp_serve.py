@@ -6,11 +6,14 @@ The command line parses options and prints; this module runs the server, the way
 
 from __future__ import annotations
 
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
+from procpilot.engine.scopes import conversation_scope
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.all_tools import with_default_tools
 from procpilot.faces.exit_notices import ExitNotices
@@ -25,7 +28,7 @@ from procpilot.transports.serve import (
     uvicorn_server,
 )
 
-__all__ = ["serve_mcp"]
+__all__ = ["ConversationScopes", "serve_mcp"]
 
 
 async def serve_mcp(
@@ -55,6 +58,7 @@ async def serve_mcp(
 
 
 async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, keep_sessions: bool) -> None:
+    from procpilot.transports.mcp_handshake import take
     from procpilot.transports.mcp_stdio import Notification, serve_stdio
 
     # Exits are told twice over stdio: pushed as a log notification while the connection is
@@ -68,7 +72,9 @@ async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, ke
         return notices.listen(lambda scope, notice: deliver(exit_notification(notice)) if scope == agent else None)
 
     try:
-        await serve_until_signal(sup, lambda: serve_stdio(server, direct, pushes=pushes), keep=keep_sessions)
+        handshake = take()  # the handshake answered before this server loaded, if it was
+        serving = functools.partial(serve_stdio, server, direct, pushes=pushes, handshake=handshake)
+        await serve_until_signal(sup, serving, keep=keep_sessions)
     finally:
         notices.close()
 
@@ -88,7 +94,9 @@ async def _serve_http(
     from procpilot.transports.http import guarded_mcp_app, request_agent
 
     notices = ExitNotices(sup)
-    server = build_mcp_server([notices.wrap(spec) for spec in tools], scope=request_agent)
+    conversations = ConversationScopes(isolate=settings.tools.isolate_conversations, agent=request_agent)
+    server = build_mcp_server([notices.wrap(spec) for spec in tools], scope=conversations.scope)
+    server.middleware.append(conversations.capture)
     # The daemon's own binding (listening before the URL is announced, so a client that reads it
     # can connect at once) and its uvicorn, which leaves signals to us.
     sockets, address = bind_listeners(settings.server.model_copy(update={"port": port, "unix_socket": None}), tcp=True)
@@ -103,3 +111,33 @@ async def _serve_http(
         notices.close()
         for listener in sockets:
             listener.close()
+
+
+class ConversationScopes:
+    """The scope of each MCP request over HTTP: its agent's, or with ``[tools]
+    isolate_conversations`` its MCP session's own (engine/scopes.py), as the daemon's ``/mcp``
+    has it. Over stdio a server is one conversation, so its agent's scope is already that
+    conversation's; over ``--http`` many clients share the server, and each session id is one.
+    A request without a session id (stateless) acts as the agent: there is no conversation to
+    keep it to. ``capture`` is the server middleware that makes the request visible to ``scope``
+    (the SDK runs a session's calls in its own task, where the HTTP request's context is not)."""
+
+    def __init__(self, *, isolate: bool, agent: Callable[[], str]) -> None:
+        self._isolate = isolate
+        self._agent = agent
+        self._request: contextvars.ContextVar[Any] = contextvars.ContextVar("procpilot_mcp_http_request")
+
+    def scope(self) -> str:
+        agent = self._agent()
+        if not self._isolate:
+            return agent
+        headers = getattr(getattr(self._request.get(None), "request", None), "headers", None)
+        conversation = headers.get("mcp-session-id") if headers is not None else None
+        return conversation_scope(agent, conversation) if isinstance(conversation, str) and conversation else agent
+
+    async def capture(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        token = self._request.set(ctx)
+        try:
+            return await call_next(ctx)
+        finally:
+            self._request.reset(token)

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import os
-import stat
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -37,6 +36,7 @@ from pydantic_core import PydanticSerializationError
 
 from procpilot import wire
 from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
+from procpilot.transports.mcp_handshake import Handshake, stdio_is_pipe
 from procpilot.transports.mcp_refusals import HEAD, INVALID_REQUEST, refusal, refusal_for
 from procpilot.transports.mcp_sdk import context_streams, lowlevel_server
 
@@ -46,15 +46,6 @@ _READ = 1 << 16
 _MAX_LINE = 16 << 20  # one JSON-RPC message; a longer line is refused, not buffered without end
 
 
-def stdio_is_pipe() -> bool:
-    """Whether fd 0 and fd 1 are pipes or sockets, which the event loop can watch."""
-    try:
-        modes = [os.fstat(fd).st_mode for fd in (0, 1)]
-    except OSError:
-        return False
-    return all(stat.S_ISFIFO(m) or stat.S_ISSOCK(m) for m in modes)
-
-
 # A notification pushed to the client: its JSON-RPC message (method and params).
 Notification = dict[str, Any]
 Subscribe = Callable[[Callable[[Notification], None]], Callable[[], None]]
@@ -62,23 +53,31 @@ _PUSH_QUEUE = 256  # notifications waiting for a slow client; past it they are d
 
 
 async def serve_stdio(
-    server: Any, tools: Mapping[str, ToolCaller] | None = None, *, pushes: Subscribe | None = None
+    server: Any,
+    tools: Mapping[str, ToolCaller] | None = None,
+    *,
+    pushes: Subscribe | None = None,
+    handshake: Handshake | None = None,
 ) -> None:
     """Run an ``MCPServer`` on this process's stdin and stdout until the client closes stdin;
     calls of ``tools`` (the server's own tools, by name) are answered without its dispatch, and
-    what ``pushes`` delivers is written to the client as notifications once it is initialized."""
+    what ``pushes`` delivers is written to the client as notifications once it is initialized.
+    ``handshake`` (transports/mcp_handshake.py): the lines read, and the replies written, before
+    this server was loaded; they are served first, and the handshake's answers kept for next time."""
     if not stdio_is_pipe():
         await server.run_stdio_async()
         return
     low = lowlevel_server(server)
+    if handshake is not None:
+        handshake.handover()  # before fd 1 is moved: the front writes to it until it stops
     async with _claimed_stdio() as (wire_in, wire_out):
         replies = _Replies(wire_out)
         read_writer, read_stream = context_streams(0)
         write_stream, write_reader = context_streams(0)
         async with anyio.create_task_group() as tg:
             direct = DirectCalls(tools, replies.send, tg.start_soon) if tools else None
-            tg.start_soon(_read_lines, wire_in, read_writer, direct, replies)
-            tg.start_soon(_forward_replies, write_reader, replies, direct)
+            tg.start_soon(_read_lines, wire_in, read_writer, direct, replies, handshake)
+            tg.start_soon(_forward_replies, write_reader, replies, direct, handshake)
             if pushes is not None and direct is not None:
                 tg.start_soon(_push, pushes, replies, direct)
             await low.run(read_stream, write_stream, low.create_initialization_options())
@@ -124,12 +123,19 @@ async def _ready(fd: int, *, write: bool = False) -> None:
         remove(fd)
 
 
-async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None, replies: _Replies) -> None:
+async def _read_lines(
+    fd: int, sink: Any, direct: DirectCalls | None, replies: _Replies, handshake: Handshake | None
+) -> None:
     """Each line a JSON-RPC message for the server; a line it cannot take (not JSON, not a
-    message, over ``_MAX_LINE``) is answered here with an error, and the next line is read."""
-    line = bytearray()  # the line being read
+    message, over ``_MAX_LINE``) is answered here with an error, and the next line is read.
+    The lines the handshake's front read come first, in order."""
+    line = bytearray(handshake.rest if handshake else b"")  # the line being read
     skipping = False  # inside a line over _MAX_LINE: dropped up to its newline
     async with sink:
+        for early in handshake.lines if handshake else ():
+            await _take(early, sink, direct, replies, handshake)
+        if handshake is not None and handshake.eof:
+            return  # the client closed stdin while the server loaded
         while True:
             try:
                 chunk = os.read(fd, _READ)
@@ -142,7 +148,7 @@ async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None, replies: _
             while (end := chunk.find(b"\n", start)) >= 0:
                 if not skipping:
                     line += chunk[start:end]
-                    await _take(bytes(line), sink, direct, replies)
+                    await _take(bytes(line), sink, direct, replies, handshake)
                     line.clear()
                 skipping, start = False, end + 1
             if skipping:
@@ -156,7 +162,11 @@ async def _read_lines(fd: int, sink: Any, direct: DirectCalls | None, replies: _
                 skipping = True
 
 
-async def _take(line: bytes, sink: Any, direct: DirectCalls | None, replies: _Replies) -> None:
+async def _take(
+    line: bytes, sink: Any, direct: DirectCalls | None, replies: _Replies, handshake: Handshake | None = None
+) -> None:
+    if handshake is not None:
+        handshake.saw_request(line)
     if direct is not None and direct.take(line):
         return
     if not line.strip():
@@ -212,12 +222,21 @@ async def _push(subscribe: Subscribe, replies: _Replies, direct: DirectCalls) ->
         unsubscribe()
 
 
-async def _forward_replies(source: Any, replies: _Replies, direct: DirectCalls | None) -> None:
+async def _forward_replies(
+    source: Any, replies: _Replies, direct: DirectCalls | None, handshake: Handshake | None
+) -> None:
     async with source:
         async for message in source:
             if direct is not None and not direct.active:
                 direct.saw_reply(message.message)
-            await replies.send(reply_line(message.message))
+            line = reply_line(message.message)
+            if handshake is not None and handshake.wants(getattr(message.message, "id", None)):
+                written, instead = handshake.saw_reply(json.loads(line))
+                if written:  # the front answered it while the server loaded
+                    if instead:
+                        await replies.send(instead)
+                    continue
+            await replies.send(line)
 
 
 def reply_line(message: BaseModel) -> bytes:

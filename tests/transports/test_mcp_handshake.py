@@ -1,0 +1,174 @@
+"""`procpilot mcp` answers its client's handshake before it has loaded (issue 24: Codex CLI left
+out the tools of a server that took 0.75-0.9 s to answer `initialize`).
+
+No timing here (bench/startup.py measures it): the server's first heavy import (pydantic, which
+the settings, the engine and the MCP SDK all need) is held shut by a `sitecustomize` gate, and
+`initialize` and `tools/list` must still be answered; once the gate opens, the same server serves
+a call, without answering the handshake twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from procpilot.transports.mcp_direct import SHAPED_ALIKE as DIRECT_SHAPED
+from procpilot.transports.mcp_handshake import SHAPED_ALIKE
+from tests.daemon import PROCPILOT, cli_env
+
+# Holds the first import of pydantic_core (pydantic's first import) until HANDSHAKE_TEST_GATE names a file.
+GATE = """
+import os, sys, time
+class _Gate:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pydantic_core":
+            sys.meta_path.remove(self)
+            flag = os.environ["HANDSHAKE_TEST_GATE"]
+            open(flag + ".reached", "w").close()
+            while not os.path.exists(flag):
+                time.sleep(0.01)
+        return None
+if os.environ.get("HANDSHAKE_TEST_GATE"):
+    sys.meta_path.insert(0, _Gate())
+"""
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+CALL = {
+    "jsonrpc": "2.0",
+    "id": 3,
+    "method": "tools/call",
+    "params": {"name": "exec", "arguments": {"command": "echo hi"}},
+}
+
+
+class Server:
+    def __init__(self, tmp_path: Path, gate: Path | None = None) -> None:
+        site = tmp_path / "site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(GATE)
+        env = cli_env(HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"))
+        env["PYTHONPATH"] = f"{site}:{env.get('PYTHONPATH', '')}"
+        if gate is not None:
+            env["HANDSHAKE_TEST_GATE"] = str(gate)
+        argv = [PROCPILOT, "mcp", "--agent", "hs", "--workspace", str(tmp_path)]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0
+        )
+        self._buffer = b""  # read from the server, not yet taken as a line
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def read(self) -> dict[str, Any]:
+        """The next line the server wrote; a reply that never comes fails here within 60 s."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + 60
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, "no reply within 60 s"
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, "the server closed its stdout"
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def kill(self) -> None:
+        """After a failure: the server ended and its pipes closed (a no-op after :meth:`close`)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
+    def close(self) -> list[dict[str, Any]]:
+        """Close stdin; what the server still wrote before it ended."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        rest = [json.loads(line) for line in (self._buffer + self.proc.stdout.read()).splitlines() if line.strip()]
+        assert self.proc.wait(timeout=30) == 0
+        self.proc.stdout.close()
+        return rest
+
+
+def _handshake(server: Server) -> tuple[dict[str, Any], dict[str, Any]]:
+    server.send(INITIALIZE)
+    initialized = server.read()
+    server.send(INITIALIZED)
+    server.send(LIST)
+    return initialized, server.read()
+
+
+def _first_start(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A first start (nothing cached): answered by the loaded server, whose answers are kept."""
+    server = Server(tmp_path)
+    try:
+        replies = _handshake(server)
+        assert server.close() == []
+    finally:
+        server.kill()
+    return replies
+
+
+def test_the_handshake_is_answered_while_the_server_has_not_loaded(tmp_path: Path) -> None:
+    initialized, listed = _first_start(tmp_path)
+    assert [t["name"] for t in listed["result"]["tools"]] == ["exec", "process"]
+    gate = tmp_path / "gate"
+    server = Server(tmp_path, gate)
+    try:
+        # The server stands at its first heavy import: the settings, the engine and the SDK are
+        # all held up behind it, and the handshake is answered all the same.
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "gate.reached").exists():
+            assert time.monotonic() < deadline and server.proc.poll() is None, "the server never reached pydantic"
+            time.sleep(0.01)
+        assert _handshake(server) == (initialized, listed)
+        gate.touch()
+        server.send(CALL)
+        called = server.read()
+        assert called["id"] == 3 and called["result"]["content"][0]["text"].startswith("hi\n")
+        assert server.close() == []  # initialize and tools/list were not answered a second time
+    finally:
+        gate.touch()
+        server.kill()
+
+
+def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None:
+    """An entry that no longer matches the server (here: a tool list edited on disk) is served
+    once, then the server's own list replaces it and the client is told to list again."""
+    _, listed = _first_start(tmp_path)
+    [cached] = list((tmp_path / ".cache" / "procpilot" / "handshake").glob("*.json"))
+    entry = json.loads(cached.read_text())
+    stale = {"tools": listed["result"]["tools"][:1]}
+    entry["tools"]["2025-06-18"] = stale
+    cached.write_text(json.dumps(entry))
+    server = Server(tmp_path)
+    try:
+        _, served = _handshake(server)
+        assert served["result"] == stale  # what the cache said, at once
+        server.send(CALL)
+        later = [server.read(), server.read()]
+        assert {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"} in later
+        assert any(message.get("id") == 3 for message in later)
+        assert server.close() == []
+    finally:
+        server.kill()
+    assert json.loads(cached.read_text())["tools"]["2025-06-18"] == listed["result"]
+
+
+def test_the_front_knows_the_versions_the_direct_path_shapes() -> None:
+    assert SHAPED_ALIKE == DIRECT_SHAPED
