@@ -158,6 +158,18 @@ async def test_kill_escalates_to_sigkill_after_grace(supervisor: Supervisor) -> 
     assert s.exit_signal == "SIGKILL"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_sent_as_the_session_starts_is_not_lost(supervisor: Supervisor, sig: int) -> None:
+    """Signalled the moment it starts, its shell may still be forking the command: a child
+    between fork and exec catches the signal with the shell's handler, then becomes ``sleep``,
+    which never heard it. The signal reaches the command all the same, each start in a row."""
+    for _ in range(25):
+        s = await supervisor.spawn(SpawnSpec("sleep 30"), scope=A)
+        await supervisor.kill(A, s.id, sig, grace=0, wait=0)
+        finished = await s.wait_finished(5)
+        assert finished and s.state is SessionState.KILLED, (s.state, s.pid)
+
+
 async def test_kill_after_exit_is_process_already_exited(supervisor: Supervisor) -> None:
     s = await supervisor.run(SpawnSpec("true"), scope=A, yield_ms=None)
     with pytest.raises(ProcessAlreadyExited):

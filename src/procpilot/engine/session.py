@@ -9,6 +9,7 @@ written out; only then does the session enter its end state and announce its exi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import os
@@ -40,6 +41,10 @@ _READ_SIZE = 1 << 20
 _ORPHAN_GRACE = 1.0
 # ... and the pipes this much longer to reach EOF before we stop waiting for them.
 _DRAIN_DEADLINE = 3.0
+# After a signal other than SIGKILL, when to look for processes that joined the tree since (see
+# Session._signal_latecomers), in seconds.
+_LATE_SIGNAL_CHECKS = (0.02, 0.1, 0.4)
+_LATE_SIGNAL_MAX_TREE = 256  # processes; a bigger tree is signalled once, as it is
 _STORE_RETRY = 0.02  # seconds before a read that waited for a descriptor is tried again
 # How long an adopted session's end waits for the holder's record of it: the holder sees the same
 # pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
@@ -806,10 +811,33 @@ class Session:
             return
         if self.cycle.respawning:
             return
-        self._trees.signal(self.id, self.pid, sig, leader_alive=not self.run.leader_reaped)
-        if sig != signal.SIGKILL and grace:  # grace 0 or None: no escalation asked for
-            self._timers.append(self._loop.call_later(grace, self._escalate))
+        leader_alive = not self.run.leader_reaped
+        members = self._trees.pids(self.id, self.pid) | ({self.pid} if leader_alive and self.pid else set())
+        signalled = {pid: _image(pid) for pid in members} if len(members) <= _LATE_SIGNAL_MAX_TREE else None
+        self._trees.signal(self.id, self.pid, sig, leader_alive=leader_alive)
+        if sig != signal.SIGKILL:
+            for delay in _LATE_SIGNAL_CHECKS if signalled is not None else ():
+                self._timers.append(self._loop.call_later(delay, self._signal_latecomers, sig, signalled))
+            if grace:  # grace 0 or None: no escalation asked for
+                self._timers.append(self._loop.call_later(grace, self._escalate))
         self._loop.call_soon(self._maybe_finish)
+
+    def _signal_latecomers(self, sig: int, signalled: dict[int, str | None]) -> None:
+        """The same signal for what the first one may have missed: a process that joined the
+        tree since, or one that has exec'd since (another program now). A tree signalled as it
+        starts has a shell in its first lines: ``sh -c`` catches SIGINT there, and a child it
+        has forked but not yet exec'd catches it with the shell's handler and then becomes the
+        command, which never heard it (the kill would report the session alive). Each process
+        image gets the signal once: ``signalled`` keeps what was signalled as which program."""
+        if self._finished.is_set() or self.run.leader_reaped:
+            return
+        for pid in self._trees.pids(self.id, self.pid):
+            image = _image(pid)
+            if pid in signalled and signalled[pid] == image:
+                continue
+            signalled[pid] = image
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
     def _escalate(self) -> None:
         if not self._finished.is_set():
@@ -1004,6 +1032,14 @@ def _spawner_maxrss_kb() -> int:
     if now - _maxrss_read[0] > 1.0:
         _maxrss_read[:] = [now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]
     return int(_maxrss_read[1])
+
+
+def _image(pid: int) -> str | None:
+    """The program ``pid`` runs now (its executable's path), or None if it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
 
 
 def _unread(fd: int) -> int:
