@@ -816,8 +816,9 @@ class Session:
         signalled = {pid: _image(pid) for pid in members} if len(members) <= _LATE_SIGNAL_MAX_TREE else None
         self._trees.signal(self.id, self.pid, sig, leader_alive=leader_alive)
         if sig != signal.SIGKILL:
-            for delay in _LATE_SIGNAL_CHECKS if signalled is not None else ():
-                self._timers.append(self._loop.call_later(delay, self._signal_latecomers, sig, signalled))
+            if signalled is not None:
+                for delay in _LATE_SIGNAL_CHECKS:
+                    self._timers.append(self._loop.call_later(delay, self._signal_latecomers, sig, signalled))
             if grace:  # grace 0 or None: no escalation asked for
                 self._timers.append(self._loop.call_later(grace, self._escalate))
         self._loop.call_soon(self._maybe_finish)
