@@ -74,6 +74,9 @@ _RUN_TEMP: list[bytes] = []
 @pytest.fixture(scope="session", autouse=True)
 def _run_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     _RUN_TEMP.append(str(tmp_path_factory.getbasetemp()).encode() + b"/")
+    # The stdio servers' handshake cache (transports/mcp_handshake.py) of a test that keeps the
+    # caller's HOME goes here, not into the user's ~/.cache.
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
     yield
     _end_waiting_holders()
 
