@@ -56,6 +56,7 @@ from procpilot.transports.mcp_results import MODERN, SHAPED_ALIKE, STAMP_KEY, ca
 __all__ = ["FastCalls", "FastHost"]
 
 _log = logging.getLogger(__name__)
+_QUICK = 0.05  # seconds a call may take before its client's disconnecting is watched
 _PING = 15.0  # seconds of silence before a keep-alive comment (the SDK's interval, both eras)
 _REQUEST_CANCELLED = -32800  # the SDK's answer to a cancelled request on the handshake-era wire
 _ENVELOPES = 64  # 2026-07-28 envelopes remembered as accepted (one per client kind, in practice)
@@ -92,6 +93,8 @@ class FastCalls:
         self._running: dict[str, dict[tuple[bool, object], asyncio.Future[ToolResult]]] = {}
         self._envelopes: dict[str, None] = {}  # canonical JSON of accepted envelopes, oldest first
         self._stamp: Any = None  # the server's info, as the SDK stamps a 2026-07-28 result
+        self._owners: dict[str, str] = {}  # MCP session id -> the agent the SDK's owner check passed
+        self._owners_prune_at = 256
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -127,7 +130,7 @@ class FastCalls:
         if not session_id or not (b'"tools/call"' in body or b'"notifications/cancelled"' in body):
             return False
         transport = mcp_sdk.open_sessions(self.manager).get(session_id)
-        if transport is None or mcp_sdk.session_owner(self.manager, session_id) != mcp_sdk.requestor(scope):
+        if transport is None or not self._owned(session_id, scope):
             return False
         connection = self.host.connection_of(session_id)
         version = getattr(connection, "protocol_version", None)
@@ -178,6 +181,22 @@ class FastCalls:
                 await send({"type": "http.response.start", "status": 200, "headers": stream})
             await send({"type": "http.response.body", "body": frame})
         self.answered += 1
+        return True
+
+    def _owned(self, session_id: str, scope: Scope) -> bool:
+        """Whether the request's principal opened the session (the SDK's owner check), remembered
+        per session and agent once it passed: who opened a session never changes."""
+        agent = request_agent()
+        if self._owners.get(session_id) == agent:
+            return True
+        if mcp_sdk.session_owner(self.manager, session_id) != mcp_sdk.requestor(scope):
+            return False
+        if len(self._owners) >= self._owners_prune_at:  # pruned when doubled: no walk per call
+            live = mcp_sdk.open_sessions(self.manager)
+            for gone in [k for k in self._owners if k not in live]:
+                del self._owners[gone]
+            self._owners_prune_at = max(256, 2 * len(self._owners))
+        self._owners[session_id] = agent
         return True
 
     # -- 2026-07-28 --
@@ -298,10 +317,15 @@ async def _outcome(
     call: asyncio.Future[ToolResult], receive: Receive, send: Send, stream: list[tuple[bytes, bytes]]
 ) -> _Outcome:
     """Wait for ``call``; every ``_PING`` seconds of it, open the response as the SSE stream of
-    ``stream``'s headers (once) and write a keep-alive. A client that disconnects cancels it."""
-    gone = asyncio.ensure_future(_disconnected(receive))
+    ``stream``'s headers (once) and write a keep-alive. A client that disconnects cancels it
+    (watched only once the call has taken ``_QUICK``: most end sooner, and a watcher is a task)."""
+    gone: asyncio.Future[None] | None = None
     opened = False
     try:
+        await asyncio.wait((call,), timeout=_QUICK)
+        if call.done():
+            return _Outcome(call, False)
+        gone = asyncio.ensure_future(_disconnected(receive))
         while True:
             done, _ = await asyncio.wait((call, gone), timeout=_PING, return_when=asyncio.FIRST_COMPLETED)
             if call in done:
@@ -316,7 +340,8 @@ async def _outcome(
     finally:
         if not call.done():  # this request itself was cancelled (the server stopping)
             await cancel_and_wait(call)
-        gone.cancel()
+        if gone is not None:
+            await cancel_and_wait(gone)
 
 
 async def _disconnected(receive: Receive) -> None:
