@@ -1,6 +1,6 @@
 """procpilot benchmarks: the engine against raw baselines measured in the same run.
 
-Run: ``.venv/bin/python bench/run.py [--quick] [--only exec,mcp,output,many,latency,isolation]``
+Run: ``.venv/bin/python bench/run.py [--quick] [--only exec,mcp,http,output,many,latency,isolation]``
 
 Every figure is informational: nothing here is asserted and nothing is part of CI's pass/fail.
 The "goal" column says what we aim for; "verdict" says whether this one run met it. The machine
@@ -798,10 +798,55 @@ class Bare:
         self.rest_conn.close()
 
 
-def http_passes(bare: Bare, n: int, idle_n: int) -> dict[str, dict[str, list[float]]]:
+class StdioBare:
+    """A bare line-JSON-RPC client of a ``procpilot mcp`` (as in bench 2), for the same pass as the
+    daemon's paths: the machine's load then weighs on every path alike."""
+
+    def __init__(self, children: Children, env: dict[str, str]) -> None:
+        full_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "USER", "PYTHONPATH")} | env
+        argv = [procpilot_bin(), "mcp", "--agent", "bench"]
+        self.proc = children.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=full_env)
+        self.next_id = 0
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
+        self.call("initialize", hello)
+        self.write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.call("tools/list", {})
+
+    def write(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        self.next_id += 1
+        self.write({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the MCP server closed its stdout")
+            reply = json.loads(line)
+            if reply.get("id") == self.next_id:
+                return dict(reply["result"])
+
+    def exec(self) -> None:
+        assert not self.call("tools/call", {"name": "exec", "arguments": {"command": "true"}})["isError"]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def http_passes(bare: Bare, stdio: StdioBare, n: int, idle_n: int) -> dict[str, dict[str, list[float]]]:
     """Each path and the raw baseline, back to back (alternating blocks) and after ``EXEC_IDLE``."""
     steps: dict[str, Callable[[], object]] = {
         "raw": lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True),
+        "stdio": stdio.exec,
         "mcp": bare.mcp_exec,
         "rest": bare.rest_exec,
         "ws": bare.ws_exec,
@@ -838,13 +883,17 @@ async def bench_http(root: Path, sizes: Sizes, out: Results, children: Children)
     token = secrets.token_hex(16)  # a bearer token of its own: the daemon checks it on every call
     _proc, host, port = start_serve(children, root / "serve", token)
     bare = await asyncio.to_thread(Bare, host, port, token)
+    stdio = await asyncio.to_thread(StdioBare, children, server_env(root / "serve-stdio", root / "serve" / "ws"))
     try:
-        passes = await asyncio.to_thread(http_passes, bare, sizes.mcp_calls, sizes.idle_calls)
+        passes = await asyncio.to_thread(http_passes, bare, stdio, sizes.mcp_calls, sizes.idle_calls)
     finally:
         bare.close()
+        stdio.close()
         shutil.rmtree(root / "serve", ignore_errors=True)
+        shutil.rmtree(root / "serve-stdio", ignore_errors=True)
     goals = {"mcp": ("≤ 2.0x", 2.0), "rest": ("≤ 1.8x", 1.8)}
     names = {
+        "stdio": "MCP stdio tools/call exec true (bare JSON-RPC, as bench 2)",
         "mcp": "MCP streamable HTTP tools/call exec true",
         "rest": "REST POST /v1/tools/exec true",
         "ws": "WebSocket proc/spawn sh -c true → exit event",
@@ -863,8 +912,9 @@ async def bench_http(root: Path, sizes: Sizes, out: Results, children: Children)
         out.add(bench, f"{path}, back to back: p50", fmt_ms(statistics.median(passes["documents"][key])))
     out.note(
         9,
-        "the daemon's HTTP: one procpilot serve (a bearer token), bare keep-alive clients (http.client, websockets' "
-        "sync client), each path's median against subprocess.run(['/bin/sh','-c','true']) in the same pass",
+        "the daemon's HTTP: one procpilot serve (a bearer token) and one procpilot mcp (stdio), bare clients "
+        "(keep-alive http.client, websockets' sync client, JSON lines), every path and "
+        "subprocess.run(['/bin/sh','-c','true']) taking turns in one pass",
     )
 
 

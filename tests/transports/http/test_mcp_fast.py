@@ -273,3 +273,20 @@ async def test_a_backgrounded_fast_call_tells_a_legacy_client_of_the_exit(app: S
         session_id = reply["result"]["structuredContent"]["sessionId"]
         assert client.session is not None
         assert [c.session_id for _a, c in face._legacy[session_id]] == [client.session]
+
+
+async def test_unknown_tools_malformed_calls_and_progress_tokens_are_the_sdks(app: Starlette) -> None:
+    async with app.router.lifespan_context(app):
+        client = await opened(app, "2025-06-18")
+        before = fast(app).answered
+        unknown = await client.call(1, {"name": "nosuch", "arguments": {}})
+        assert unknown["result"]["isError"] is True and "nosuch" in unknown["result"]["content"][0]["text"]
+        no_name = await client.call(2, {"arguments": {}})
+        assert no_name["error"]["code"] == -32602
+        bad_arguments = await client.call(3, {"name": "exec", "arguments": ["not", "an", "object"]})
+        assert "error" in bad_arguments
+        progress = {"name": "exec", "arguments": {"command": "true"}, "_meta": {"progressToken": "p"}}
+        assert (await client.call(4, progress))["result"]["isError"] is False
+        assert fast(app).answered == before  # every one of them answered by the SDK
+        assert (await client.call(5, {"name": "exec", "arguments": {"command": "true"}}))["result"]["isError"] is False
+        assert fast(app).answered == before + 1
