@@ -1,6 +1,6 @@
 """procpilot benchmarks: the engine against raw baselines measured in the same run.
 
-Run: ``.venv/bin/python bench/run.py [--quick] [--only exec,mcp,output,many,latency,isolation]``
+Run: ``.venv/bin/python bench/run.py [--quick] [--only exec,mcp,http,output,many,latency,isolation]``
 
 Every figure is informational: nothing here is asserted and nothing is part of CI's pass/fail.
 The "goal" column says what we aim for; "verdict" says whether this one run met it. The machine
@@ -19,9 +19,12 @@ import gc
 import json
 import math
 import os
+import re
 import resource
+import secrets
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -699,6 +702,273 @@ async def bench_mcp(root: Path, sizes: Sizes, out: Results, children: Children) 
     )
 
 
+# -- 9. the daemon's HTTP paths --------------------------------------------------------------------
+
+
+def start_serve(children: Children, root: Path, token: str) -> tuple[subprocess.Popen[bytes], str, int]:
+    """A ``procpilot serve`` on a free loopback port over ``root``, one bearer token; (process, host, port)."""
+    (root / "ws").mkdir(parents=True, exist_ok=True)
+    config = root / "procpilot.toml"
+    lines = ['state_dir = "state"', 'workspace_root = "ws"', "[server]", 'host = "127.0.0.1"', "port = 0"]
+    config.write_text("\n".join([*lines, "[server.tokens]", f'"{token}" = "bench"']) + "\n")
+    log = root / "daemon.log"
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "USER", "PYTHONPATH")}
+    with open(log, "wb") as out:
+        proc = children.popen([procpilot_bin(), "serve", "--config", str(config)], stdout=out, stderr=out, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        found = re.search(r"daemon on http://127\.0\.0\.1:(\d+)", text)
+        if found and "state:" in text:
+            return proc, "127.0.0.1", int(found.group(1))
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise RuntimeError(f"the daemon did not start: {log.read_text(errors='replace')[-500:]}")
+
+
+class BareHttp:
+    """HTTP/1.1 on one keep-alive socket, as little as a client can do (as the stdio bench's client
+    is a readline): http.client parses each response's headers with the email package, 0.06 ms a
+    response back to back and 0.28 ms after 100 ms idle here, which the server's figures would carry."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.host = f"{host}:{port}"
+        self.buf = b""
+
+    def request(
+        self, method: str, path: str, headers: dict[str, str], body: bytes | None
+    ) -> tuple[int, dict[str, str], bytes]:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}", *(f"{k}: {v}" for k, v in headers.items())]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b""))
+        status_line, *header_lines = self._until(b"\r\n\r\n").decode("latin-1").split("\r\n")
+        fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in header_lines)}
+        if "content-length" in fields:
+            data = self._exactly(int(fields["content-length"]))
+        elif fields.get("transfer-encoding", "").lower() == "chunked":
+            chunks = []
+            while size := int(self._until(b"\r\n"), 16):
+                chunks.append(self._exactly(size))
+                self._exactly(2)
+            self._until(b"\r\n")
+            data = b"".join(chunks)
+        else:
+            data = b""
+        return int(status_line.split(" ", 2)[1]), fields, data
+
+    def _fill(self) -> None:
+        more = self.sock.recv(1 << 16)
+        if not more:
+            raise RuntimeError("the daemon closed the connection")
+        self.buf += more
+
+    def _until(self, marker: bytes) -> bytes:
+        while (end := self.buf.find(marker)) < 0:
+            self._fill()
+        found, self.buf = self.buf[:end], self.buf[end + len(marker) :]
+        return found
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        found, self.buf = self.buf[:n], self.buf[n:]
+        return found
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Bare:
+    """Bare clients of one daemon, one keep-alive connection each: MCP over streamable HTTP (the
+    handshake, then tools/list, as clients do), REST, and the proc/* WebSocket."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        from websockets.sync.client import connect
+
+        self.auth = {"Authorization": f"Bearer {token}"}
+        self.mcp_conn = BareHttp(host, port)
+        self.rest_conn = BareHttp(host, port)
+        self.ws = connect(f"ws://{host}:{port}/v1/proc", additional_headers=self.auth)
+        self.session = ""
+        self.next_id = 0
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
+        self.rpc("initialize", hello)
+        self.mcp_post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.rpc("tools/list", {})
+
+    def mcp_post(self, message: dict[str, Any]) -> bytes:
+        headers = self.auth | {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if self.session:
+            headers |= {"Mcp-Session-Id": self.session, "Mcp-Protocol-Version": "2025-06-18"}
+        _status, fields, body = self.mcp_conn.request("POST", "/mcp", headers, json.dumps(message).encode())
+        self.session = self.session or fields.get("mcp-session-id", "")
+        return body
+
+    def rpc(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        body = self.mcp_post({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        data = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+        reply = json.loads(data[-1] if data else body)
+        if "result" not in reply:
+            raise RuntimeError(f"{method}: {reply}")
+        return dict(reply["result"])
+
+    def mcp_exec(self) -> None:
+        assert not self.rpc("tools/call", {"name": "exec", "arguments": {"command": "true"}})["isError"]
+
+    def rest(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        headers = self.auth | ({"Content-Type": "application/json"} if body is not None else {})
+        status, _fields, data = self.rest_conn.request(method, path, headers, body)
+        if status != 200:
+            raise RuntimeError(f"{method} {path}: {status} {data[:200]!r}")
+        return data
+
+    def rest_exec(self) -> None:
+        self.rest("POST", "/v1/tools/exec", b'{"command": "true"}')
+
+    def ws_exec(self) -> None:
+        self.next_id += 1
+        rid = str(self.next_id)
+        spawn = {"type": "proc/spawn/req", "id": rid, "cmd": ["/bin/sh", "-c", "true"], "stdin_mode": "null"}
+        self.ws.send(json.dumps(spawn))
+        proc_id = None
+        while True:
+            frame = json.loads(self.ws.recv(timeout=30))
+            if frame.get("id") == rid:
+                proc_id = frame["proc_id"]
+            elif frame.get("type") == "proc/exit/event" and proc_id is not None and frame.get("proc_id") == proc_id:
+                return
+
+    def close(self) -> None:
+        self.ws.close()
+        self.mcp_conn.close()
+        self.rest_conn.close()
+
+
+class StdioBare:
+    """A bare line-JSON-RPC client of a ``procpilot mcp`` (as in bench 2), for the same pass as the
+    daemon's paths: the machine's load then weighs on every path alike."""
+
+    def __init__(self, children: Children, env: dict[str, str]) -> None:
+        full_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "USER", "PYTHONPATH")} | env
+        argv = [procpilot_bin(), "mcp", "--agent", "bench"]
+        self.proc = children.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=full_env)
+        self.next_id = 0
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
+        self.call("initialize", hello)
+        self.write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.call("tools/list", {})
+
+    def write(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        self.next_id += 1
+        self.write({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the MCP server closed its stdout")
+            reply = json.loads(line)
+            if reply.get("id") == self.next_id:
+                return dict(reply["result"])
+
+    def exec(self) -> None:
+        assert not self.call("tools/call", {"name": "exec", "arguments": {"command": "true"}})["isError"]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def http_passes(bare: Bare, stdio: StdioBare, n: int, idle_n: int) -> dict[str, dict[str, list[float]]]:
+    """Each path and the raw baseline, back to back (alternating blocks) and after ``EXEC_IDLE``."""
+    steps: dict[str, Callable[[], object]] = {
+        "raw": lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True),
+        "stdio": stdio.exec,
+        "mcp": bare.mcp_exec,
+        "rest": bare.rest_exec,
+        "ws": bare.ws_exec,
+        "sessions": lambda: bare.rest("GET", "/v1/sessions"),
+    }
+    for step in steps.values():
+        for _ in range(10):
+            step()
+    b2b: dict[str, list[float]] = {name: [] for name in steps}
+    for block in range(6):
+        for name, step in steps.items():
+            for _ in range(n // 6 + (1 if block < n % 6 else 0)):
+                t0 = time.perf_counter()
+                step()
+                b2b[name].append(time.perf_counter() - t0)
+    idle: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(idle_n):
+        for name, step in steps.items():
+            time.sleep(EXEC_IDLE)
+            t0 = time.perf_counter()
+            step()
+            idle[name].append(time.perf_counter() - t0)
+    docs: dict[str, list[float]] = {"tools": [], "openapi": []}
+    for _ in range(max(10, n // 10)):
+        for name, path in (("tools", "/v1/tools"), ("openapi", "/openapi.json")):
+            t0 = time.perf_counter()
+            bare.rest("GET", path)
+            docs[name].append(time.perf_counter() - t0)
+    return {"back to back": b2b, f"after {EXEC_IDLE * 1000:.0f} ms idle": idle, "documents": docs}
+
+
+async def bench_http(root: Path, sizes: Sizes, out: Results, children: Children) -> None:
+    bench = "9. the daemon's HTTP"
+    token = secrets.token_hex(16)  # a bearer token of its own: the daemon checks it on every call
+    _proc, host, port = start_serve(children, root / "serve", token)
+    bare = await asyncio.to_thread(Bare, host, port, token)
+    stdio = await asyncio.to_thread(StdioBare, children, server_env(root / "serve-stdio", root / "serve" / "ws"))
+    try:
+        passes = await asyncio.to_thread(http_passes, bare, stdio, sizes.mcp_calls, sizes.idle_calls)
+    finally:
+        bare.close()
+        stdio.close()
+        shutil.rmtree(root / "serve", ignore_errors=True)
+        shutil.rmtree(root / "serve-stdio", ignore_errors=True)
+    goals = {"mcp": ("≤ 2.0x", 2.0), "rest": ("≤ 1.8x", 1.8)}
+    names = {
+        "stdio": "MCP stdio tools/call exec true (bare JSON-RPC, as bench 2)",
+        "mcp": "MCP streamable HTTP tools/call exec true",
+        "rest": "REST POST /v1/tools/exec true",
+        "ws": "WebSocket proc/spawn sh -c true → exit event",
+        "sessions": "REST GET /v1/sessions (a trivial request)",
+    }
+    idle_label = f"after {EXEC_IDLE * 1000:.0f} ms idle"
+    for pattern in ("back to back", idle_label):
+        res = passes[pattern]
+        raw = statistics.median(res["raw"])
+        for key, name in names.items():
+            ours = statistics.median(res[key])
+            goal, limit = goals.get(key, ("", 0.0))
+            ok = verdict(ours / raw <= limit) if goal and pattern == idle_label else ""
+            out.compare(bench, f"{name}, {pattern}: p50", ours, raw, fmt_ms, goal if ok else "", ok)
+    for key, path in (("tools", "GET /v1/tools"), ("openapi", "GET /openapi.json")):
+        out.add(bench, f"{path}, back to back: p50", fmt_ms(statistics.median(passes["documents"][key])))
+    out.note(
+        9,
+        "the daemon's HTTP: one procpilot serve (a bearer token) and one procpilot mcp (stdio), bare clients "
+        "(HTTP/1.1 on a keep-alive socket, websockets' sync client, JSON lines), every path and "
+        "subprocess.run(['/bin/sh','-c','true']) taking turns in one pass",
+    )
+
+
 # -- 3. 1 GiB of output --------------------------------------------------------------------------
 
 
@@ -1114,10 +1384,10 @@ def bench_isolation(root: Path, out: Results) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
-BENCHES = ("exec", "mcp", "output", "many", "latency", "isolation", "kept", "openclaw")
+BENCHES = ("exec", "mcp", "http", "output", "many", "latency", "isolation", "kept", "openclaw")
 # "many" runs first, in a young heap: later, memory freed by earlier benchmarks would be reused and
 # hide the sessions' own RSS. The table is printed in the numbered order all the same.
-RUN_ORDER = ("many", "exec", "mcp", "output", "latency", "isolation", "kept", "openclaw")
+RUN_ORDER = ("many", "exec", "mcp", "http", "output", "latency", "isolation", "kept", "openclaw")
 
 
 # -- 7. per-call cost with many finished sessions kept -------------------------------------------
@@ -1262,6 +1532,7 @@ async def run_all(args: argparse.Namespace, root: Path, out: Results, children: 
     steps: dict[str, Callable[[], Awaitable[None]]] = {
         "exec": lambda: bench_exec(root, sizes, out),
         "mcp": lambda: bench_mcp(root, sizes, out, children),
+        "http": lambda: bench_http(root, sizes, out, children),
         "output": lambda: bench_output(root, sizes, out, children),
         "many": lambda: bench_many(root, sizes, out, children, with_raw=not args.no_raw),
         "latency": lambda: bench_latency(root, sizes, out, children),

@@ -43,6 +43,7 @@ FORBIDDEN = {
     # MCP over stdio shares nothing with the daemon's HTTP app (the SDK's internals: mcp_sdk.py)
     "transports/mcp_stdio.py": ("procpilot.client", "procpilot.transports.http"),
     "transports/mcp_direct.py": ("procpilot.client", "procpilot.transports.http"),
+    "transports/mcp_results.py": ("procpilot.client", "procpilot.transports.http"),
     "transports/serve.py": ("procpilot.client",),
     "transports/mcp.py": ("procpilot.client",),
     "transports/mcp_serve.py": ("procpilot.client",),

@@ -3,7 +3,10 @@ them: this fails as soon as an SDK release moves one, before a daemon misbehaves
 
 from __future__ import annotations
 
+import math
+
 from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from procpilot.transports import mcp_sdk
@@ -38,3 +41,22 @@ async def test_context_streams_carry_messages() -> None:
     async with send, receive:
         await send.send("message")
         assert await receive.receive() == "message"
+
+
+def test_session_owners_are_the_managers_table() -> None:
+    server = build_mcp_server([], scope=lambda: "a")
+    server.streamable_http_app()
+    assert mcp_sdk.session_owner(server.session_manager, "no-such-session") is None
+    assert mcp_sdk.requestor({}) is None
+
+
+async def test_a_busy_session_holds_its_idle_countdown() -> None:
+    transport = StreamableHTTPServerTransport(mcp_session_id="s", idle_timeout=60)
+    async with transport.connect():
+        assert transport.idle_scope is not None
+        with mcp_sdk.session_busy(transport) as held:
+            assert held and transport.idle_scope.deadline == math.inf
+        assert transport.idle_scope.deadline < math.inf
+        await transport.terminate()
+        with mcp_sdk.session_busy(transport) as held:
+            assert not held

@@ -15,12 +15,13 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools.base import Tool
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, ToolAnnotations
 
 from procpilot import wire
 from procpilot.contract import ToolResult, ToolSpec
 from procpilot.faces.definitions import RESULT_SCHEMA, served_schema
 from procpilot.faces.exit_notices import exit_line
+from procpilot.transports.mcp_results import call_result
 
 __all__ = ["build_mcp_server", "exit_notification", "server_instructions", "to_call_result"]
 
@@ -53,17 +54,15 @@ def server_instructions(names: Sequence[str]) -> str:
     return text
 
 
+_HANDSHAKE = "2025-06-18"  # any handshake-era version: their results are shaped alike
+
+
 def to_call_result(result: ToolResult) -> CallToolResult:
-    # Through wire: the SDK writes the result with pydantic, which raises on a lone surrogate
-    # (a file name decoded with surrogateescape, an agent's text quoted in an error).
-    content = [TextContent(type="text", text=wire.text(result.text))]
-    if not result.structured:  # not even a null: the field is left unset, so it is not written
-        return CallToolResult(content=content, is_error=result.is_error)
-    return CallToolResult(
-        content=content,
-        structured_content=json.loads(wire.dumps(result.data)),
-        is_error=result.is_error,
-    )
+    # The shape of mcp_results (every path's), for a handshake-era version: the SDK adds the
+    # 2026-07-28 envelope itself. Through wire: the SDK writes the result with pydantic, which
+    # raises on a lone surrogate (a file name decoded with surrogateescape, an agent's text
+    # quoted in an error) and knows no path or datetime.
+    return CallToolResult.model_validate(json.loads(wire.dumps(call_result(result, _HANDSHAKE))))
 
 
 def exit_notification(notice: Mapping[str, Any]) -> dict[str, Any]:

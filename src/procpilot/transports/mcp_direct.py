@@ -33,15 +33,13 @@ import anyio
 
 from procpilot import wire
 from procpilot.contract import ToolResult
+from procpilot.transports.mcp_results import MODERN, SHAPED_ALIKE, call_result, failed_call_result
+from procpilot.transports.mcp_results import STAMP_KEY as _STAMP_KEY
 
 __all__ = ["MODERN", "SHAPED_ALIKE", "DirectCalls", "ToolCaller"]
 
 ToolCaller = Callable[[dict[str, Any]], Awaitable[ToolResult]]
-# The protocol versions whose tools/call result is written here as the SDK writes it.
-SHAPED_ALIKE = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
-MODERN = "2026-07-28"  # per-request envelopes: the result adds resultType and the server's stamp
 _VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
-_STAMP_KEY = "io.modelcontextprotocol/serverInfo"
 _PENDING = 8  # enveloped requests remembered while waiting for the SDK to accept one
 _log = logging.getLogger(__name__)
 # Lines worth a look: anything else goes to the SDK without being parsed here.
@@ -197,14 +195,9 @@ async def _reply(call: _Call) -> bytes:
         result = await call.tool(call.arguments)
     except Exception as exc:  # ToolSpec.call makes errors results: this is a bug, answered as the SDK would
         _log.exception("Tool raised an unexpected exception")
-        result_json: dict[str, Any] = {"content": [{"type": "text", "text": str(exc)}], "isError": True}
+        result_json = failed_call_result(exc, call.version, call.stamp)
     else:
-        result_json = {"content": [{"type": "text", "text": result.text}]}
-        if result.structured:  # a text-only result has none, as the SDK writes it
-            result_json["structuredContent"] = result.data
-        result_json["isError"] = result.is_error
-    if call.version == MODERN:
-        result_json |= {"resultType": "complete", "_meta": {_STAMP_KEY: call.stamp}}
+        result_json = call_result(result, call.version, call.stamp)
     message = {"jsonrpc": "2.0", "id": call.request_id, "result": result_json}
     # as transports/mcp.py's to_call_result: a path or a datetime in data is its text, and a lone
     # surrogate (a name decoded with surrogateescape) is U+FFFD, not an exception that ends the server

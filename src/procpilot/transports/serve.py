@@ -160,7 +160,9 @@ def record_audit(bus: EventBus[Any], path: Path) -> Callable[[], None]:
     fd = open_state_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "the audit log")
 
     def write(event: Any) -> None:
-        data = dataclasses.asdict(event) if dataclasses.is_dataclass(event) and not isinstance(event, type) else {}
+        # Its fields as they are (asdict would deep-copy the arguments first; the line is the same)
+        is_event = dataclasses.is_dataclass(event) and not isinstance(event, type)
+        data = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)} if is_event else {}
         # wire: a line of the record is written whatever text the agent sent (a lone surrogate
         # is U+FFFD), never lost to an encoding error
         line = wire.dumps_bytes({"event": type(event).__name__, **data}, separators=(", ", ": ")) + b"\n"

@@ -44,8 +44,9 @@ def create_app(
     browser = BrowserAuth()
     console = Console(daemon, auth, browser)
     routes = [
-        *Rest(daemon).routes(),
+        # First: the router tries each route's pattern in turn, and MCP calls are the most frequent.
         Route("/mcp", daemon.mcp.endpoint(), methods=["GET", "POST", "DELETE"]),
+        *Rest(daemon).routes(),
         *console.routes(),
     ]
 

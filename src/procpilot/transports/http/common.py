@@ -55,12 +55,16 @@ def error_response(code: str, message: str, status: int | None = None, **extra: 
 
 
 async def json_body(request: Request, what: str = "a JSON object") -> dict[str, Any]:
-    """The request's body as a JSON object (empty: ``{}``); bad JSON, a body nested too deeply
-    to parse, or anything but an object is an InvalidArgument; another content type a 415."""
-    body = await request.body()
+    """The request's body as a JSON object (empty: ``{}``); see ``json_object``."""
+    return json_object(await request.body(), request.headers.get("content-type", ""), what)
+
+
+def json_object(body: bytes, content_type: str, what: str = "a JSON object") -> dict[str, Any]:
+    """A request body as a JSON object (empty: ``{}``); bad JSON, a body nested too deeply to
+    parse, or anything but an object is an InvalidArgument; another content type a 415."""
     if not body.strip():
         return {}
-    if not request.headers.get("content-type", "").lower().startswith("application/json"):
+    if not content_type.lower().startswith("application/json"):
         raise UnsupportedMediaType(f"send {what} with Content-Type: application/json")
     try:
         data = json.loads(body)

@@ -108,9 +108,9 @@ class Daemon:
 
     def _on_audit(self, event: Any) -> None:
         scope = audit_scope(event)
-        if scope is None:
-            return
+        listening = [queue for agent, queue in self.queues if agent == scope]
+        if not listening:
+            return  # nobody follows this agent's events: nothing to convert (on every audited call)
         data = audit_event(event)
-        for agent, queue in list(self.queues):
-            if agent == scope:
-                queue.put("audit", data)
+        for queue in listening:
+            queue.put("audit", data)

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from procpilot import wire
 from procpilot.aio import cancel_and_wait
 from procpilot.config import Settings
-from procpilot.contract import ToolSpec
+from procpilot.contract import ToolResult, ToolSpec
 from procpilot.engine.scopes import conversation_scope
 from procpilot.engine.session import ExitInfo
 from procpilot.engine.supervisor import Supervisor
@@ -33,6 +33,7 @@ from procpilot.transports.http.common import (
     json_response,
     request_agent,
 )
+from procpilot.transports.http.mcp_fast import FastCalls
 
 # -- MCP ---------------------------------------------------------------------------------------
 
@@ -115,6 +116,12 @@ class McpFace:
         # listens to (an SDK client in its default mode listens to nothing unasked).
         self.notices = ExitNotices(supervisor)
         wrapped = [self._wrap(self.notices.wrap(spec)) for spec in tools]
+        # The same tools for calls answered without the SDK's dispatch (mcp_fast.py), and the
+        # connections of the MCP sessions the SDK has served (their version, their initialisation).
+        self.fast_tools = {spec.name: spec for spec in wrapped}
+        self._connections: dict[str, Any] = {}
+        self._connections_prune_at = 256
+        self.fast: FastCalls | None = None
         self.server = build_mcp_server(wrapped, scope=self.request_scope)
         low = mcp_sdk.lowlevel_server(self.server)
         # The SDK's own bus fans out by URI only; ours also checks the listener's agent.
@@ -142,18 +149,38 @@ class McpFace:
             return agent
         request = getattr(ctx if ctx is not None else _mcp_request.get(), "request", None)
         headers = getattr(request, "headers", None)
-        conversation = headers.get("mcp-session-id") if headers is not None else None
+        return self.scope_for(agent, headers.get("mcp-session-id") if headers is not None else None)
+
+    def scope_for(self, agent: str, conversation: str | None) -> str:
+        """The scope of ``agent``'s request in the MCP session ``conversation`` (if any)."""
+        if not self.settings.tools.isolate_conversations:
+            return agent
         return conversation_scope(agent, conversation) if isinstance(conversation, str) and conversation else agent
+
+    def connection_of(self, session_id: str) -> Any:
+        """The SDK's connection of an open MCP session, once it has served a request of it."""
+        return self._connections.get(session_id)
 
     def _listener_scope(self) -> str | None:
         return self.request_scope() if current_agent.get() is not None else None
 
     async def _capture_request(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        connection = mcp_sdk.request_connection(ctx)
+        if connection.session_id is not None and connection.session_id not in self._connections:
+            self._remember(connection)
         token = _mcp_request.set(ctx)
         try:
             return await call_next(ctx)
         finally:
             _mcp_request.reset(token)
+
+    def _remember(self, connection: Any) -> None:
+        if len(self._connections) >= self._connections_prune_at:  # pruned when doubled: no walk per call
+            live = mcp_sdk.open_sessions(self.server.session_manager)
+            for gone in [k for k in self._connections if k not in live]:
+                del self._connections[gone]
+            self._connections_prune_at = max(256, 2 * len(self._connections))
+        self._connections[connection.session_id] = connection
 
     def _wrap(self, spec: ToolSpec) -> ToolSpec:
         inner = spec.handler
@@ -180,34 +207,37 @@ class McpFace:
                     # explicit kill ends it.
                     await cancel_and_wait(task)
             result = task.result()
-            self._follow(ctx, scope, spec.name, result.data if not result.is_error else {})
+            self.follow(ctx.protocol_version, mcp_sdk.request_connection(ctx), scope, spec.name, result)
             return result
 
         return dataclasses.replace(spec, handler=handler)
 
-    def _follow(self, ctx: Any, agent: str, tool: str, data: Mapping[str, Any]) -> None:
-        """A legacy client that just saw a session backgrounded hears of its end unasked."""
+    def follow(self, version: str | None, connection: Any, agent: str, tool: str, result: ToolResult) -> None:
+        """A legacy client (``connection``, speaking ``version``) that just saw a session
+        backgrounded hears of its end unasked."""
         from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+        data: Mapping[str, Any] = result.data if not result.is_error else {}
         if tool == "process.run":  # spec 000's vocabulary: process_id, and state instead of status
             session_id, running = data.get("process_id"), data.get("state") == "running"
         else:
             session_id, running = data.get("sessionId"), data.get("status") in ("running", "queued")
         if not isinstance(session_id, str) or not running:
             return
-        if getattr(ctx, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS:
+        if version in MODERN_PROTOCOL_VERSIONS:
             return
-        self._add_legacy(session_id, agent, ctx.session)
+        self._add_legacy(session_id, agent, connection)
 
-    def _add_legacy(self, session_id: str, agent: str, session: Any) -> None:
+    def _add_legacy(self, session_id: str, agent: str, connection: Any) -> None:
+        """``connection`` (the SDK's, one per MCP session) hears when ``session_id`` ends."""
         if len(self._legacy) >= self._legacy_prune_at:  # pruned when doubled: no walk per call
             alive = {s.id for s in self.sup.all_sessions()}
             for known in [k for k in self._legacy if k not in alive]:
                 del self._legacy[known]
             self._legacy_prune_at = max(256, 2 * len(self._legacy))
         listeners = self._legacy.setdefault(session_id, [])
-        if not any(s is session for _a, s in listeners):
-            listeners.append((agent, session))
+        if not any(c is connection for _a, c in listeners):
+            listeners.append((agent, connection))
 
     async def _subscribe(self, ctx: Any, params: Any) -> Any:
         from mcp.shared.exceptions import MCPError
@@ -223,9 +253,9 @@ class McpFace:
         if session is None:
             raise MCPError(INVALID_PARAMS, f"Resource not found: {uri}", {"uri": uri})
         if session.finished:
-            self.spawn(_notify_legacy(ctx.session, uri))
+            self.spawn(_notify_legacy(mcp_sdk.request_connection(ctx), uri))
         else:
-            self._add_legacy(session_id, agent, ctx.session)
+            self._add_legacy(session_id, agent, mcp_sdk.request_connection(ctx))
         return EmptyResult()
 
     async def _unsubscribe(self, ctx: Any, params: Any) -> Any:
@@ -233,7 +263,8 @@ class McpFace:
 
         session_id = str(params.uri).removeprefix("proc://")
         listeners = self._legacy.get(session_id, [])
-        self._legacy[session_id] = [(a, s) for a, s in listeners if s._connection is not ctx.session._connection]
+        connection = mcp_sdk.request_connection(ctx)
+        self._legacy[session_id] = [(a, c) for a, c in listeners if c is not connection]
         return EmptyResult()
 
     # -- notifications --
@@ -248,9 +279,9 @@ class McpFace:
 
         uri = f"proc://{info.session_id}"
         self.bus.publish_to(info.scope, ResourceUpdated(uri=uri))
-        for agent, session in self._legacy.pop(info.session_id, []):
+        for agent, connection in self._legacy.pop(info.session_id, []):
             if agent == info.scope:
-                self.spawn(_notify_legacy(session, uri))
+                self.spawn(_notify_legacy(connection, uri))
 
     async def close_sessions(self) -> None:
         """End open MCP sessions (their GET streams would keep the server from stopping)."""
@@ -264,7 +295,9 @@ class McpFace:
         from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 
         manager = self.server.session_manager
-        return McpSessionCap(StreamableHTTPASGIApp(manager), manager, self.settings.server.mcp_sessions_per_agent)
+        # Plain calls of our tools are answered in front of the SDK's app (mcp_fast.py).
+        self.fast = FastCalls(StreamableHTTPASGIApp(manager), self, manager)
+        return McpSessionCap(self.fast, manager, self.settings.server.mcp_sessions_per_agent)
 
     # -- the resource --
 
@@ -289,9 +322,9 @@ class McpFace:
             return wire.dumps(data)
 
 
-async def _notify_legacy(session: Any, uri: str) -> None:
-    with contextlib.suppress(Exception):
-        await session.send_resource_updated(uri)
+async def _notify_legacy(connection: Any, uri: str) -> None:
+    with contextlib.suppress(Exception):  # on the session's standalone (GET) stream, if it has one
+        await connection.send_resource_updated(uri)
 
 
 def _transport_security(loopback: bool) -> Any:
