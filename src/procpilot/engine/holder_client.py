@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from procpilot.engine import holder as holder_module
-from procpilot.engine.spawn import Spawned
+from procpilot.engine.spawn import Spawned, open_pidfd
 
 __all__ = ["HeldSession", "HolderLink", "read_spool"]
 
@@ -279,23 +279,35 @@ class HolderLink:
         forgets, self._pending_forgets = self._pending_forgets, []
         batch: list[dict[str, object]] = []
         fds: list[int] = []
-        for spawned, body in adds.values():
-            roles: list[str] = []
-            for role, fd in (
-                ("stdout", spawned.stdout_fd),
-                ("stderr", spawned.stderr_fd),
-                ("stdin", spawned.stdin_fd),
-                ("pidfd", spawned.pidfd),
-            ):
-                if fd is not None and fd >= 0:
-                    roles.append(role)
-                    fds.append(fd)
-            batch.append({**body, "roles": roles})
-            if len(fds) > _MAX_FDS_PER_MSG - 4:
+        # The server watches its own children's exits without a pidfd each (engine/reaper.py); the
+        # holder, which is not their parent, gets one opened for the send and closed after it.
+        lent: list[int] = []
+        try:
+            for spawned, body in adds.values():
+                roles: list[str] = []
+                pidfd = spawned.pidfd
+                if pidfd is None and spawned.popen is not None and spawned.popen.returncode is None:
+                    pidfd = open_pidfd(spawned.pid)  # not reaped yet: still this pid's process
+                    if pidfd is not None:
+                        lent.append(pidfd)
+                for role, fd in (
+                    ("stdout", spawned.stdout_fd),
+                    ("stderr", spawned.stderr_fd),
+                    ("stdin", spawned.stdin_fd),
+                    ("pidfd", pidfd),
+                ):
+                    if fd is not None and fd >= 0:
+                        roles.append(role)
+                        fds.append(fd)
+                batch.append({**body, "roles": roles})
+                if len(fds) > _MAX_FDS_PER_MSG - 4:
+                    self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
+                    batch, fds = [], []
+                    _close_all(lent)
+            if batch:
                 self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
-                batch, fds = [], []
-        if batch:
-            self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
+        finally:
+            _close_all(lent)
         for first in range(0, len(forgets), _MAX_IDS_PER_MSG):
             self._send({"op": "forget", "ids": forgets[first : first + _MAX_IDS_PER_MSG]})
 
@@ -323,6 +335,12 @@ class HolderLink:
             if self._loop is not None:
                 self._loop.remove_reader(sock.fileno())
             sock.close()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
 
 
 def read_spool(path: Path) -> Iterator[tuple[bytes, bytes | int]]:

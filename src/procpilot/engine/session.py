@@ -25,8 +25,9 @@ from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Strea
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.procfs import read_small
+from procpilot.engine.reaper import ExitWatcher
 from procpilot.engine.records import spec_record
-from procpilot.engine.spawn import Spawned, SpawnSpec
+from procpilot.engine.spawn import Spawned, SpawnSpec, open_pidfd
 from procpilot.engine.states import END_STATES, SessionState, check_transition
 from procpilot.engine.stdin import StdinWriter
 from procpilot.engine.trees import TreeBackend, waiting_for_input
@@ -353,12 +354,26 @@ class Session:
         for fd, stream in streams:
             self.run.open_streams += 1
             self._loop.add_reader(fd, self._on_readable, fd, stream)
+        self._watch_leader(spawned)
+        if self.spec.timeout:
+            self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
+
+    def _watch_leader(self, spawned: Spawned) -> None:
+        # Our own child: the loop's one SIGCHLD watcher sees its exit (engine/reaper.py), so the
+        # run holds no pidfd (a warm shell's is closed); without a watcher, a pidfd, else a poll.
+        watcher = ExitWatcher.of(self._loop)
+        if watcher is not None:
+            if spawned.pidfd is not None:
+                os.close(spawned.pidfd)
+                spawned.pidfd = None
+            watcher.watch(spawned.pid, self._on_leader_exit)
+            return
+        if spawned.pidfd is None:
+            spawned.pidfd = open_pidfd(spawned.pid)
         if spawned.pidfd is not None:
             self._loop.add_reader(spawned.pidfd, self._on_leader_exit)
         else:
             self._poll_leader()
-        if self.spec.timeout:
-            self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
 
     def adopt(
         self,
@@ -638,6 +653,8 @@ class Session:
         spawned = self.run.spawned
         if spawned is None or self._finished.is_set():
             return
+        if not self.run.leader_reaped and (watcher := ExitWatcher.of(self._loop)) is not None:
+            watcher.unwatch(spawned.pid)
         for name in ("stdout_fd", "stderr_fd", "pidfd"):
             fd = getattr(spawned, name)
             if fd is not None and fd >= 0:

@@ -437,7 +437,8 @@ def _spawn_once(
         os.close(fd)
     for fd in parent_fds:
         os.set_blocking(fd, False)
-    return Spawned(popen, popen.pid, open_pidfd(popen.pid), stdin_fd, stdout_fd, stderr_fd, stdin_target)
+    # No pidfd: the session watches its exit (Session.attach: one SIGCHLD watcher, or its own pidfd).
+    return Spawned(popen, popen.pid, None, stdin_fd, stdout_fd, stderr_fd, stdin_target)
 
 
 def open_pidfd(pid: int) -> int | None:
