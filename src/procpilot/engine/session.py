@@ -836,7 +836,7 @@ class Session:
         self.stdin.open = value
 
     def _close_stdin(self) -> None:
-        self.stdin.close()
+        self.stdin.close(ended=True)
 
     def _stdin_closing(self) -> None:
         if self.custody.on_stdin_close is not None:

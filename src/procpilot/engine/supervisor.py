@@ -53,6 +53,7 @@ from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.state_files import StateDirIdentity, make_state_dir
 from procpilot.engine.state_format import check_state_format
 from procpilot.engine.states import END_STATES, SessionState
+from procpilot.engine.stdin import StdinParking
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
     MARKER_ENV,
@@ -234,6 +235,8 @@ class Supervisor:
         # The state directory as it was at start: a spawn refuses to make files in another one.
         self._state_dir: StateDirIdentity | None = None
         self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
+        # Running sessions' unwritten stdin, out of our descriptor table (engine/stdin.py).
+        self._stdin_parking = StdinParking(before=self._hold_now)
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
         # Exits of sessions that ended while no server ran, per scope and session id, kept as long
         # as the session is: nobody was there to be told when they happened, so every listener
@@ -511,6 +514,7 @@ class Supervisor:
                 release()
         if self._store is not None:
             self._store.close()
+        self._stdin_parking.close()  # the holder has its own copies
         self.exits.close()
 
     async def _close(self, sig: int, grace: float | None) -> None:
@@ -530,6 +534,7 @@ class Supervisor:
                 self._restarts.close()
             if self._store is not None:
                 self._store.close()
+            self._stdin_parking.close()
             self.exits.close()
 
     def _kill_all_now(self) -> None:
@@ -719,6 +724,7 @@ class Supervisor:
     def _supervise(self, session: Session) -> None:
         """Hook a session with a restart policy to this supervisor: it starts its next runs and
         keeps its record while it waits for one."""
+        session.stdin.parking = self._stdin_parking
         if session.spec.restart is not None:
             session.cycle.hook = self._restart_soon
             session.cycle.on_wait = self._save
@@ -908,6 +914,7 @@ class Supervisor:
         limit_roots = extra.get("limit_roots")
         roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
+        session.stdin.unpark(again=True)  # the holder's copy is sent from our table
         restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
 
     def _holder_lost(self) -> None:
