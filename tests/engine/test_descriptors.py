@@ -111,6 +111,8 @@ async def test_a_running_session_costs_the_server_at_most_two_descriptors(settin
         # Whatever a first session opens once (the holder's connection, the journal) is not per session.
         first = await sup.run(SpawnSpec("true"), scope="t", yield_ms=5000)
         assert first.exit_code == 0
+        holder = sup.capabilities()["restarts"]["holder_pid"]
+        holder_before = len(os.listdir(f"/proc/{holder}/fd"))
         before = open_fds() - waiting_fds()
         started = [await sup.spawn(SpawnSpec("cat"), scope="t") for _ in range(sessions)]
 
@@ -121,6 +123,10 @@ async def test_a_running_session_costs_the_server_at_most_two_descriptors(settin
         settled = await _until(lambda: added() <= 2 * sessions + 2)
         assert settled, f"{added()} descriptors for {sessions} running sessions: {_described(before)}"
         assert all(s.is_running for s in started)
+        # The holder keeps its copies (three pipes and a pidfd each) in flight too: its own
+        # limit is no larger than ours. Its stash's one socket pair, and nothing per session.
+        held = len(os.listdir(f"/proc/{holder}/fd")) - holder_before
+        assert held <= 4, f"the holder holds {held} more descriptors for {sessions} sessions"
         # A parked stdin is written to and closed as before: the child reads, then sees EOF.
         one = started[7]
         assert await one.write(b"hello\n", eof=True) == 6

@@ -62,13 +62,14 @@ class DescriptorStash:
         """Descriptors the stash itself holds in the table (two per bucket)."""
         return 2 * len(self._buckets)
 
-    def put_many(self, fds: Sequence[int]) -> list[int | None]:
+    def put_many(self, fds: Sequence[int], *, together: bool = False) -> list[int | None]:
         """Stash ``fds``: a token for each one stashed (closed here: it lives on in flight), None
-        for one the kernel would not take (still the caller's, open)."""
+        for one the kernel would not take (still the caller's, open). ``together``: in one
+        bucket (a session's descriptors, taken back at once)."""
         tokens: list[int | None] = [None] * len(fds)
         start = 0
         while start < len(fds):
-            bucket = self._room()
+            bucket = self._room(len(fds) if together else 1)
             count = min(BUCKET - bucket.in_flight, len(fds) - start)
             chunk = list(fds[start : start + count])
             ids = list(range(self._next, self._next + count))
@@ -96,11 +97,20 @@ class DescriptorStash:
     def take(self, token: int) -> int | None:
         """The stashed descriptor, back in the table (the caller's now); None if it is gone (lost
         to a full table while its bucket was open)."""
-        bucket = self._where.pop(token, None)
-        if bucket is None:
-            return None
-        bucket.live.discard(token)
-        return self._reopen(bucket, token)
+        return self.take_many([token]).get(token)
+
+    def take_many(self, tokens: Sequence[int]) -> dict[int, int]:
+        """Those of ``tokens`` still stashed, back in the table: each bucket opened once."""
+        by_bucket: dict[int, tuple[_Bucket, set[int]]] = {}
+        for token in tokens:
+            bucket = self._where.pop(token, None)
+            if bucket is not None:
+                bucket.live.discard(token)
+                by_bucket.setdefault(id(bucket), (bucket, set()))[1].add(token)
+        found: dict[int, int] = {}
+        for bucket, wanted in by_bucket.values():
+            found.update(self._reopen(bucket, wanted))
+        return found
 
     def discard(self, token: int) -> None:
         """Nobody will need it: closed when its bucket is next opened, or emptied."""
@@ -111,7 +121,7 @@ class DescriptorStash:
         if not bucket.live:
             self._drop(bucket)
         elif bucket.in_flight - len(bucket.live) > max(len(bucket.live), 16):
-            self._reopen(bucket, None)  # mostly dead: close those now
+            self._reopen(bucket, set())  # mostly dead: close those now
 
     def close(self) -> None:
         for bucket in self._buckets:
@@ -121,9 +131,9 @@ class DescriptorStash:
 
     # -- buckets -------------------------------------------------------------------------------
 
-    def _room(self) -> _Bucket:
+    def _room(self, need: int) -> _Bucket:
         for bucket in reversed(self._buckets):
-            if not bucket.full and bucket.in_flight < BUCKET:
+            if not bucket.full and bucket.in_flight + min(need, BUCKET) <= BUCKET:
                 return bucket
         sender, receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sender.setblocking(False)
@@ -141,10 +151,10 @@ class DescriptorStash:
         bucket.messages += 1
         return True
 
-    def _reopen(self, bucket: _Bucket, wanted: int | None) -> int | None:
-        """Receive every message of ``bucket``; return ``wanted``'s descriptor, close the dead
+    def _reopen(self, bucket: _Bucket, wanted: set[int]) -> dict[int, int]:
+        """Receive every message of ``bucket``; return the ``wanted`` descriptors, close the dead
         ones, and send the live rest back as one message (or drop the bucket if none is left)."""
-        found: int | None = None
+        found: dict[int, int] = {}
         keep: list[tuple[int, int]] = []
         try:
             for _ in range(bucket.messages):
@@ -155,8 +165,8 @@ class DescriptorStash:
                 ids = json.loads(data)
                 # A table too full to take them all (MSG_CTRUNC): the kernel closed the rest.
                 for token, fd in zip(ids, fds, strict=False):
-                    if token == wanted:
-                        found = fd
+                    if token in wanted:
+                        found[token] = fd
                     elif token in bucket.live:
                         keep.append((token, fd))
                     else:
