@@ -49,6 +49,11 @@ class ExitWatcher:
             loop.add_signal_handler(signal.SIGCHLD, watcher._signalled)  # type: ignore[union-attr]
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no Unix loop
             watcher = None
+        else:
+            # A thousand children ending between two loop iterations fill the loop's wakeup socket
+            # (a byte each); the bytes dropped then cost nothing (one pass finds every exit so
+            # far), so no warning for each on stderr.
+            signal.set_wakeup_fd(signal.set_wakeup_fd(-1), warn_on_full_buffer=False)
         _WATCHERS[loop] = watcher
         return watcher
 
