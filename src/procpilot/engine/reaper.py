@@ -35,7 +35,8 @@ class ExitWatcher:
     """The exits of the children watched from one event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: the registry's value must not keep its key (the loop) alive once it is closed.
+        self._loop = weakref.ref(loop)
         self._watched: dict[int, Callable[[], None]] = {}
         self._due = False  # True iff a pass is scheduled
 
@@ -70,9 +71,10 @@ class ExitWatcher:
         self._watched.pop(pid, None)
 
     def _signalled(self) -> None:
-        if not self._due:
+        loop = self._loop()
+        if not self._due and loop is not None:
             self._due = True
-            self._loop.call_soon(self._pass)
+            loop.call_soon(self._pass)
 
     def _pass(self) -> None:
         self._due = False
@@ -102,4 +104,7 @@ class ExitWatcher:
         try:
             on_exit()
         except Exception as exc:
-            self._loop.call_exception_handler({"message": "exit callback failed", "exception": exc})
+            loop = self._loop()
+            if loop is None:
+                raise
+            loop.call_exception_handler({"message": "exit callback failed", "exception": exc})
