@@ -1,6 +1,7 @@
 """One session: a process tree, its stdio, its output and its lifecycle.
 
-The session is driven by the event loop: pipe fds and the pidfd are registered as readers, so
+The session is driven by the event loop: pipe fds are registered as readers and the leader's exit
+comes through the loop's one SIGCHLD watcher (engine/reaper.py; a pidfd where there is none), so
 output is written to disk the moment it arrives and exit is seen without a polling tick.
 "Finished" means the leader has been reaped **and** every output pipe has reached EOF and been
 written out; only then does the session enter its end state and announce its exit.
