@@ -134,3 +134,25 @@ async def test_a_running_session_costs_the_server_at_most_two_descriptors(settin
         assert one.exit_code == 0
         assert one.output[Stream.STDOUT].read().data == b"hello\n"
         assert all(s.is_running for s in started if s is not one)  # nobody else's stdin closed
+
+
+async def test_an_adopted_session_costs_the_next_server_at_most_two_descriptors(settings: Settings) -> None:
+    """A restart takes every running session back under the same limit: the holder hands back
+    each one's stdin and pidfd too, but the stdin is parked as it arrives and the pidfd closed
+    (an adopted leader is not our child: its exit is polled for, engine/reaper.py)."""
+    sessions = 20
+    first = await Supervisor(settings, owner="t").start()
+    started = [await first.spawn(SpawnSpec("cat"), scope="t") for _ in range(sessions)]
+    await first.detach()
+    before = open_fds() - waiting_fds()
+    async with Supervisor(settings, owner="t") as second:
+        assert set(second.adopted) == {s.id for s in started}
+        # Beside two a session: the second server's own (its cgroup directories and owner lock,
+        # the holder's socket, the stash's socket pair: 9 here), the same for 1 session as for 1,000.
+        added = len(_described(before))
+        assert added <= 2 * sessions + 10, f"{added} descriptors for {sessions} adopted sessions: {_described(before)}"
+        one = second.get("t", started[3].id)
+        assert await one.write(b"again\n", eof=True) == 6
+        assert await one.wait_finished(5)
+        assert one.exit_code == 0
+        assert b"again" in one.output[Stream.COMBINED].read().data

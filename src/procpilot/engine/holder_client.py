@@ -24,6 +24,7 @@ from pathlib import Path
 
 from procpilot.engine import holder as holder_module
 from procpilot.engine.spawn import Spawned, open_pidfd
+from procpilot.engine.stdin import StdinParking
 
 __all__ = ["HeldSession", "HolderLink", "read_spool"]
 
@@ -51,12 +52,26 @@ class HeldSession:
     fds: dict[str, int]
     eof: set[str]
     exited: bool
+    # Its stdin parked as it arrived (HolderLink.park_stdin): the token, and the pipe's inode
+    # (what its child's /proc/PID/fd/0 shows). Its pidfd was closed on arrival: ``watched`` says
+    # the holder had one, so it records how the leader ends.
+    stdin_token: int | None = None
+    stdin_inode: int | None = None
+    watched: bool = False
+    parking: StdinParking | None = None  # where its stdin is parked
 
     def close(self) -> None:
+        """Let go of every copy (not adopted): a parked stdin is closed now, not left in flight,
+        or its child would never see EOF once the adopted copies close."""
         for fd in self.fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+        if self.stdin_token is not None and self.parking is not None:
+            ours = self.parking.take(self.stdin_token)
+            if ours is not None:
+                os.close(ours)
+        self.stdin_token = None
 
 
 class HolderLink:
@@ -78,6 +93,9 @@ class HolderLink:
         # Called (on the loop) when the holder goes away while we are connected: its copies died
         # with it, ours did not, so the supervisor starts another and hands everything over again.
         self.on_lost: Callable[[], None] | None = None
+        # Where a stdin handed back in the hello is parked, out of our table (engine/stdin.py): a
+        # restart of a server with 10,000 sessions must take them all back under the same limit.
+        self.parking: StdinParking | None = None
 
     @property
     def connected(self) -> bool:
@@ -231,7 +249,21 @@ class HolderLink:
                         os.close(fd)
                     continue
                 fd_of = dict(zip(roles, fds, strict=True))
-                held.append(HeldSession(str(msg["id"]), fd_of, set(msg["eof"]), bool(msg["exited"])))
+                one = HeldSession(str(msg["id"]), fd_of, set(msg["eof"]), bool(msg["exited"]))
+                # An adopted leader is not our child: its exit is polled for (engine/reaper.py),
+                # not watched through a pidfd each, which would not fit beside 10,000 sessions.
+                pidfd = fd_of.pop("pidfd", None)
+                if pidfd is not None:
+                    os.close(pidfd)
+                    one.watched = True
+                stdin = fd_of.get("stdin")
+                if stdin is not None and self.parking is not None:
+                    inode = os.fstat(stdin).st_ino
+                    token = self.parking.put(stdin)
+                    if token is not None:
+                        del fd_of["stdin"]
+                        one.stdin_token, one.stdin_inode, one.parking = token, inode, self.parking
+                held.append(one)
         except BaseException:
             for h in held:
                 h.close()

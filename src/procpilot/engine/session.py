@@ -26,7 +26,7 @@ from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Strea
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.procfs import read_small
-from procpilot.engine.reaper import ExitWatcher
+from procpilot.engine.reaper import ExitWatcher, LeaderPoll
 from procpilot.engine.records import spec_record
 from procpilot.engine.spawn import Spawned, SpawnSpec, open_pidfd
 from procpilot.engine.states import END_STATES, SessionState, check_transition
@@ -412,14 +412,12 @@ class Session:
             self._loop.call_soon(self._adopted_leader_gone)
         elif spawned.pidfd is not None:
             self._loop.add_reader(spawned.pidfd, self._adopted_leader_gone)
+        elif _our_child(spawned.pid) and (watcher := ExitWatcher.of(self._loop)) is not None:
+            # A detach and an adoption in one process: still our child, a zombie once it ends
+            # (there for /proc to see) until read_status reaps it.
+            watcher.watch(spawned.pid, self._adopted_leader_gone)
         else:
-            self._poll_adopted_leader()
-
-    def _poll_adopted_leader(self) -> None:
-        if self.pid is not None and os.path.exists(f"/proc/{self.pid}"):
-            self._timers.append(self._loop.call_later(0.05, self._poll_adopted_leader))
-        else:
-            self._adopted_leader_gone()
+            LeaderPoll.of(self._loop).watch(spawned.pid, self._adopted_leader_gone)
 
     def _adopted_leader_gone(self) -> None:
         spawned = self.run.spawned
@@ -654,8 +652,10 @@ class Session:
         spawned = self.run.spawned
         if spawned is None or self._finished.is_set():
             return
-        if not self.run.leader_reaped and (watcher := ExitWatcher.of(self._loop)) is not None:
-            watcher.unwatch(spawned.pid)
+        if not self.run.leader_reaped:
+            LeaderPoll.of(self._loop).unwatch(spawned.pid)
+            if (watcher := ExitWatcher.of(self._loop)) is not None:
+                watcher.unwatch(spawned.pid)
         for name in ("stdout_fd", "stderr_fd", "pidfd"):
             fd = getattr(spawned, name)
             if fd is not None and fd >= 0:
@@ -928,6 +928,14 @@ def _spawner_maxrss_kb() -> int:
     if now - _maxrss_read[0] > 1.0:
         _maxrss_read[:] = [now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]
     return int(_maxrss_read[1])
+
+
+def _our_child(pid: int) -> bool:
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _unread(fd: int) -> int:

@@ -138,6 +138,9 @@ class Spawned:
     stdout_fd: int
     stderr_fd: int | None  # None under a pty: one terminal carries both streams
     stdin_target: str | None = None  # what /proc/PID/fd/0 shows for our stdin: "pipe:[ino]" or a pts path
+    # Our stdin write end parked in the supervisor's stash (engine/stdin.py), not in the table:
+    # an adopted run's, parked as the holder handed it back.
+    stdin_token: int | None = None
 
 
 def build_env(

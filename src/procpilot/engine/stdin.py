@@ -45,8 +45,9 @@ class StdinWriter:
     def use(self, spawned: Spawned) -> None:
         """The stdin of a run that started (or was adopted): its descriptor, if it has one."""
         self._spawned = spawned
-        self.open = spawned.stdin_fd is not None
-        if self.open and self.parking is not None:
+        self._token, spawned.stdin_token = spawned.stdin_token, None
+        self.open = spawned.stdin_fd is not None or self._token is not None
+        if spawned.stdin_fd is not None and self.parking is not None:
             self.parking.request(self)
 
     def parkable_fd(self) -> int | None:
@@ -214,6 +215,11 @@ class StdinParking:
         for (writer, _), token in zip(due, tokens, strict=True):
             if token is not None:
                 writer.parked(token)
+
+    def put(self, fd: int) -> int | None:
+        """Park ``fd`` now (an adopted run's stdin, as it comes back from the holder): its token,
+        or None if it could not be (still the caller's)."""
+        return self._stash.put_many([fd])[0]
 
     def take(self, token: int) -> int | None:
         return self._stash.take(token)

@@ -298,6 +298,7 @@ class Supervisor:
             # First of all: the lock (a second live server of this owner stops here), then what the
             # holder kept. Its locks on dead servers' cgroups spare those trees from the sweep below.
             self._restarts = Restarts(self.config.state_dir, self.owner)
+            self._restarts.link.parking = self._stdin_parking  # what comes back is parked at once
             held = self._restarts.begin()
         try:
             self._probe()
@@ -1093,15 +1094,19 @@ class Supervisor:
             trees.signal(session_id, pid, signal.SIGKILL, leader_alive=False)
             fds = {}
         stdin = fds.get("stdin")
+        inode = os.fstat(stdin).st_ino if stdin is not None else held.stdin_inode if held is not None else None
         spawned = Spawned(
             None,
             pid,
-            fds.get("pidfd"),
+            None,  # not our child: its exit is polled for (engine/reaper.py)
             stdin,
             fds.get("stdout", -1),
             None if spec.pty else fds.get("stderr", -1),
-            f"pipe:[{os.fstat(stdin).st_ino}]" if stdin is not None and not spec.pty else None,
+            f"pipe:[{inode}]" if inode is not None and not spec.pty else None,
+            stdin_token=held.stdin_token if held is not None else None,
         )
+        if held is not None:
+            held.stdin_token = None  # the session's from now on
         for fd in fds.values():
             os.set_blocking(fd, False)
         exited = held.exited if held is not None else True
@@ -1109,7 +1114,8 @@ class Supervisor:
             session.custody.ended_in_outage = True
         exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
         # A leader alive with its pidfd held: a holder that records exits writes how it ends.
-        recorded = restarts.link.records is not None and "pidfd" in fds and not exited
+        watched = held is not None and held.watched
+        recorded = restarts.link.records is not None and watched and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
         own_child = record.get("server_pid") == os.getpid()
@@ -1117,7 +1123,7 @@ class Supervisor:
             spawned,
             started_at=float(record.get("started_at") or session.created_at),
             run_started_at=record.get("run_started_at"),
-            leader_exited=exited or (not alive and "pidfd" not in fds),
+            leader_exited=exited or (not alive and not watched),
             read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=recorded),
         )
         link = restarts.link
