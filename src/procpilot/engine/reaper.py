@@ -82,7 +82,7 @@ class ExitWatcher:
             try:
                 found = os.waitid(os.P_ALL, 0, _WAIT)
             except ChildProcessError:
-                return  # no child at all
+                break  # no child at all: what we watch was reaped elsewhere, each callback finds out
             if found is None:
                 return  # children, none exited
             on_exit = self._watched.pop(found.si_pid, None)
