@@ -35,7 +35,8 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                                                                + one fd per role, in order
                    {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
-  holder → server  {"op": "held", "id", "roles", "eof", "exited"} + one fd per role still open
+  holder → server  {"op": "held", "id", "roles", "eof", "exited", "recorded"} + one fd per role still open
+                                                               recorded: we record how its leader ends
                    {"op": "end", "protocol": PROTOCOL, "records": R}
                                                                R: how it records exits nobody can wait
                                                                for, {"mechanism"} or {"why"}; None: unknown
@@ -101,6 +102,7 @@ class Held:
     spool_fd: int | None = None
     roots: list[str] = field(default_factory=list)
     orphan: bool = False  # its server is gone: nobody can wait for its leader, we record its exit
+    recorded: bool = False  # True iff its leader's exit is watched for a record (engine/exit_records.py)
 
     @property
     def done(self) -> bool:
@@ -207,6 +209,8 @@ class Holder:
         for held in gone:
             held.orphan = True
         gone = self._unpark_within_limit(gone)
+        for held in gone:
+            held.recorded = self.exits is not None and "pidfd" in held.fds
         self._exits_change(lambda watch: watch.add({h.id: h.fds["pidfd"] for h in gone if "pidfd" in h.fds}))
         for held in gone:
             self._drain(held)
@@ -311,7 +315,14 @@ class Holder:
                 for held in chunk:
                     self._stop_draining(held)
                     roles = [r for r in held.fds if r != "pidfd" or not held.exited]
-                    body = {"op": "held", "id": held.id, "roles": roles, "eof": sorted(held.eof), "exited": held.exited}
+                    body = {
+                        "op": "held",
+                        "id": held.id,
+                        "roles": roles,
+                        "eof": sorted(held.eof),
+                        "exited": held.exited,
+                        "recorded": held.recorded,
+                    }
                     socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
                 for held in chunk:
                     self._park(held)  # the new server has its copies: ours wait out of the table again

@@ -52,9 +52,9 @@ class HeldSession:
     fds: dict[str, int]
     eof: set[str]
     exited: bool
-    # Its stdin parked as it arrived (HolderLink.park_stdin): the token, and the pipe's inode
-    # (what its child's /proc/PID/fd/0 shows). Its pidfd was closed on arrival: ``watched`` says
-    # the holder had one, so it records how the leader ends.
+    # Its stdin parked as it arrived (HolderLink.parking): the token, and the pipe's inode (what
+    # its child's /proc/PID/fd/0 shows). Its pidfd was closed on arrival; ``watched``: the holder
+    # records how its leader ends.
     stdin_token: int | None = None
     stdin_inode: int | None = None
     watched: bool = False
@@ -255,7 +255,9 @@ class HolderLink:
                 pidfd = fd_of.pop("pidfd", None)
                 if pidfd is not None:
                     os.close(pidfd)
-                    one.watched = True
+                # Whether the holder records how its leader ends (past its limit in an outage it
+                # could not watch every one; an older holder says nothing: it watched each).
+                one.watched = bool(msg.get("recorded", pidfd is not None))
                 stdin = fd_of.get("stdin")
                 if stdin is not None and self.parking is not None:
                     inode = os.fstat(stdin).st_ino
