@@ -3,7 +3,8 @@ after a kill -9 of their server, output drained by the holder while no server ru
 in an outage recorded (the holder's kernel exit records), and a SIGHUP re-exec of a daemon (how
 long requests wait meanwhile).
 
-Run: ``.venv/bin/python bench/restart.py [--quick]`` (~30 s; quick ~12 s). Nothing is asserted;
+Run: ``.venv/bin/python bench/restart.py [--quick] [--adopt N]`` (~30 s; quick ~12 s; ``--adopt``:
+row 2 alone with N sessions, each server's and the holder's descriptors counted). Nothing is asserted;
 every figure is printed beside a raw baseline measured in the same run. Every process it starts
 is ended before it returns (the last supervisor ends every session; the holder then exits).
 """
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 from procpilot.config import Settings, load_settings
+from procpilot.engine import descriptors
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.store import FileStore
@@ -154,11 +156,15 @@ async def bench_spawn(root: Path, n: int) -> None:
 
 
 async def bench_adopt(root: Path, n: int) -> None:
-    ids = crash_with(root, n, "sleep 600")
+    ids = crash_with(root, n, "sleep 3600")
+    fds0 = len(os.listdir("/proc/self/fd"))
     t0 = time.perf_counter()
     sup = await Supervisor(settings_for(root), owner="bench").start()
     adopt = time.perf_counter() - t0
     running = sum(1 for s in sup.all_sessions() if s.is_running)
+    fds = len(os.listdir("/proc/self/fd")) - fds0
+    holder = sup.capabilities()["restarts"]["holder_pid"]
+    holder_fds = len(os.listdir(f"/proc/{holder}/fd")) if holder else 0
     rss = holder_rss(root)
     t1 = time.perf_counter()
     await sup.aclose()
@@ -168,8 +174,9 @@ async def bench_adopt(root: Path, n: int) -> None:
     base = await Supervisor(settings_for(empty), owner="bench").start()
     baseline = time.perf_counter() - t2
     await base.aclose()
-    print(f"2. {n} x sleep 600, their server killed -9, then a new server on the same state dir")
+    print(f"2. {n} x sleep 3600, their server killed -9, then a new server on the same state dir")
     print(f"   start with adoption       {adopt:6.3f} s   ({running} of {len(ids)} adopted running)")
+    print(f"   descriptors of the new server: {fds:,} ({fds / n:.2f} a session); of the holder: {holder_fds:,}")
     per = (adopt - baseline) / n * 1e3
     print(f"   baseline: start, nothing to adopt {baseline:6.3f} s   (adoption adds {per:.2f} ms per session)")
     print(f"   end them all (aclose)     {close:6.3f} s")
@@ -287,9 +294,16 @@ def bench_reload(root: Path, n: int) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--adopt", type=int, help="sessions adopted in row 2 (default 1,000), alone: rows 1 and 3-5 skipped"
+    )
     args = parser.parse_args()
+    descriptors.raise_for(args.adopt or 1000)  # as a server does at start (the crashed child inherits it)
     root = Path(tempfile.mkdtemp(prefix="pp-restart-"))
     try:
+        if args.adopt:
+            await bench_adopt(root / "adopt", args.adopt)
+            return
         await bench_spawn(root / "spawn", 60 if args.quick else 300)
         await bench_adopt(root / "adopt", 200 if args.quick else 1000)
         await bench_outage_output(root / "output", (64 if args.quick else 256) * MIB)

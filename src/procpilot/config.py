@@ -168,7 +168,7 @@ class ServerSettings(BaseModel):
     header_timeout_sec: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
     body_timeout_sec: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
     max_connections: Annotated[_Int, _clamp(16, 1_000_000)] = 4096
-    # Running sessions the server makes room for in its descriptor limit at start (4 descriptors
+    # Running sessions the server makes room for in its descriptor limit at start (2 descriptors
     # each, and one per connection): its soft limit up to the hard one, as root the hard one too
     # (engine/descriptors.py).
     max_running_sessions: Annotated[_Int, _clamp(1, 200_000)] = 10_000

@@ -3,16 +3,25 @@ allows, and its sessions get that soft limit back (engine/descriptors.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from procpilot.config import Settings
 from procpilot.engine import descriptors
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.warm import waiting_fds
+from tests.conftest import open_fds
 
 # Run in a child: the limit is the whole process's, and this one must start low.
 _SERVER = """
@@ -72,3 +81,78 @@ def test_a_server_holds_more_sessions_than_its_starting_soft_limit(tmp_path: Pat
     # Sessions get the soft limit the server started with, warm or cold.
     assert found["warm_ulimit"].strip() == str(start_soft)
     assert found["cold_ulimit"].strip() == str(start_soft)
+
+
+def _described(before: set[int]) -> list[str]:
+    found = []
+    for fd in open_fds() - waiting_fds() - before:
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+async def test_a_running_session_costs_the_server_at_most_two_descriptors(settings: Settings) -> None:
+    """Its stdout and stderr read ends, no more: its exit is seen through the one SIGCHLD watcher
+    (no pidfd) and its unwritten stdin is parked out of the table (engine/stdin.py). With an
+    owner, so the holder's connection and its copies are part of it; stdin still works after."""
+    sessions = 30
+    async with Supervisor(settings, owner="t") as sup:
+        # Whatever a first session opens once (the holder's connection, the journal) is not per session.
+        first = await sup.run(SpawnSpec("true"), scope="t", yield_ms=5000)
+        assert first.exit_code == 0
+        holder = sup.capabilities()["restarts"]["holder_pid"]
+        holder_before = len(os.listdir(f"/proc/{holder}/fd"))
+        before = open_fds() - waiting_fds()
+        started = [await sup.spawn(SpawnSpec("cat"), scope="t") for _ in range(sessions)]
+
+        def added() -> int:
+            return len(_described(before))  # open now: not listdir's own, gone by then
+
+        # Parking waits 50 ms after a start; the stash's one socket pair holds up to 200 of them.
+        settled = await _until(lambda: added() <= 2 * sessions + 2)
+        assert settled, f"{added()} descriptors for {sessions} running sessions: {_described(before)}"
+        assert all(s.is_running for s in started)
+        # The holder keeps its copies (three pipes and a pidfd each) in flight too: its own
+        # limit is no larger than ours. Its stash's one socket pair, and nothing per session.
+        held = len(os.listdir(f"/proc/{holder}/fd")) - holder_before
+        assert held <= 4, f"the holder holds {held} more descriptors for {sessions} sessions"
+        # A parked stdin is written to and closed as before: the child reads, then sees EOF.
+        one = started[7]
+        assert await one.write(b"hello\n", eof=True) == 6
+        assert await one.wait_finished(5)
+        assert one.exit_code == 0
+        assert one.output[Stream.STDOUT].read().data == b"hello\n"
+        assert all(s.is_running for s in started if s is not one)  # nobody else's stdin closed
+
+
+async def test_an_adopted_session_costs_the_next_server_at_most_two_descriptors(settings: Settings) -> None:
+    """A restart takes every running session back under the same limit: the holder hands back
+    each one's stdin and pidfd too, but the stdin is parked as it arrives and the pidfd closed
+    (an adopted leader is not our child: its exit is polled for, engine/reaper.py)."""
+    sessions = 20
+    first = await Supervisor(settings, owner="t").start()
+    started = [await first.spawn(SpawnSpec("cat"), scope="t") for _ in range(sessions)]
+    await first.detach()
+    before = open_fds() - waiting_fds()
+    async with Supervisor(settings, owner="t") as second:
+        assert set(second.adopted) == {s.id for s in started}
+        # Beside two a session: the second server's own (its cgroup directories and owner lock,
+        # the holder's socket, the stash's socket pair: 9 here), the same for 1 session as for 1,000.
+        added = len(_described(before))
+        assert added <= 2 * sessions + 10, f"{added} descriptors for {sessions} adopted sessions: {_described(before)}"
+        one = second.get("t", started[3].id)
+        assert await one.write(b"again\n", eof=True) == 6
+        assert await one.wait_finished(5)
+        assert one.exit_code == 0
+        assert b"again" in one.output[Stream.COMBINED].read().data

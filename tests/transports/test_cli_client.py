@@ -524,9 +524,9 @@ def test_capabilities_endpoint_and_doctor(served: Served) -> None:
     assert set(caps["limits"]) == {"mechanism", "enforced", "not_enforced", "passed_over"}
     # The daemon made room for its sessions in its own descriptor limit, and says so.
     fds = caps["descriptors"]
-    assert fds["raised_for_sessions"] == 10_000 and fds["per_session"] == 4
-    assert fds["soft"] == min(fds["hard"], 4 * 10_000 + 4096 + 2048)
-    assert ("note" in fds) is (fds["hard"] < 4 * 10_000 + 4096 + 2048)
+    assert fds["raised_for_sessions"] == 10_000 and fds["per_session"] == 2
+    assert fds["soft"] == min(fds["hard"], 2 * 10_000 + 4096 + 2048)
+    assert ("note" in fds) is (fds["hard"] < 2 * 10_000 + 4096 + 2048)
     with Client(served.url, "wrong") as c, pytest.raises(Unauthorized):
         c.capabilities()
 

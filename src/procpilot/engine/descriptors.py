@@ -1,8 +1,11 @@
 """This process's descriptor limit (RLIMIT_NOFILE) against the sessions it is to hold.
 
-A running session holds :data:`PER_SESSION` descriptors in the supervisor (its stdin, stdout and
-stderr pipes and its pidfd; output files are shared, see ``segments.OpenWriters``), so a limit of
-20,000 holds about 4,900 sessions and 10,000 need about 41,000. A server raises its own soft limit
+A running session holds :data:`PER_SESSION` descriptors in the supervisor: its stdout and stderr
+pipes. Its exit comes through the loop's one SIGCHLD watcher (engine/reaper.py), not a pidfd,
+and its stdin, until its first write, waits in flight out of the table (engine/stdin.py); output
+files are shared (``segments.OpenWriters``). A session written to holds its stdin too (3), and
+one on a loop with no watcher (off the main thread) a pidfd. So a limit of 20,000 holds about
+9,000 sessions beside the reserve below, and 10,000 need about 22,000. A server raises its own soft limit
 to what it needs, up to the hard limit, and with CAP_SYS_RESOURCE (root) the hard limit too, up
 to ``/proc/sys/fs/nr_open``. Only this process's limit: nothing host-wide, and what was done is
 logged and reported (``capabilities()["descriptors"]``). Past the limit a spawn is refused
@@ -22,7 +25,7 @@ from typing import Any
 
 __all__ = ["PER_SESSION", "DescriptorLimit", "child_lines", "needed_for", "raise_for", "report"]
 
-PER_SESSION = 4
+PER_SESSION = 2
 # The server's own: its clients' sockets, the journal, warm shells, the log files open for writing.
 _RESERVE = 2048
 _NR_OPEN = Path("/proc/sys/fs/nr_open")

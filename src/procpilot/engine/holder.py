@@ -18,6 +18,14 @@ can ``wait`` for a leader whose server died (init reaps it), so from then on, ad
 the holder takes the kernel's exit record for it (engine/exit_records.py, root only) and writes
 it beside the spool. The holder exits when it holds nothing and no server is connected.
 
+Its descriptors: while a server is connected nothing is read, so every copy waits in flight in
+the holder's own stash (engine/stash.py, SCM_RIGHTS messages to itself), not in its descriptor
+table: 10,000 sessions' three or four copies each would not fit under a limit of 20,000. They
+come back into the table to be handed to a server (a chunk of sessions at a time) and, in an
+outage, to be drained: as many sessions as its descriptor limit has room for (the output read
+ends and the pidfd), the rest staying in flight, unread, until the next server (their commands
+run on, and block once their pipe holds 1 MiB).
+
 Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
 the package: it must start in tens of milliseconds and stay small (one per state directory).
 
@@ -27,7 +35,8 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                                                                + one fd per role, in order
                    {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
-  holder → server  {"op": "held", "id", "roles", "eof", "exited"} + one fd per role still open
+  holder → server  {"op": "held", "id", "roles", "eof", "exited", "recorded"} + one fd per role still open
+                                                               recorded: we record how its leader ends
                    {"op": "end", "protocol": PROTOCOL, "records": R}
                                                                R: how it records exits nobody can wait
                                                                for, {"mechanism"} or {"why"}; None: unknown
@@ -41,6 +50,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -53,6 +63,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from procpilot.engine.exit_records import ExitWatch
+    from procpilot.engine.stash import DescriptorStash
 
 # One spool record: a tag (b"o" stdout, b"e" stderr, b"d" bytes dropped past the cap) and a length.
 SPOOL_HEADER = struct.Struct(">cQ")
@@ -69,6 +80,8 @@ _SEND_TIMEOUT = 10.0
 _IDLE_EXIT = 10.0
 # Sessions that ended while no server ran are kept (their cgroup locks) this long for the next one.
 _KEEP_ENDED = 3600.0
+_CHUNK = 64  # sessions whose descriptors come out of the stash at once (a hello)
+_SPARE_FDS = 256  # descriptors an outage's drain leaves free: sockets, spools, a bucket opened
 
 
 @dataclass
@@ -77,9 +90,10 @@ class Held:
 
     id: str
     owner: str
-    fds: dict[str, int]
+    fds: dict[str, int]  # in our descriptor table
     spool: str
     cap: int
+    parked: dict[str, int] = field(default_factory=dict)  # role: token in the stash (not in the table)
     eof: set[str] = field(default_factory=set)
     exited: bool = False
     draining: bool = False
@@ -88,10 +102,11 @@ class Held:
     spool_fd: int | None = None
     roots: list[str] = field(default_factory=list)
     orphan: bool = False  # its server is gone: nobody can wait for its leader, we record its exit
+    recorded: bool = False  # True iff its leader's exit is watched for a record (engine/exit_records.py)
 
     @property
     def done(self) -> bool:
-        outputs = [r for r in OUTPUT_ROLES if r in self.fds or r in self.eof]
+        outputs = [r for r in OUTPUT_ROLES if r in self.fds or r in self.parked or r in self.eof]
         return self.exited and all(r in self.eof for r in outputs)
 
 
@@ -107,6 +122,7 @@ class Holder:
         # unless somebody holds that lock, and these trees are waiting for their next server.
         self.roots: dict[str, tuple[int, int]] = {}
         self.exits: ExitWatch | None = None  # loaded with the first sessions we are given
+        self.stash: DescriptorStash | None = None  # likewise: where held copies wait, out of the table
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -170,12 +186,16 @@ class Holder:
             self._hello(conn, str(msg.get("owner")))
         elif op == "forget":
             ids = msg.get("ids")
-            for sid in ids if isinstance(ids, list) else []:
-                self._drop(str(sid))
+            gone = [h for sid in (ids if isinstance(ids, list) else []) if (h := self.sessions.get(str(sid)))]
+            self._unpark_all(gone, ("stdin",))  # closed below, with one look into each bucket
+            for ended in gone:
+                self._drop(ended.id)
         elif op == "stdin_closed":
-            held = self.sessions.get(str(msg.get("id")))
-            if held is not None and "stdin" in held.fds:
-                os.close(held.fds.pop("stdin"))
+            closing = self.sessions.get(str(msg.get("id")))
+            if closing is not None:
+                self._unpark(closing, ("stdin",))  # closed now, not with its bucket: the child waits for EOF
+                if "stdin" in closing.fds:
+                    os.close(closing.fds.pop("stdin"))
 
     def _disconnect(self, conn: socket.socket) -> None:
         owner = self.conns.pop(conn, None)
@@ -188,6 +208,9 @@ class Holder:
         gone = [h for h in self.sessions.values() if h.owner == owner]
         for held in gone:
             held.orphan = True
+        gone = self._unpark_within_limit(gone)
+        for held in gone:
+            held.recorded = self.exits is not None and "pidfd" in held.fds
         self._exits_change(lambda watch: watch.add({h.id: h.fds["pidfd"] for h in gone if "pidfd" in h.fds}))
         for held in gone:
             self._drain(held)
@@ -209,6 +232,9 @@ class Holder:
         if self.exits is None:  # loaded now, not as an outage begins: its first milliseconds count
             with contextlib.suppress(ImportError, OSError, SyntaxError):  # then no exit records, nothing worse
                 self.exits = _load_exit_records().ExitWatch()
+        if self.stash is None:
+            with contextlib.suppress(ImportError, OSError, SyntaxError):  # then the copies stay in the table
+                self.stash = _load_beside("procpilot_stash", "stash.py").DescriptorStash()
         pos = 0
         for one in sessions:
             count = len(one["roles"])
@@ -236,6 +262,7 @@ class Holder:
             if self._hold_root(str(root)):
                 held.roots.append(str(root))
         self.sessions[sid] = held
+        self._park(held)
 
     def _hold_root(self, path: str) -> bool:
         if path in self.roots:
@@ -272,6 +299,7 @@ class Holder:
                 self.sel.unregister(fd)
             os.close(fd)
         held.fds.clear()
+        self._discard_parked(held)
         self._close_spool(held)
         self._release_roots(held)
         if held.orphan:
@@ -281,11 +309,23 @@ class Holder:
         self.conns[conn] = owner
         mine = [h for h in self.sessions.values() if h.owner == owner]
         try:
-            for held in mine:
-                self._stop_draining(held)
-                roles = [r for r in held.fds if r != "pidfd" or not held.exited]
-                body = {"op": "held", "id": held.id, "roles": roles, "eof": sorted(held.eof), "exited": held.exited}
-                socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
+            for first in range(0, len(mine), _CHUNK):
+                chunk = mine[first : first + _CHUNK]
+                self._unpark_all(chunk)
+                for held in chunk:
+                    self._stop_draining(held)
+                    roles = [r for r in held.fds if r != "pidfd" or not held.exited]
+                    body = {
+                        "op": "held",
+                        "id": held.id,
+                        "roles": roles,
+                        "eof": sorted(held.eof),
+                        "exited": held.exited,
+                        "recorded": held.recorded,
+                    }
+                    socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
+                for held in chunk:
+                    self._park(held)  # the new server has its copies: ours wait out of the table again
             records = None if self.exits is None else self.exits.said
             conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records}).encode())
         except OSError:
@@ -351,7 +391,68 @@ class Holder:
             # trace of an OOM kill that makes it limit_exceeded.
             for role in list(held.fds):
                 os.close(held.fds.pop(role))  # its stdin: nobody reads it any more
+            self._discard_parked(held)
             self._close_spool(held)
+
+    # -- the stash: copies out of the descriptor table (engine/stash.py) --------------------------
+
+    def _park(self, held: Held) -> None:
+        """Its copies that nothing reads or watches now, into the stash."""
+        if self.stash is None or held.draining:
+            return
+        watched = {"pidfd"} if held.orphan and not held.exited else set()  # an orphan's exit is watched
+        roles = [r for r in held.fds if r not in watched]
+        tokens = self.stash.put_many([held.fds[r] for r in roles], together=True)
+        for role, token in zip(roles, tokens, strict=True):
+            if token is not None:
+                del held.fds[role]
+                held.parked[role] = token
+
+    def _unpark(self, held: Held, roles: tuple[str, ...] | None = None) -> None:
+        self._unpark_all([held], roles)
+
+    def _unpark_all(self, sessions: list[Held], roles: tuple[str, ...] | None = None) -> None:
+        """Their copies (of ``roles``; None: all) back in the table, each bucket opened once."""
+        if self.stash is None:
+            return
+        wanted = [(h, r, t) for h in sessions for r, t in h.parked.items() if roles is None or r in roles]
+        found = self.stash.take_many([t for _, _, t in wanted])
+        for held, role, token in wanted:
+            del held.parked[role]
+            fd = found.get(token)
+            if fd is not None:
+                held.fds[role] = fd
+            elif role in OUTPUT_ROLES:
+                held.eof.add(role)  # lost to a full table while its bucket was open: nothing more to read
+
+    def _unpark_within_limit(self, sessions: list[Held]) -> list[Held]:
+        """An outage: the sessions whose output and exit we can watch now (their copies back in
+        the table, as far as our descriptor limit goes); the rest stay in flight, unread."""
+        try:
+            room = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - len(os.listdir("/proc/self/fd")) - _SPARE_FDS
+        except (OSError, ValueError):
+            room = 0
+        kept: list[Held] = []
+        for held in sessions:
+            need = sum(1 for r in held.parked if r != "stdin")
+            if need > room:
+                break
+            room -= need
+            kept.append(held)
+        for first in range(0, len(kept), _CHUNK):
+            self._unpark_all(kept[first : first + _CHUNK], (*OUTPUT_ROLES, "pidfd"))
+        return kept
+
+    def _discard_parked(self, held: Held) -> None:
+        """Its copies in the stash, let go: a stdin is closed now (another copy of it may be in
+        use, and its child sees EOF only once every one is closed); the rest with their bucket."""
+        self._unpark(held, ("stdin",))
+        if "stdin" in held.fds:
+            os.close(held.fds.pop("stdin"))
+        if self.stash is not None:
+            for token in held.parked.values():
+                self.stash.discard(token)
+        held.parked.clear()
 
     # -- exits nobody can wait for (engine/exit_records.py) -------------------------------------
 
@@ -407,12 +508,15 @@ class Holder:
 
 
 def _load_exit_records() -> Any:
-    """engine/exit_records.py, by its path beside ours: we run as a script, not in the package."""
-    name = "procpilot_exit_records"
+    return _load_beside("procpilot_exit_records", "exit_records.py")
+
+
+def _load_beside(name: str, file: str) -> Any:
+    """A module of the engine, by its path beside ours: we run as a script, not in the package."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "exit_records.py"))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), file))
         if spec is None or spec.loader is None:
-            raise ImportError("exit_records.py is not beside holder.py")
+            raise ImportError(f"{file} is not beside holder.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -428,6 +532,9 @@ def main(path: str) -> int:
         return 0  # another holder serves this directory already
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(OSError, ValueError):  # room to drain as many sessions as allowed
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

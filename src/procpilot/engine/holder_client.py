@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from procpilot.engine import holder as holder_module
-from procpilot.engine.spawn import Spawned
+from procpilot.engine.spawn import Spawned, open_pidfd
+from procpilot.engine.stdin import StdinParking
 
 __all__ = ["HeldSession", "HolderLink", "read_spool"]
 
@@ -51,12 +52,26 @@ class HeldSession:
     fds: dict[str, int]
     eof: set[str]
     exited: bool
+    # Its stdin parked as it arrived (HolderLink.parking): the token, and the pipe's inode (what
+    # its child's /proc/PID/fd/0 shows). Its pidfd was closed on arrival; ``watched``: the holder
+    # records how its leader ends.
+    stdin_token: int | None = None
+    stdin_inode: int | None = None
+    watched: bool = False
+    parking: StdinParking | None = None  # where its stdin is parked
 
     def close(self) -> None:
+        """Let go of every copy (not adopted): a parked stdin is closed now, not left in flight,
+        or its child would never see EOF once the adopted copies close."""
         for fd in self.fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+        if self.stdin_token is not None and self.parking is not None:
+            ours = self.parking.take(self.stdin_token)
+            if ours is not None:
+                os.close(ours)
+        self.stdin_token = None
 
 
 class HolderLink:
@@ -78,6 +93,9 @@ class HolderLink:
         # Called (on the loop) when the holder goes away while we are connected: its copies died
         # with it, ours did not, so the supervisor starts another and hands everything over again.
         self.on_lost: Callable[[], None] | None = None
+        # Where a stdin handed back in the hello is parked, out of our table (engine/stdin.py): a
+        # restart of a server with 10,000 sessions must take them all back under the same limit.
+        self.parking: StdinParking | None = None
 
     @property
     def connected(self) -> bool:
@@ -231,7 +249,23 @@ class HolderLink:
                         os.close(fd)
                     continue
                 fd_of = dict(zip(roles, fds, strict=True))
-                held.append(HeldSession(str(msg["id"]), fd_of, set(msg["eof"]), bool(msg["exited"])))
+                one = HeldSession(str(msg["id"]), fd_of, set(msg["eof"]), bool(msg["exited"]))
+                # An adopted leader is not our child: its exit is polled for (engine/reaper.py),
+                # not watched through a pidfd each, which would not fit beside 10,000 sessions.
+                pidfd = fd_of.pop("pidfd", None)
+                if pidfd is not None:
+                    os.close(pidfd)
+                # Whether the holder records how its leader ends (past its limit in an outage it
+                # could not watch every one; an older holder says nothing: it watched each).
+                one.watched = bool(msg.get("recorded", pidfd is not None))
+                stdin = fd_of.get("stdin")
+                if stdin is not None and self.parking is not None:
+                    inode = os.fstat(stdin).st_ino
+                    token = self.parking.put(stdin)
+                    if token is not None:
+                        del fd_of["stdin"]
+                        one.stdin_token, one.stdin_inode, one.parking = token, inode, self.parking
+                held.append(one)
         except BaseException:
             for h in held:
                 h.close()
@@ -279,23 +313,35 @@ class HolderLink:
         forgets, self._pending_forgets = self._pending_forgets, []
         batch: list[dict[str, object]] = []
         fds: list[int] = []
-        for spawned, body in adds.values():
-            roles: list[str] = []
-            for role, fd in (
-                ("stdout", spawned.stdout_fd),
-                ("stderr", spawned.stderr_fd),
-                ("stdin", spawned.stdin_fd),
-                ("pidfd", spawned.pidfd),
-            ):
-                if fd is not None and fd >= 0:
-                    roles.append(role)
-                    fds.append(fd)
-            batch.append({**body, "roles": roles})
-            if len(fds) > _MAX_FDS_PER_MSG - 4:
+        # The server watches its own children's exits without a pidfd each (engine/reaper.py); the
+        # holder, which is not their parent, gets one opened for the send and closed after it.
+        lent: list[int] = []
+        try:
+            for spawned, body in adds.values():
+                roles: list[str] = []
+                pidfd = spawned.pidfd
+                if pidfd is None and spawned.popen is not None and spawned.popen.returncode is None:
+                    pidfd = open_pidfd(spawned.pid)  # not reaped yet: still this pid's process
+                    if pidfd is not None:
+                        lent.append(pidfd)
+                for role, fd in (
+                    ("stdout", spawned.stdout_fd),
+                    ("stderr", spawned.stderr_fd),
+                    ("stdin", spawned.stdin_fd),
+                    ("pidfd", pidfd),
+                ):
+                    if fd is not None and fd >= 0:
+                        roles.append(role)
+                        fds.append(fd)
+                batch.append({**body, "roles": roles})
+                if len(fds) > _MAX_FDS_PER_MSG - 4:
+                    self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
+                    batch, fds = [], []
+                    _close_all(lent)
+            if batch:
                 self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
-                batch, fds = [], []
-        if batch:
-            self._send({"op": "add", "owner": self.owner, "sessions": batch}, fds)
+        finally:
+            _close_all(lent)
         for first in range(0, len(forgets), _MAX_IDS_PER_MSG):
             self._send({"op": "forget", "ids": forgets[first : first + _MAX_IDS_PER_MSG]})
 
@@ -323,6 +369,12 @@ class HolderLink:
             if self._loop is not None:
                 self._loop.remove_reader(sock.fileno())
             sock.close()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
 
 
 def read_spool(path: Path) -> Iterator[tuple[bytes, bytes | int]]:

@@ -54,9 +54,9 @@ class _Closable(Protocol):
 class OpenWriters:
     """The output files held open for writing, across every session: the ``limit`` most recently
     written. A session that printed once and now sleeps would otherwise hold its log's and its
-    index's descriptors for as long as it runs, half again the four it needs (stdin, stdout,
-    stderr, pidfd): the difference between 10,000 sleeping sessions fitting under a descriptor
-    limit or not. A writer pushed out reopens its file on its next write (~5 µs)."""
+    index's descriptors for as long as it runs, twice the two it needs (stdout, stderr): the
+    difference between 10,000 sleeping sessions fitting under a descriptor limit or not. A writer
+    pushed out reopens its file on its next write (~5 µs)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

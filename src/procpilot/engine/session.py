@@ -1,6 +1,7 @@
 """One session: a process tree, its stdio, its output and its lifecycle.
 
-The session is driven by the event loop: pipe fds and the pidfd are registered as readers, so
+The session is driven by the event loop: pipe fds are registered as readers and the leader's exit
+comes through the loop's one SIGCHLD watcher (engine/reaper.py; a pidfd where there is none), so
 output is written to disk the moment it arrives and exit is seen without a polling tick.
 "Finished" means the leader has been reaped **and** every output pipe has reached EOF and been
 written out; only then does the session enter its end state and announce its exit.
@@ -26,8 +27,9 @@ from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Strea
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
 from procpilot.engine.procfs import read_small
+from procpilot.engine.reaper import ExitWatcher, LeaderPoll
 from procpilot.engine.records import SessionRecord
-from procpilot.engine.spawn import Spawned, SpawnSpec
+from procpilot.engine.spawn import Spawned, SpawnSpec, open_pidfd
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.stdin import StdinWriter
 from procpilot.engine.trees import TreeBackend, waiting_for_input
@@ -487,12 +489,26 @@ class Session:
         for fd, stream in streams:
             self.run.open_streams += 1
             self._loop.add_reader(fd, self._on_readable, fd, stream)
+        self._watch_leader(spawned)
+        if self.spec.timeout:
+            self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
+
+    def _watch_leader(self, spawned: Spawned) -> None:
+        # Our own child: the loop's one SIGCHLD watcher sees its exit (engine/reaper.py), so the
+        # run holds no pidfd (a warm shell's is closed); without a watcher, a pidfd, else a poll.
+        watcher = ExitWatcher.of(self._loop)
+        if watcher is not None:
+            if spawned.pidfd is not None:
+                os.close(spawned.pidfd)
+                spawned.pidfd = None
+            watcher.watch(spawned.pid, self._on_leader_exit)
+            return
+        if spawned.pidfd is None:
+            spawned.pidfd = open_pidfd(spawned.pid)
         if spawned.pidfd is not None:
             self._loop.add_reader(spawned.pidfd, self._on_leader_exit)
         else:
             self._poll_leader()
-        if self.spec.timeout:
-            self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
 
     def adopt(
         self,
@@ -530,14 +546,12 @@ class Session:
             self._loop.call_soon(self._adopted_leader_gone)
         elif spawned.pidfd is not None:
             self._loop.add_reader(spawned.pidfd, self._adopted_leader_gone)
+        elif _our_child(spawned.pid) and (watcher := ExitWatcher.of(self._loop)) is not None:
+            # A detach and an adoption in one process: still our child, a zombie once it ends
+            # (there for /proc to see) until read_status reaps it.
+            watcher.watch(spawned.pid, self._adopted_leader_gone)
         else:
-            self._poll_adopted_leader()
-
-    def _poll_adopted_leader(self) -> None:
-        if self.pid is not None and os.path.exists(f"/proc/{self.pid}"):
-            self._timers.append(self._loop.call_later(0.05, self._poll_adopted_leader))
-        else:
-            self._adopted_leader_gone()
+            LeaderPoll.of(self._loop).watch(spawned.pid, self._adopted_leader_gone)
 
     def _adopted_leader_gone(self) -> None:
         spawned = self.run.spawned
@@ -772,6 +786,10 @@ class Session:
         spawned = self.run.spawned
         if spawned is None or self._finished.is_set():
             return
+        if not self.run.leader_reaped:
+            LeaderPoll.of(self._loop).unwatch(spawned.pid)
+            if (watcher := ExitWatcher.of(self._loop)) is not None:
+                watcher.unwatch(spawned.pid)
         for name in ("stdout_fd", "stderr_fd", "pidfd"):
             fd = getattr(spawned, name)
             if fd is not None and fd >= 0:
@@ -978,7 +996,7 @@ class Session:
         self.stdin.open = value
 
     def _close_stdin(self) -> None:
-        self.stdin.close()
+        self.stdin.close(ended=True)
 
     def _stdin_closing(self) -> None:
         if self.custody.on_stdin_close is not None:
@@ -1041,6 +1059,14 @@ def _image(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/exe")
     except OSError:
         return None
+
+
+def _our_child(pid: int) -> bool:
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _unread(fd: int) -> int:

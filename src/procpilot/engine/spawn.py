@@ -148,6 +148,9 @@ class Spawned:
     stdout_fd: int
     stderr_fd: int | None  # None under a pty: one terminal carries both streams
     stdin_target: str | None = None  # what /proc/PID/fd/0 shows for our stdin: "pipe:[ino]" or a pts path
+    # Our stdin write end parked in the supervisor's stash (engine/stdin.py), not in the table:
+    # an adopted run's, parked as the holder handed it back.
+    stdin_token: int | None = None
 
 
 def build_env(
@@ -442,7 +445,8 @@ def _spawn_once(
         os.close(fd)
     for fd in parent_fds:
         os.set_blocking(fd, False)
-    return Spawned(popen, popen.pid, open_pidfd(popen.pid), stdin_fd, stdout_fd, stderr_fd, stdin_target)
+    # No pidfd: the session watches its exit (Session.attach: one SIGCHLD watcher, or its own pidfd).
+    return Spawned(popen, popen.pid, None, stdin_fd, stdout_fd, stderr_fd, stdin_target)
 
 
 def open_pidfd(pid: int) -> int | None:

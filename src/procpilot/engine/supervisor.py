@@ -55,6 +55,7 @@ from procpilot.engine.spawn import Spawned, SpawnSpec, build_env, spawn_process
 from procpilot.engine.state_files import StateDirIdentity, make_state_dir
 from procpilot.engine.state_format import check_state_format
 from procpilot.engine.states import END_STATES, SessionState
+from procpilot.engine.stdin import StdinParking
 from procpilot.engine.store import FileStore, SessionStore
 from procpilot.engine.trees import (
     MARKER_ENV,
@@ -236,6 +237,8 @@ class Supervisor:
         # The state directory as it was at start: a spawn refuses to make files in another one.
         self._state_dir: StateDirIdentity | None = None
         self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
+        # Running sessions' unwritten stdin, out of our descriptor table (engine/stdin.py).
+        self._stdin_parking = StdinParking(before=self._hold_now)
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
         # Exits of sessions that ended while no server ran, per scope and session id, kept as long
         # as the session is: nobody was there to be told when they happened, so every listener
@@ -318,6 +321,7 @@ class Supervisor:
             # First of all: the lock (a second live server of this owner stops here), then what the
             # holder kept. Its locks on dead servers' cgroups spare those trees from the sweep below.
             self._restarts = Restarts(self.config.state_dir, self.owner)
+            self._restarts.link.parking = self._stdin_parking  # what comes back is parked at once
             held = self._restarts.begin()
         try:
             self._probe()
@@ -563,6 +567,7 @@ class Supervisor:
                 release()
         if self._store is not None:
             self._store.close()
+        self._stdin_parking.close()  # the holder has its own copies
         self.exits.close()
 
     async def _close(self, sig: int, grace: float | None) -> None:
@@ -589,6 +594,7 @@ class Supervisor:
                 self._restarts.close()
             if self._store is not None:
                 self._store.close()
+            self._stdin_parking.close()
             self.exits.close()
 
     def _kill_all_now(self) -> None:
@@ -787,6 +793,7 @@ class Supervisor:
     def _supervise(self, session: Session) -> None:
         """Hook a session with a restart policy to this supervisor: it starts its next runs and
         keeps its record while it waits for one."""
+        session.stdin.parking = self._stdin_parking
         if session.spec.restart is not None:
             session.cycle.hook = self._restart_soon
             session.cycle.on_wait = self._save
@@ -989,6 +996,7 @@ class Supervisor:
         limit_roots = extra.get("limit_roots")
         roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
+        session.stdin.unpark(again=True)  # the holder's copy is sent from our table
         restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
 
     def _holder_lost(self) -> None:
@@ -1165,23 +1173,28 @@ class Supervisor:
             trees.signal(session_id, pid, signal.SIGKILL, leader_alive=False)
             fds = {}
         stdin = fds.get("stdin")
+        inode = os.fstat(stdin).st_ino if stdin is not None else held.stdin_inode if held is not None else None
         spawned = Spawned(
             None,
             pid,
-            fds.get("pidfd"),
+            None,  # not our child: its exit is polled for (engine/reaper.py)
             stdin,
             fds.get("stdout", -1),
             None if spec.pty else fds.get("stderr", -1),
-            f"pipe:[{os.fstat(stdin).st_ino}]" if stdin is not None and not spec.pty else None,
+            f"pipe:[{inode}]" if inode is not None and not spec.pty else None,
+            stdin_token=held.stdin_token if held is not None else None,
         )
+        if held is not None:
+            held.stdin_token = None  # the session's from now on
         for fd in fds.values():
             os.set_blocking(fd, False)
         exited = held.exited if held is not None else True
         if exited and spec.notify_on_exit:
             session.custody.ended_in_outage = True
         exit_file, kept = restarts.exit_file(session_id), restarts.record_file(session_id)
-        # A leader alive with its pidfd held: a holder that records exits writes how it ends.
-        exit_recorded = restarts.link.records is not None and "pidfd" in fds and not exited
+        # A live leader the holder watches: a holder that records exits writes how it ends.
+        watched = held is not None and held.watched
+        exit_recorded = restarts.link.records is not None and watched and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
         own_child = record.get("server_pid") == os.getpid()
@@ -1189,7 +1202,7 @@ class Supervisor:
             spawned,
             started_at=recorded.started_at or session.created_at,
             run_started_at=recorded.run_started_at,
-            leader_exited=exited or (not alive and "pidfd" not in fds),
+            leader_exited=exited or (not alive and not watched),
             read_status=lambda: leader_status(pid, exit_file, kept, own_child=own_child, recorded=exit_recorded),
         )
         link = restarts.link

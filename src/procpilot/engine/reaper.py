@@ -1,0 +1,157 @@
+"""Session leaders' exits through one SIGCHLD handler per event loop, not a pidfd each.
+
+A pidfd per running session is a descriptor per session in the server: 10,000 sleeping
+sessions would hold 10,000 of them for nothing but the moment each ends. Every leader we start
+is our own child, so the kernel tells us of each exit anyway (SIGCHLD). One handler, installed
+in the loop (``add_signal_handler``), looks for the exited children, each still a zombie
+(``WNOWAIT``: its /proc entry is still there to read, its status for the session's own
+``wait4``), and calls the callback watching it.
+
+Finding them: ``waitid(P_ALL, WNOWAIT)`` names one zombie child at a time, at once. A zombie
+that nobody watches (an orphan of a tree we are subreaper for, a child another thread waits
+for) would name itself again and again, and is not ours to reap here, so from the first such
+one the pass asks each watched pid instead (``waitid(P_PID)``, ~1 µs each). Signals coalesce:
+one pass per loop iteration however many children ended.
+
+Where no handler can be installed (a loop outside the main thread), :meth:`ExitWatcher.of`
+says None and the session falls back to a pidfd of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import weakref
+from collections.abc import Callable
+
+__all__ = ["ExitWatcher", "LeaderPoll"]
+
+_WAIT = os.WEXITED | os.WNOHANG | os.WNOWAIT
+_WATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ExitWatcher | None] = weakref.WeakKeyDictionary()
+
+
+class ExitWatcher:
+    """The exits of the children watched from one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weakly: the registry's value must not keep its key (the loop) alive once it is closed.
+        self._loop = weakref.ref(loop)
+        self._watched: dict[int, Callable[[], None]] = {}
+        self._due = False  # True iff a pass is scheduled
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> ExitWatcher | None:
+        """The loop's watcher, installed on first use; None where SIGCHLD cannot be handled there."""
+        if loop in _WATCHERS:
+            return _WATCHERS[loop]
+        watcher: ExitWatcher | None = cls(loop)
+        try:
+            loop.add_signal_handler(signal.SIGCHLD, watcher._signalled)  # type: ignore[union-attr]
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no Unix loop
+            watcher = None
+        else:
+            # A thousand children ending between two loop iterations fill the loop's wakeup socket
+            # (a byte each); the bytes dropped then cost nothing (one pass finds every exit so
+            # far), so no warning for each on stderr.
+            signal.set_wakeup_fd(signal.set_wakeup_fd(-1), warn_on_full_buffer=False)
+        _WATCHERS[loop] = watcher
+        return watcher
+
+    def __len__(self) -> int:
+        return len(self._watched)
+
+    def watch(self, pid: int, on_exit: Callable[[], None]) -> None:
+        """Call ``on_exit`` (on the loop) once child ``pid`` has exited, before it is reaped: the
+        callback reaps it. A child that ended before this call is found by a pass now."""
+        self._watched[pid] = on_exit
+        self._signalled()
+
+    def unwatch(self, pid: int) -> None:
+        self._watched.pop(pid, None)
+
+    def _signalled(self) -> None:
+        loop = self._loop()
+        if not self._due and loop is not None:
+            self._due = True
+            loop.call_soon(self._pass)
+
+    def _pass(self) -> None:
+        self._due = False
+        while self._watched:
+            try:
+                found = os.waitid(os.P_ALL, 0, _WAIT)
+            except ChildProcessError:
+                break  # no child at all: what we watch was reaped elsewhere, each callback finds out
+            if found is None:
+                return  # children, none exited
+            on_exit = self._watched.pop(found.si_pid, None)
+            if on_exit is None:
+                break  # a zombie not watched here stands first: ask each of ours
+            self._call(on_exit)
+        for pid in list(self._watched):
+            try:
+                found = os.waitid(os.P_PID, pid, _WAIT)
+            except ChildProcessError:
+                gone = True  # not (or no longer) our child: its callback finds out
+            else:
+                gone = found is not None
+            if gone and (on_exit := self._watched.pop(pid, None)) is not None:
+                self._call(on_exit)
+
+    def _call(self, on_exit: Callable[[], None]) -> None:
+        # As the loop would run a callback: one that fails is reported, the others still run.
+        try:
+            on_exit()
+        except Exception as exc:
+            loop = self._loop()
+            if loop is None:
+                raise
+            loop.call_exception_handler({"message": "exit callback failed", "exception": exc})
+
+
+_POLLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LeaderPoll] = weakref.WeakKeyDictionary()
+_POLL_BASE = 0.05  # seconds between looks with a few leaders: as the single session's poll was
+_POLL_EACH = 50e-6  # and this much more per leader: ~0.5 s for 10,000, ~2% of the loop on looks
+
+
+class LeaderPoll:
+    """The exits of leaders that are not our children (adopted from a previous server: SIGCHLD
+    goes to whoever is their parent now). A pidfd each would cost a descriptor each, so one timer
+    looks at /proc for all of them; with many, less often."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)
+        self._watched: dict[int, Callable[[], None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> LeaderPoll:
+        poll = _POLLS.get(loop)
+        if poll is None:
+            poll = _POLLS[loop] = cls(loop)
+        return poll
+
+    def __len__(self) -> int:
+        return len(self._watched)
+
+    def watch(self, pid: int, on_exit: Callable[[], None]) -> None:
+        """Call ``on_exit`` (on the loop) once ``pid`` is gone from /proc."""
+        self._watched[pid] = on_exit
+        self._schedule()
+
+    def unwatch(self, pid: int) -> None:
+        self._watched.pop(pid, None)
+
+    def _schedule(self) -> None:
+        loop = self._loop()
+        if self._timer is None and self._watched and loop is not None:
+            self._timer = loop.call_later(_POLL_BASE + _POLL_EACH * len(self._watched), self._look)
+
+    def _look(self) -> None:
+        self._timer = None
+        for pid in [pid for pid in self._watched if not os.path.exists(f"/proc/{pid}")]:
+            on_exit = self._watched.pop(pid, None)
+            if on_exit is not None:
+                on_exit()
+        self._schedule()

@@ -1,0 +1,203 @@
+"""Descriptors kept open outside this process's descriptor table: in flight in sockets of our own.
+
+A descriptor sent with SCM_RIGHTS and not yet received is in no process's table, yet its file
+stays open (the message holds a reference), and it does not count against RLIMIT_NOFILE. A
+running session's stdin write end is such a descriptor: it must stay open (the child sees EOF
+when the last writer closes), but most sessions are never written to. Kept here, it costs the
+server no descriptor until it is needed (engine/stdin.py); the server dying still closes it,
+as its own copy would (the socket goes with the process).
+
+Each bucket is a ``SOCK_SEQPACKET`` socketpair (2 descriptors) with messages of up to
+:data:`BUCKET` descriptors in flight from one end to the other, their tokens as JSON. Taking one
+out receives the bucket's messages (at most :data:`BUCKET` descriptors in the table for a moment)
+and sends the rest back as one; a discarded one (nobody will need it) is closed when its bucket
+is next opened, or emptied. Where the kernel refuses to keep more in flight (``ETOOMANYREFS``: an
+unprivileged user's in-flight count is capped at its RLIMIT_NOFILE), :meth:`put_many` stashes
+what it can and leaves the rest to the caller, who keeps them as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["BUCKET", "DescriptorStash"]
+
+BUCKET = 200  # descriptors in flight per bucket; SCM_RIGHTS carries at most 253 per message
+_MAX_MSG = 8192  # a full bucket's tokens: 200 numbers of JSON
+
+
+@dataclass(slots=True)
+class _Bucket:
+    sender: socket.socket
+    receiver: socket.socket
+    live: set[int] = field(default_factory=set)  # tokens in flight that are still wanted
+    in_flight: int = 0  # descriptors in flight, live or not
+    messages: int = 0
+    full: bool = False  # the socket took no more (its send buffer): the next puts go elsewhere
+
+    def close(self) -> None:
+        # Closing the receiving end drops every message still queued: the kernel closes their files.
+        self.sender.close()
+        self.receiver.close()
+
+
+class DescriptorStash:
+    """Descriptors by token, in flight in a few sockets rather than in the descriptor table."""
+
+    def __init__(self) -> None:
+        self._buckets: list[_Bucket] = []
+        self._where: dict[int, _Bucket] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    @property
+    def sockets(self) -> int:
+        """Descriptors the stash itself holds in the table (two per bucket)."""
+        return 2 * len(self._buckets)
+
+    def put_many(self, fds: Sequence[int], *, together: bool = False) -> list[int | None]:
+        """Stash ``fds``: a token for each one stashed (closed here: it lives on in flight), None
+        for one the kernel would not take (still the caller's, open). ``together``: in one
+        bucket (a session's descriptors, taken back at once)."""
+        tokens: list[int | None] = [None] * len(fds)
+        start = 0
+        while start < len(fds):
+            bucket = self._room(len(fds) if together else 1)
+            count = min(BUCKET - bucket.in_flight, len(fds) - start)
+            chunk = list(fds[start : start + count])
+            ids = list(range(self._next, self._next + count))
+            try:
+                sent = self._send(bucket, ids, chunk)
+            except OSError:
+                if not bucket.messages:
+                    self._drop(bucket)
+                return tokens  # ETOOMANYREFS and kin: the rest stay the caller's
+            if not sent:
+                bucket.full = True
+                if not bucket.messages:
+                    self._drop(bucket)
+                    return tokens  # not even an empty socket took it
+                continue
+            self._next += count
+            for offset, (token, fd) in enumerate(zip(ids, chunk, strict=True)):
+                os.close(fd)
+                bucket.live.add(token)
+                self._where[token] = bucket
+                tokens[start + offset] = token
+            start += count
+        return tokens
+
+    def take(self, token: int) -> int | None:
+        """The stashed descriptor, back in the table (the caller's now); None if it is gone (lost
+        to a full table while its bucket was open)."""
+        return self.take_many([token]).get(token)
+
+    def take_many(self, tokens: Sequence[int]) -> dict[int, int]:
+        """Those of ``tokens`` still stashed, back in the table: each bucket opened once."""
+        by_bucket: dict[int, tuple[_Bucket, set[int]]] = {}
+        for token in tokens:
+            bucket = self._where.pop(token, None)
+            if bucket is not None:
+                bucket.live.discard(token)
+                by_bucket.setdefault(id(bucket), (bucket, set()))[1].add(token)
+        found: dict[int, int] = {}
+        for bucket, wanted in by_bucket.values():
+            found.update(self._reopen(bucket, wanted))
+        return found
+
+    def discard(self, token: int) -> None:
+        """Nobody will need it: closed when its bucket is next opened, or emptied."""
+        bucket = self._where.pop(token, None)
+        if bucket is None:
+            return
+        bucket.live.discard(token)
+        if not bucket.live:
+            self._drop(bucket)
+        elif bucket.in_flight - len(bucket.live) > max(len(bucket.live), 16):
+            self._reopen(bucket, set())  # mostly dead: close those now
+
+    def close(self) -> None:
+        for bucket in self._buckets:
+            bucket.close()
+        self._buckets.clear()
+        self._where.clear()
+
+    # -- buckets -------------------------------------------------------------------------------
+
+    def _room(self, need: int) -> _Bucket:
+        for bucket in reversed(self._buckets):
+            if not bucket.full and bucket.in_flight + min(need, BUCKET) <= BUCKET:
+                return bucket
+        sender, receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sender.setblocking(False)
+        receiver.setblocking(False)
+        bucket = _Bucket(sender, receiver)
+        self._buckets.append(bucket)
+        return bucket
+
+    def _send(self, bucket: _Bucket, ids: list[int], fds: list[int]) -> bool:
+        try:
+            socket.send_fds(bucket.sender, [json.dumps(ids).encode()], fds)
+        except BlockingIOError:
+            return False
+        bucket.in_flight += len(fds)
+        bucket.messages += 1
+        return True
+
+    def _reopen(self, bucket: _Bucket, wanted: set[int]) -> dict[int, int]:
+        """Receive every message of ``bucket``; return the ``wanted`` descriptors, close the dead
+        ones, and send the live rest back as one message (or drop the bucket if none is left)."""
+        found: dict[int, int] = {}
+        keep: list[tuple[int, int]] = []
+        try:
+            for _ in range(bucket.messages):
+                try:
+                    data, fds, _flags, _ = socket.recv_fds(bucket.receiver, _MAX_MSG, BUCKET)
+                except BlockingIOError:
+                    break  # fewer than counted: nothing more to find
+                ids = json.loads(data)
+                # A table too full to take them all (MSG_CTRUNC): the kernel closed the rest.
+                for token, fd in zip(ids, fds, strict=False):
+                    if token in wanted:
+                        found[token] = fd
+                    elif token in bucket.live:
+                        keep.append((token, fd))
+                    else:
+                        os.close(fd)
+                for token in ids[len(fds) :]:
+                    bucket.live.discard(token)
+                    self._where.pop(token, None)
+        finally:
+            bucket.messages = bucket.in_flight = 0
+            bucket.full = False
+            if keep:
+                ids, fds = [t for t, _ in keep], [fd for _, fd in keep]
+                sent = False
+                with contextlib.suppress(OSError):
+                    sent = self._send(bucket, ids, fds)
+                if sent:
+                    for fd in fds:
+                        os.close(fd)
+                else:  # cannot happen with an emptied socket; if it did, they are lost, not leaked
+                    for token, fd in keep:
+                        os.close(fd)
+                        bucket.live.discard(token)
+                        self._where.pop(token, None)
+            if not bucket.live:
+                self._drop(bucket)
+        return found
+
+    def _drop(self, bucket: _Bucket) -> None:
+        with contextlib.suppress(ValueError):
+            self._buckets.remove(bucket)
+        for token in bucket.live:
+            self._where.pop(token, None)
+        bucket.live.clear()
+        bucket.close()

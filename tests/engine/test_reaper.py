@@ -1,0 +1,66 @@
+"""Leaders' exits through one SIGCHLD watcher (engine/reaper.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+
+from procpilot.engine.reaper import ExitWatcher
+
+
+async def test_an_exit_is_seen_without_a_pidfd_even_behind_a_zombie_nobody_watches() -> None:
+    """A child nobody here watches ends first and stays a zombie (its owner has not reaped it):
+    the watched child's exit is still seen, and the other zombie is left to its owner."""
+    loop = asyncio.get_running_loop()
+    watcher = ExitWatcher.of(loop)
+    assert watcher is not None
+    other = subprocess.Popen(["/bin/sh", "-c", "exit 3"])
+    # Until it is a zombie: waitid with WNOWAIT leaves it for its owner, as the watcher must.
+    assert os.waitid(os.P_PID, other.pid, os.WEXITED | os.WNOWAIT) is not None
+    ours = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    seen: asyncio.Future[int] = loop.create_future()
+
+    def ended() -> None:
+        _, status = os.waitpid(ours.pid, 0)
+        ours.returncode = os.waitstatus_to_exitcode(status)
+        seen.set_result(ours.returncode)
+
+    watcher.watch(ours.pid, ended)
+    assert ours.stdin is not None
+    ours.stdin.write(b"bye")
+    ours.stdin.close()  # EOF: it exits 0
+    assert await asyncio.wait_for(seen, 10) == 0
+    assert len(watcher) == 0
+    assert other.wait(5) == 3  # still there for its owner, with its status
+
+
+async def test_a_child_that_ended_before_it_was_watched_is_found_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    watcher = ExitWatcher.of(loop)
+    assert watcher is not None
+    child = subprocess.Popen(["/bin/sh", "-c", "exit 4"])
+    assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT) is not None  # a zombie already
+    seen: asyncio.Future[None] = loop.create_future()
+    watcher.watch(child.pid, lambda: seen.set_result(None))  # its SIGCHLD came before: none will again
+    await asyncio.wait_for(seen, 10)
+    assert child.wait(5) == 4
+
+
+def test_a_loop_off_the_main_thread_has_no_watcher() -> None:
+    """There, SIGCHLD cannot be handled: a session falls back to a pidfd of its own."""
+    found: list[ExitWatcher | None] = []
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            found.append(ExitWatcher.of(loop))
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert found == [None]
