@@ -33,15 +33,13 @@ does nothing outside a call. It imports nothing of ours but the error tree, so e
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from collections.abc import Iterator
 from contextvars import ContextVar, Token
 from types import TracebackType
 
 from procpilot.errors import TooManyRequests
 
-__all__ = ["Call", "Turns", "bound", "short_run", "waiting"]
+__all__ = ["Call", "Turns", "short_run", "waiting"]
 
 # The call whose work the current task does: set by Call, read by waiting().
 _current: ContextVar[Call | None] = ContextVar("procpilot_call", default=None)
@@ -239,17 +237,3 @@ def short_run() -> float:
     """Seconds the current call keeps its turn while its process runs (0 outside a call or turn)."""
     call = _current.get()
     return call.turns.short_run if call is not None and call.working else 0.0
-
-
-@contextlib.contextmanager
-def bound(call: Call | None) -> Iterator[None]:
-    """Make ``call`` the current call of this task: where its work goes on in a task that did not
-    inherit it (the MCP SDK runs a POST's tool in its session's task)."""
-    if call is None:
-        yield
-        return
-    token = _current.set(call)
-    try:
-        yield
-    finally:
-        _current.reset(token)

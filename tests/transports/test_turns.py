@@ -96,25 +96,28 @@ def test_past_its_queue_an_agents_call_is_refused_at_once_and_the_rest_are_serve
 
 
 async def test_an_mcp_call_waiting_on_output_lets_its_agents_next_call_work(served: Served) -> None:
-    # The MCP SDK runs a POST's tool in its session's task, not the POST's: the call is bound
-    # there, so its wait gives the turn back as a REST call's does. Unbound, agent-a's one turn
-    # would stay with the waiting poll, and its REST call below would wait for it.
+    # The MCP SDK runs a POST's tool in a task of its own: the call's turn must still be given
+    # back while the tool waits, as a REST call's is. Kept, agent-a's one turn would stay with
+    # the waiting poll, and its REST call below would wait the poll's 60 s out.
+    waiting = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        waiting.set()  # sent once the tool has waited a second: the poll is in its wait
+
     async with served.mcp(TOKEN_A, mode="legacy") as a:
         started = await a.call_tool("exec", {"command": "sleep 60", "background": True})
         session = (started.structured_content or {})["sessionId"]
-        poll = asyncio.ensure_future(
-            a.call_tool("process", {"action": "poll", "sessionId": session, "timeout": 60_000})
-        )
-        try:
-            async with served.ahttp(TOKEN_A) as rest:
-                # The poll is on its way or waiting already; either way the REST call is answered.
+        arguments = {"action": "poll", "sessionId": session, "timeout": 60_000}
+        poll = asyncio.ensure_future(a.call_tool("process", arguments, progress_callback=on_progress))
+        async with served.ahttp(TOKEN_A) as rest:
+            try:
+                await asyncio.wait_for(waiting.wait(), 30)
                 answered = await rest.post("/v1/tools/exec", json={"command": "echo next"})
                 assert answered.json()["data"]["output"] == "next\n" and not poll.done()
+            finally:
                 await rest.post("/v1/tools/process", json={"action": "kill", "sessionId": session})
-            assert (await poll).structured_content is not None
-        finally:
-            poll.cancel()
-        await a.call_tool("process", {"action": "remove", "sessionId": session})
+            assert (await asyncio.wait_for(poll, 30)).structured_content is not None
+            await rest.post("/v1/tools/process", json={"action": "remove", "sessionId": session})
 
 
 def _wait_for(path: Path, call: concurrent.futures.Future[httpx2.Response]) -> None:

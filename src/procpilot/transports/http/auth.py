@@ -168,8 +168,8 @@ class AuthMiddleware:
             async with call:
                 body = await read_body(scope, receive, send, max_bytes=limit, timeout=self.body_timeout)
                 if body is not None:
+                    # MCP's SDK runs the tool in a context copied from this one: the same call.
                     await call.work()
-                    scope["procpilot.call"] = call  # the MCP SDK's session task works on it too
                     await self.app(scope, body, _sending_waits(send))
             return
         # Nobody yet (the console's login, its page) or no call: the body is read before any slot

@@ -33,7 +33,6 @@ from procpilot.transports.http.common import (
     json_response,
     request_agent,
 )
-from procpilot.turns import Call, bound
 
 # -- MCP ---------------------------------------------------------------------------------------
 
@@ -151,13 +150,8 @@ class McpFace:
 
     async def _capture_request(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         token = _mcp_request.set(ctx)
-        # The SDK runs the request in its session's task, not the POST's: the POST's call (its
-        # place and turn, procpilot/turns.py) is made this task's, so its waits give the turn back.
-        scope = getattr(getattr(ctx, "request", None), "scope", None)
-        call = scope.get("procpilot.call") if isinstance(scope, dict) else None
         try:
-            with bound(call if isinstance(call, Call) else None):
-                return await call_next(ctx)
+            return await call_next(ctx)
         finally:
             _mcp_request.reset(token)
 
