@@ -63,6 +63,20 @@ async def test_past_the_queue_a_call_is_refused_and_a_cancelled_one_gives_all_ba
     assert turns.counts("a") == (0, 0, 0)
 
 
+async def test_a_call_without_a_place_takes_turns_but_leaves_the_places_alone() -> None:
+    # A proc/* request: bounded by its WebSocket, it must never hold the place of the REST call
+    # that would end what it waits for.
+    turns = Turns(places_per_agent=1, working_per_agent=1, queued_per_agent=0)
+    async with await turns.admit("a", place=False) as request:
+        await request.work()
+        async with await turns.admit("a") as rest:  # the one place is free
+            assert turns.counts("a") == (1, 1, 0)
+            with pytest.raises(TooManyRequests):
+                await turns.admit("a")
+            assert not rest.working
+    assert turns.counts("a") == (0, 0, 0)
+
+
 async def test_outside_a_call_waiting_does_nothing_and_no_run_is_held() -> None:
     assert short_run() == 0.0
     async with waiting():

@@ -1,33 +1,31 @@
 """Agents take turns at the daemon: each call holds a place, and is worked on only in its agent's turn.
 
-One event loop serves every agent: the daemon's own work for a call (reading its JSON, checking
-and starting its command, rendering and writing its answer) runs there, between the same awaits
-as everyone else's. An agent sending calls as fast as it can used to have all of its open calls
-worked on at once, each taking its share of the loop, so another agent's call waited behind
-all of them at every step. Now:
+One event loop serves every agent, and the daemon's work for a call (reading its JSON, checking
+and starting its command, waiting for it, rendering and writing the answer) runs there. Without
+turns an agent sending calls as fast as it can has all of them worked on at once, and another
+agent's call waits behind all of them, and beside all of their commands. So:
 
 - a call holds one of its agent's *places* (``[server] requests_per_agent``) from its arrival to
   its answer; past them it queues behind the agent's own calls, at most
-  ``requests_queued_per_agent`` of them, and past that it is refused at once (``TooManyRequests``):
-  never dropped, never an unbounded queue;
-- of an agent's calls that hold a place, at most ``requests_working_per_agent`` are *worked on*
-  at once (hold a turn); a call waiting for something outside the daemon (its process's output,
-  room in its stdin, an approver, its client taking the answer, its process's exit once it has
-  run ``short_run`` seconds) gives its turn back meanwhile (``waiting()``) and queues for one again when
-  the wait ends, ahead of its agent's calls that have not started yet;
-- the first ``short_run`` seconds (``requests_short_run_ms``) of a call's wait for its
-  process's exit are part of its work: what a flood of short commands
-  costs everyone is their processes (their CPU, the kernel's work to start and end them and
-  move them between cgroups), more than the daemon's own steps, so an agent's short commands
-  run one after another (``requests_working_per_agent`` at once), and a long one makes way;
+  ``requests_queued_per_agent`` of them, and past that it is refused at once
+  (``TooManyRequests``): never dropped, never queued without bound;
+- of an agent's calls holding a place, ``requests_working_per_agent`` are *worked on* at once
+  (hold a turn). A call waiting for something outside the daemon (its process's output, room in
+  its stdin, an approver, its client taking the answer) gives its turn back meanwhile
+  (``waiting()``) and, when the wait ends, queues for one again ahead of its agent's calls that
+  have not started;
+- the first ``short_run`` seconds (``requests_short_run_ms``) of a wait for the call's command
+  to end are work: what a flood of short commands costs everyone is mostly their processes
+  (their CPU, the kernel's work to start them, move them between cgroups and end them), so an
+  agent's short commands run one after another, and a long one makes way;
 - nothing is shared between agents: a call only ever waits for calls of its own agent. However
-  many calls one agent sends, another agent's call is worked on at once, beside at most
-  ``requests_working_per_agent`` calls of each other agent: the loop's queue, first in first out,
-  then takes the agents in turn.
+  many one agent sends, another agent's call is worked on at once, beside at most
+  ``requests_working_per_agent`` calls of each other agent.
 
-The transports hold the calls (``Turns.admit``: the HTTP middleware for REST and MCP, the proc/*
-WebSocket for each request); the engine and the policy wrap their waits in ``waiting()``, which
-does nothing outside a call. It imports nothing of ours but the error tree, so every layer may.
+The transports hold the calls (``Turns.admit``: the HTTP middleware for REST and MCP, whose SDK
+runs a tool in a context copied from its POST's, so in the same call; the proc/* WebSocket for
+each request); the engine and the policy wrap their waits in ``waiting()``, which does nothing
+outside a call. It imports nothing of ours but the error tree, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -48,9 +46,10 @@ _current: ContextVar[Call | None] = ContextVar("procpilot_call", default=None)
 class _Agent:
     """One agent's counts and queues; exists while the agent has a call."""
 
-    __slots__ = ("place_queue", "places", "turn_queue", "working")
+    __slots__ = ("calls", "place_queue", "places", "turn_queue", "working")
 
     def __init__(self) -> None:
+        self.calls = 0  # admitted and not ended, with a place or without
         self.places = 0
         self.place_queue: deque[asyncio.Future[None]] = deque()
         self.working = 0
@@ -76,12 +75,18 @@ class Turns:
         self.short_run = short_run
         self._agents: dict[str, _Agent] = {}
 
-    async def admit(self, agent: str) -> Call:
+    async def admit(self, agent: str, *, place: bool = True) -> Call:
         """A call of ``agent`` holding a place: at once, after the agent's calls queued before it,
         or ``TooManyRequests`` at once when the queue is full. Then ``async with call:`` makes it
         the task's call and gives all back at the end, ``await call.work()`` waits for a turn,
-        and ``waiting()`` inside gives the turn back for a wait."""
-        return Call(self, agent, await self._take_place(agent))
+        and ``waiting()`` inside gives the turn back for a wait.
+
+        ``place=False``: a call bounded elsewhere (a proc/* request: by its connection's slots),
+        which takes turns but no place, so it never holds up the agent's REST and MCP calls (a
+        ``proc/write`` stuck behind a full pipe must leave a place for the call that kills it)."""
+        state = await self._take_place(agent) if place else self._state(agent)
+        state.calls += 1
+        return Call(self, agent, state, place)
 
     def counts(self, agent: str) -> tuple[int, int, int]:
         """(calls holding a place, of them being worked on, calls queued for a place)."""
@@ -90,10 +95,14 @@ class Turns:
 
     # -- places --
 
-    async def _take_place(self, agent: str) -> _Agent:
+    def _state(self, agent: str) -> _Agent:
         state = self._agents.get(agent)
         if state is None:
             state = self._agents[agent] = _Agent()
+        return state
+
+    async def _take_place(self, agent: str) -> _Agent:
+        state = self._state(agent)
         if state.places < self.places_per_agent and not state.place_queue:
             state.places += 1
             return state
@@ -126,8 +135,16 @@ class Turns:
                 fut.set_result(None)
         self._forget_if_idle(agent, state)
 
+    def _end(self, agent: str, state: _Agent, *, place: bool) -> None:
+        state.calls -= 1
+        if place:
+            self._give_place(agent, state)
+        else:
+            self._forget_if_idle(agent, state)
+
     def _forget_if_idle(self, agent: str, state: _Agent) -> None:
-        if state.places == 0 and not state.place_queue and self._agents.get(agent) is state:
+        idle = state.calls == 0 and state.places == 0 and not state.place_queue
+        if idle and self._agents.get(agent) is state:
             del self._agents[agent]
 
     # -- turns --
@@ -164,11 +181,12 @@ class Turns:
 class Call:
     """One call of one agent: holds a place while inside ``async with``; ``working`` while it has a turn."""
 
-    __slots__ = ("_state", "_token", "agent", "ended", "turns", "working")
+    __slots__ = ("_place", "_state", "_token", "agent", "ended", "turns", "working")
 
-    def __init__(self, turns: Turns, agent: str, state: _Agent) -> None:
+    def __init__(self, turns: Turns, agent: str, state: _Agent, place: bool) -> None:
         self.turns = turns
         self.agent = agent
+        self._place = place
         self.working = False
         self.ended = False
         self._state = state
@@ -189,7 +207,7 @@ class Call:
         if self.working:
             self.working = False
             self.turns._give_turn(self._state)
-        self.turns._give_place(self.agent, self._state)
+        self.turns._end(self.agent, self._state, place=self._place)
 
     async def work(self) -> None:
         """Wait for a turn (at once when the agent has one free); a no-op once the call has ended."""

@@ -14,7 +14,6 @@ from procpilot import wire
 from procpilot.aio import cancel_and_wait
 from procpilot.engine.session import ExitInfo
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import TooManyRequests
 from procpilot.turns import Turns
 
 _log = logging.getLogger(__name__)
@@ -163,15 +162,8 @@ class ProcConnection:
 
     async def _handle(self, request: dict[str, Any]) -> None:
         try:
-            call = await self.turns.admit(self.agent)
-        except TooManyRequests as exc:
-            self._queue(_proc_error(request.get("id"), exc.proc_code(), exc.message), answer=True)
-            return
-        except BaseException:
-            self.slots.release()
-            raise
-        try:
-            async with call:
+            # Its turns, not a place: the connection's slots bound its requests already.
+            async with await self.turns.admit(self.agent, place=False) as call:
                 await call.work()
                 response = await self._answer(request)
         except Exception as exc:  # a bug must answer the request, not end the connection
