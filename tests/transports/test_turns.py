@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
+from websockets.asyncio.client import ClientConnection, connect
 
 from tests.daemon import TOKEN_A, TOKEN_B, Served, cleanup, post, start_daemon
 
@@ -118,6 +121,40 @@ async def test_an_mcp_call_waiting_on_output_lets_its_agents_next_call_work(serv
                 await rest.post("/v1/tools/process", json={"action": "kill", "sessionId": session})
             assert (await asyncio.wait_for(poll, 30)).structured_content is not None
             await rest.post("/v1/tools/process", json={"action": "remove", "sessionId": session})
+
+
+async def test_a_proc_request_waits_for_its_own_agents_turn_and_never_for_anothers(served: Served) -> None:
+    # proc/* requests take the same turns: agent-a's spawn waits while agent-a's REST call holds
+    # its turn, and agent-b's spawn runs meanwhile (before: both ran at once).
+    ws = served.root / "ws"
+    marker = ws / "p-a-ran"
+    url = served.url.replace("http://", "ws://") + "/v1/proc"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(_exec, served, TOKEN_A, f"touch p-running; {_until('release-p')}")
+        await asyncio.to_thread(_wait_for, ws / "p-running", holding)
+        async with (
+            connect(url, additional_headers=served.headers(TOKEN_A)) as a,
+            connect(url, additional_headers=served.headers(TOKEN_B)) as b,
+        ):
+            await a.send(json.dumps({"type": "proc/spawn/req", "id": "a", "cmd": ["touch", str(marker)]}))
+            look = f"for i in $(seq 100); do [ -e {marker} ] && echo saw && exit; sleep 0.01; done; echo none"
+            await b.send(json.dumps({"type": "proc/spawn/req", "id": "b", "cmd": ["sh", "-c", look]}))
+            frames = await _frames_until(b, lambda f: f.get("type") == "proc/exit/event")
+            assert "".join(f.get("data", "") for f in frames if f["type"] == "proc/read/event") == "none\n"
+            assert not marker.exists()
+            (ws / "release-p").touch()
+            assert (await asyncio.wrap_future(holding)).status_code == 200
+            answered = await _frames_until(a, lambda f: f.get("id") == "a")
+            assert answered[-1]["type"] == "proc/spawn/resp" and not answered[-1].get("error"), answered
+            await _frames_until(a, lambda f: f.get("type") == "proc/exit/event")
+            assert marker.exists()
+
+
+async def _frames_until(ws: ClientConnection, last: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    frames: list[dict[str, Any]] = []
+    while not frames or not last(frames[-1]):
+        frames.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+    return frames
 
 
 def _wait_for(path: Path, call: concurrent.futures.Future[httpx2.Response]) -> None:
