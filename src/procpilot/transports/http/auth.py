@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from procpilot.config import ServerSettings
 from procpilot.errors import TooManyRequests, Unauthorized
 from procpilot.transports.http.bodies import error_body, is_mcp, read_body, refuse, refuse_oversized, rpc_error
 from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
@@ -16,6 +17,16 @@ from procpilot.transports.http.common import LOOPBACK_HOSTS, MAX_BODY, current_a
 from procpilot.turns import Turns, waiting
 
 # -- auth --------------------------------------------------------------------------------------
+
+
+def turns_for(server: ServerSettings) -> Turns:
+    """The places and turns of every agent's calls, as ``[server]`` sets them (procpilot/turns.py)."""
+    return Turns(
+        places_per_agent=server.requests_per_agent,
+        working_per_agent=server.requests_working_per_agent,
+        queued_per_agent=server.requests_queued_per_agent,
+        short_run=server.requests_short_run_ms / 1000,
+    )
 
 
 class TokenAuth:

@@ -25,6 +25,7 @@ from procpilot.engine.session import ExitInfo
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import exit_event
 from procpilot.faces.openclaw_profile import profile_for
+from procpilot.transports.http.auth import turns_for
 from procpilot.transports.http.events import EventQueue, audit_event, audit_scope
 from procpilot.transports.http.mcp_http import McpFace
 from procpilot.turns import Turns
@@ -64,13 +65,7 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
         self.mcp = McpFace(supervisor, settings, tools, self.spawn)
         # Every agent call of every face (REST, MCP, proc/*) takes its place and its turns here.
-        server = settings.server
-        self.turns = Turns(
-            places_per_agent=server.requests_per_agent,
-            working_per_agent=server.requests_working_per_agent,
-            queued_per_agent=server.requests_queued_per_agent,
-            short_run=server.requests_short_run_ms / 1000,
-        )
+        self.turns: Turns = turns_for(settings.server)
 
     # -- lifecycle --
 
