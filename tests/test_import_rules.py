@@ -18,6 +18,17 @@ FORBIDDEN = {
     "wire.py": ("procpilot.",),
     # ending tasks without losing the caller's cancellation: used from the engine to the client
     "aio.py": ("procpilot.",),
+    # agents taking turns at the daemon: the transports hold the calls, the engine and the policy
+    # give a call's turn back while they wait; it reads only the error tree (TooManyRequests)
+    "turns.py": (
+        "procpilot.engine",
+        "procpilot.shell",
+        "procpilot.cluster",
+        "procpilot.wire",
+        "procpilot.aio",
+        *_BESIDE_THE_ENGINE,
+        *_ABOVE_THE_ENGINE,
+    ),
     # reading shell text sits just above it: the engine, the policy and render all read shell here
     "shell": ("procpilot.engine", *_BESIDE_THE_ENGINE, *_ABOVE_THE_ENGINE),
     # settings and text rendering sit beside the engine and serve every layer

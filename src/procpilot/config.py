@@ -160,8 +160,15 @@ class ServerSettings(BaseModel):
     mcp_sessions_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 64
     mcp_session_idle_sec: Annotated[float, Field(strict=True, gt=0, le=86_400)] = 1800.0
     websockets_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 32
-    # Calls (REST, MCP) one agent may have running at once; more wait for one of them to end.
+    # Calls (REST, MCP, proc/* requests) one agent may have open at once; more wait for one of them
+    # to end, at most requests_queued_per_agent of them (past it 429 TooManyRequests). Of the open
+    # ones, requests_working_per_agent are worked on at once; a call waiting for its process, an
+    # approver or its client gives its turn to the next (procpilot/turns.py).
     requests_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 16
+    requests_queued_per_agent: Annotated[_Int, _clamp(0, 100_000)] = 64
+    requests_working_per_agent: Annotated[_Int, _clamp(1, 10_000)] = 1
+    # How long a call's wait for its command to end still counts as its work (keeps its turn).
+    requests_short_run_ms: Annotated[_Int, _clamp(0, 600_000)] = 100
     # Every connection must finish each request's head within this, and its body within
     # body_timeout_sec after the head (else 408, and closed); past max_connections open at once, a
     # new one is answered 503 and closed (transports/connections.py, transports/http/bodies.py).

@@ -47,6 +47,7 @@
     ├── RequestTooLarge                      413                    a body over the daemon's limit
     ├── RequestTimeout                       408                    a body not received within its deadline
     ├── TooManyConnections                   429                    the agent holds as many sessions as it may
+    ├── TooManyRequests                      429                    the agent has as many calls queued as it may
     ├── UnsupportedMediaType                 415                    a body that is not JSON
     ├── ServeRefused                         500                    the daemon will not start (address, tokens)
     │   ├── StateDirBusy                     409                    another live server owns these sessions
@@ -116,6 +117,7 @@ __all__ = [
     "StdinClosed",
     "SupervisorClosed",
     "TooManyConnections",
+    "TooManyRequests",
     "UnanalyzableCommand",
     "Unauthorized",
     "UnknownTool",
@@ -476,6 +478,16 @@ class TooManyConnections(ProcpilotError):
     http_status: ClassVar[int] = 429
     default_hints: ClassVar[dict[str, str]] = {
         "reuse": "Reuse an open session or connection, or close one you no longer need (MCP: DELETE /mcp).",
+    }
+
+
+class TooManyRequests(ProcpilotError):
+    """The agent has as many calls open (``[server] requests_per_agent``) and as many more queued
+    behind them (``requests_queued_per_agent``) as the daemon allows it (procpilot/turns.py)."""
+
+    http_status: ClassVar[int] = 429
+    default_hints: ClassVar[dict[str, str]] = {
+        "wait": "Wait for some of your calls to return before sending more; other agents are not affected.",
     }
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from procpilot.engine.segments import LineSlice, OutputView, ReadResult, SegmentedLog, Stream
 from procpilot.engine.stream_index import INDEX_NAME, OrderIndex, StreamView
+from procpilot.turns import waiting
 
 __all__ = ["LineSlice", "OutputView", "ReadResult", "SegmentedLog", "SessionOutput", "Stream", "Utf8ChunkDecoder"]
 
@@ -184,7 +185,8 @@ class SessionOutput:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            async with waiting():  # the caller's call gives its turn to its agent's next one
+                await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             return False
         finally:

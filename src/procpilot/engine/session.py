@@ -35,6 +35,7 @@ from procpilot.engine.stdin import StdinWriter
 from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited
+from procpilot.turns import short_run, waiting
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
 
@@ -763,9 +764,21 @@ class Session:
     async def wait_finished(self, timeout: float | None = None) -> bool:
         if self._finished.is_set():
             return True
+        # The run's first short_run() seconds are the caller's call's work: it keeps its turn
+        # (procpilot/turns.py), so an agent's short commands run one after another rather than
+        # all at once beside another agent's. Past them its agent's next call works meanwhile.
+        # asyncio.timeout, not wait_for: no extra task per wait on the exec hot path.
+        held = short_run() if timeout is None else min(short_run(), timeout)
+        if held > 0:
+            try:
+                async with asyncio.timeout(held):
+                    await self._finished.wait()
+                return True
+            except TimeoutError:
+                if timeout is not None and timeout <= held:
+                    return False
         try:
-            # asyncio.timeout, not wait_for: no extra task per wait on the exec hot path.
-            async with asyncio.timeout(timeout):
+            async with waiting(), asyncio.timeout(None if timeout is None else timeout - held):
                 await self._finished.wait()
         except TimeoutError:
             return False

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from procpilot.engine.spawn import Spawned
 from procpilot.engine.stash import DescriptorStash
 from procpilot.errors import StdinClosed
+from procpilot.turns import waiting
 
 __all__ = ["StdinParking", "StdinWriter"]
 
@@ -86,7 +87,9 @@ class StdinWriter:
         """
         deadline = None if timeout is None else self._loop.time() + max(0.0, timeout)
         try:
-            async with asyncio.timeout_at(deadline):
+            # Waits for the child (a write before this one, stuck behind a full pipe) give the
+            # caller's turn to its agent's next call (procpilot/turns.py).
+            async with waiting(), asyncio.timeout_at(deadline):
                 await self._lock.acquire()
         except TimeoutError:
             return 0  # another write still holds stdin, stuck behind the same full pipe
@@ -141,7 +144,7 @@ class StdinWriter:
         self._loop.add_writer(fd, ready)
         self._waiter = fut
         try:
-            async with asyncio.timeout_at(deadline):
+            async with waiting(), asyncio.timeout_at(deadline):
                 await fut
         except TimeoutError:
             return False

@@ -81,6 +81,7 @@ from procpilot.errors import (
     SupervisorClosed,
 )
 from procpilot.render import complete_utf8_prefix, for_model, tail_chars
+from procpilot.turns import waiting
 
 __all__ = ["LocalLauncher", "Supervisor", "WaitOutcome", "disk_space"]
 
@@ -1416,7 +1417,8 @@ class Supervisor:
         finished = asyncio.ensure_future(session.wait_finished(timeout))
         handed = asyncio.ensure_future(self._handed_over.wait())
         try:
-            await asyncio.wait({finished, handed}, return_when=asyncio.FIRST_COMPLETED)
+            async with waiting():  # given back here, not in the task: that one is cancelled
+                await asyncio.wait({finished, handed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             finished.cancel()
             handed.cancel()

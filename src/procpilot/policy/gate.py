@@ -38,6 +38,7 @@ from procpilot.contract import (
 from procpilot.engine.events import EventBus
 from procpilot.engine.scopes import agent_of
 from procpilot.errors import ApprovalDenied, ApprovalNotFound, PermissionDenied
+from procpilot.turns import waiting
 
 __all__ = ["DECIDED_KEPT", "ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
@@ -125,7 +126,8 @@ class Gate:
         self._publish(scope, spec.name, "approval_required", "awaiting_approval", request)
         assert request._decision is not None  # noqa: S101 - set just above
         try:
-            async with asyncio.timeout(self.settings.policy.approval_timeout_sec):
+            # An approver may take minutes: the agent's other calls work meanwhile (turns.py).
+            async with waiting(), asyncio.timeout(self.settings.policy.approval_timeout_sec):
                 approved = await asyncio.shield(request._decision)
         except TimeoutError:
             self._settle(request, "expired")

@@ -41,6 +41,7 @@ def create_app(
         supervisor, tools, settings, audit=audit, audit_file=audit_file, proc_handler=proc_handler, gate=gate
     )
     auth = TokenAuth(settings.server.tokens, open_agent)
+    server = settings.server
     browser = BrowserAuth()
     console = Console(daemon, auth, browser)
     routes = [
@@ -60,10 +61,11 @@ def create_app(
     app.add_middleware(
         AuthMiddleware,
         auth=auth,
-        loopback_only=settings.server.loopback_only,
-        requests_per_agent=settings.server.requests_per_agent,
-        body_timeout=settings.server.body_timeout_sec,
+        loopback_only=server.loopback_only,
+        requests_per_agent=server.requests_per_agent,
+        body_timeout=server.body_timeout_sec,
         browser=browser,
+        turns=daemon.turns,
     )
     return app
 

@@ -8,14 +8,26 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from procpilot.errors import Unauthorized
-from procpilot.transports.http.bodies import error_body, is_mcp, read_body, refuse_oversized, rpc_error
+from procpilot.config import ServerSettings
+from procpilot.errors import TooManyRequests, Unauthorized
+from procpilot.transports.http.bodies import error_body, is_mcp, read_body, refuse, refuse_oversized, rpc_error
 from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
 from procpilot.transports.http.common import LOOPBACK_HOSTS, MAX_BODY, current_agent, header
+from procpilot.turns import Turns, waiting
 
 # -- auth --------------------------------------------------------------------------------------
+
+
+def turns_for(server: ServerSettings) -> Turns:
+    """The places and turns of every agent's calls, as ``[server]`` sets them (procpilot/turns.py)."""
+    return Turns(
+        places_per_agent=server.requests_per_agent,
+        working_per_agent=server.requests_working_per_agent,
+        queued_per_agent=server.requests_queued_per_agent,
+        short_run=server.requests_short_run_ms / 1000,
+    )
 
 
 class TokenAuth:
@@ -93,6 +105,7 @@ class AuthMiddleware:
         requests_per_agent: int = 16,
         body_timeout: float = 10.0,
         browser: BrowserAuth | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self.app = app
         self.auth = auth
@@ -100,10 +113,10 @@ class AuthMiddleware:
         self.browser = browser
         self.loopback_only = loopback_only
         self.max_body = max_body
-        # Calls one agent may have running at once (REST and MCP POSTs); past it its own calls
-        # wait their turn, so a flood from one agent queues behind itself, not before the others.
-        self.requests_per_agent = requests_per_agent
-        self.in_flight: dict[str, asyncio.Semaphore] = {}
+        # Each agent's calls (REST and MCP POSTs) hold one of its places and are worked on in its
+        # turns (procpilot/turns.py), shared with its proc/* requests: a flood from one agent
+        # queues behind itself, never before the others.
+        self.turns = turns if turns is not None else Turns(places_per_agent=requests_per_agent)
         # The calls of requests with no agent yet (the console's login): a set of their own, so
         # they never take an agent's, and held only while the call runs, never while a body arrives.
         self.anonymous = asyncio.Semaphore(requests_per_agent)
@@ -164,13 +177,21 @@ class AuthMiddleware:
         if agent is not None and scope["method"] == "POST":
             if await refuse_oversized(scope, send, max_bytes=limit):
                 return
-            # The slot first, then the body: until its turn uvicorn stops reading it past 64 KiB,
+            # The place first, then the body: until its place uvicorn stops reading it past 64 KiB,
             # so an agent holds at most requests_per_agent whole bodies in memory, and a slow one
-            # holds only that agent's own slot, and only for body_timeout.
-            async with self.in_flight.setdefault(agent, asyncio.Semaphore(self.requests_per_agent)):
+            # holds only that agent's own place, and only for body_timeout. The turn after the
+            # body: a body on its way is a wait for the client, not work.
+            try:
+                call = await self.turns.admit(agent)
+            except TooManyRequests as exc:
+                await refuse(scope, send, exc)
+                return
+            async with call:
                 body = await read_body(scope, receive, send, max_bytes=limit, timeout=self.body_timeout)
                 if body is not None:
-                    await self.app(scope, body, send)
+                    # MCP's SDK runs the tool in a context copied from this one: the same call.
+                    await call.work()
+                    await self.app(scope, body, _sending_waits(send))
             return
         # Nobody yet (the console's login, its page) or no call: the body is read before any slot
         # is taken, so however many clients send theirs slowly, none of them holds a slot.
@@ -205,3 +226,14 @@ class AuthMiddleware:
             await send({"type": "websocket.http.response.body", "body": body})
         else:
             await send({"type": "websocket.close", "code": 1008})
+
+
+def _sending_waits(send: Send) -> Send:
+    """``send`` that gives the call's turn back while the client takes the bytes: a client that
+    reads its answer slowly holds its call's place, never its agent's turn."""
+
+    async def sending(message: Message) -> None:
+        async with waiting():
+            await send(message)
+
+    return sending

@@ -19,7 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 from procpilot.errors import ProcpilotError, RequestTimeout, RequestTooLarge
 from procpilot.transports.http.common import header
 
-__all__ = ["error_body", "is_mcp", "read_body", "refuse_oversized", "rpc_error"]
+__all__ = ["error_body", "is_mcp", "read_body", "refuse", "refuse_oversized", "rpc_error"]
 
 # JSON-RPC's "Invalid Request": what a refused MCP request is, whatever the reason.
 _INVALID_REQUEST = -32600
@@ -94,6 +94,11 @@ def rpc_error(message: str, data: dict[str, object]) -> bytes:
     """A JSON-RPC error answering a request whose id was never read (``id: null``)."""
     error = {"code": _INVALID_REQUEST, "message": message, "data": data}
     return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
+async def refuse(scope: Scope, send: Send, error: ProcpilotError) -> None:
+    """Answer with ``error`` before the body is read (a JSON-RPC error on ``/mcp``)."""
+    await _answer(scope, send, error)
 
 
 async def _answer(scope: Scope, send: Send, error: ProcpilotError, *, close: bool = False) -> None:

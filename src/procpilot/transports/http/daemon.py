@@ -25,8 +25,10 @@ from procpilot.engine.session import ExitInfo
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import exit_event
 from procpilot.faces.openclaw_profile import profile_for
+from procpilot.transports.http.auth import turns_for
 from procpilot.transports.http.events import EventQueue, audit_event, audit_scope
 from procpilot.transports.http.mcp_http import McpFace
+from procpilot.turns import Turns
 
 __all__ = ["Daemon", "ProcHandlerFactory"]
 
@@ -62,6 +64,8 @@ class Daemon:
         self.sockets: set[WebSocket] = set()  # the open proc/* WebSockets
         self._tasks: set[asyncio.Task[None]] = set()
         self.mcp = McpFace(supervisor, settings, tools, self.spawn)
+        # Every agent call of every face (REST, MCP, proc/*) takes its place and its turns here.
+        self.turns: Turns = turns_for(settings.server)
 
     # -- lifecycle --
 

@@ -24,7 +24,7 @@ from procpilot.errors import SessionNotFound, TooManyConnections
 from procpilot.faces.exec_process import session_resource
 from procpilot.faces.exit_notices import ExitNotices
 from procpilot.transports import mcp_sdk
-from procpilot.transports.http.auth import AuthMiddleware, TokenAuth
+from procpilot.transports.http.auth import AuthMiddleware, TokenAuth, turns_for
 from procpilot.transports.http.common import (
     LOOPBACK_HOSTS,
     PROGRESS_EVERY,
@@ -353,7 +353,13 @@ def guarded_mcp_app(server: Any, settings: Settings, *, open_agent: str) -> ASGI
         transport_security=_transport_security(loopback),
     )
     auth = TokenAuth(settings.server.tokens, open_agent)
-    return AuthMiddleware(inner, auth, loopback_only=loopback, body_timeout=settings.server.body_timeout_sec)
+    return AuthMiddleware(
+        inner,
+        auth,
+        loopback_only=loopback,
+        body_timeout=settings.server.body_timeout_sec,
+        turns=turns_for(settings.server),
+    )
 
 
 class McpSessionCap:

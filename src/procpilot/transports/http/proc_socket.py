@@ -14,6 +14,7 @@ from procpilot import wire
 from procpilot.aio import cancel_and_wait
 from procpilot.engine.session import ExitInfo
 from procpilot.engine.supervisor import Supervisor
+from procpilot.turns import Turns
 
 _log = logging.getLogger(__name__)
 
@@ -44,11 +45,15 @@ class ProcConnection:
         proc/lagged/event {proc_id, stream_type, first_seq, last_seq, events, offset, bytes}
     """
 
-    def __init__(self, ws: WebSocket, supervisor: Supervisor, agent: str, handler: Any) -> None:
+    def __init__(
+        self, ws: WebSocket, supervisor: Supervisor, agent: str, handler: Any, turns: Turns | None = None
+    ) -> None:
         self.ws = ws
         self.sup = supervisor
         self.agent = agent
         self.handler = handler
+        # Each request is a call of the agent, as its REST and MCP calls are (the daemon's Turns).
+        self.turns = turns if turns is not None else Turns()
         # (message, whether it answers a request): an answer holds its request's slot until it
         # is on the wire, so a client that sends and never reads stops being read from.
         self.outbox: deque[tuple[dict[str, Any], bool]] = deque()
@@ -157,15 +162,10 @@ class ProcConnection:
 
     async def _handle(self, request: dict[str, Any]) -> None:
         try:
-            if request.get("type") == "proc/log/req":
-                response = await self.handler.log_page(request)
-            else:
-                response = await self.handler.handle(request)
-                if response.get("type") == "proc/spawn/resp" and response.get("proc_id") and not response.get("error"):
-                    self.mine.add(str(response["proc_id"]))
-                    ended = self.handler.exited_already(str(response["proc_id"]))
-                    if ended is not None:
-                        self.on_exit(ended)
+            # Its turns, not a place: the connection's slots bound its requests already.
+            async with await self.turns.admit(self.agent, place=False) as call:
+                await call.work()
+                response = await self._answer(request)
         except Exception as exc:  # a bug must answer the request, not end the connection
             _log.exception("proc request failed")
             response = _proc_error(request.get("id"), "internal_error", f"{type(exc).__name__}: {exc}")
@@ -173,6 +173,18 @@ class ProcConnection:
             self.slots.release()  # cancelled (the connection is closing): no answer will hold it
             raise
         self._queue(response, answer=True)
+
+    async def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("type") == "proc/log/req":
+            response: dict[str, Any] = await self.handler.log_page(request)
+            return response
+        response = await self.handler.handle(request)
+        if response.get("type") == "proc/spawn/resp" and response.get("proc_id") and not response.get("error"):
+            self.mine.add(str(response["proc_id"]))
+            ended = self.handler.exited_already(str(response["proc_id"]))
+            if ended is not None:
+                self.on_exit(ended)
+        return response
 
     async def run(self, closing: asyncio.Event) -> None:
         unsubscribe = self.handler.subscribe(self.push)

@@ -219,7 +219,7 @@ class Rest:
         ws.scope["procpilot.agent"] = agent
         self.daemon.sockets.add(ws)
         try:
-            await ProcConnection(ws, self.daemon.sup, agent, handler).run(self.daemon.closing)
+            await ProcConnection(ws, self.daemon.sup, agent, handler, self.daemon.turns).run(self.daemon.closing)
         finally:
             self.daemon.sockets.discard(ws)
             if ws.client_state is WebSocketState.CONNECTED:
