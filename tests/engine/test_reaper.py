@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from procpilot.engine.reaper import ExitWatcher
+from procpilot.engine.reaper import ExitWatcher, LeaderPoll
 
 
 async def test_an_exit_is_seen_without_a_pidfd_even_behind_a_zombie_nobody_watches() -> None:
@@ -64,3 +64,18 @@ def test_a_loop_off_the_main_thread_has_no_watcher() -> None:
     thread.start()
     thread.join()
     assert found == [None]
+
+
+async def test_a_polled_leader_that_is_a_zombie_has_ended() -> None:
+    """An adopted leader is polled, not waited for. Its new parent may be a subreaper that does
+    not reap it (as a test runner that ran a supervisor is): its /proc entry stays, a zombie,
+    and it has ended all the same."""
+    loop = asyncio.get_running_loop()
+    zombie = subprocess.Popen(["/bin/sh", "-c", "exit 0"])
+    assert os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT) is not None  # a zombie, unreaped
+    seen: asyncio.Future[None] = loop.create_future()
+    LeaderPoll.of(loop).watch(zombie.pid, lambda: seen.set_result(None))
+    try:
+        await asyncio.wait_for(seen, 5)
+    finally:
+        assert zombie.wait(5) == 0

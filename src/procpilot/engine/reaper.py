@@ -25,6 +25,8 @@ import signal
 import weakref
 from collections.abc import Callable
 
+from procpilot.engine.procfs import read_small
+
 __all__ = ["ExitWatcher", "LeaderPoll"]
 
 _WAIT = os.WEXITED | os.WNOHANG | os.WNOWAIT
@@ -112,17 +114,20 @@ class ExitWatcher:
 
 _POLLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LeaderPoll] = weakref.WeakKeyDictionary()
 _POLL_BASE = 0.05  # seconds between looks with a few leaders: as the single session's poll was
-_POLL_EACH = 50e-6  # and this much more per leader: ~0.5 s for 10,000, ~2% of the loop on looks
+_POLL_EACH = 100e-6  # and this much more per leader: ~1 s for 10,000, a few % of the loop on looks
 
 
 class LeaderPoll:
     """The exits of leaders that are not our children (adopted from a previous server: SIGCHLD
     goes to whoever is their parent now). A pidfd each would cost a descriptor each, so one timer
-    looks at /proc for all of them; with many, less often."""
+    reads each one's /proc stat for all of them; with many, less often. Ended: no entry, a zombie
+    (its new parent, a subreaper that does not reap at once, may keep it one for long), or
+    another process under its pid (its start time is not the one it had when watched)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)
         self._watched: dict[int, Callable[[], None]] = {}
+        self._started: dict[int, bytes | None] = {}  # each watched pid's start time, as /proc says it
         self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -136,12 +141,14 @@ class LeaderPoll:
         return len(self._watched)
 
     def watch(self, pid: int, on_exit: Callable[[], None]) -> None:
-        """Call ``on_exit`` (on the loop) once ``pid`` is gone from /proc."""
+        """Call ``on_exit`` (on the loop) once ``pid`` has ended (see the class)."""
         self._watched[pid] = on_exit
+        self._started[pid] = _start_time(pid)
         self._schedule()
 
     def unwatch(self, pid: int) -> None:
         self._watched.pop(pid, None)
+        self._started.pop(pid, None)
 
     def _schedule(self) -> None:
         loop = self._loop()
@@ -150,8 +157,30 @@ class LeaderPoll:
 
     def _look(self) -> None:
         self._timer = None
-        for pid in [pid for pid in self._watched if not os.path.exists(f"/proc/{pid}")]:
+        for pid in [pid for pid in self._watched if _ended(pid, self._started.get(pid))]:
+            self._started.pop(pid, None)
             on_exit = self._watched.pop(pid, None)
             if on_exit is not None:
                 on_exit()
         self._schedule()
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
+    try:
+        raw = read_small(f"/proc/{pid}/stat")
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2 :].split()
+
+
+def _start_time(pid: int) -> bytes | None:
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _ended(pid: int, started: bytes | None) -> bool:
+    fields = _stat_fields(pid)
+    if fields is None or not fields or fields[0] in (b"Z", b"X"):
+        return True
+    return started is not None and len(fields) > 19 and fields[19] != started
