@@ -11,8 +11,11 @@ import pytest
 from mcp import Client
 
 from procpilot.config import load_settings
+from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import InvalidArgument, ProtectedVariable
 from procpilot.faces.exec_process import exec_process_tools
+from procpilot.faces.openclaw_profile import OPENCLAW, PROCPILOT, Profile, profile_for
 from procpilot.transports.mcp import build_mcp_server
 
 Connect = Callable[[], Client]
@@ -427,3 +430,73 @@ async def test_procpilot_mcp_profile_openclaw_and_the_config_key(tmp_path: Path)
     config.write_text('[tools.exec]\nprofile = "openclaw"\nscriptPreflight = false\n')
     settings = load_settings(config, env={})
     assert (settings.exec.profile, settings.exec.script_preflight) == ("openclaw", False)
+
+
+# -- the Profile objects themselves (faces/openclaw_profile.py), without a face around them -----
+
+
+def test_profile_for_picks_the_profile_the_settings_name(tmp_path: Path, workspace: Path) -> None:
+    def named(profile: str) -> Profile:
+        return profile_for(
+            load_settings(env={}, state_dir=tmp_path, workspace_root=workspace, exec={"profile": profile})
+        )
+
+    assert named("openclaw") is OPENCLAW
+    assert named("procpilot") is PROCPILOT
+    # codex and claude replace the exec face's tools: what it still says stays in our vocabulary.
+    assert named("codex") is PROCPILOT and named("claude") is PROCPILOT
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "signal", "status"),
+    [
+        (SessionState.EXITED_OK, 0, None, "completed"),
+        (SessionState.EXITED_ERROR, 3, None, "completed"),  # ran to its end: the code says the rest
+        (SessionState.EXITED_ERROR, 127, None, "failed"),  # the shell could not find it
+        (SessionState.EXITED_ERROR, 126, None, "failed"),
+        (SessionState.KILLED, None, "SIGKILL", "failed"),
+        (SessionState.TIMED_OUT, None, "SIGTERM", "failed"),
+        (SessionState.RESTARTING, None, None, "running"),
+        (SessionState.QUEUED, None, None, "running"),
+    ],
+)
+def test_openclaw_status_is_completed_for_any_run_to_its_end(
+    state: SessionState, code: int | None, signal: str | None, status: str
+) -> None:
+    assert OPENCLAW.status(state, code, signal) == status
+
+
+def test_ours_keeps_done_error_killed_and_never_calls_lost_done() -> None:
+    assert PROCPILOT.status(SessionState.EXITED_OK, 0, None) == "done"
+    assert PROCPILOT.status(SessionState.EXITED_ERROR, 3, None) == "error"
+    assert PROCPILOT.status(SessionState.KILLED, None, "SIGKILL") == "killed"
+    assert PROCPILOT.status(SessionState.LOST, None, None) == "lost"
+
+
+def test_send_keys_bytes_hex_leniency_and_home_end() -> None:
+    payload, warnings = OPENCLAW.encode_input("a", ["1b", "zz", "0x41"], ["Home", "End"], app_cursor=False)
+    assert payload == b"a\x1bA\x1b[1~\x1b[4~"  # the bad element skipped, Home/End as VT keys
+    assert len(warnings) == 1 and "zz" in warnings[0]
+    with pytest.raises(InvalidArgument):
+        PROCPILOT.encode_input(None, ["zz"], None, app_cursor=False)  # ours refuses it
+    payload, warnings = PROCPILOT.encode_input("a", ["1b"], ["Enter"], app_cursor=False)
+    assert payload == b"a\x1b\r" and warnings == []
+
+
+def test_openclaw_words_for_a_protected_variable_and_an_unknown_session() -> None:
+    one = OPENCLAW.refused_env(ProtectedVariable("ours", variables=["PATH"]))
+    assert one.message == "Security Violation: Custom 'PATH' variable is forbidden during host execution."
+    assert one.details == {"variables": ["PATH"]}
+    other = OPENCLAW.refused_env(ProtectedVariable("ours", variables=["LD_PRELOAD"]))
+    assert "'LD_PRELOAD' is forbidden" in other.message
+    several = ProtectedVariable("ours", variables=["PATH", "LD_PRELOAD"])
+    assert OPENCLAW.refused_env(several) is several  # ours names them all
+    assert OPENCLAW.unknown_session("abc") == ("No session found for abc", {"status": "failed", "sessionId": "abc"})
+    assert PROCPILOT.unknown_session("abc") is None  # ours refuses it (SessionNotFound)
+    assert OPENCLAW.env == {"OPENCLAW_SHELL": "exec"} and PROCPILOT.env == {}
+
+
+def test_log_notes() -> None:
+    assert OPENCLAW.log_note(200, 201) == "showing last 200 of 201 lines; pass offset/limit to page"
+    assert OPENCLAW.log_note(5, 5) is None  # everything shown: no note
+    assert PROCPILOT.log_note(0, 0) == "the log is empty: the session has written no output yet"
