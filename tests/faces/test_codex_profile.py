@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
+from pydantic import ValidationError
 
+from procpilot.config import load_settings
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.codex_profile import CODEX_ENV, ExecCommandParams, WriteStdinParams, scan_for, truncate_middle
 from tests.faces.profile_wire import Connect, assert_text_only_on_both_paths, call, connect, profile_supervisor
 
 _HEAD = re.compile(r"Chunk ID: [0-9a-f]{6}\nWall time: (\d+\.\d{4}) seconds\n")
@@ -157,3 +162,40 @@ def test_no_structured_content_or_output_schema_on_either_stdio_path(tmp_path: P
     direct, through_sdk = assert_text_only_on_both_paths(tmp_path, "codex", "exec_command", {"cmd": "echo hi"})
     for text in (direct, through_sdk):
         assert parts(text)[1] == "Process exited with code 0\nOriginal token count: 1\nOutput:\nhi\n"
+
+
+# -- the module's own helpers (faces/codex_profile.py), without the MCP wire -------------------
+
+
+async def test_truncate_middle_cuts_as_codex_does(tmp_path: Path) -> None:
+    settings = load_settings(env={}, state_dir=tmp_path / "state", workspace_root=tmp_path)
+    async with Supervisor(settings) as sup:
+        s = await sup.run(SpawnSpec("seq 1 1000"), scope="a", yield_ms=None)
+        size = s.output[Stream.COMBINED].size  # 3,893 bytes
+        chunk = await scan_for(s, 0, size, 100)  # 100 tokens: 400 bytes
+        text = truncate_middle(chunk, 100)
+        head, _, rest = text.partition("…")
+        cut, _, tail = rest.partition("…")
+        assert head.startswith("Total output lines: 1000\n\n1\n2\n")
+        assert len(head) - len("Total output lines: 1000\n\n") == 200  # half the budget
+        assert cut == f"{-(-(size - 400) // 4)} tokens truncated"  # what is left out, in tokens
+        assert tail.endswith("999\n1000\n") and len(tail) == 200
+        whole = truncate_middle(await scan_for(s, 0, size, 10_000), 10_000)
+        assert whole == "".join(f"{i}\n" for i in range(1, 1001))  # within budget: as written
+
+
+def test_exec_command_params_are_codexs_and_refuse_others() -> None:
+    params = ExecCommandParams(cmd="ls")
+    assert (params.tty, params.login, params.yield_time_ms, params.shell) == (False, True, None, None)
+    with pytest.raises(ValidationError):
+        ExecCommandParams(cmd="ls", command="ls")  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        WriteStdinParams(session_id=1, max_output_tokens=-1)
+    assert WriteStdinParams(session_id=7).chars == ""  # empty: only poll
+
+
+def test_codex_env_turns_off_colour_and_pagers() -> None:
+    assert CODEX_ENV["NO_COLOR"] == "1" and CODEX_ENV["TERM"] == "dumb"
+    assert CODEX_ENV["PAGER"] == CODEX_ENV["GIT_PAGER"] == "cat"
+    with pytest.raises(TypeError):
+        CODEX_ENV["X"] = "1"  # type: ignore[index]  # shared by every command: never changed by one
