@@ -170,6 +170,18 @@ async def test_a_signal_sent_as_the_session_starts_is_not_lost(supervisor: Super
         assert finished and s.state is SessionState.KILLED, (s.state, s.pid)
 
 
+async def test_what_a_trap_starts_after_a_later_signal_is_left_to_finish(supervisor: Supervisor) -> None:
+    """Past a run's first second, a process that joins the tree after a signal is the tree's own
+    answer to it (here a trap's cleanup), and is not signalled again."""
+    command = "trap 'sleep 0.5 && echo cleaned; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+    s = await supervisor.spawn(SpawnSpec(command), scope=A)
+    await supervisor.wait(A, s.id, timeout=10, pattern=re.compile("ready"))
+    await asyncio.sleep(1.1)  # the run is past its first second (not a wait for an event)
+    await supervisor.kill(A, s.id, signal.SIGTERM, grace=0, wait=0)
+    assert await s.wait_finished(10)
+    assert b"cleaned" in s.output[Stream.COMBINED].read().data
+
+
 async def test_kill_after_exit_is_process_already_exited(supervisor: Supervisor) -> None:
     s = await supervisor.run(SpawnSpec("true"), scope=A, yield_ms=None)
     with pytest.raises(ProcessAlreadyExited):

@@ -48,6 +48,7 @@ _DRAIN_DEADLINE = 3.0
 # Session._signal_latecomers), in seconds.
 _LATE_SIGNAL_CHECKS = (0.02, 0.1, 0.4)
 _LATE_SIGNAL_MAX_TREE = 256  # processes; a bigger tree is signalled once, as it is
+_LATE_SIGNAL_YOUNG = 1.0  # seconds into a run: a run signalled later is signalled once
 _STORE_RETRY = 0.02  # seconds before a read that waited for a descriptor is tried again
 # How long an adopted session's end waits for the holder's record of it: the holder sees the same
 # pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
@@ -844,7 +845,11 @@ class Session:
             return
         leader_alive = not self.run.leader_reaped
         members = self._trees.pids(self.id, self.pid) | ({self.pid} if leader_alive and self.pid else set())
-        signalled = {pid: _image(pid) for pid in members} if len(members) <= _LATE_SIGNAL_MAX_TREE else None
+        # Only a run signalled in its first moments may have a shell still forking its command;
+        # later, a process that joined since is the tree's answer to the signal (a trap's cleanup).
+        young = time.monotonic() - self.cycle.run_t0 < _LATE_SIGNAL_YOUNG
+        small = len(members) <= _LATE_SIGNAL_MAX_TREE
+        signalled = {pid: _image(pid) for pid in members} if young and small else None
         self._trees.signal(self.id, self.pid, sig, leader_alive=leader_alive)
         if sig != signal.SIGKILL:
             if signalled is not None:
