@@ -76,7 +76,7 @@ test: $(DEV_STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n 3 --dist worksteal --durations=15
+	$(BIN)/python -m pytest -q -n auto --dist worksteal --durations=15
 
 # The console's screenshots in docs/images/, made afresh by its browser tests (a plain test run
 # writes them to a temporary directory instead).
