@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["read_small"]
+__all__ = ["read_small", "stat_fields"]
 
 _CHUNK = 1 << 16
 
@@ -27,3 +27,14 @@ def read_small(path: str) -> bytes:
         return b"".join(parts)
     finally:
         os.close(fd)
+
+
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (the state first, as ``proc(5)``'s
+    field 3), or None if the process is gone. The name may hold spaces and parentheses: the
+    fields resume after the last ``)``."""
+    try:
+        raw = read_small(f"/proc/{pid}/stat")
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2 :].split()

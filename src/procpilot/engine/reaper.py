@@ -25,7 +25,7 @@ import signal
 import weakref
 from collections.abc import Callable
 
-from procpilot.engine.procfs import read_small
+from procpilot.engine.procfs import stat_fields
 
 __all__ = ["ExitWatcher", "LeaderPoll"]
 
@@ -126,8 +126,8 @@ class LeaderPoll:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)
-        self._watched: dict[int, Callable[[], None]] = {}
-        self._started: dict[int, bytes | None] = {}  # each watched pid's start time, as /proc says it
+        # Each watched pid's callback, and its start time as /proc said it when watched.
+        self._watched: dict[int, tuple[Callable[[], None], bytes | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -142,13 +142,11 @@ class LeaderPoll:
 
     def watch(self, pid: int, on_exit: Callable[[], None]) -> None:
         """Call ``on_exit`` (on the loop) once ``pid`` has ended (see the class)."""
-        self._watched[pid] = on_exit
-        self._started[pid] = _start_time(pid)
+        self._watched[pid] = (on_exit, _start_time(pid))
         self._schedule()
 
     def unwatch(self, pid: int) -> None:
         self._watched.pop(pid, None)
-        self._started.pop(pid, None)
 
     def _schedule(self) -> None:
         loop = self._loop()
@@ -157,30 +155,20 @@ class LeaderPoll:
 
     def _look(self) -> None:
         self._timer = None
-        for pid in [pid for pid in self._watched if _ended(pid, self._started.get(pid))]:
-            self._started.pop(pid, None)
-            on_exit = self._watched.pop(pid, None)
-            if on_exit is not None:
-                on_exit()
+        for pid in [pid for pid, (_, started) in self._watched.items() if _ended(pid, started)]:
+            watched = self._watched.pop(pid, None)
+            if watched is not None:
+                watched[0]()
         self._schedule()
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
-    try:
-        raw = read_small(f"/proc/{pid}/stat")
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2 :].split()
-
-
 def _start_time(pid: int) -> bytes | None:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[19] if fields is not None and len(fields) > 19 else None
 
 
 def _ended(pid: int, started: bytes | None) -> bool:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None or not fields or fields[0] in (b"Z", b"X"):
         return True
     return started is not None and len(fields) > 19 and fields[19] != started

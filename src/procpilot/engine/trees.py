@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from procpilot.engine.procfs import read_small
+from procpilot.engine.procfs import read_small, stat_fields
 
 __all__ = [
     "MARKER_ENV",
@@ -92,13 +92,9 @@ def _set_subreaper() -> bool:
 
 def _read_stat(pid: int) -> tuple[int, int, int, str] | None:
     """(ppid, pgid, sid, state) of a process, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
+    rest = stat_fields(pid)
+    if rest is None:
         return None
-    # The command name may contain spaces and parentheses; fields resume after the last ')'.
-    rest = raw[raw.rfind(b")") + 2 :].split()
     return int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode()
 
 
