@@ -647,21 +647,22 @@ async def test_list_says_which_sessions_wait_for_input(tools: Tools) -> None:
         await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
 
 
+def _results_of_2000_chars(settings: Settings) -> Settings:
+    exec_ = settings.exec.model_copy(update={"result_max_chars": 2000})
+    return settings.model_copy(update={"tools": settings.tools.model_copy(update={"exec": exec_})})
+
+
+async def _six_long_sessions(tools: dict[str, Any]) -> list[Any]:
+    """Six running sessions, oldest first, each listed with a command of 300+ characters."""
+    command = "sleep 30 # {} " + "x" * 300
+    return [(await tools["exec"].call({"command": command.format(n), "background": True}, "a")).data for n in range(6)]
+
+
 async def test_list_keeps_within_the_result_budget(settings: Settings) -> None:
     # A result is read whole: a list of many sessions (or of long commands) keeps the newest.
-    small = settings.model_copy(
-        update={
-            "tools": settings.tools.model_copy(
-                update={"exec": settings.exec.model_copy(update={"result_max_chars": 2000})}
-            )
-        }
-    )
-    async with Supervisor(small) as sup:
+    async with Supervisor(_results_of_2000_chars(settings)) as sup:
         tools = {spec.name: spec for spec in exec_process_tools(sup)}
-        started = [
-            (await tools["exec"].call({"command": f"sleep 30 # {n} " + "x" * 300, "background": True}, "a")).data
-            for n in range(6)
-        ]
+        started = await _six_long_sessions(tools)
         listed = await tools["process"].call({"action": "list"}, "a")
         shown = [row["sessionId"] for row in listed.data["sessions"]]
         assert shown == [s["sessionId"] for s in reversed(started)][: len(shown)] and 1 <= len(shown) < 6
@@ -672,19 +673,9 @@ async def test_list_keeps_within_the_result_budget(settings: Settings) -> None:
 async def test_list_pages_past_the_budget_with_an_offset(settings: Settings) -> None:
     """Issue 23: a list cut to its result budget said "N older sessions not listed" and no call
     could list them: offset pages on, and the result names the call for the next page."""
-    small = settings.model_copy(
-        update={
-            "tools": settings.tools.model_copy(
-                update={"exec": settings.exec.model_copy(update={"result_max_chars": 2000})}
-            )
-        }
-    )
-    async with Supervisor(small) as sup:
+    async with Supervisor(_results_of_2000_chars(settings)) as sup:
         tools = {spec.name: spec for spec in exec_process_tools(sup)}
-        started = [
-            (await tools["exec"].call({"command": f"sleep 30 # {n} " + "x" * 300, "background": True}, "a")).data
-            for n in range(6)
-        ]
+        started = await _six_long_sessions(tools)
         seen: list[str] = []
         arguments: dict[str, Any] = {"action": "list"}
         for _ in range(6):
