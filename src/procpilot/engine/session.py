@@ -844,12 +844,13 @@ class Session:
         if self.cycle.respawning:
             return
         leader_alive = not self.run.leader_reaped
-        members = self._trees.pids(self.id, self.pid) | ({self.pid} if leader_alive and self.pid else set())
         # Only a run signalled in its first moments may have a shell still forking its command;
         # later, a process that joined since is the tree's answer to the signal (a trap's cleanup).
-        young = time.monotonic() - self.cycle.run_t0 < _LATE_SIGNAL_YOUNG
-        small = len(members) <= _LATE_SIGNAL_MAX_TREE
-        signalled = {pid: _image(pid) for pid in members} if young and small else None
+        signalled: dict[int, str | None] | None = None
+        if sig != signal.SIGKILL and time.monotonic() - self.cycle.run_t0 < _LATE_SIGNAL_YOUNG:
+            members = self._trees.pids(self.id, self.pid) | ({self.pid} if leader_alive and self.pid else set())
+            if len(members) <= _LATE_SIGNAL_MAX_TREE:
+                signalled = {pid: _image(pid) for pid in members}
         self._trees.signal(self.id, self.pid, sig, leader_alive=leader_alive)
         if sig != signal.SIGKILL:
             if signalled is not None:
