@@ -57,7 +57,9 @@ async def until_exit(ws: ClientConnection, proc_id: str, events: list[dict[str, 
 
 
 async def test_spawn_streams_output_live_and_in_order(served: Served) -> None:
-    script = "import time,sys\nfor i in range(5):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.2)\n"
+    # One write a line: print() under the PYTHONUNBUFFERED sessions get writes "tick 0" and "\n" apart,
+    # and the stream pushes each write as it comes.
+    script = "import os,time\nfor i in range(5):\n    os.write(1, f'tick {i}\\n'.encode())\n    time.sleep(0.2)\n"
     async with await open_ws(served) as ws:
         resp = await request(ws, {"type": "proc/spawn/req", "id": "1", "cmd": [PY, "-c", script]})
         assert resp["type"] == "proc/spawn/resp" and resp["state"] == "RUNNING"

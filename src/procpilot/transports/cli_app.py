@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -249,7 +251,6 @@ def _refused(exc: ProcpilotError) -> int:
 
 def _how_to_connect(address: DaemonAddress, settings: Settings) -> list[str]:
     """Copy-paste lines for an MCP client and for the CLI in another shell (never a token)."""
-    import os
     import shlex
 
     from procpilot.config import load_settings as defaults
@@ -475,8 +476,6 @@ def _forward_stdin(url: str, token: str | None, session_id: str) -> None:
     session that wants interactive input is better served by ``procpilot write``.
     """
     import codecs
-    import os
-    import threading
 
     if sys.stdin is None or sys.stdin.isatty():
         return
@@ -501,7 +500,13 @@ def _forward_stdin(url: str, token: str | None, session_id: str) -> None:
                     return
 
     # A daemon thread: a stdin that never closes must not keep us alive once the session ended.
-    threading.Thread(target=pump, name="procpilot-stdin", daemon=True).start()
+    thread = threading.Thread(target=pump, name="procpilot-stdin", daemon=True)
+    _STDIN_PUMPS.append(thread)
+    thread.start()
+
+
+# The stdin pumps started by this process; main() never lets the interpreter finalize under one.
+_STDIN_PUMPS: list[threading.Thread] = []
 
 
 def _stream_poll(client: Client, session_id: str) -> dict[str, object]:
@@ -1008,10 +1013,24 @@ def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
 
 
 def main() -> None:
+    code: str | int | None = 0
     try:
         app()
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, str | int | None) else 1
+    if any(thread.is_alive() for thread in _STDIN_PUMPS):
+        # A daemon thread in the middle of an HTTP call while the interpreter finalizes can crash
+        # CPython (SIGSEGV, measured: 2 exits in 100); a pump still alive has nothing left to do
+        # (the session ended, or its stdin never closes), so we end here, without finalizing.
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
