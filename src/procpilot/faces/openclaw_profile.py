@@ -10,8 +10,10 @@ the face consults; nothing else in the face asks which profile is on:
   a signal (a kill included), exit 126/127 (the shell could not run it) and a start that failed;
 - poll and log results carry ``aggregated``, the output so far (within the result cap);
 - the command's environment has ``OPENCLAW_SHELL=exec``;
-- send-keys: Home/End are ``ESC [1~``/``ESC [4~`` (``ESC O H``/``ESC O F`` in cursor-key mode), and
-  a hex element that is no byte is skipped with a warning instead of failing the call;
+- send-keys: Home/End are ``ESC [1~``/``ESC [4~`` (``ESC O H``/``ESC O F`` in cursor-key mode),
+  a hex element that is no byte is skipped with a warning instead of failing the call, and an
+  arrow, Home or End is refused while the program under the terminal has written nothing yet;
+- a running poll's ``retryInMs`` follows OpenClaw's backoff (5, 10, 30, 60 s; 5 s after output);
 - python/node scripts are checked for shell syntax before they run (policy/script_preflight.py);
 - the result texts ("(no new output)", "Process still running.", "showing last 200 of 201 lines",
   a timeout's "re-run with a higher timeout", send-keys' "Sent N bytes to session S.") and the tool
