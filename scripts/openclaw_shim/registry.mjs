@@ -2,7 +2,8 @@
 // session is looked up in GET /v1/sessions (getSession: a running one, getFinishedSession: one
 // that ended), and a fixture a test adds by hand (createProcessSessionFixture + addSession) is a
 // real background session on the daemon, a `cat` of a FIFO in a terminal (stdin writable, silent
-// until written), whose output appendOutput writes and whose end (exit 0) markExited causes. A
+// until written), whose output appendOutput writes and whose end markExited causes (always exit 0:
+// a code or signal it is given is not reproduced; the tests run here end their fixtures so). A
 // fixture keeps the id the test gave it: tools.mjs turns it into the daemon's id and back.
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
