@@ -13,4 +13,13 @@ done <<'LIST'
 01fa0711ea449b50419f293f3adaaed475bb584c src/agents/bash-tools.exec.path.test.ts
 51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.process.send-keys.test.ts
 c27cc4d17d60a768517a6ab297d08d7c37341130 src/agents/bash-tools.exec.pty.test.ts
+51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.exec.background-abort.test.ts
+51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.exec.pty-cleanup.test.ts
+51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.exec.pty-fallback.test.ts
+51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.exec.pty-fallback-failure.test.ts
+51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.process.poll-timeout.test.ts
+51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.process.supervisor.test.ts
 LIST
+# Counted in the measured set but not fetched or run: its 19 tests drive OpenClaw's gateway
+# approval flow with the gateway mocked, and it imports OpenClaw's config and approval modules.
+#   51faf41146b4a9f2603e8c73e7a9c814efa1910a src/agents/bash-tools.exec.approval-id.test.ts

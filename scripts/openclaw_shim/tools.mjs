@@ -9,21 +9,13 @@
 // from PROCPILOT_SHIM_SCOPES. Host, security, ask, elevated and pathPrepend are the gateway's own
 // configuration (a server's is its config file) and have no per-call form: they are not sent.
 
-const BASE = (process.env.PROCPILOT_URL ?? "http://127.0.0.1:8765").replace(/\/$/, "");
-const TOKEN = process.env.PROCPILOT_TOKEN ?? "";
-const SCOPES = JSON.parse(process.env.PROCPILOT_SHIM_SCOPES ?? "{}");
-
-function tokenFor(scopeKey) {
-  if (scopeKey === undefined) return TOKEN;
-  const token = SCOPES[scopeKey];
-  if (!token) throw new Error(`openclaw shim: no token for scopeKey ${scopeKey} in PROCPILOT_SHIM_SCOPES`);
-  return token;
-}
+import { BASE, headers, tokenFor } from "./daemon.mjs";
+import { fixtureIdOf, resolveSessionId } from "./registry.mjs";
 
 async function callTool(tool, args, token, signal) {
   const response = await fetch(`${BASE}/v1/tools/${tool}`, {
     method: "POST",
-    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    headers: headers(token),
     body: JSON.stringify(args),
     signal,
   });
@@ -36,7 +28,9 @@ async function callTool(tool, args, token, signal) {
 
 function execArguments(defaults, params) {
   const args = { ...params };
-  if (defaults.timeoutSec !== undefined && args.timeout === undefined) args.timeout = defaults.timeoutSec;
+  // timeoutSec is the gateway's default timeout: like a server's (the config's timeoutSec in this
+  // profile), it does not bound a run started with background: true.
+  if (defaults.timeoutSec !== undefined && args.timeout === undefined && !args.background) args.timeout = defaults.timeoutSec;
   if (defaults.allowBackground === false) {
     delete args.background;
     args.yieldMs = null; // never moved to the background: the call waits for the end
@@ -59,7 +53,17 @@ export function createProcessTool(defaults = {}) {
   const token = tokenFor(defaults.scopeKey);
   return {
     name: "process",
-    execute: (_toolCallId, params, signal) => callTool("process", { ...(params ?? {}) }, token, signal),
+    execute: async (_toolCallId, params, signal) => {
+      const args = { ...(params ?? {}) };
+      if (args.sessionId === undefined) return callTool("process", args, token, signal);
+      // A session a test added by hand (registry.mjs) is named by the test's id, the daemon's inside.
+      const asked = args.sessionId;
+      const real = resolveSessionId(asked);
+      const result = await callTool("process", { ...args, sessionId: real }, token, signal);
+      if (real === asked) return result;
+      const text = result.content[0].text.split(real).join(asked);
+      return { content: [{ type: "text", text }], details: { ...result.details, sessionId: fixtureIdOf(real) } };
+    },
   };
 }
 

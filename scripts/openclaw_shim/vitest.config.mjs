@@ -24,6 +24,8 @@ const alias = [
       { find: /^\.\.\/test-utils\/env\.js$/, replacement: shim("support.mjs") },
       { find: /^\.\.\/test-utils\/temp-dir\.js$/, replacement: shim("support.mjs") },
       { find: /^\.\.\/utils\.js$/, replacement: shim("support.mjs") },
+      { find: /^\.\.\/process\/kill-tree\.js$/, replacement: shim("support.mjs") },
+      { find: /^\.\.\/logging\/diagnostic-session-state\.js$/, replacement: shim("support.mjs") },
       { find: /^\.\/shell-utils\.js$/, replacement: shim("support.mjs") },
       { find: /^\.\/bash-tools\.shared\.js$/, replacement: shim("support.mjs") },
 ];

@@ -182,7 +182,9 @@ _HEXDUMP = "read -r line; printf '%s' \"$line\" | od -An -tx1"
 
 async def test_home_end_are_vt_keys_and_a_bad_hex_element_is_skipped_with_a_warning(openclaw: Connect) -> None:
     async with openclaw() as client:
-        sid = await run_bg(client, _HEXDUMP, pty=True)  # without a terminal its stdin is closed
+        # without a terminal its stdin is closed; cursor keys wait for the program's first output
+        sid = await run_bg(client, "echo ready; " + _HEXDUMP, pty=True)
+        await wait(client, sid, pattern="ready")
         sent = {"literal": "a", "hex": ["62", "zz"], "keys": ["Home", "End"]}
         text, data, err = await call(client, "process", action="send-keys", sessionId=sid, **sent)
         assert not err and data["warnings"] == ["hex[1] = 'zz' is not a byte in hex: skipped"]
@@ -202,6 +204,53 @@ async def test_send_keys_answers_sent_n_bytes_to_session(openclaw: Connect, ours
             text, data, err = await call(client, "process", action="send-keys", sessionId=sid, keys=["C-a", "x", "y"])
             assert not err and text == expected.format(sid) and data["bytesWritten"] == 3
             await call(client, "process", action="kill", sessionId=sid)
+
+
+async def test_cursor_keys_wait_for_the_programs_first_output(openclaw: Connect, ours: Connect) -> None:
+    # OpenClaw's send-keys refuses an arrow, Home or End while the program under the terminal
+    # has not said which cursor keys it wants (ESC [A or ESC O A): a model trained on it polls,
+    # then sends them again. Other keys, and modified ones, go at once.
+    async with openclaw() as client:
+        sid = await run_bg(client, "read -r line; echo got:$line; read -r line", pty=True)
+        text, data, err = await call(client, "process", action="send-keys", sessionId=sid, keys=["x", "Up"])
+        assert not err and data == {"status": "failed", "sessionId": sid}
+        assert text == (
+            f"Session {sid} cursor key mode is not known yet. "
+            "Poll or log until startup output appears, then retry send-keys."
+        )
+        text, _, err = await call(client, "process", action="send-keys", sessionId=sid, keys=["C-Up", "y", "Enter"])
+        assert not err and text == f"Sent 8 bytes to session {sid}."
+        await wait(client, sid, pattern="got:")
+        text, _, err = await call(client, "process", action="send-keys", sessionId=sid, keys=["Up", "Enter"])
+        assert not err and text == f"Sent 4 bytes to session {sid}."  # ESC [A and CR: normal mode
+        await wait(client, sid)
+    async with ours() as client:
+        sid = await run_bg(client, "read -r line", pty=True)
+        text, _, err = await call(client, "process", action="send-keys", sessionId=sid, keys=["Up", "Enter"])
+        assert not err and text == f"wrote 4 bytes to session {sid}"
+        await wait(client, sid)
+
+
+async def test_a_running_poll_suggests_openclaws_backoff(openclaw: Connect, ours: Connect) -> None:
+    # OpenClaw's retryInMs: 5, 10, 30, then 60 s for polls in a row with no new output, back to
+    # 5 s with output, none once the session ended. Ours keeps 1, 2, 5, 10, 30 s and no hint
+    # after output.
+    for connect, empty_steps, after_output in (
+        (openclaw, [5_000, 10_000, 30_000, 60_000, 60_000], 5_000),
+        (ours, [1_000, 2_000, 5_000, 10_000, 30_000], None),
+    ):
+        async with connect() as client:
+            sid = await run_bg(client, "read -r line; echo got:$line; sleep 30", pty=True)
+            steps = [
+                (await call(client, "process", action="poll", sessionId=sid))[1].get("retryInMs") for _ in range(5)
+            ]
+            assert steps == empty_steps
+            await call(client, "process", action="write", sessionId=sid, data="x\n")
+            _, data, _ = await call(client, "process", action="poll", sessionId=sid, timeout=5_000)
+            assert data["output"] and data.get("retryInMs") == after_output
+            await call(client, "process", action="kill", sessionId=sid)
+            _, data, _ = await call(client, "process", action="poll", sessionId=sid)
+            assert data["status"] != "running" and "retryInMs" not in data
 
 
 async def test_ours_refuses_a_bad_hex_element(ours: Connect) -> None:

@@ -51,16 +51,20 @@ class TerminalModes:
     ``bracketed_paste`` is true iff the program asked for bracketed paste (``ESC[?2004h``) and did
     not take it back (``ESC[?2004l``) since: a paste is bracketed only then. ``app_cursor_keys``
     is true iff it switched the cursor keys to application mode (DECCKM, ``ESC[?1h``).
+    ``started`` is true once the program wrote anything: before that, which cursor keys it will
+    want is not known yet (a full-screen program switches them as it starts up).
     """
 
     bracketed_paste: bool = False
     app_cursor_keys: bool = False
+    started: bool = False
     _carry: bytes = b""
 
     def feed(self, data: bytes) -> None:
         """Follow one chunk of output. A few bytes of the previous chunk are scanned again with
         this one, so a sequence split across two reads is still seen; seeing one twice is
         harmless, only the last one counts."""
+        self.started = self.started or bool(data)
         text = self._carry + data
         for found in _DEC_MODE.finditer(text):
             modes, on = found.group(1).split(b";"), found.group(2) == b"h"

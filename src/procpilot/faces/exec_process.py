@@ -71,7 +71,6 @@ _TAIL_CHARS = 2000  # spec 001: a status response's tail, "Last 2000 chars (quic
 _OFFLOAD_BYTES = 10 * 1024
 # Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
 _TAIL_WINDOW_FACTOR = WINDOW_FACTOR
-_RETRY_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 30_000)
 _SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
 
 
@@ -545,12 +544,16 @@ class ExecProcessFace:
         data = self._summary(session) | {"output": shown.text, "cutChars": shown.cut_chars, "stream": stream.value}
         if params.timeout and blocked_ms != params.timeout:
             data["timeoutApplied"] = blocked_ms  # poll blocks at most 30 s: wait is the long block
-        if shown.text or shown.cut_chars or session.finished:
+        steps = self.profile.retry_steps_ms
+        empty = not (shown.text or shown.cut_chars or session.finished)
+        if not empty:
             self._empty_polls.pop(session.id, None)
+            if self.profile.retry_after_output and not session.finished:
+                data["retryInMs"] = steps[0]
         else:
             n = self._empty_polls.get(session.id, 0)
             self._empty_polls[session.id] = n + 1
-            data["retryInMs"] = _RETRY_STEPS_MS[min(n, len(_RETRY_STEPS_MS) - 1)]
+            data["retryInMs"] = steps[min(n, len(steps) - 1)]
         if self.profile.aggregated:
             data["aggregated"] = await self._aggregated(session)
         head = ""
@@ -568,7 +571,7 @@ class ExecProcessFace:
         note = "running"
         if data.get("waitingForInput"):
             note += "; waiting for input on stdin (use process write)"
-        if "retryInMs" in data:
+        if empty:
             note += f"; no new output, poll again in {data['retryInMs']} ms or use process wait"
         data["note"] = note
         data.setdefault("next", self._next_for_running(session))
@@ -677,6 +680,9 @@ class ExecProcessFace:
     async def _send_keys(self, session: Session, params: ProcessParams, scope: str) -> ToolResult:
         if not (params.keys or params.hex or params.literal):
             raise InvalidArgument("send-keys needs keys, hex or literal", field="keys")
+        refusal = self.profile.keys_refusal(session, params.keys)
+        if refusal is not None:
+            return ToolResult(*refusal)
         # Text first, then raw bytes, then keys: {"literal": "ls", "keys": ["Enter"]} types ls and
         # presses Enter (OpenClaw's order, the one an agent expects).
         payload, warnings = self.profile.encode_input(

@@ -10,8 +10,10 @@ the face consults; nothing else in the face asks which profile is on:
   a signal (a kill included), exit 126/127 (the shell could not run it) and a start that failed;
 - poll and log results carry ``aggregated``, the output so far (within the result cap);
 - the command's environment has ``OPENCLAW_SHELL=exec``;
-- send-keys: Home/End are ``ESC [1~``/``ESC [4~`` (``ESC O H``/``ESC O F`` in cursor-key mode), and
-  a hex element that is no byte is skipped with a warning instead of failing the call;
+- send-keys: Home/End are ``ESC [1~``/``ESC [4~`` (``ESC O H``/``ESC O F`` in cursor-key mode),
+  a hex element that is no byte is skipped with a warning instead of failing the call, and an
+  arrow, Home or End is refused while the program under the terminal has written nothing yet;
+- a running poll's ``retryInMs`` follows OpenClaw's backoff (5, 10, 30, 60 s; 5 s after output);
 - python/node scripts are checked for shell syntax before they run (policy/script_preflight.py);
 - the result texts ("(no new output)", "Process still running.", "showing last 200 of 201 lines",
   a timeout's "re-run with a higher timeout", send-keys' "Sent N bytes to session S.") and the tool
@@ -98,6 +100,11 @@ class Profile:
     # Whether timeoutSec (1800 s) bounds a `background: true` run that gives no timeout, as specs
     # 001/002/004 say; OpenClaw's own exec lets such a run go on until it ends or is killed.
     background_timeout = True
+    # A running session's poll suggests when to poll again (retryInMs): these steps for polls in a
+    # row with no new output, reset by output; ``retry_after_output``: a poll with output suggests
+    # the first step too (OpenClaw's backoff), not nothing.
+    retry_steps_ms: tuple[int, ...] = (1_000, 2_000, 5_000, 10_000, 30_000)
+    retry_after_output = False
 
     def status(self, state: SessionState, exit_code: int | None, exit_signal: str | None) -> str:
         return _STATUS[state]
@@ -161,6 +168,10 @@ class Profile:
             payload += encode_keys(keys, app_cursor=app_cursor)
         return payload, []
 
+    def keys_refusal(self, session: Session, keys: Sequence[str] | None) -> tuple[str, dict[str, Any]] | None:
+        """send-keys' answer (text, data) instead of sending ``keys``; None: send them."""
+        return None
+
     def keys_text(self, written: str, sent: int, session_id: str, warnings: Sequence[str], *, complete: bool) -> str:
         """send-keys' answer: ``written`` is the write's own text, ``sent`` the bytes that went."""
         return written + "".join(f"\n[warning: {w}]" for w in warnings)
@@ -180,6 +191,8 @@ class OpenClawProfile(Profile):
     finished_poll_repeats = True
     stdin_without_pty: Literal["pipe", "null"] = "null"
     background_timeout = False
+    retry_steps_ms = (5_000, 10_000, 30_000, 60_000)
+    retry_after_output = True
 
     def refused_env(self, exc: ProtectedVariable) -> ProtectedVariable:
         # OpenClaw's words for one variable; several keep ours, which names them all.
@@ -262,11 +275,31 @@ class OpenClawProfile(Profile):
             payload += encode_keys(keys, app_cursor=app_cursor, vt_home_end=True)
         return payload, warnings
 
+    def keys_refusal(self, session: Session, keys: Sequence[str] | None) -> tuple[str, dict[str, Any]] | None:
+        # OpenClaw fails loud rather than guess a cursor key's bytes (ESC [A or ESC O A) before
+        # the program under the terminal has said which it wants. It waits for a DECCKM report;
+        # here the program's first output settles it (a terminal starts in normal mode, and a
+        # program that wants application mode switches before it draws), so arrows to a shell
+        # that never reports DECCKM are not refused for good.
+        if not session.spec.pty or session.terminal.started or not any(map(_cursor_mode_key, keys or ())):
+            return None
+        text = (
+            f"Session {session.id} cursor key mode is not known yet. "
+            "Poll or log until startup output appears, then retry send-keys."
+        )
+        return text, {"status": "failed", "sessionId": session.id}
+
     def keys_text(self, written: str, sent: int, session_id: str, warnings: Sequence[str], *, complete: bool) -> str:
         if not complete:
             return super().keys_text(written, sent, session_id, warnings, complete=complete)  # ours says what is left
         listed = "".join(f"\n- {w}" for w in warnings)
         return f"Sent {sent} bytes to session {session_id}." + (f"\nWarnings:{listed}" if warnings else "")
+
+
+def _cursor_mode_key(token: str) -> bool:
+    """An unmodified key whose bytes depend on the cursor key mode (OpenClaw's list: the arrows,
+    Home and End); ``C-Up``, ``S-Home``... use xterm's modifier form in either mode."""
+    return token.strip().lower() in ("up", "down", "left", "right", "home", "end")
 
 
 PROCPILOT = Profile()
