@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from procpilot.transports.mcp_direct import SHAPED_ALIKE as DIRECT_SHAPED
 from procpilot.transports.mcp_handshake import SHAPED_ALIKE
 from tests.daemon import PROCPILOT, cli_env
@@ -52,7 +54,7 @@ CALL = {
 
 
 class Server:
-    def __init__(self, tmp_path: Path, gate: Path | None = None) -> None:
+    def __init__(self, tmp_path: Path, gate: Path | None = None, *, options: tuple[str, ...] = ()) -> None:
         site = tmp_path / "site"
         site.mkdir(exist_ok=True)
         (site / "sitecustomize.py").write_text(GATE)
@@ -60,11 +62,19 @@ class Server:
         env["PYTHONPATH"] = f"{site}:{env.get('PYTHONPATH', '')}"
         if gate is not None:
             env["HANDSHAKE_TEST_GATE"] = str(gate)
-        argv = [PROCPILOT, "mcp", "--agent", "hs", "--workspace", str(tmp_path)]
+        argv = [PROCPILOT, "mcp", "--agent", "hs", "--workspace", str(tmp_path), *options]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0
         )
         self._buffer = b""  # read from the server, not yet taken as a line
+
+    def wait_at_gate(self, gate: Path) -> None:
+        """Until the server stands at its first heavy import: the settings, the engine and the
+        SDK are all held up behind it."""
+        deadline = time.monotonic() + 60
+        while not gate.with_name(gate.name + ".reached").exists():
+            assert time.monotonic() < deadline and self.proc.poll() is None, "the server never reached pydantic"
+            time.sleep(0.01)
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -130,12 +140,7 @@ def test_the_handshake_is_answered_while_the_server_has_not_loaded(tmp_path: Pat
     gate = tmp_path / "gate"
     server = Server(tmp_path, gate)
     try:
-        # The server stands at its first heavy import: the settings, the engine and the SDK are
-        # all held up behind it, and the handshake is answered all the same.
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "gate.reached").exists():
-            assert time.monotonic() < deadline and server.proc.poll() is None, "the server never reached pydantic"
-            time.sleep(0.01)
+        server.wait_at_gate(gate)
         assert _handshake(server) == (initialized, listed)
         gate.touch()
         server.send(CALL)
@@ -145,6 +150,40 @@ def test_the_handshake_is_answered_while_the_server_has_not_loaded(tmp_path: Pat
     finally:
         gate.touch()
         server.kill()
+
+
+@pytest.mark.parametrize(
+    ("profile", "call", "names"),
+    [
+        ("procpilot", CALL["params"], ["exec", "process"]),
+        ("codex", {"name": "exec_command", "arguments": {"cmd": "echo hi"}}, ["exec_command", "write_stdin"]),
+    ],
+)
+def test_a_first_start_is_answered_before_the_server_loads(
+    tmp_path: Path, profile: str, call: dict[str, Any], names: list[str]
+) -> None:
+    """Nothing cached (the first start of a build and configuration): the answers procpilot
+    ships for the configuration are written while pydantic, and so the settings, the engine and
+    the SDK, are not imported yet; they are the loaded server's own (which it keeps in the cache,
+    and which differ in nothing: no list_changed follows)."""
+    gate = tmp_path / "gate"
+    server = Server(tmp_path, gate, options=("--profile", profile))
+    try:
+        server.wait_at_gate(gate)
+        initialized, listed = _handshake(server)
+        assert [tool["name"] for tool in listed["result"]["tools"]] == names
+        gate.touch()
+        server.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call})
+        called = server.read()
+        assert called["id"] == 3 and "hi" in called["result"]["content"][0]["text"]
+        assert server.close() == []  # nothing answered twice, no change of the tools told
+    finally:
+        gate.touch()
+        server.kill()
+    [cached] = list((tmp_path / ".cache" / "procpilot" / "handshake").glob("*.json"))
+    entry = json.loads(cached.read_text())
+    assert entry["initialize"] == {"2025-06-18": initialized["result"]}
+    assert entry["tools"] == {"2025-06-18": listed["result"]}
 
 
 def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None:
