@@ -209,5 +209,19 @@ def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None
     assert json.loads(cached.read_text())["tools"]["2025-06-18"] == listed["result"]
 
 
+def test_an_initialize_the_sdk_refuses_is_left_to_it(tmp_path: Path) -> None:
+    """An ``initialize`` without the client's info is refused by the SDK: the front, which could
+    answer its version from the cache, does not answer it in the SDK's place."""
+    _first_start(tmp_path)
+    server = Server(tmp_path)
+    try:
+        server.send({**INITIALIZE, "params": {"protocolVersion": "2025-06-18", "capabilities": {}}})
+        refused = server.read()
+        assert refused["id"] == 1 and "result" not in refused and refused["error"]["code"] == -32602
+        assert server.close() == []
+    finally:
+        server.kill()
+
+
 def test_the_front_knows_the_versions_the_direct_path_shapes() -> None:
     assert SHAPED_ALIKE == DIRECT_SHAPED
