@@ -5,11 +5,12 @@ byte, and only for the starts it covers."""
 from __future__ import annotations
 
 import json
+import typing
 
 import pytest
 
-from procpilot.config import ENVIRONMENT_VARIABLES
-from procpilot.transports.handshake_seed import PROFILES, SEED_FILE, covered_profile, seed_answers
+from procpilot.config import ENVIRONMENT_VARIABLES, ExecSettings
+from procpilot.transports.handshake_seed import PROFILES, SEED_FILE, SETTINGS_VARIABLES, covered_profile, seed_answers
 from procpilot.transports.handshake_seed_build import build_seed, server_replies
 from procpilot.transports.mcp_handshake import SHAPED_ALIKE, reply_bytes
 
@@ -26,6 +27,10 @@ def test_the_seed_is_the_loaded_servers_answers_byte_for_byte(profile: str) -> N
         initialized, listed = server_replies(profile, version)
         assert reply_bytes(1, seeded["initialize"][version]) == initialized, version
         assert reply_bytes(2, seeded["tools"][version]) == listed, version
+
+
+def test_the_seed_has_every_profile() -> None:
+    assert set(PROFILES) == set(typing.get_args(ExecSettings.model_fields["profile"].annotation))
 
 
 def test_the_shipped_file_is_what_the_builder_writes() -> None:
@@ -71,7 +76,8 @@ def test_starts_the_seed_does_not_cover(argv: list[str]) -> None:
 
 def test_every_setting_in_the_environment_is_seen() -> None:
     """A variable the settings read either changes nothing the handshake says (the state and
-    workspace paths) or keeps the seed out; so does one of their prefixes not read yet."""
+    workspace paths) or keeps the seed out; one they do not read (the CLI's daemon URL) does not."""
+    assert set(ENVIRONMENT_VARIABLES) == SETTINGS_VARIABLES
     seen = {name for name in ENVIRONMENT_VARIABLES if covered_profile([], {name: "1000"}) is None}
     assert set(ENVIRONMENT_VARIABLES) - seen == {"PROCPILOT_STATE_DIR", "PROCPILOT_WORKSPACE"}
-    assert covered_profile([], {"PROCPILOT_SOMETHING_NEW": "1"}) is None
+    assert covered_profile([], {"PROCPILOT_URL": "http://127.0.0.1:8765", "BASH_MAX_OUTPUT_LENGTH": "9"})

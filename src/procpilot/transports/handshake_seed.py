@@ -12,7 +12,7 @@ profile and every handshake-era version).
 
 :func:`seed_answers` says whether a command line and an environment are covered, reading only
 those (no import beyond the standard library's basics); anything else (``--config``, ``--tools``,
-``--tool-names``, a settings variable in the environment, an option it does not know) is not,
+``--tool-names``, a setting in the environment, an option it does not know) is not,
 and such a first start is answered by the loaded server, as before. A seeded answer is checked as
 a cached one is: the loaded server's own reply is compared with it (and the client told to list
 again if the tools differ), so a seed that does not fit this machine costs one more listing.
@@ -28,7 +28,7 @@ from typing import Any
 __all__ = [
     "PROFILES",
     "SEED_FILE",
-    "SETTING_PREFIXES",
+    "SETTINGS_VARIABLES",
     "VERSION_PLACEHOLDER",
     "covered_profile",
     "expand",
@@ -41,17 +41,29 @@ PROFILES = ("procpilot", "openclaw", "codex", "claude")  # config.py's ExecSetti
 # are, where they run, and whether they outlive the server. --profile picks the seed's entry.
 _VALUED = frozenset({"--agent", "--workspace", "--profile"})
 _FLAGS = frozenset({"--keep-sessions", "--no-keep-sessions"})
-# Every variable the settings read (config.py's ENVIRONMENT_VARIABLES) starts so; the two paths
-# among them (where state is kept, where commands run) change no definition.
-SETTING_PREFIXES = ("PROCPILOT_", "PI_BASH_", "OPENCLAW_", "CLAWDBOT_")
-_HARMLESS = frozenset({"PROCPILOT_STATE_DIR", "PROCPILOT_WORKSPACE"})
+# Every variable the settings read (config.py's ENVIRONMENT_VARIABLES: a test holds them equal,
+# as this module may not import the settings); set, they keep the seed out, all but the two paths
+# (where state is kept, where commands run), which change no answer.
+SETTINGS_VARIABLES = frozenset(
+    {
+        "PI_BASH_YIELD_MS",
+        "PI_BASH_JOB_TTL_MS",
+        "PROCPILOT_RESULT_CHARS",
+        "PI_BASH_MAX_OUTPUT_CHARS",
+        "OPENCLAW_BASH_PENDING_MAX_OUTPUT_CHARS",
+        "CLAWDBOT_BASH_PENDING_MAX_OUTPUT_CHARS",
+        "PROCPILOT_STATE_DIR",
+        "PROCPILOT_WORKSPACE",
+    }
+)
+_SHAPING = SETTINGS_VARIABLES - {"PROCPILOT_STATE_DIR", "PROCPILOT_WORKSPACE"}
 VERSION_PLACEHOLDER = "(the version asked)"  # the seed's initialize result holds this for protocolVersion
 
 
 def covered_profile(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     """The profile ``procpilot mcp`` with the options ``argv`` serves in ``env``, when the seed
     covers that start (else None)."""
-    if any(name.startswith(SETTING_PREFIXES) and name not in _HARMLESS for name in env):
+    if not _SHAPING.isdisjoint(env):
         return None
     profile = "procpilot"
     args = iter(argv)

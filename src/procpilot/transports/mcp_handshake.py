@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from procpilot.transports.handshake_seed import SETTING_PREFIXES, seed_answers
+from procpilot.transports.handshake_seed import SETTINGS_VARIABLES, seed_answers
 
 __all__ = ["SHAPED_ALIKE", "Handshake", "cache_path", "reply_bytes", "start_front", "stdio_is_pipe", "take"]
 
@@ -50,8 +50,9 @@ _READ = 1 << 16
 _SWITCH_S = 0.0005
 _MARKERS = (b'"initialize"', b'"tools/list"')
 _LIST_CHANGED = b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
-# Environment variables that shape what `procpilot mcp` serves, besides the settings' own.
-_ENV = ("HOME", "XDG_STATE_HOME", "PYTHONPATH")
+# Environment variables that shape what `procpilot mcp` serves, besides every PROCPILOT_ one:
+# the settings' own, and those their defaults and the tools' paths come from.
+_ENV = frozenset({"HOME", "XDG_STATE_HOME", "PYTHONPATH"}) | SETTINGS_VARIABLES
 
 Key = tuple[bool, object]  # a JSON-RPC id: 1 and "1" are different ids
 
@@ -116,7 +117,7 @@ def cache_path(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Pat
     # read here, its bytes in the key), so one entry serves every project a client starts it in.
     digest = hashlib.sha256(f"{_FORMAT}\0{sys.executable}\0{sys.version}\n".encode())
     digest.update(json.dumps(list(argv)).encode())
-    shaping = sorted((k, v) for k, v in env.items() if k.startswith(SETTING_PREFIXES) or k in _ENV)
+    shaping = sorted((k, v) for k, v in env.items() if k.startswith("PROCPILOT_") or k in _ENV)
     digest.update(json.dumps(shaping).encode())
     digest.update(_config_bytes(argv))
     _sources(digest)
