@@ -10,10 +10,10 @@ agent name and a workspace, and for those the answers are known when procpilot i
 (tests/transports/test_handshake_seed.py fails when the file no longer equals them, for every
 profile and every handshake-era version).
 
-:func:`seed_answers` says whether a command line and an environment are covered, reading only
+:func:`covered_profile` says whether a command line and an environment are covered, reading only
 those (no import beyond the standard library's basics); anything else (``--config``, ``--tools``,
-``--tool-names``, a setting in the environment, an option it does not know) is not,
-and such a first start is answered by the loaded server, as before. A seeded answer is checked as
+``--tool-names``, a setting in the environment, an option it does not know) is not, and such a
+first start is answered by the loaded server, as before. A seeded answer is checked as
 a cached one is: the loaded server's own reply is compared with it (and the client told to list
 again if the tools differ), so a seed that does not fit this machine costs one more listing.
 """
