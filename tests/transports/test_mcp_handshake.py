@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from procpilot.transports.mcp_direct import SHAPED_ALIKE as DIRECT_SHAPED
-from procpilot.transports.mcp_handshake import SHAPED_ALIKE
+from procpilot.transports.mcp_handshake import SHAPED_ALIKE, cache_path
 from tests.daemon import PROCPILOT, cli_env
 
 # Holds the first import of pydantic_core (pydantic's first import) until HANDSHAKE_TEST_GATE names a file.
@@ -55,6 +55,18 @@ CALL = {
 
 class Server:
     def __init__(self, tmp_path: Path, gate: Path | None = None, *, options: tuple[str, ...] = ()) -> None:
+        env, options = self.started_with(tmp_path, gate, options)
+        argv = [PROCPILOT, "mcp", *options]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0
+        )
+        self._buffer = b""  # read from the server, not yet taken as a line
+
+    @staticmethod
+    def started_with(
+        tmp_path: Path, gate: Path | None = None, options: tuple[str, ...] = ()
+    ) -> tuple[dict[str, str], tuple[str, ...]]:
+        """The environment and the options of ``procpilot mcp`` such a server is started with."""
         site = tmp_path / "site"
         site.mkdir(exist_ok=True)
         (site / "sitecustomize.py").write_text(GATE)
@@ -62,11 +74,7 @@ class Server:
         env["PYTHONPATH"] = f"{site}:{env.get('PYTHONPATH', '')}"
         if gate is not None:
             env["HANDSHAKE_TEST_GATE"] = str(gate)
-        argv = [PROCPILOT, "mcp", "--agent", "hs", "--workspace", str(tmp_path), *options]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0
-        )
-        self._buffer = b""  # read from the server, not yet taken as a line
+        return env, ("--agent", "hs", "--workspace", str(tmp_path), *options)
 
     def wait_at_gate(self, gate: Path) -> None:
         """Until the server stands at its first heavy import: the settings, the engine and the
@@ -212,7 +220,11 @@ def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None
 def test_an_initialize_the_sdk_refuses_is_left_to_it(tmp_path: Path) -> None:
     """An ``initialize`` without the client's info is refused by the SDK: the front, which could
     answer its version from the cache, does not answer it in the SDK's place."""
-    _first_start(tmp_path)
+    env, options = Server.started_with(tmp_path)
+    path = cache_path(options, env)
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"initialize": {"2025-06-18": {"protocolVersion": "2025-06-18"}}, "tools": {}}))
     server = Server(tmp_path)
     try:
         server.send({**INITIALIZE, "params": {"protocolVersion": "2025-06-18", "capabilities": {}}})
