@@ -23,6 +23,7 @@ from pydantic_core import ErrorDetails
 from procpilot.errors import ConfigError
 
 __all__ = [
+    "ENVIRONMENT_VARIABLES",
     "AgentPolicy",
     "BaseEnvSettings",
     "ClusterSettings",
@@ -429,6 +430,8 @@ _ENV_PATHS: tuple[tuple[str, str], ...] = (
     ("PROCPILOT_STATE_DIR", "state_dir"),
     ("PROCPILOT_WORKSPACE", "workspace_root"),
 )
+# Every variable load_settings() reads (transports/handshake_seed.py must know them all).
+ENVIRONMENT_VARIABLES = tuple(var for var, _ in (*_ENV_EXEC, *_ENV_PATHS))
 # The Python shortcuts load_settings() takes as keywords -> where they live in the file.
 _SHORTCUTS: dict[str, tuple[str, ...]] = {
     "exec": ("tools", "exec"),

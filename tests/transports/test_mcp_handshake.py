@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from procpilot.transports.mcp_direct import SHAPED_ALIKE as DIRECT_SHAPED
-from procpilot.transports.mcp_handshake import SHAPED_ALIKE
+from procpilot.transports.mcp_handshake import SHAPED_ALIKE, cache_path
 from tests.daemon import PROCPILOT, cli_env
 
 # Holds the first import of pydantic_core (pydantic's first import) until HANDSHAKE_TEST_GATE names a file.
@@ -52,7 +54,19 @@ CALL = {
 
 
 class Server:
-    def __init__(self, tmp_path: Path, gate: Path | None = None) -> None:
+    def __init__(self, tmp_path: Path, gate: Path | None = None, *, options: tuple[str, ...] = ()) -> None:
+        env, options = self.started_with(tmp_path, gate, options)
+        argv = [PROCPILOT, "mcp", *options]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0
+        )
+        self._buffer = b""  # read from the server, not yet taken as a line
+
+    @staticmethod
+    def started_with(
+        tmp_path: Path, gate: Path | None = None, options: tuple[str, ...] = ()
+    ) -> tuple[dict[str, str], tuple[str, ...]]:
+        """The environment and the options of ``procpilot mcp`` such a server is started with."""
         site = tmp_path / "site"
         site.mkdir(exist_ok=True)
         (site / "sitecustomize.py").write_text(GATE)
@@ -60,11 +74,15 @@ class Server:
         env["PYTHONPATH"] = f"{site}:{env.get('PYTHONPATH', '')}"
         if gate is not None:
             env["HANDSHAKE_TEST_GATE"] = str(gate)
-        argv = [PROCPILOT, "mcp", "--agent", "hs", "--workspace", str(tmp_path)]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0
-        )
-        self._buffer = b""  # read from the server, not yet taken as a line
+        return env, ("--agent", "hs", "--workspace", str(tmp_path), *options)
+
+    def wait_at_gate(self, gate: Path) -> None:
+        """Until the server stands at its first heavy import: the settings, the engine and the
+        SDK are all held up behind it."""
+        deadline = time.monotonic() + 60
+        while not gate.with_name(gate.name + ".reached").exists():
+            assert time.monotonic() < deadline and self.proc.poll() is None, "the server never reached pydantic"
+            time.sleep(0.01)
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -130,12 +148,7 @@ def test_the_handshake_is_answered_while_the_server_has_not_loaded(tmp_path: Pat
     gate = tmp_path / "gate"
     server = Server(tmp_path, gate)
     try:
-        # The server stands at its first heavy import: the settings, the engine and the SDK are
-        # all held up behind it, and the handshake is answered all the same.
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "gate.reached").exists():
-            assert time.monotonic() < deadline and server.proc.poll() is None, "the server never reached pydantic"
-            time.sleep(0.01)
+        server.wait_at_gate(gate)
         assert _handshake(server) == (initialized, listed)
         gate.touch()
         server.send(CALL)
@@ -145,6 +158,40 @@ def test_the_handshake_is_answered_while_the_server_has_not_loaded(tmp_path: Pat
     finally:
         gate.touch()
         server.kill()
+
+
+@pytest.mark.parametrize(
+    ("profile", "call", "names"),
+    [
+        ("procpilot", CALL["params"], ["exec", "process"]),
+        ("codex", {"name": "exec_command", "arguments": {"cmd": "echo hi"}}, ["exec_command", "write_stdin"]),
+    ],
+)
+def test_a_first_start_is_answered_before_the_server_loads(
+    tmp_path: Path, profile: str, call: dict[str, Any], names: list[str]
+) -> None:
+    """Nothing cached (the first start of a build and configuration): the answers procpilot
+    ships for the configuration are written while pydantic, and so the settings, the engine and
+    the SDK, are not imported yet; they are the loaded server's own (which it keeps in the cache,
+    and which differ in nothing: no list_changed follows)."""
+    gate = tmp_path / "gate"
+    server = Server(tmp_path, gate, options=("--profile", profile))
+    try:
+        server.wait_at_gate(gate)
+        initialized, listed = _handshake(server)
+        assert [tool["name"] for tool in listed["result"]["tools"]] == names
+        gate.touch()
+        server.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call})
+        called = server.read()
+        assert called["id"] == 3 and "hi" in called["result"]["content"][0]["text"]
+        assert server.close() == []  # nothing answered twice, no change of the tools told
+    finally:
+        gate.touch()
+        server.kill()
+    [cached] = list((tmp_path / ".cache" / "procpilot" / "handshake").glob("*.json"))
+    entry = json.loads(cached.read_text())
+    assert entry["initialize"] == {"2025-06-18": initialized["result"]}
+    assert entry["tools"] == {"2025-06-18": listed["result"]}
 
 
 def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None:
@@ -168,6 +215,24 @@ def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None
     finally:
         server.kill()
     assert json.loads(cached.read_text())["tools"]["2025-06-18"] == listed["result"]
+
+
+def test_an_initialize_the_sdk_refuses_is_left_to_it(tmp_path: Path) -> None:
+    """An ``initialize`` without the client's info is refused by the SDK: the front, which could
+    answer its version from the cache, does not answer it in the SDK's place."""
+    env, options = Server.started_with(tmp_path)
+    path = cache_path(options, env)
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"initialize": {"2025-06-18": {"protocolVersion": "2025-06-18"}}, "tools": {}}))
+    server = Server(tmp_path)
+    try:
+        server.send({**INITIALIZE, "params": {"protocolVersion": "2025-06-18", "capabilities": {}}})
+        refused = server.read()
+        assert refused["id"] == 1 and "result" not in refused and refused["error"]["code"] == -32602
+        assert server.close() == []
+    finally:
+        server.kill()
 
 
 def test_the_front_knows_the_versions_the_direct_path_shapes() -> None:

@@ -16,9 +16,12 @@ server every line the thread read, answered or not, in order: the SDK sees the s
 it would have seen, and its replies to the requests already answered are not written again, only
 compared. A difference (a cache the key did not tell apart) is written to the cache, and a
 different tool list is followed by ``notifications/tools/list_changed``, so a client lists again.
-Without an entry (the first start of a build or a configuration), the server answers as before
-and its answers fill the cache for the next start. A 2026-07-28 request (an envelope in
-``_meta``), a ``tools/list`` with a cursor and anything else are the server's.
+Without an entry (the first start of a build or a configuration), the answers shipped with
+procpilot for that configuration (transports/handshake_seed.py: no ``--config``, no setting in
+the environment, one of the profiles) are served the same way, and the server's own answers fill
+the cache; a configuration the seed does not cover is answered by the server once loaded, as
+before. A 2026-07-28 request (an envelope in ``_meta``), an ``initialize`` without the fields
+the SDK requires, a ``tools/list`` with a cursor and anything else are the server's.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-__all__ = ["SHAPED_ALIKE", "Handshake", "cache_path", "start_front", "stdio_is_pipe", "take"]
+from procpilot.transports.handshake_seed import SETTINGS_VARIABLES, seed_answers
+
+__all__ = ["SHAPED_ALIKE", "Handshake", "cache_path", "reply_bytes", "start_front", "stdio_is_pipe", "take"]
 
 # The handshake-era versions (as transports/mcp_direct.py's SHAPED_ALIKE; a test holds them equal).
 SHAPED_ALIKE = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
@@ -45,8 +50,9 @@ _READ = 1 << 16
 _SWITCH_S = 0.0005
 _MARKERS = (b'"initialize"', b'"tools/list"')
 _LIST_CHANGED = b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
-# Environment variables that shape what `procpilot mcp` serves, besides every PROCPILOT_ one.
-_ENV = ("HOME", "XDG_STATE_HOME", "PYTHONPATH")
+# Environment variables that shape what `procpilot mcp` serves, besides every PROCPILOT_ one:
+# the settings' own, and those their defaults and the tools' paths come from.
+_ENV = frozenset({"HOME", "XDG_STATE_HOME", "PYTHONPATH"}) | SETTINGS_VARIABLES
 
 Key = tuple[bool, object]  # a JSON-RPC id: 1 and "1" are different ids
 
@@ -142,6 +148,16 @@ def _store(path: Path, cache: Mapping[str, Any]) -> None:
 # -- the front: the handshake answered while the server loads --------------------------------------
 
 
+def _plain_initialize(params: object) -> TypeGuard[dict[str, Any]]:
+    """Whether an ``initialize``'s params are a handshake-era one's, in the shape the SDK requires
+    (the fields it needs, of their types: a request without them is refused by the SDK, so it is
+    left to the SDK); what the client's capabilities hold is not read."""
+    if not isinstance(params, dict) or "_meta" in params or not isinstance(params.get("capabilities"), dict):
+        return False
+    client = params.get("clientInfo")
+    return isinstance(client, dict) and isinstance(client.get("name"), str) and isinstance(client.get("version"), str)
+
+
 class _Front:
     """A thread that answers ``initialize`` and ``tools/list`` from the cache and keeps every line."""
 
@@ -190,7 +206,7 @@ class _Front:
         if key is None or key in self.answered:
             return
         result: Any = None
-        if method == "initialize" and self._version is None and isinstance(params, dict) and "_meta" not in params:
+        if method == "initialize" and self._version is None and _plain_initialize(params):
             requested = params.get("protocolVersion")
             result = self.cache["initialize"].get(requested) if isinstance(requested, str) else None
             if not isinstance(result, dict) or result.get("protocolVersion") not in SHAPED_ALIKE:
@@ -200,8 +216,7 @@ class _Front:
             result = self.cache["tools"].get(self._version)
         if not isinstance(result, dict):
             return
-        reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
-        view = memoryview(json.dumps(reply, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+        view = memoryview(reply_bytes(message["id"], result))
         while view:
             view = view[os.write(self.fd_out, view) :]
         self.answered[key] = (str(method), result)
@@ -286,6 +301,13 @@ class Handshake:
         return True, _LIST_CHANGED if method == "tools/list" and written != result else b""
 
 
+def reply_bytes(request_id: object, result: Mapping[str, Any]) -> bytes:
+    """The line the front writes for a result: the bytes the SDK writes for it (for the seed,
+    tests/transports/test_handshake_seed.py compares them)."""
+    reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
+    return json.dumps(reply, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
 def stdio_is_pipe() -> bool:
     """Whether fd 0 and fd 1 are pipes or sockets (what an MCP client gives its server)."""
     try:
@@ -309,7 +331,12 @@ def start_front(argv: Sequence[str]) -> None:
     if path is None:
         return
     cache = _load(path)
-    _armed.append(Handshake(path, cache, _Front(cache) if cache["initialize"] else None))
+    # Under what is cached, the answers procpilot shipped for a configuration they cover
+    # (transports/handshake_seed.py): all of them on its first start, and what a server ended
+    # before it answered (a client gone at once, say) on a later one.
+    seed = seed_answers(argv, os.environ, sorted(SHAPED_ALIKE))
+    answers = {part: {**seed[part], **cache[part]} for part in ("initialize", "tools")}
+    _armed.append(Handshake(path, cache, _Front(answers) if answers["initialize"] else None))
 
 
 def take() -> Handshake | None:

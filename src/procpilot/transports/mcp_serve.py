@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
@@ -28,7 +28,10 @@ from procpilot.transports.serve import (
     uvicorn_server,
 )
 
-__all__ = ["ConversationScopes", "serve_mcp"]
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+__all__ = ["ConversationScopes", "serve_mcp", "stdio_server"]
 
 
 async def serve_mcp(
@@ -61,11 +64,7 @@ async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, ke
     from procpilot.transports.mcp_handshake import take
     from procpilot.transports.mcp_stdio import Notification, serve_stdio
 
-    # Exits are told twice over stdio: pushed as a log notification while the connection is
-    # open, and named at the top of the agent's next result (what most clients show a model).
-    notices = ExitNotices(sup)
-    tools = [notices.wrap(spec) for spec in tools]
-    server = build_mcp_server(tools, scope=agent)
+    notices, tools, server = stdio_server(sup, tools, agent=agent)
     direct = {spec.name: functools.partial(spec.call, scope=agent) for spec in tools}
 
     def pushes(deliver: Callable[[Notification], None]) -> Callable[[], None]:
@@ -77,6 +76,19 @@ async def _serve_stdio(sup: Supervisor, tools: list[ToolSpec], *, agent: str, ke
         await serve_until_signal(sup, serving, keep=keep_sessions)
     finally:
         notices.close()
+
+
+def stdio_server(
+    sup: Supervisor, tools: list[ToolSpec], *, agent: str
+) -> tuple[ExitNotices, list[ToolSpec], MCPServer]:
+    """The stdio server of ``tools`` (``build_tools``' own) for ``agent``: its exit notices, the
+    tools it serves and its ``MCPServer`` (the handshake's seed is built from the same:
+    transports/handshake_seed_build.py)."""
+    # Exits are told twice over stdio: pushed as a log notification while the connection is
+    # open, and named at the top of the agent's next result (what most clients show a model).
+    notices = ExitNotices(sup)
+    tools = [notices.wrap(spec) for spec in tools]
+    return notices, tools, build_mcp_server(tools, scope=agent)
 
 
 async def _serve_http(
