@@ -25,8 +25,9 @@ def test_the_seed_is_the_loaded_servers_answers_byte_for_byte(profile: str) -> N
     seeded = seed_answers(argv, {}, VERSIONS)
     for version in VERSIONS:
         initialized, listed = server_replies(profile, version)
-        assert reply_bytes(1, seeded["initialize"][version]) == initialized, version
-        assert reply_bytes(2, seeded["tools"][version]) == listed, version
+        rebuild = f"{version}: python -m procpilot.transports.handshake_seed_build"
+        assert reply_bytes(1, seeded["initialize"][version]) == initialized, rebuild
+        assert reply_bytes(2, seeded["tools"][version]) == listed, rebuild
 
 
 def test_the_seed_has_every_profile() -> None:
@@ -34,7 +35,10 @@ def test_the_seed_has_every_profile() -> None:
 
 
 def test_the_shipped_file_is_what_the_builder_writes() -> None:
-    assert json.loads(SEED_FILE.read_text(encoding="utf-8")) == build_seed()
+    rebuild = (
+        "a definition, the instructions or the version changed: python -m procpilot.transports.handshake_seed_build"
+    )
+    assert json.loads(SEED_FILE.read_text(encoding="utf-8")) == build_seed(), rebuild
 
 
 @pytest.mark.parametrize(
