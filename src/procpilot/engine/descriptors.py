@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PER_SESSION", "DescriptorLimit", "child_lines", "needed_for", "raise_for", "report"]
+__all__ = [
+    "PER_SESSION",
+    "DescriptorLimit",
+    "child_lines",
+    "needed_for",
+    "park_above",
+    "raise_for",
+    "report",
+    "reserve",
+]
 
 PER_SESSION = 2
 # The server's own: its clients' sockets, the journal, warm shells, the log files open for writing.
@@ -104,6 +113,22 @@ def raise_for(sessions: int, others: int = 0) -> DescriptorLimit:
         # stderr goes into its client's log at each call.
         _log.info("descriptor limit: %s", note)
     return raised
+
+
+def reserve(soft: int) -> int:
+    """Descriptors kept for the server's own under soft limit ``soft`` (a quarter of a small one)."""
+    return min(_RESERVE, soft // 4)
+
+
+def park_above(soft: int | None = None) -> int:
+    """Live output descriptors past which quiet sessions' are parked (engine/output_parking.py):
+    half of what the table holds beside the server's own, so a server far from its limit parks
+    nothing, and one near it has room for a spell of sessions waking at once."""
+    if soft is None:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if not _finite(soft):
+        return 1 << 30
+    return max(0, (soft - reserve(soft)) // 2)
 
 
 def allows(soft: int) -> int:

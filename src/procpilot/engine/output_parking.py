@@ -1,0 +1,363 @@
+"""Quiet sessions' output read ends, out of the descriptor table, watched by one epoll.
+
+A running session costs the server its stdout and stderr read ends: 10,000 sessions need 20,000
+descriptors for them alone, the hard limit here. Most long-running sessions are quiet most of the
+time (a server, a watcher, a ``sleep``), and a quiet pipe needs no descriptor of ours as long as
+something tells us when it speaks again. What the kernel does, each checked on Linux 6.18 (see
+tests/engine/test_output_parking.py and docs/performance.md):
+
+- An epoll registration belongs to the open file (keyed on file and descriptor number), not to
+  the descriptor: it stays, and keeps reporting, after the descriptor is closed as long as
+  another reference holds the file. Here that reference is an SCM_RIGHTS message in flight in
+  our own socket (engine/stash.py), which does not count against RLIMIT_NOFILE.
+- With ``EPOLLONESHOT`` a registration reports once (data, or ``EPOLLHUP`` when the last writer
+  closes) with the 64-bit token we gave it, then stays silent until re-armed.
+- Bytes stay in the pipe meanwhile: a writer that fills it (64 KiB) blocks; nothing is lost.
+- A registration can be removed or re-armed only through a descriptor with the number it was
+  made with: one taken back at another number leaves it behind until the file is closed (when
+  the session ends). Taking it back tries for the old number first (``F_DUPFD``), so it can be
+  removed; a registration left behind has reported already or reports once, to a token nobody
+  has any more (ignored).
+
+So: when the live output descriptors pass :meth:`OutputParking.threshold` (half of what the
+table holds beside the server's own; a server never near its limit parks nothing), a sweep
+every :attr:`OutputParking.sweep_every` seconds parks the sessions whose output has not grown
+for a whole sweep: their readers leave the loop, each end is registered in the shared epoll
+with a token of its own, and both go into the stash together. A report (data or EOF), the
+leader's exit, or a path that needs the descriptor (a copy for a new holder, the drain after
+the exit) takes them back, and they are read as before: every byte in order, the exit after
+the output. A session woken by data waits twice as long (up to :data:`_MAX_QUIET_SWEEPS`
+sweeps) before it is parked again, so one that prints now and then is not shuttled to and fro.
+Terminals (a pty) are never parked: their output drives the terminal-mode scan, and they are few.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import resource
+import select
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from procpilot.engine.descriptors import park_above, reserve
+from procpilot.engine.segments import Stream
+from procpilot.engine.stash import DescriptorStash
+
+__all__ = ["OutputParking", "Parkable"]
+
+_ADD, _DEL, _MOD = 1, 2, 3  # EPOLL_CTL_*
+_ONCE = select.EPOLLIN | select.EPOLLONESHOT
+_MAX_EVENTS = 1024
+_MAX_QUIET_SWEEPS = 64  # a session woken again and again still gets parked after this many sweeps
+_TOKENS = 1 << 31  # select.epoll.poll returns the token as a C int
+
+
+class _Event(ctypes.Structure):
+    _pack_ = 1  # struct epoll_event is packed on x86-64 (12 bytes); harmless where it is not
+    _fields_ = (("events", ctypes.c_uint32), ("data", ctypes.c_uint64))
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _ctl(epfd: int, op: int, fd: int, token: int) -> None:
+    # select.epoll.register sets the event's data to the descriptor's number, which a parked
+    # end no longer has (the number is reused): our own token instead.
+    event = _Event(_ONCE, token)
+    if _libc.epoll_ctl(epfd, op, fd, ctypes.byref(event)) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+class Parkable(Protocol):
+    """What the parking needs of a session (engine/session.py)."""
+
+    def output_size(self) -> int:
+        """Bytes of output so far: unchanged over a sweep means quiet."""
+        ...
+
+    def parkable_streams(self) -> list[tuple[Stream, int]]:
+        """Its output descriptors the loop reads now, if they may be parked now; else []."""
+        ...
+
+    def streams_parked(self, streams: list[tuple[Stream, int]]) -> None:
+        """``streams`` leave the loop's readers (their descriptors are closed by the parking)."""
+        ...
+
+    def streams_back(self, fds: dict[Stream, int | None]) -> None:
+        """Parked streams back in the table, to be read again (None: lost, as if at EOF)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Quiet:
+    size: int = -1  # output size at the last sweep
+    sweeps: int = 0  # sweeps in a row it did not grow
+    need: int = 1  # sweeps of quiet before it is parked
+
+
+@dataclass(slots=True)
+class _Parked:
+    need: int
+    # Per stream: its stash token, its epoll token, the number it was registered under.
+    ends: list[tuple[Stream, int, int, int]] = field(default_factory=list)
+    woken: bool = False  # its registration reported: it cannot be re-armed, only taken back
+
+
+class OutputParking:
+    """One supervisor's parked output ends: one epoll, one stash, one sweep timer."""
+
+    def __init__(self, before: Callable[[], None]) -> None:
+        self._before = before  # the holder's pending copies go first, from our table
+        self.park_above: int | None = None  # live output descriptors past which to park; None: threshold()
+        self.sweep_every = 1.0  # seconds
+        self._stash = DescriptorStash()
+        self._epoll: select.epoll | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._live: dict[Parkable, _Quiet] = {}  # read by the loop, candidates
+        self._parked: dict[Parkable, _Parked] = {}
+        self._tokens: dict[int, Parkable] = {}  # epoll token -> its session, while parked
+        self._next_token = 1
+        self._due: dict[Parkable, None] = {}  # to take back at the next turn of the loop
+        self._deferred: dict[Parkable, None] = {}  # woken by data while the table was too full
+        self._timer: asyncio.TimerHandle | None = None
+        self._flush: asyncio.Handle | None = None
+        self.left_behind = 0  # registrations that could not be removed (see the module's docstring)
+
+    def __len__(self) -> int:
+        """Sessions parked now."""
+        return len(self._parked)
+
+    @property
+    def descriptors(self) -> int:
+        """Descriptors the parking itself holds in the table: its epoll and the stash's sockets."""
+        return (self._epoll is not None) + self._stash.sockets
+
+    def threshold(self) -> int:
+        return park_above() if self.park_above is None else self.park_above
+
+    # -- the sessions' side --------------------------------------------------------------------
+
+    def watch(self, session: Parkable) -> None:
+        """``session``'s output is read by the loop: a candidate from now on."""
+        if session not in self._parked:
+            self._live.setdefault(session, _Quiet())
+            self._schedule()
+
+    def forget(self, session: Parkable) -> None:
+        """No more of it (detached, ended): parked ends are closed with the stash's next look."""
+        self._live.pop(session, None)
+        self._due.pop(session, None)
+        self._deferred.pop(session, None)
+        parked = self._parked.pop(session, None)
+        if parked is not None:
+            for _, stash_token, epoll_token, _ in parked.ends:
+                self._tokens.pop(epoll_token, None)
+                self._stash.discard(stash_token)
+
+    def is_parked(self, session: Parkable) -> bool:
+        return session in self._parked
+
+    def wake(self, session: Parkable) -> None:
+        """Take ``session``'s ends back soon (its leader exited): batched per turn of the loop,
+        so a thousand exits open each of the stash's buckets once."""
+        if session in self._parked:
+            self._due[session] = None
+            if self._flush is None:
+                self._flush = asyncio.get_running_loop().call_soon(self._take_due)
+
+    def take_back(self, session: Parkable) -> None:
+        """Now (a copy for a new holder, the drain after an exit)."""
+        self._due.pop(session, None)
+        self._deferred.pop(session, None)
+        self._unpark([session])
+
+    def close(self) -> None:
+        for handle in (self._timer, self._flush):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._flush = None
+        self._live.clear()
+        self._parked.clear()
+        self._tokens.clear()
+        self._due.clear()
+        self._deferred.clear()
+        self._stash.close()  # our copies go: the holder keeps its own
+        if self._epoll is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._epoll.fileno())
+            self._epoll.close()
+            self._epoll = None
+
+    # -- the sweep -----------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if self._timer is None and (self._live or self._deferred):
+            self._timer = asyncio.get_running_loop().call_later(self.sweep_every, self._sweep)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        try:
+            if self._deferred:
+                self._take_deferred()
+            if 2 * len(self._live) > self.threshold():
+                self._park(self._quiet())
+        finally:
+            self._schedule()
+
+    def _quiet(self) -> list[Parkable]:
+        found = []
+        for session, quiet in self._live.items():
+            size = session.output_size()
+            if size != quiet.size:
+                quiet.size, quiet.sweeps = size, 0
+                continue
+            quiet.sweeps += 1
+            if quiet.sweeps >= quiet.need:
+                found.append(session)
+        return found
+
+    def _park(self, sessions: list[Parkable]) -> None:
+        due = [(session, streams) for session in sessions if (streams := session.parkable_streams())]
+        if not due:
+            return
+        self._before()
+        epoll = self._open_epoll()
+        ends: list[tuple[Parkable, Stream, int, int]] = []  # session, stream, fd, epoll token
+        for session, streams in due:
+            session.streams_parked(streams)  # out of the loop's epoll before the number is closed
+            for stream, fd in streams:
+                token = self._token()
+                try:
+                    _register(epoll.fileno(), fd, token)
+                except OSError:
+                    token = -1  # not watched, so not parked: still read by the loop
+                ends.append((session, stream, fd, token))
+        watched = [fd for _, _, fd, token in ends if token >= 0]
+        stashed = iter(self._stash.put_many(watched))
+        given_back: dict[Parkable, dict[Stream, int | None]] = {}
+        for session, stream, fd, token in ends:
+            stash_token = next(stashed) if token >= 0 else None
+            if stash_token is None:  # the kernel would not keep it in flight: ours, as before
+                if token >= 0:
+                    with contextlib.suppress(OSError):
+                        _ctl(epoll.fileno(), _DEL, fd, 0)
+                given_back.setdefault(session, {})[stream] = fd
+                continue
+            quiet = self._live.get(session) or _Quiet()
+            parked = self._parked.setdefault(session, _Parked(quiet.need))
+            parked.ends.append((stream, stash_token, token, fd))
+            self._tokens[token] = session
+        for session in {s: None for s, *_ in ends}:
+            if session in self._parked:
+                self._live.pop(session, None)
+            if session in given_back:
+                session.streams_back(given_back[session])
+
+    def _token(self) -> int:
+        token = self._next_token
+        self._next_token = token % (_TOKENS - 1) + 1
+        return token
+
+    def _open_epoll(self) -> select.epoll:
+        if self._epoll is None:
+            self._epoll = select.epoll()
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._epoll.fileno(), self._on_events)
+        return self._epoll
+
+    # -- taking back ---------------------------------------------------------------------------
+
+    def _on_events(self) -> None:
+        epoll = self._epoll
+        if epoll is None:
+            return
+        while True:
+            events = epoll.poll(0, _MAX_EVENTS)
+            for token, _ in events:
+                session = self._tokens.pop(token, None)  # None: a registration left behind
+                if session is not None and session in self._parked:
+                    self._parked[session].woken = True
+                    self._deferred[session] = None
+            if len(events) < _MAX_EVENTS:
+                break
+        self._take_deferred()
+
+    def _take_deferred(self) -> None:
+        """Take back what spoke, as far as the table has room: a table too full to take them
+        leaves the bytes in their pipes (their writers wait) until a sweep has made room."""
+        room = max(0, self._room())
+        sessions = list(self._deferred)[: room // 2]
+        for session in sessions:
+            del self._deferred[session]
+        self._unpark(sessions, woken=True)
+        self._schedule()
+
+    def _room(self) -> int:
+        """Output descriptors the table can still take for sessions woken by data."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return 1 << 30
+        return soft - reserve(soft) - 2 * len(self._live)
+
+    def _take_due(self) -> None:
+        self._flush = None
+        sessions, self._due = list(self._due), {}
+        for session in sessions:
+            self._deferred.pop(session, None)
+        self._unpark(sessions)
+
+    def _unpark(self, sessions: list[Parkable], *, woken: bool = False) -> None:
+        parked = [(session, p) for session in sessions if (p := self._parked.pop(session, None)) is not None]
+        if not parked:
+            return
+        found = self._stash.take_many([stash_token for _, p in parked for _, stash_token, _, _ in p.ends])
+        for session, p in parked:
+            back: dict[Stream, int | None] = {}
+            for stream, stash_token, epoll_token, number in p.ends:
+                self._tokens.pop(epoll_token, None)
+                fd = found.get(stash_token)
+                back[stream] = None if fd is None else self._unregister(fd, number)
+            # Spoke after a quiet spell: the next quiet spell must be twice as long.
+            need = min(2 * p.need, _MAX_QUIET_SWEEPS) if woken else p.need
+            self._live[session] = _Quiet(need=need)
+            session.streams_back(back)
+        self._schedule()
+
+    def _unregister(self, fd: int, number: int) -> int:
+        """``fd`` (a parked end back in the table), with its registration removed if it can be:
+        under the number it was registered with, if that number is free."""
+        epoll = self._epoll
+        if epoll is None:
+            return fd
+        if fd != number:
+            try:
+                again = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, number)  # the lowest free one >= number
+            except OSError:
+                again = -1
+            if again != number:
+                if again >= 0:
+                    os.close(again)
+                self.left_behind += 1
+                return fd
+            os.close(fd)
+            fd = number
+        with contextlib.suppress(OSError):
+            _ctl(epoll.fileno(), _DEL, fd, 0)
+        return fd
+
+
+def _register(epfd: int, fd: int, token: int) -> None:
+    try:
+        _ctl(epfd, _ADD, fd, token)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST:
+            raise
+        # Left behind by an earlier parking of this very end under this number: re-armed for us.
+        _ctl(epfd, _MOD, fd, token)
