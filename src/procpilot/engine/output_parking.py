@@ -55,6 +55,7 @@ _ADD, _DEL, _MOD = 1, 2, 3  # EPOLL_CTL_*
 _ONCE = select.EPOLLIN | select.EPOLLONESHOT
 _MAX_EVENTS = 1024
 _MAX_QUIET_SWEEPS = 64  # a session woken again and again still gets parked after this many sweeps
+_RETRY = 0.005  # seconds before exited sessions that found no room are taken back
 _TOKENS = 1 << 31  # select.epoll.poll returns the token as a C int
 
 
@@ -307,11 +308,18 @@ class OutputParking:
         return soft - reserve(soft) - 2 * len(self._live)
 
     def _take_due(self) -> None:
+        """Take back the ends of sessions whose leader exited, as many as the table has room
+        for: a kill of 10,000 parked sessions must not bring 20,000 ends back at once (a message
+        that does not fit loses its descriptors). The rest follow once the first are read to EOF."""
         self._flush = None
-        sessions, self._due = list(self._due), {}
+        room = max(2, self._room())  # one at a time at least: an exit frees what it takes
+        sessions = list(self._due)[: room // 2]
         for session in sessions:
+            del self._due[session]
             self._deferred.pop(session, None)
         self._unpark(sessions)
+        if self._due:
+            self._flush = asyncio.get_running_loop().call_later(_RETRY, self._take_due)
 
     def _unpark(self, sessions: list[Parkable], *, woken: bool = False) -> None:
         parked = [(session, p) for session in sessions if (p := self._parked.pop(session, None)) is not None]
