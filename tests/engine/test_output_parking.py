@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -48,11 +49,11 @@ def _text(session: Session, stream: Stream) -> bytes:
     return session.output[stream].read(0, 1 << 24).data
 
 
-# A line, then quiet until its stdin says go (parked meanwhile), then more than a pipe holds on
-# each stream (its writer blocks while parked: nothing may be lost), quiet again, then a last line.
-_BURSTS = "echo first; read a; seq 1 30000; seq 30001 40000 >&2; read b; echo last"
-_STDOUT = b"first\n" + b"".join(b"%d\n" % i for i in range(1, 30001)) + b"last\n"
-_STDERR = b"".join(b"%d\n" % i for i in range(30001, 40001))
+# A line, then quiet until its stdin says go (parked meanwhile), then more than its pipe holds
+# (1 MiB: the writer blocks until the end is back), stderr too, quiet again, then a last line.
+_BURSTS = "echo first; read a; seq 1 200000; seq 200001 210000 >&2; read b; echo last"
+_STDOUT = b"first\n" + b"".join(b"%d\n" % i for i in range(1, 200001)) + b"last\n"
+_STDERR = b"".join(b"%d\n" % i for i in range(200001, 210001))
 
 
 async def test_output_of_parked_sessions_arrives_complete_and_in_order(settings: Settings) -> None:
@@ -123,10 +124,12 @@ async def test_a_detached_parked_session_goes_on_under_the_next_server(settings:
     """The holder's copies are not the parked ones: a session parked when its server detaches
     is adopted by the next one, its output whole."""
     first = await Supervisor(settings, owner="t").start()
-    _park_everything(first)
-    started = [await first.spawn(SpawnSpec("echo before; read a; echo after"), scope="t") for _ in range(4)]
-    assert await _until(lambda: len(first.output_parking) == len(started))
-    await first.detach()
+    try:
+        _park_everything(first)
+        started = [await first.spawn(SpawnSpec("echo before; read a; echo after"), scope="t") for _ in range(4)]
+        assert await _until(lambda: len(first.output_parking) == len(started))
+    finally:
+        await first.detach()
     async with Supervisor(settings, owner="t") as second:
         assert set(second.adopted) == {s.id for s in started}
         _park_everything(second)
@@ -207,3 +210,32 @@ def test_a_server_runs_more_sessions_than_two_descriptors_each_would_fit(tmp_pat
     assert found["open_fds"] < limit, found
     assert found["said_up"] == sessions, found  # each one's first line was read before it was parked
     assert found["left"] == 0, found
+
+
+async def test_a_new_holder_gets_copies_of_parked_ends(settings: Settings) -> None:
+    """A holder killed while sessions are parked: the server hands the next holder every
+    session again, parked ends taken back for the copies, so a detach after it loses nothing."""
+    first = await Supervisor(settings, owner="t").start()
+    try:
+        _park_everything(first)
+        started = [await first.spawn(SpawnSpec("echo before; read a; echo after"), scope="t") for _ in range(4)]
+        assert await _until(lambda: len(first.output_parking) == len(started))
+        old = first.capabilities()["restarts"]["holder_pid"]
+        os.kill(old, signal.SIGKILL)
+
+        def replaced() -> bool:
+            now = first.capabilities()["restarts"]
+            return bool(now["survive"]) and now.get("holder_pid") not in (None, old)
+
+        assert await _until(replaced), "no new holder"
+        assert await _until(lambda: len(first.output_parking) == len(started))  # parked again
+    finally:
+        await first.detach()
+    async with Supervisor(settings, owner="t") as second:
+        adopted = [second.get("t", s.id) for s in started]
+        for session in adopted:
+            await session.write(b"\n")
+        for session in adopted:
+            assert await session.wait_finished(5)
+            assert session.exit_code == 0
+            assert _text(session, Stream.COMBINED) == b"before\nafter\n"

@@ -3,8 +3,8 @@
 A running session costs the server its stdout and stderr read ends: 10,000 sessions need 20,000
 descriptors for them alone, the hard limit here. Most long-running sessions are quiet most of the
 time (a server, a watcher, a ``sleep``), and a quiet pipe needs no descriptor of ours as long as
-something tells us when it speaks again. What the kernel does, each checked on Linux 6.18 (see
-tests/engine/test_output_parking.py and docs/performance.md):
+something tells us when it speaks again. What the kernel does, each checked on Linux 6.18
+(``bench/epoll_in_flight.py``; tests/engine/test_output_parking.py covers the whole):
 
 - An epoll registration belongs to the open file (keyed on file and descriptor number), not to
   the descriptor: it stays, and keeps reporting, after the descriptor is closed as long as
@@ -12,7 +12,8 @@ tests/engine/test_output_parking.py and docs/performance.md):
   our own socket (engine/stash.py), which does not count against RLIMIT_NOFILE.
 - With ``EPOLLONESHOT`` a registration reports once (data, or ``EPOLLHUP`` when the last writer
   closes) with the 64-bit token we gave it, then stays silent until re-armed.
-- Bytes stay in the pipe meanwhile: a writer that fills it (64 KiB) blocks; nothing is lost.
+- Bytes stay in the pipe meanwhile: a writer that fills it (1 MiB for a session's, engine/
+  spawn.py; 64 KiB by default) blocks; nothing is lost.
 - A registration can be removed or re-armed only through a descriptor with the number it was
   made with: one taken back at another number leaves it behind until the file is closed (when
   the session ends). Taking it back tries for the old number first (``F_DUPFD``), so it can be

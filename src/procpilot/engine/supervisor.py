@@ -1004,7 +1004,7 @@ class Supervisor:
         roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
         session.stdin.unpark(again=True)  # the holder's copy is sent from our table
-        session.unpark_output()  # and so are its output ends'
+        session.unpark_output()  # and so are its output ends
         restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
 
     def _holder_lost(self) -> None:
