@@ -15,16 +15,18 @@ something tells us when it speaks again. What the kernel does, each checked on L
 - Bytes stay in the pipe meanwhile: a writer that fills it (1 MiB for a session's, engine/
   spawn.py; 64 KiB by default) blocks; nothing is lost.
 - A registration can be removed or re-armed only through a descriptor with the number it was
-  made with: one taken back at another number leaves it behind until the file is closed (when
-  the session ends). Taking it back tries for the old number first (``F_DUPFD``), so it can be
-  removed; a registration left behind has reported already or reports once, to a token nobody
-  has any more (ignored).
+  made with; one taken back at another number cannot reach it, and it stays until the file is
+  closed. So every end is registered under one number of our choosing, the table's last
+  (:func:`_high_number`, through a copy closed at once): the kernel hands out the lowest free
+  number, so that one is free again when an end comes back, and a copy of it there removes the
+  registration. One that could not be removed (``left_behind``) has reported already, or
+  reports once, to a token nobody has any more (ignored), and goes with the session's pipe.
 
 So: when the live output descriptors pass :meth:`OutputParking.threshold` (half of what the
 table holds beside the server's own; a server never near its limit parks nothing), a sweep
 every :attr:`OutputParking.sweep_every` seconds parks the sessions whose output has not grown
 for a whole sweep: their readers leave the loop, each end is registered in the shared epoll
-with a token of its own, and both go into the stash together. A report (data or EOF), the
+with a token of its own, and the ends go into the stash. A report (data or EOF), the
 leader's exit, or a path that needs the descriptor (a copy for a new holder, the drain after
 the exit) takes them back, and they are read as before: every byte in order, the exit after
 the output. A session woken by data waits twice as long (up to :data:`_MAX_QUIET_SWEEPS`
@@ -35,7 +37,6 @@ Terminals (a pty) are never parked: their output drives the terminal-mode scan, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import errno
 import fcntl
@@ -57,7 +58,8 @@ _ONCE = select.EPOLLIN | select.EPOLLONESHOT
 _MAX_EVENTS = 1024
 _MAX_QUIET_SWEEPS = 64  # a session woken again and again still gets parked after this many sweeps
 _RETRY = 0.005  # seconds before exited sessions that found no room are taken back
-_TOKENS = 1 << 31  # select.epoll.poll returns the token as a C int
+_TOKENS = 1 << 31
+_HIGH = 1 << 16  # select.epoll.poll returns the token as a C int
 
 
 class _Event(ctypes.Structure):
@@ -231,30 +233,28 @@ class OutputParking:
             return
         self._before()
         epoll = self._open_epoll()
-        ends: list[tuple[Parkable, Stream, int, int]] = []  # session, stream, fd, epoll token
+        high = _high_number()
+        ends: list[tuple[Parkable, Stream, int, int, int]] = []  # session, stream, fd, epoll token, number
         for session, streams in due:
             session.streams_parked(streams)  # out of the loop's epoll before the number is closed
             for stream, fd in streams:
                 token = self._token()
                 try:
-                    _register(epoll.fileno(), fd, token)
+                    number = _register(epoll.fileno(), fd, token, high)
                 except OSError:
-                    token = -1  # not watched, so not parked: still read by the loop
-                ends.append((session, stream, fd, token))
-        watched = [fd for _, _, fd, token in ends if token >= 0]
+                    token = number = -1  # not watched, so not parked: still read by the loop
+                ends.append((session, stream, fd, token, number))
+        watched = [fd for _, _, fd, token, _ in ends if token >= 0]
         stashed = iter(self._stash.put_many(watched))
         given_back: dict[Parkable, dict[Stream, int | None]] = {}
-        for session, stream, fd, token in ends:
+        for session, stream, fd, token, number in ends:
             stash_token = next(stashed) if token >= 0 else None
             if stash_token is None:  # the kernel would not keep it in flight: ours, as before
-                if token >= 0:
-                    with contextlib.suppress(OSError):
-                        _ctl(epoll.fileno(), _DEL, fd, 0)
-                given_back.setdefault(session, {})[stream] = fd
+                given_back.setdefault(session, {})[stream] = fd if token < 0 else self._unregister(fd, number)
                 continue
             quiet = self._live.get(session) or _Quiet()
             parked = self._parked.setdefault(session, _Parked(quiet.need))
-            parked.ends.append((stream, stash_token, token, fd))
+            parked.ends.append((stream, stash_token, token, number))
             self._tokens[token] = session
         for session in {s: None for s, *_ in ends}:
             if session in self._parked:
@@ -340,33 +340,57 @@ class OutputParking:
         self._schedule()
 
     def _unregister(self, fd: int, number: int) -> int:
-        """``fd`` (a parked end back in the table), with its registration removed if it can be:
-        under the number it was registered with, if that number is free."""
+        """``fd`` (a parked end back in the table), its registration removed through a copy under
+        the number it was registered with, if that number is free (it nearly always is)."""
         epoll = self._epoll
         if epoll is None:
             return fd
+        through = fd
         if fd != number:
             try:
-                again = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, number)  # the lowest free one >= number
+                through = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, number)  # the lowest free one >= number
             except OSError:
-                again = -1
-            if again != number:
-                if again >= 0:
-                    os.close(again)
+                through = -1
+            if through != number:
+                if through >= 0:
+                    os.close(through)
                 self.left_behind += 1
                 return fd
-            os.close(fd)
-            fd = number
-        with contextlib.suppress(OSError):
-            _ctl(epoll.fileno(), _DEL, fd, 0)
+        try:
+            _ctl(epoll.fileno(), _DEL, through, 0)
+        except OSError:
+            self.left_behind += 1
+        finally:
+            if through != fd:
+                os.close(through)
         return fd
 
 
-def _register(epfd: int, fd: int, token: int) -> None:
+def _high_number() -> int:
+    """The number every parked end is registered under: the table's last, which the kernel
+    (lowest free first) hands out only once every other is taken, so it is free again when the
+    end comes back, and its registration can be removed through it. Past 65,535 the table
+    would grow for it alone (8 bytes a slot)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return min(soft if soft != resource.RLIM_INFINITY else _HIGH, _HIGH) - 1
+
+
+def _register(epfd: int, fd: int, token: int, high: int) -> int:
+    """Register ``fd`` under ``high`` (a copy, closed after), or under its own number if that
+    cannot be had; returns the number it is registered under."""
     try:
-        _ctl(epfd, _ADD, fd, token)
-    except OSError as exc:
-        if exc.errno != errno.EEXIST:
-            raise
-        # Left behind by an earlier parking of this very end under this number: re-armed for us.
-        _ctl(epfd, _MOD, fd, token)
+        number = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high)
+    except OSError:
+        number = fd
+    try:
+        try:
+            _ctl(epfd, _ADD, number, token)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+            # Left behind by an earlier parking of this very end under this number: re-armed for us.
+            _ctl(epfd, _MOD, number, token)
+    finally:
+        if number != fd:
+            os.close(number)
+    return number
