@@ -159,12 +159,18 @@ LIMIT, SESSIONS, ROOT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
 segments.WRITERS.limit = 32  # the log files kept open for writing, to this limit's scale (512 in a server)
 
+SPOKEN = b"up\\n" + b"".join(b"%d\\n" % i for i in range(1, 20001))
+
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
 
 async def main():
     settings = load_settings(env={}, state_dir=ROOT + "/state", workspace_root=ROOT)
     found = {"refused": 0}
+    # Each session opens this FIFO, which waits for a writer, then prints 108 KB: all at once.
+    fifo = ROOT + "/go"
+    os.mkfifo(fifo)
+    command = f"echo up; : < {fifo}; seq 1 20000; sleep 60"
     async with Supervisor(settings, warm_shells=0) as sup:
         parking = getattr(sup, "output_parking", None)
         if parking is not None:
@@ -177,7 +183,7 @@ async def main():
                 await asyncio.sleep(0.01)
             for _ in range(20):
                 try:
-                    sessions.append(await sup.spawn(SpawnSpec("echo up; sleep 60"), scope="t"))
+                    sessions.append(await sup.spawn(SpawnSpec(command), scope="t"))
                 except Exception:
                     found["refused"] += 1
                     break
@@ -185,8 +191,18 @@ async def main():
                 break
         await asyncio.sleep(0.1)
         found["running"] = sum(1 for s in sessions if s.is_running)
-        found["open_fds"] = open_fds()
         found["said_up"] = sum(1 for s in sessions if s.output[Stream.STDOUT].read().data == b"up\\n")
+        # Every one speaks at once: more ends than the table can take back (the rest wait their
+        # turn in their pipes), and every byte arrives.
+        gate = os.open(fifo, os.O_RDWR)  # a writer: every open returns, a late one at once too
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all(s.output[Stream.STDOUT].size >= len(SPOKEN) for s in sessions):
+                break
+            await asyncio.sleep(0.02)
+        found["spoke_whole"] = sum(1 for s in sessions if s.output[Stream.STDOUT].read(0, 1 << 20).data == SPOKEN)
+        found["running_after"] = sum(1 for s in sessions if s.is_running)
+    os.close(gate)
     found["left"] = sum(1 for s in sessions if not s.finished)
     print(json.dumps(found))
 
@@ -196,7 +212,7 @@ asyncio.run(main())
 
 @pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 512, reason="the hard descriptor limit is too low")
 def test_a_server_runs_more_sessions_than_two_descriptors_each_would_fit(tmp_path: Path) -> None:
-    limit, sessions = 256, 300  # 600 descriptors at two a session
+    limit, sessions = 384, 240  # 480 descriptors at two a session
     env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
     done = subprocess.run(
         [sys.executable, "-c", _SERVER, str(limit), str(sessions), str(tmp_path)],
@@ -210,8 +226,9 @@ def test_a_server_runs_more_sessions_than_two_descriptors_each_would_fit(tmp_pat
     found = json.loads(done.stdout)
     assert found["refused"] == 0, found
     assert found["running"] == sessions, found
-    assert found["open_fds"] < limit, found
     assert found["said_up"] == sessions, found  # each one's first line was read before it was parked
+    assert found["spoke_whole"] == sessions, found
+    assert found["running_after"] == sessions, found
     assert found["left"] == 0, found
 
 
