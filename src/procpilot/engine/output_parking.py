@@ -111,7 +111,6 @@ class _Parked:
     need: int
     # Per stream: its stash token, its epoll token, the number it was registered under.
     ends: list[tuple[Stream, int, int, int]] = field(default_factory=list)
-    woken: bool = False  # its registration reported: it cannot be re-armed, only taken back
 
 
 class OutputParking:
@@ -292,7 +291,6 @@ class OutputParking:
             for token, _ in events:
                 session = self._tokens.pop(token, None)  # None: a registration left behind
                 if session is not None and session in self._parked:
-                    self._parked[session].woken = True
                     self._deferred[session] = None
             if len(events) < _MAX_EVENTS:
                 break

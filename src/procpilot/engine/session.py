@@ -21,12 +21,11 @@ import termios
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
-from procpilot.engine.output_parking import OutputParking
 from procpilot.engine.procfs import read_small
 from procpilot.engine.reaper import ExitWatcher, LeaderPoll
 from procpilot.engine.records import SessionRecord
@@ -37,6 +36,9 @@ from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited
 from procpilot.turns import short_run, waiting
+
+if TYPE_CHECKING:  # the supervisor's; a session only calls it
+    from procpilot.engine.output_parking import OutputParking
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
 
