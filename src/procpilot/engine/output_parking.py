@@ -118,7 +118,7 @@ class OutputParking:
 
     def __init__(self, before: Callable[[], None]) -> None:
         self._before = before  # the holder's pending copies go first, from our table
-        self.park_above: int | None = None  # live output descriptors past which to park; None: threshold()
+        self._park_above: int | None = None  # live output descriptors past which to park; None: half the table
         self.sweep_every = 1.0  # seconds
         self._stash = DescriptorStash()  # made again at the first parking, its buckets sized to the limit
         self._epoll: select.epoll | None = None
@@ -142,8 +142,20 @@ class OutputParking:
         """Descriptors the parking itself holds in the table: its epoll and the stash's sockets."""
         return (self._epoll is not None) + self._stash.sockets
 
+    @property
+    def park_above(self) -> int | None:
+        """Output descriptors read by the loop past which quiet sessions are parked; None: half
+        the table (descriptors.park_above). 0: every quiet session."""
+        return self._park_above
+
+    @park_above.setter
+    def park_above(self, value: int | None) -> None:
+        self._park_above = value
+        if self._live:  # sessions run, so does their loop: a sweep if it is now due
+            self._schedule()
+
     def threshold(self) -> int:
-        return park_above() if self.park_above is None else self.park_above
+        return park_above() if self._park_above is None else self._park_above
 
     # -- the sessions' side --------------------------------------------------------------------
 
@@ -201,8 +213,13 @@ class OutputParking:
     # -- the sweep -----------------------------------------------------------------------------
 
     def _schedule(self) -> None:
-        if self._timer is None and (self._live or self._deferred):
+        # Only while there is something to do: a server under the threshold never sweeps (no
+        # wake-up a second for nothing); it can only cross it by a session starting or waking.
+        if self._timer is None and (self._deferred or self._over()):
             self._timer = asyncio.get_running_loop().call_later(self.sweep_every, self._sweep)
+
+    def _over(self) -> bool:
+        return 2 * len(self._live) > self.threshold()
 
     def _sweep(self) -> None:
         self._timer = None
@@ -211,7 +228,7 @@ class OutputParking:
                 self._take_deferred()
             # Sessions waiting for room to be read make the room themselves: the quiet are parked
             # whatever the threshold says.
-            if self._deferred or 2 * len(self._live) > self.threshold():
+            if self._deferred or self._over():
                 self._park(self._quiet())
         finally:
             self._schedule()
