@@ -2,7 +2,9 @@
 
 The session is driven by the event loop: pipe fds are registered as readers and the leader's exit
 comes through the loop's one SIGCHLD watcher (engine/reaper.py; a pidfd where there is none), so
-output is written to disk the moment it arrives and exit is seen without a polling tick.
+output is written to disk the moment it arrives and exit is seen without a polling tick. (Past
+half the descriptor table, a quiet session's pipes wait out of it, watched by the supervisor's
+one epoll, until they speak, the leader exits, or a new holder needs copies: engine/output_parking.py.)
 "Finished" means the leader has been reaped **and** every output pipe has reached EOF and been
 written out; only then does the session enter its end state and announce its exit.
 """
@@ -56,7 +58,7 @@ _STORE_RETRY = 0.02  # seconds before a read that waited for a descriptor is tri
 # How long an adopted session's end waits for the holder's record of it: the holder sees the same
 # pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
 _RECORD_WAIT = 2.0
-PARKED = -2  # an output descriptor's number while it is parked (engine/output_parking.py); -1: at EOF
+_PARKED = -2  # an output descriptor's number while it is parked (engine/output_parking.py); -1: at EOF
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,7 +689,7 @@ class Session:
         for stream, fd in streams:
             self._loop.remove_reader(fd)
             if spawned is not None:
-                setattr(spawned, _FD_OF[stream], PARKED)
+                setattr(spawned, _FD_OF[stream], _PARKED)
 
     def streams_back(self, fds: dict[Stream, int | None]) -> None:
         spawned = self.run.spawned
@@ -865,7 +867,7 @@ class Session:
                 self._loop.remove_reader(fd)
                 os.close(fd)
             if fd is not None and name != "pidfd":
-                setattr(spawned, name, -1)
+                setattr(spawned, name, -1)  # a parked one too: forgotten above, closed with the stash
         spawned.pidfd = None
         self.stdin.let_go()
         self.output.mark_closed()
