@@ -32,6 +32,9 @@ the exit) takes them back, and they are read as before: every byte in order, the
 the output. A session woken by data waits twice as long (up to :data:`_MAX_QUIET_SWEEPS`
 sweeps) before it is parked again, so one that prints now and then is not shuttled to and fro.
 Terminals (a pty) are never parked: their output drives the terminal-mode scan, and they are few.
+The tokens go through ``epoll_ctl`` by ctypes (``select.epoll`` registers a descriptor's number
+as its data); before the first parking one token is sent round a pipe to check the struct's
+layout on this architecture, and where it does not come back as sent nothing is ever parked.
 """
 
 from __future__ import annotations
@@ -62,9 +65,17 @@ _TOKENS = 1 << 31
 _HIGH = 1 << 16  # select.epoll.poll returns the token as a C int
 
 
+class _Data(ctypes.Union):
+    # The token goes where select.epoll.poll reads it back (the union's int), whatever the
+    # byte order.
+    _fields_ = (("fd", ctypes.c_int32), ("u64", ctypes.c_uint64))
+
+
 class _Event(ctypes.Structure):
-    _pack_ = 1  # struct epoll_event is packed on x86-64 (12 bytes); harmless where it is not
-    _fields_ = (("events", ctypes.c_uint32), ("data", ctypes.c_uint64))
+    # struct epoll_event is packed on x86 only (12 bytes on x86-64); elsewhere its data is at 8.
+    if os.uname().machine in ("x86_64", "amd64", "i386", "i686"):
+        _pack_ = 1
+    _fields_ = (("events", ctypes.c_uint32), ("data", _Data))
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -73,7 +84,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _ctl(epfd: int, op: int, fd: int, token: int) -> None:
     # select.epoll.register sets the event's data to the descriptor's number, which a parked
     # end no longer has (the number is reused): our own token instead.
-    event = _Event(_ONCE, token)
+    event = _Event(_ONCE)
+    event.data.fd = token
     if _libc.epoll_ctl(epfd, op, fd, ctypes.byref(event)) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
@@ -131,6 +143,7 @@ class OutputParking:
         self._deferred: dict[Parkable, None] = {}  # woken by data while the table was too full
         self._timer: asyncio.TimerHandle | None = None
         self._flush: asyncio.Handle | None = None
+        self._broken = False  # True iff this host's epoll gave back a token other than ours
         self.left_behind = 0  # registrations that could not be removed (see the module's docstring)
 
     def __len__(self) -> int:
@@ -290,7 +303,14 @@ class OutputParking:
 
     def _open_epoll(self) -> select.epoll:
         if self._epoll is None:
-            self._epoll = select.epoll()
+            if self._broken:
+                raise OSError(errno.ENOSYS, "epoll tokens do not come back here")
+            epoll = select.epoll()
+            if not _tokens_come_back(epoll):
+                epoll.close()
+                self._broken = True  # never park: a report we cannot read would strand a session
+                raise OSError(errno.ENOSYS, "epoll tokens do not come back here")
+            self._epoll = epoll
             self._loop = asyncio.get_running_loop()
             self._loop.add_reader(self._epoll.fileno(), self._on_events)
             # A bucket taken out comes into the table whole: a sixteenth of a small limit at most.
@@ -388,6 +408,23 @@ class OutputParking:
             if through != fd:
                 os.close(through)
         return fd
+
+
+def _tokens_come_back(epoll: select.epoll) -> bool:
+    """Whether a token registered through our struct comes back as registered (its layout is
+    this architecture's): a pipe, one byte, one report."""
+    r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        _ctl(epoll.fileno(), _ADD, r, 0x5A17)
+        os.write(w, b"x")
+        found = epoll.poll(0)
+        _ctl(epoll.fileno(), _DEL, r, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(r)
+        os.close(w)
+    return found == [(0x5A17, select.EPOLLIN)]
 
 
 def _soft() -> int:
