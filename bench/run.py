@@ -1206,6 +1206,10 @@ async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children,
             ids.add(session.id)
         t_start = time.perf_counter() - t0
         await asyncio.sleep(0.2)  # let the shells join their cgroups and exec
+        # Past half the descriptor table, quiet sessions' output ends are parked by a sweep
+        # (engine/output_parking.py): counted once two sweeps have seen the last ones quiet.
+        await asyncio.sleep(2.5 * sup.output_parking.sweep_every)
+        parked = len(sup.output_parking)
         rss1, fds1, threads1 = rss(), open_fds(), me.num_threads()
         running = sum(1 for s in sup.list("many") if s.is_running)
         procs = len(processes_with_marker(ids))
@@ -1236,6 +1240,7 @@ async def bench_many(root: Path, sizes: Sizes, out: Results, children: Children,
         "RSS growth": (rss1 - rss0, fmt_mib(rss1 - rss0)),
         "open fds added": (fds1 - fds0, f"{fds1 - fds0:,}"),
         "descriptors a session": ((fds1 - fds0) / n, f"{(fds1 - fds0) / n:.2f}"),
+        "sessions with their output parked": (0.0, f"{parked:,}"),
         "kill all + reap (aclose / killpg)": (t_kill, f"{t_kill:.2f} s"),
     }
     base = raw_many(children, n) if with_raw else {}

@@ -78,6 +78,7 @@ def test_a_server_holds_more_sessions_than_its_starting_soft_limit(tmp_path: Pat
     assert report["soft"] >= descriptors.needed_for(sessions)
     assert report["raised_from"] == [start_soft, _hard()]
     assert report["running_sessions_it_holds"] >= sessions
+    assert report["quiet_parked_above"] == descriptors.park_above(report["soft"])  # half the table
     # Sessions get the soft limit the server started with, warm or cold.
     assert found["warm_ulimit"].strip() == str(start_soft)
     assert found["cold_ulimit"].strip() == str(start_soft)

@@ -5,7 +5,9 @@ pipes. Its exit comes through the loop's one SIGCHLD watcher (engine/reaper.py),
 and its stdin, until its first write, waits in flight out of the table (engine/stdin.py); output
 files are shared (``segments.OpenWriters``). A session written to holds its stdin too (3), and
 one on a loop with no watcher (off the main thread) a pidfd. So a limit of 20,000 holds about
-9,000 sessions beside the reserve below, and 10,000 need about 22,000. A server raises its own soft limit
+9,000 sessions beside the reserve below, and 10,000 need about 22,000, unless they are quiet:
+past half the table (:func:`park_above`) a quiet session's output ends are parked out of it
+too (engine/output_parking.py), and it holds none. A server raises its own soft limit
 to what it needs, up to the hard limit, and with CAP_SYS_RESOURCE (root) the hard limit too, up
 to ``/proc/sys/fs/nr_open``. Only this process's limit: nothing host-wide, and what was done is
 logged and reported (``capabilities()["descriptors"]``). Past the limit a spawn is refused
@@ -23,7 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PER_SESSION", "DescriptorLimit", "child_lines", "needed_for", "raise_for", "report"]
+__all__ = [
+    "PER_SESSION",
+    "DescriptorLimit",
+    "child_lines",
+    "needed_for",
+    "park_above",
+    "raise_for",
+    "report",
+    "reserve",
+]
 
 PER_SESSION = 2
 # The server's own: its clients' sockets, the journal, warm shells, the log files open for writing.
@@ -106,6 +117,22 @@ def raise_for(sessions: int, others: int = 0) -> DescriptorLimit:
     return raised
 
 
+def reserve(soft: int) -> int:
+    """Descriptors kept for the server's own under soft limit ``soft`` (a quarter of a small one)."""
+    return min(_RESERVE, soft // 4)
+
+
+def park_above(soft: int | None = None) -> int:
+    """Live output descriptors past which quiet sessions' are parked (engine/output_parking.py):
+    half of what the table holds beside the server's own, so a server far from its limit parks
+    nothing, and one near it has room for a spell of sessions waking at once."""
+    if soft is None:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if not _finite(soft):
+        return 1 << 30
+    return max(0, (soft - reserve(soft)) // 2)
+
+
 def allows(soft: int) -> int:
     """About how many running sessions a soft limit holds."""
     return max(0, (soft - _RESERVE) // PER_SESSION)
@@ -129,6 +156,8 @@ def report() -> dict[str, Any]:
         "hard": hard,
         "running_sessions_it_holds": allows(soft - others) if _finite(soft) else None,
         "per_session": PER_SESSION,
+        # Output descriptors read by the loop past which quiet sessions' are parked (0 each).
+        "quiet_parked_above": park_above(soft),
     }
     if raised is not None:
         if raised.started_with != (soft, hard):

@@ -2,7 +2,9 @@
 
 The session is driven by the event loop: pipe fds are registered as readers and the leader's exit
 comes through the loop's one SIGCHLD watcher (engine/reaper.py; a pidfd where there is none), so
-output is written to disk the moment it arrives and exit is seen without a polling tick.
+output is written to disk the moment it arrives and exit is seen without a polling tick. (Past
+half the descriptor table, a quiet session's pipes wait out of it, watched by the supervisor's
+one epoll, until they speak, the leader exits, or a new holder needs copies: engine/output_parking.py.)
 "Finished" means the leader has been reaped **and** every output pipe has reached EOF and been
 written out; only then does the session enter its end state and announce its exit.
 """
@@ -21,7 +23,7 @@ import termios
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.keys import TerminalModes
@@ -36,6 +38,9 @@ from procpilot.engine.trees import TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited
 from procpilot.turns import short_run, waiting
+
+if TYPE_CHECKING:  # the supervisor's; a session only calls it
+    from procpilot.engine.output_parking import OutputParking
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
 
@@ -53,6 +58,7 @@ _STORE_RETRY = 0.02  # seconds before a read that waited for a descriptor is tri
 # How long an adopted session's end waits for the holder's record of it: the holder sees the same
 # pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
 _RECORD_WAIT = 2.0
+_PARKED = -2  # an output descriptor's number while it is parked (engine/output_parking.py); -1: at EOF
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +179,7 @@ class Session:
         self.recorded_access = self.last_access  # last_access as the latest record says it
         self.run = Run()  # the current run (the last one between two runs, and once ended)
         self.stdin = StdinWriter(session_id, pty=spec.pty, before_close=self._stdin_closing)
+        self.parking: OutputParking | None = None  # where quiet output ends wait (the supervisor's)
         self._input_check: tuple[bool, float] | None = None  # the last waiting_for_input, and when
         self._trees = trees
         self._on_finish = on_finish
@@ -491,6 +498,7 @@ class Session:
         for fd, stream in streams:
             self.run.open_streams += 1
             self._loop.add_reader(fd, self._on_readable, fd, stream)
+        self._offer_output()
         self._watch_leader(spawned)
         if self.spec.timeout:
             self._timers.append(self._loop.call_later(self.spec.timeout, self._on_timeout))
@@ -541,6 +549,7 @@ class Session:
             if fd is not None and fd >= 0:
                 self.run.open_streams += 1
                 self._loop.add_reader(fd, self._on_readable, fd, stream)
+        self._offer_output()
         if self.spec.timeout:
             left = self.spec.timeout - (time.time() - started_at)
             self._timers.append(self._loop.call_later(max(0.0, left), self._on_timeout))
@@ -642,6 +651,7 @@ class Session:
 
     def _drain_and_close_streams(self) -> None:
         """Stop waiting for EOF: read what is buffered, then close."""
+        self.unpark_output()
         spawned = self.run.spawned
         if spawned is None:
             return
@@ -657,6 +667,47 @@ class Session:
                     break
                 self.output.append(stream, data)
             self._close_stream(fd)
+
+    # -- parked output (engine/output_parking.py) -----------------------------------------------
+
+    def _offer_output(self) -> None:
+        if self.parking is not None and not self.spec.pty:  # a terminal's output drives its mode scan
+            self.parking.watch(self)
+
+    def output_size(self) -> int:
+        return self.output.combined.size
+
+    def parkable_streams(self) -> list[tuple[Stream, int]]:
+        spawned = self.run.spawned
+        if spawned is None or self.run.leader_reaped or self.run.paused_reads or self._finished.is_set():
+            return []
+        ends = ((Stream.STDOUT, spawned.stdout_fd), (Stream.STDERR, spawned.stderr_fd))
+        return [(stream, fd) for stream, fd in ends if fd is not None and fd >= 0]
+
+    def streams_parked(self, streams: list[tuple[Stream, int]]) -> None:
+        spawned = self.run.spawned
+        for stream, fd in streams:
+            self._loop.remove_reader(fd)
+            if spawned is not None:
+                setattr(spawned, _FD_OF[stream], _PARKED)
+
+    def streams_back(self, fds: dict[Stream, int | None]) -> None:
+        spawned = self.run.spawned
+        if spawned is None:
+            return
+        for stream, fd in fds.items():
+            if fd is None:  # lost while its bucket was open (a table full at that moment)
+                setattr(spawned, _FD_OF[stream], -1)
+                self.run.open_streams -= 1
+                continue
+            setattr(spawned, _FD_OF[stream], fd)
+            self._loop.add_reader(fd, self._on_readable, fd, stream)
+        self._maybe_finish()
+
+    def unpark_output(self) -> None:
+        """Parked output ends back in the table now (a new holder is sent copies of them)."""
+        if self.parking is not None and self.parking.is_parked(self):
+            self.parking.take_back(self)
 
     # -- exit ----------------------------------------------------------------------------------
 
@@ -697,6 +748,8 @@ class Session:
         return True
 
     def _after_leader_exit(self) -> None:
+        if self.parking is not None:
+            self.parking.wake(self)  # parked ends come back to be read to EOF, as any others
         if self._trees.pids(self.id, self.pid):
             # The command is over; what it left running belongs to nobody else. End it.
             self.run.left_orphans = True
@@ -730,6 +783,8 @@ class Session:
         if self._finished.is_set():
             return
         self.custody.on_stdin_close = None  # ended: the supervisor tells the holder to forget all of it
+        if self.parking is not None:
+            self.parking.forget(self)
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -797,6 +852,8 @@ class Session:
             self.cycle.next_run.cancel()
             self.cycle.next_run = None
         self.cycle.hook = self.cycle.on_wait = None
+        if self.parking is not None:
+            self.parking.forget(self)  # parked ends close with the stash: the holder has its copies
         spawned = self.run.spawned
         if spawned is None or self._finished.is_set():
             return
@@ -809,7 +866,9 @@ class Session:
             if fd is not None and fd >= 0:
                 self._loop.remove_reader(fd)
                 os.close(fd)
-                setattr(spawned, name, None if name == "pidfd" else -1)
+            if fd is not None and name != "pidfd":
+                setattr(spawned, name, -1)  # a parked one too: forgotten above, closed with the stash
+        spawned.pidfd = None
         self.stdin.let_go()
         self.output.mark_closed()
 
@@ -1053,6 +1112,9 @@ class Session:
             info.run_started_at = time.time() - (time.monotonic() - self.cycle.run_t0)
             info.next_run_at = self.cycle.next_run_at
         return info.to_json(self.custody.record)
+
+
+_FD_OF = {Stream.STDOUT: "stdout_fd", Stream.STDERR: "stderr_fd"}
 
 
 def _monotonic_at(wall: float) -> float:

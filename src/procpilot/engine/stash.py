@@ -49,7 +49,10 @@ class _Bucket:
 class DescriptorStash:
     """Descriptors by token, in flight in a few sockets rather than in the descriptor table."""
 
-    def __init__(self) -> None:
+    def __init__(self, bucket: int = BUCKET) -> None:
+        # Descriptors in flight per bucket: as many come into the table for a moment when one is
+        # taken out, so a process with a small limit wants smaller buckets.
+        self.bucket = max(1, min(bucket, BUCKET))
         self._buckets: list[_Bucket] = []
         self._where: dict[int, _Bucket] = {}
         self._next = 0
@@ -69,8 +72,11 @@ class DescriptorStash:
         tokens: list[int | None] = [None] * len(fds)
         start = 0
         while start < len(fds):
-            bucket = self._room(len(fds) if together else 1)
-            count = min(BUCKET - bucket.in_flight, len(fds) - start)
+            try:
+                bucket = self._room(len(fds) if together else 1)
+            except OSError:
+                return tokens  # no descriptor for another bucket's sockets (EMFILE): the rest stay the caller's
+            count = min(self.bucket - bucket.in_flight, len(fds) - start)
             chunk = list(fds[start : start + count])
             ids = list(range(self._next, self._next + count))
             try:
@@ -133,7 +139,7 @@ class DescriptorStash:
 
     def _room(self, need: int) -> _Bucket:
         for bucket in reversed(self._buckets):
-            if not bucket.full and bucket.in_flight + min(need, BUCKET) <= BUCKET:
+            if not bucket.full and bucket.in_flight + min(need, self.bucket) <= self.bucket:
                 return bucket
         sender, receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sender.setblocking(False)
@@ -159,7 +165,7 @@ class DescriptorStash:
         try:
             for _ in range(bucket.messages):
                 try:
-                    data, fds, _flags, _ = socket.recv_fds(bucket.receiver, _MAX_MSG, BUCKET)
+                    data, fds, _flags, _ = socket.recv_fds(bucket.receiver, _MAX_MSG, self.bucket)
                 except BlockingIOError:
                     break  # fewer than counted: nothing more to find
                 ids = json.loads(data)

@@ -48,6 +48,7 @@ from procpilot.engine.limits import (
     WatchdogLimits,
     probe_limits,
 )
+from procpilot.engine.output_parking import OutputParking
 from procpilot.engine.records import SessionRecord
 from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import ExitInfo, Session
@@ -240,6 +241,8 @@ class Supervisor:
         self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
         # Running sessions' unwritten stdin, out of our descriptor table (engine/stdin.py).
         self._stdin_parking = StdinParking(before=self._hold_now)
+        # Quiet sessions' output ends too, once the table fills (engine/output_parking.py).
+        self.output_parking = OutputParking(before=self._hold_now)
         self.adopted: builtins.list[str] = []  # ids of the sessions taken over at start
         # Exits of sessions that ended while no server ran, per scope and session id, kept as long
         # as the session is: nobody was there to be told when they happened, so every listener
@@ -569,6 +572,7 @@ class Supervisor:
         if self._store is not None:
             self._store.close()
         self._stdin_parking.close()  # the holder has its own copies
+        self.output_parking.close()
         self.exits.close()
 
     async def _close(self, sig: int, grace: float | None) -> None:
@@ -596,6 +600,7 @@ class Supervisor:
             if self._store is not None:
                 self._store.close()
             self._stdin_parking.close()
+            self.output_parking.close()
             self.exits.close()
 
     def _kill_all_now(self) -> None:
@@ -795,6 +800,7 @@ class Supervisor:
         """Hook a session with a restart policy to this supervisor: it starts its next runs and
         keeps its record while it waits for one."""
         session.stdin.parking = self._stdin_parking
+        session.parking = self.output_parking
         if session.spec.restart is not None:
             session.cycle.hook = self._restart_soon
             session.cycle.on_wait = self._save
@@ -998,6 +1004,7 @@ class Supervisor:
         roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
         session.stdin.unpark(again=True)  # the holder's copy is sent from our table
+        session.unpark_output()  # and so are its output ends
         restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
 
     def _holder_lost(self) -> None:

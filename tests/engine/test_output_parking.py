@@ -1,0 +1,261 @@
+"""Quiet sessions' output ends parked out of the descriptor table (engine/output_parking.py): a
+server holds more running sessions than its limit allows at two descriptors each, and a parked
+session's output, exit and kill are as any other's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from procpilot.config import Settings
+from procpilot.engine import descriptors
+from procpilot.engine.capture import Stream
+from procpilot.engine.session import Session
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
+from procpilot.engine.supervisor import Supervisor
+from tests.conftest import marked_processes
+
+_SWEEP = 0.02  # seconds between sweeps here (1 s in a server)
+
+
+def _park_everything(sup: Supervisor) -> None:
+    """Park every quiet session after one quiet sweep, however few run (a server waits until
+    half its descriptor table is in use)."""
+    sup.output_parking.park_above = 0
+    sup.output_parking.sweep_every = _SWEEP
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+def _text(session: Session, stream: Stream) -> bytes:
+    return session.output[stream].read(0, 1 << 24).data
+
+
+# A line, then quiet until its stdin says go (parked meanwhile), then more than its pipe holds
+# (1 MiB: the writer blocks until the end is back), stderr too, quiet again, then a last line.
+_BURSTS = "echo first; read a; seq 1 200000; seq 200001 210000 >&2; read b; echo last"
+_STDOUT = b"first\n" + b"".join(b"%d\n" % i for i in range(1, 200001)) + b"last\n"
+_STDERR = b"".join(b"%d\n" % i for i in range(200001, 210001))
+
+
+async def test_output_of_parked_sessions_arrives_complete_and_in_order(settings: Settings) -> None:
+    async with Supervisor(settings) as sup:
+        _park_everything(sup)
+        parking = sup.output_parking
+        started = [await sup.spawn(SpawnSpec(_BURSTS), scope="t") for _ in range(8)]
+        assert await _until(lambda: all(parking.is_parked(s) for s in started)), "not all parked"
+        for session in started:
+            await session.write(b"go\n")
+        assert await _until(lambda: all(len(_text(s, Stream.STDERR)) == len(_STDERR) for s in started))
+        # Quiet again after speaking: parked again (after twice as long).
+        assert await _until(lambda: all(parking.is_parked(s) for s in started)), "not parked again"
+        for session in started:
+            await session.write(b"go\n")
+        for session in started:
+            assert await session.wait_finished(10)
+            assert session.exit_code == 0
+            assert _text(session, Stream.STDOUT) == _STDOUT
+            assert _text(session, Stream.STDERR) == _STDERR
+            assert len(_text(session, Stream.COMBINED)) == len(_STDOUT) + len(_STDERR)
+        assert len(parking) == 0
+        # Each end came back through the number it was registered under: no registration is
+        # left behind for the kernel to wake at every write of a session parked again and again.
+        assert parking.left_behind == 0
+
+
+async def test_a_parked_sessions_exit_comes_after_its_last_output(settings: Settings) -> None:
+    """The leader's exit (seen through SIGCHLD, maybe before the epoll's report of its last
+    bytes) takes the ends back; the session ends only once they are read to EOF."""
+    async with Supervisor(settings) as sup:
+        _park_everything(sup)
+        parking = sup.output_parking
+        talkers = [await sup.spawn(SpawnSpec("echo up; read a; printf 'last words' >&2; exit 3"), scope="t")]
+        silent = [await sup.spawn(SpawnSpec("echo up; read a; exit 4"), scope="t")]
+        both = talkers + silent
+        assert await _until(lambda: all(parking.is_parked(s) for s in both))
+        tails: dict[str, str] = {}
+        sup.on_exit(lambda info: tails.setdefault(info.session_id, info.tail))
+        for session in both:
+            await session.write(b"\n")
+        for session in both:
+            assert await session.wait_finished(5)
+        assert talkers[0].exit_code == 3
+        assert _text(talkers[0], Stream.COMBINED) == b"up\nlast words"
+        assert silent[0].exit_code == 4
+        assert _text(silent[0], Stream.COMBINED) == b"up\n"
+        assert "last words" in tails[talkers[0].id]  # its exit was told with its output in
+        assert len(parking) == 0
+
+
+async def test_killing_parked_sessions_leaves_no_survivors(settings: Settings) -> None:
+    sup = await Supervisor(settings).start()
+    try:
+        _park_everything(sup)
+        parking = sup.output_parking
+        started = [await sup.spawn(SpawnSpec("echo up; sleep 30 & sleep 30; wait"), scope="t") for _ in range(12)]
+        assert await _until(lambda: len(parking) == len(started))
+        await sup.kill("t", started[0].id)
+        assert await started[0].wait_finished(5)
+        assert started[0].state is SessionState.KILLED
+        assert _text(started[0], Stream.COMBINED) == b"up\n"
+    finally:
+        await sup.aclose()
+    assert all(s.state is SessionState.KILLED for s in started)
+    assert len(parking) == 0
+    assert not marked_processes()
+
+
+async def test_a_detached_parked_session_goes_on_under_the_next_server(settings: Settings) -> None:
+    """The holder's copies are not the parked ones: a session parked when its server detaches
+    is adopted by the next one, its output whole."""
+    first = await Supervisor(settings, owner="t").start()
+    try:
+        _park_everything(first)
+        started = [await first.spawn(SpawnSpec("echo before; read a; echo after"), scope="t") for _ in range(4)]
+        assert await _until(lambda: len(first.output_parking) == len(started))
+    finally:
+        await first.detach()
+    async with Supervisor(settings, owner="t") as second:
+        assert set(second.adopted) == {s.id for s in started}
+        _park_everything(second)
+        adopted = [second.get("t", s.id) for s in started]
+        assert await _until(lambda: len(second.output_parking) == len(started))
+        for session in adopted:
+            await session.write(b"\n")
+        for session in adopted:
+            assert await session.wait_finished(5)
+            assert session.exit_code == 0
+            assert _text(session, Stream.COMBINED) == b"before\nafter\n"
+
+
+# Run in a child: the limit is the whole process's, and this one must be low (soft and hard).
+_SERVER = """
+import asyncio, json, os, resource, sys, time
+from procpilot.config import load_settings
+from procpilot.engine import segments
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+
+LIMIT, SESSIONS, ROOT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+segments.WRITERS.limit = 32  # the log files kept open for writing, to this limit's scale (512 in a server)
+
+SPOKEN = b"up\\n" + b"".join(b"%d\\n" % i for i in range(1, 20001))
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+async def main():
+    settings = load_settings(env={}, state_dir=ROOT + "/state", workspace_root=ROOT)
+    found = {"refused": 0}
+    # Each session opens this FIFO, which waits for a writer, then prints 108 KB: all at once.
+    fifo = ROOT + "/go"
+    os.mkfifo(fifo)
+    command = f"echo up; : < {fifo}; seq 1 20000; sleep 60"
+    async with Supervisor(settings, warm_shells=0) as sup:
+        parking = getattr(sup, "output_parking", None)
+        if parking is not None:
+            parking.sweep_every = 0.02
+        sessions = []
+        while len(sessions) < SESSIONS:
+            # A wave, then until the table has room for the next (its parking is what makes it).
+            deadline = time.monotonic() + 3
+            while open_fds() > LIMIT - 80 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            for _ in range(20):
+                try:
+                    sessions.append(await sup.spawn(SpawnSpec(command), scope="t"))
+                except Exception:
+                    found["refused"] += 1
+                    break
+            if found["refused"]:
+                break
+        await asyncio.sleep(0.1)
+        found["running"] = sum(1 for s in sessions if s.is_running)
+        found["said_up"] = sum(1 for s in sessions if s.output[Stream.STDOUT].read().data == b"up\\n")
+        # Every one speaks at once: more ends than the table can take back (the rest wait their
+        # turn in their pipes), and every byte arrives.
+        gate = os.open(fifo, os.O_RDWR)  # a writer: every open returns, a late one at once too
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if all(s.output[Stream.STDOUT].size >= len(SPOKEN) for s in sessions):
+                break
+            await asyncio.sleep(0.02)
+        found["spoke_whole"] = sum(1 for s in sessions if s.output[Stream.STDOUT].read(0, 1 << 20).data == SPOKEN)
+        found["running_after"] = sum(1 for s in sessions if s.is_running)
+    os.close(gate)
+    found["left"] = sum(1 for s in sessions if not s.finished)
+    print(json.dumps(found))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 512, reason="the hard descriptor limit is too low")
+def test_a_server_runs_more_sessions_than_two_descriptors_each_would_fit(tmp_path: Path) -> None:
+    limit, sessions = 384, 240  # 480 descriptors at two a session
+    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVER, str(limit), str(sessions), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["refused"] == 0, found
+    assert found["running"] == sessions, found
+    assert found["said_up"] == sessions, found  # each one's first line was read before it was parked
+    assert found["spoke_whole"] == sessions, found
+    assert found["running_after"] == sessions, found
+    assert found["left"] == 0, found
+
+
+async def test_a_new_holder_gets_copies_of_parked_ends(settings: Settings) -> None:
+    """A holder killed while sessions are parked: the server hands the next holder every
+    session again, parked ends taken back for the copies, so a detach after it loses nothing."""
+    first = await Supervisor(settings, owner="t").start()
+    try:
+        _park_everything(first)
+        started = [await first.spawn(SpawnSpec("echo before; read a; echo after"), scope="t") for _ in range(4)]
+        assert await _until(lambda: len(first.output_parking) == len(started))
+        old = first.capabilities()["restarts"]["holder_pid"]
+        os.kill(old, signal.SIGKILL)
+
+        def replaced() -> bool:
+            now = first.capabilities()["restarts"]
+            return bool(now["survive"]) and now.get("holder_pid") not in (None, old)
+
+        assert await _until(replaced), "no new holder"
+        assert await _until(lambda: len(first.output_parking) == len(started))  # parked again
+    finally:
+        await first.detach()
+    async with Supervisor(settings, owner="t") as second:
+        adopted = [second.get("t", s.id) for s in started]
+        for session in adopted:
+            await session.write(b"\n")
+        for session in adopted:
+            assert await session.wait_finished(5)
+            assert session.exit_code == 0
+            assert _text(session, Stream.COMBINED) == b"before\nafter\n"
