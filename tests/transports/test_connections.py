@@ -24,6 +24,11 @@ _REQUEST = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     assert scope["type"] == "http"
+    if scope["path"] == "/echo":  # the head at once, then the body the client sends once it has the head
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        message = await receive()
+        await send({"type": "http.response.body", "body": message["body"]})
+        return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -159,3 +164,16 @@ async def test_a_head_under_the_bound_is_served(port: int) -> None:
     writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (MAX_HEAD - 1024) + b"\r\n\r\n")
     assert (await _answer(reader)).endswith(b"ok")
     writer.close()
+
+
+async def test_a_head_sent_alone_is_not_held_for_the_body() -> None:
+    # A response's writes are joined when they come together; a head whose body waits for the
+    # client (a stream, say) must still reach it.
+    async with _serving(ServerSettings()) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head
+        writer.write(b"2\r\nhi\r\n0\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 5) == b"2\r\nhi\r\n0\r\n\r\n"
+        writer.close()

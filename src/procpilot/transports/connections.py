@@ -13,6 +13,11 @@ idle than its pure-Python h11 one, docs/performance.md), with what uvicorn leave
 - a body the app reads is timed by the app (http/bodies.py: 408 and closed); the rest of one it
   answered without reading (a 401, a 413) gets ``body_timeout`` seconds here, then the connection
   is closed.
+- uvicorn writes a response's head and its body in two writes: two segments on the wire, and a
+  client that reads the head wakes up twice. What a request writes is joined instead: a write is
+  held until the next one or the end of the event loop's pass, whichever comes first
+  (``_Joining``), so a head and a body sent together leave in one write, and a stream's head
+  or chunk is not held back.
 - llhttp keeps no limit on a head: httptools gathers a header's pieces, uvicorn the URL's, for as
   long as they come. A head (or a chunked body's trailer) is held to ``MAX_HEAD`` bytes, h11's
   limit: past it the request is answered 431 with a typed error and the connection closed. A
@@ -66,6 +71,42 @@ _HEAD_TOO_LARGE = _answer(
 )
 
 
+class _Joining:
+    """The transport as uvicorn's response cycle sees it: a write is held until the next write,
+    which goes out joined with it, or until the loop's next pass, whichever comes first."""
+
+    __slots__ = ("_held", "_loop", "_release", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._release: asyncio.Handle | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._held = bytes(data)
+            self._release = self._loop.call_soon(self.flush)
+            return
+        joined, self._held = self._held + data, None
+        if self._release is not None:
+            self._release.cancel()
+            self._release = None
+        self._transport.write(joined)
+
+    def flush(self) -> None:
+        held, self._held, self._release = self._held, None, None
+        if held is not None:
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
 class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop the parse of a head past ``MAX_HEAD``."""
 
@@ -90,8 +131,11 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
         _body_fed = 0  # body bytes handed on during the current read
         _restarted = False  # True iff the current read ended a head, a chunk or a message
 
+        _joining: _Joining | None = None  # the connection's responses' writes (one per connection)
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._joining = _Joining(transport, self.loop)
             if len(self.connections) > max_connections:
                 transport.write(refusal)
                 transport.close()
@@ -113,6 +157,8 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
                 if isinstance(exc.__context__, _HeadTooLarge):
                     self._refuse_head()
                 else:
+                    if self._joining is not None:
+                        self._joining.flush()
                     self.logger.warning("Invalid HTTP request received.")
                     self.send_400_response("Invalid HTTP request received.")
                 self._disarm()
@@ -140,7 +186,10 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             if len(self.url) + sum(len(name) + len(value) for name, value in self.headers) > MAX_HEAD:
                 raise _HeadTooLarge
             self._in_body, self._restarted, self._held = True, True, 0
+            previous = self.cycle
             super().on_headers_complete()
+            if self.cycle is not previous:  # a request to serve (not an upgrade): its task has not run yet
+                self.cycle.transport = self._joining  # type: ignore[assignment]
 
         def on_body(self, body: bytes) -> None:
             self._body_fed += len(body)
@@ -166,6 +215,8 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             super().connection_lost(exc)
 
         def _refuse_head(self) -> None:
+            if self._joining is not None:
+                self._joining.flush()  # what a response before it wrote goes first
             if not self.transport.is_closing():
                 self.transport.write(_HEAD_TOO_LARGE)
                 self.transport.close()
