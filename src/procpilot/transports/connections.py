@@ -1,7 +1,7 @@
 """The daemon's HTTP/1.1 connections: deadlines for what a client sends, a cap on how many are open,
 a bound on a request's head.
 
-The protocol is uvicorn's ``httptools`` one (llhttp, in C: about 0.2 ms less a request after
+The protocol is uvicorn's ``httptools`` one (llhttp, in C: 0.2-0.5 ms less a request after
 idle than its pure-Python h11 one, docs/performance.md), with what uvicorn leaves out:
 
 - uvicorn waits for a request's head as long as a client cares to take: a connection that sends
