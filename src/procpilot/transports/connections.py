@@ -210,6 +210,12 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             if not self.transport.is_closing():
                 self._watch()
 
+        def shutdown(self) -> None:
+            # uvicorn closes an idle connection at once: a write still held would be dropped.
+            if self._joining is not None:
+                self._joining.flush()
+            super().shutdown()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
