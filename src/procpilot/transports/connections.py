@@ -1,27 +1,56 @@
-"""The daemon's HTTP/1.1 connections: deadlines for what a client sends, a cap on how many are open.
+"""The daemon's HTTP/1.1 connections: deadlines for what a client sends, a cap on how many are open,
+a bound on a request's head.
 
-uvicorn's h11 protocol waits for a request's head as long as a client cares to take: a
-connection that sends half a request line and stops holds its descriptor forever, and a few
-thousand of them leave no descriptor for a session's pipes. So each connection gets
-``header_timeout`` seconds to finish every request head (the first, and each one after a
-response), and past ``max_connections`` open at once a new connection is answered 503 and closed
-before anything is read. A body the app reads is timed by the app (http/bodies.py: 408 and
-closed); the rest of one it answered without reading (a 401, a 413) gets ``body_timeout``
-seconds here, then the connection is closed.
+The protocol is uvicorn's ``httptools`` one (llhttp, in C: 0.2-0.5 ms less a request after
+idle than its pure-Python h11 one, docs/performance.md), with what uvicorn leaves out:
+
+- uvicorn waits for a request's head as long as a client cares to take: a connection that sends
+  half a request line and stops holds its descriptor forever, and a few thousand of them leave no
+  descriptor for a session's pipes. So each connection gets ``header_timeout`` seconds to finish
+  every request head (the first, and each one after a response).
+- past ``max_connections`` open at once a new connection is answered 503 and closed before
+  anything is read.
+- a body the app reads is timed by the app (http/bodies.py: 408 and closed); the rest of one it
+  answered without reading (a 401, a 413) gets ``body_timeout`` seconds here, then the connection
+  is closed.
+- uvicorn writes a response's head and its body in two writes: two segments on the wire, and a
+  client that reads the head wakes up twice. What a request writes is joined instead: a write is
+  held until the next one or the end of the event loop's pass, whichever comes first
+  (``_Joining``), so a head and a body sent together leave in one write, and a stream's head
+  or chunk is not held back.
+- llhttp keeps no limit on a head: httptools gathers a header's pieces, uvicorn the URL's, for as
+  long as they come. A head (or a chunked body's trailer) is held to ``MAX_HEAD`` bytes, h11's
+  limit: past it the request is answered 431 with a typed error and the connection closed. A
+  head that arrives in one read is measured exactly; one that spans reads is counted read by read,
+  so at most ``MAX_HEAD`` and one read (256 KiB) are ever held for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Literal
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from procpilot.config import ServerSettings
-from procpilot.errors import TooManyConnections
+from procpilot.errors import ProcpilotError, RequestTooLarge, TooManyConnections
 
-__all__ = ["guarded_h11"]
+__all__ = ["MAX_HEAD", "guarded_http"]
+
+# A request head's bytes (its URL and header lines; a chunked body's trailer), as h11 allows.
+MAX_HEAD = 16 * 1024
+
+
+def _answer(status: str, error: ProcpilotError, retry_after: bool = False) -> bytes:
+    body = json.dumps(error.to_dict()).encode()
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        + ("retry-after: 1\r\n" if retry_after else "")
+        + f"content-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def _refusal(max_connections: int) -> bytes:
@@ -29,29 +58,84 @@ def _refusal(max_connections: int) -> bytes:
         f"the daemon holds {max_connections} connections, its limit ([server] max_connections)",
         hints={"retry": "Try again in a moment, and reuse one connection for many requests (keep-alive)."},
     )
-    body = json.dumps(error.to_dict()).encode()
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        f"retry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+    return _answer("503 Service Unavailable", error, retry_after=True)
 
 
-def guarded_h11(limits: ServerSettings) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with the deadlines and the cap ``[server]`` sets (pass as
-    ``uvicorn.Config(http=...)``)."""
+_HEAD_TOO_LARGE = _answer(
+    "431 Request Header Fields Too Large",
+    RequestTooLarge(
+        f"the request head is larger than {MAX_HEAD} bytes",
+        limit=MAX_HEAD,
+        hints={"smaller": "Send shorter headers and URL: put what is big in the request body."},
+    ),
+)
+
+
+class _Joining:
+    """The transport as uvicorn's response cycle sees it: a write is held until the next write,
+    which goes out joined with it, or until the loop's next pass, whichever comes first."""
+
+    __slots__ = ("_held", "_loop", "_release", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._release: asyncio.Handle | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._held = bytes(data)
+            self._release = self._loop.call_soon(self.flush)
+            return
+        joined, self._held = self._held + data, None
+        if self._release is not None:
+            self._release.cancel()
+            self._release = None
+        self._transport.write(joined)
+
+    def flush(self) -> None:
+        held, self._held, self._release = self._held, None, None
+        if held is not None:
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop the parse of a head past ``MAX_HEAD``."""
+
+
+def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with the deadlines, the cap ``[server]`` sets and the head's
+    bound (pass as ``uvicorn.Config(http=...)``)."""
     header_timeout, body_timeout = limits.header_timeout_sec, limits.body_timeout_sec
     max_connections = limits.max_connections
     refusal = _refusal(max_connections)
 
-    class GuardedH11(H11Protocol):
+    class GuardedHttpTools(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
-        # The client's state the armed deadline waits for it to leave: IDLE (a head is due) or
-        # SEND_BODY (the rest of a body the answer did not need); None when nothing is timed.
-        _awaiting: type[h11.IDLE] | type[h11.SEND_BODY] | None = None
+        # What the armed deadline waits for the client to finish: a head or the rest of a body
+        # the answer did not need; None when nothing is timed.
+        _awaiting: Literal["head", "body"] | None = None
+        # True iff the parser is between a head's end and its message's end (in a body).
+        _in_body = False
+        # Bytes the parser may hold of the head (or trailer) being read, counted over reads that
+        # finish nothing; a read that ends a head, a chunk or a message starts it again at 0.
+        _held = 0
+        _body_fed = 0  # body bytes handed on during the current read
+        _restarted = False  # True iff the current read ended a head, a chunk or a message
+
+        _joining: _Joining | None = None  # the connection's responses' writes (one per connection)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._joining = _Joining(transport, self.loop)
             if len(self.connections) > max_connections:
                 transport.write(refusal)
                 transport.close()
@@ -59,33 +143,108 @@ def guarded_h11(limits: ServerSettings) -> type[asyncio.Protocol]:
             self._watch()
 
         def data_received(self, data: bytes) -> None:
-            super().data_received(data)
+            # uvicorn's own, with the head's bound: the 431 is the only answer a refused head gets.
+            self._unset_keepalive_if_required()
+            self._body_fed, self._restarted = 0, False
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+            except httptools.HttpParserError as exc:
+                if isinstance(exc.__context__, _HeadTooLarge):
+                    self._refuse_head()
+                else:
+                    if self._joining is not None:
+                        self._joining.flush()
+                    self.logger.warning("Invalid HTTP request received.")
+                    self.send_400_response("Invalid HTTP request received.")
+                self._disarm()
+                return
+            held = len(data) - self._body_fed
+            self._held = 0 if self._restarted else self._held + held
+            if self._held > MAX_HEAD:
+                self._refuse_head()
             self._watch()
+
+        # The parser's callbacks: the state the deadlines and the head's bound follow.
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            if len(self.url) > MAX_HEAD:
+                raise _HeadTooLarge
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            super().on_header(name, value)
+            if self._in_body:  # a trailer's field: counted as a head's (uvicorn adds them to the headers)
+                self._held += len(name) + len(value)
+                if self._held > MAX_HEAD:
+                    raise _HeadTooLarge
+
+        def on_headers_complete(self) -> None:
+            if len(self.url) + sum(len(name) + len(value) for name, value in self.headers) > MAX_HEAD:
+                raise _HeadTooLarge
+            self._in_body, self._restarted, self._held = True, True, 0
+            previous = self.cycle
+            super().on_headers_complete()
+            if self.cycle is not previous:  # a request to serve (not an upgrade): its task has not run yet
+                self.cycle.transport = self._joining  # type: ignore[assignment]
+
+        def on_body(self, body: bytes) -> None:
+            self._body_fed += len(body)
+            super().on_body(body)
+
+        def on_chunk_header(self) -> None:
+            self._restarted, self._held = True, 0
+
+        def on_chunk_complete(self) -> None:
+            self._restarted, self._held = True, 0
+
+        def on_message_complete(self) -> None:
+            self._in_body, self._restarted, self._held = False, True, 0
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._watch()
 
+        def shutdown(self) -> None:
+            # uvicorn closes an idle connection at once: a write still held would be dropped.
+            if self._joining is not None:
+                self._joining.flush()
+            super().shutdown()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def _refuse_head(self) -> None:
+            if self._joining is not None:
+                self._joining.flush()  # what a response before it wrote goes first
+            if not self.transport.is_closing():
+                self.transport.write(_HEAD_TOO_LARGE)
+                self.transport.close()
+
+        def _serving(self) -> bool:
+            return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
         def _watch(self) -> None:
             """Time what the connection waits for from its client while the daemon has nothing
             to do for it: a head (the first, and each one after a response), or, once answered,
             the rest of a body (a 401 or 413 reads none of it; uvicorn discards it as it comes).
             A body the app is reading is timed by the app (bodies.py), which answers 408."""
-            theirs = self.conn.their_state
-            if theirs is h11.IDLE:
-                self._arm(h11.IDLE, header_timeout)
-            elif theirs is h11.SEND_BODY and self.conn.our_state in (h11.DONE, h11.MUST_CLOSE):
-                self._arm(h11.SEND_BODY, body_timeout)
-            else:  # a request being served, an upgrade, or the end
+            closed_or_upgraded = self.transport.is_closing() or self.transport.get_protocol() is not self
+            if closed_or_upgraded or self._serving():
                 self._disarm()
+            elif self._in_body:
+                self._arm("body", body_timeout)
+            else:
+                self._arm("head", header_timeout)
 
-        def _arm(self, awaiting: type[h11.IDLE] | type[h11.SEND_BODY], seconds: float) -> None:
-            if self._deadline is not None and self._awaiting is awaiting:
+        def _arm(self, awaiting: Literal["head", "body"], seconds: float) -> None:
+            if self._deadline is not None and self._awaiting == awaiting:
                 return  # already timed: more bytes of the same head or body do not extend it
             self._disarm()
             self._awaiting = awaiting
@@ -99,7 +258,8 @@ def guarded_h11(limits: ServerSettings) -> type[asyncio.Protocol]:
 
         def _expire(self) -> None:
             awaiting, self._deadline, self._awaiting = self._awaiting, None, None
-            if self.conn.their_state is awaiting and not self.transport.is_closing():
+            waiting_still = not self._serving() and self._in_body == (awaiting == "body")
+            if waiting_still and not self.transport.is_closing():
                 self.transport.close()
 
-    return GuardedH11
+    return GuardedHttpTools

@@ -102,7 +102,7 @@ async def _serve_http(
 ) -> None:
     import uvicorn
 
-    from procpilot.transports.connections import guarded_h11
+    from procpilot.transports.connections import guarded_http
     from procpilot.transports.http import guarded_mcp_app, request_agent
 
     notices = ExitNotices(sup)
@@ -114,7 +114,7 @@ async def _serve_http(
     sockets, address = bind_listeners(settings.server.model_copy(update={"port": port, "unix_socket": None}), tcp=True)
     app = guarded_mcp_app(server, settings, open_agent=agent)
     try:
-        http = guarded_h11(settings.server)
+        http = guarded_http(settings.server)
         uvicorn_ = uvicorn_server(uvicorn.Config(app, log_level="warning", http=http))
         announce(f"{address.url}/mcp")
         stop = functools.partial(setattr, uvicorn_, "should_exit", True)

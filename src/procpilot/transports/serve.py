@@ -409,7 +409,7 @@ async def serve(
     loads the configuration as the command line does: a SIGHUP while it fails changes nothing."""
     import uvicorn
 
-    from procpilot.transports.connections import guarded_h11
+    from procpilot.transports.connections import guarded_http
     from procpilot.transports.http import WS_MAX_MESSAGE, daemon_of
 
     def startable() -> None:  # what a new image checks first: a config that loads, a binding and a layout it allows
@@ -449,7 +449,7 @@ async def serve(
                 timeout_graceful_shutdown=int(grace) + 5,
                 ws_ping_interval=20.0,
                 ws_max_size=WS_MAX_MESSAGE,
-                http=guarded_h11(settings.server),
+                http=guarded_http(settings.server),
             )
             server = uvicorn_server(config)
 

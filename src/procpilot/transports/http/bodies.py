@@ -29,7 +29,7 @@ async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: in
     """``receive`` replaying the request's whole body, or None once the request is answered (413,
     408) or its client has gone. A request that declares no body is handed on as it is."""
     if header(scope, b"content-length") is None and header(scope, b"transfer-encoding") is None:
-        return receive  # no body at all (h11 has refused a body without either header)
+        return receive  # no body at all: without either header what follows the head is the next request
     if await refuse_oversized(scope, send, max_bytes=max_bytes):
         return None
     chunks: list[bytes] = []
