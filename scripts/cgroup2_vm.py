@@ -160,9 +160,10 @@ else
         >/run/cgroup2-vm-output
     status={no_status}
 fi
-{{ sleep {grace}; kill $copier 2>/dev/null && echo "{marker} held {name}"; }} &
+{{ sleep {grace}; kill $copier 2>/dev/null; }} &
 timer=$!
-wait $copier 2>/dev/null  # not a word on the copier's death, if the timer killed it
+# Quiet: the shell would announce the copier's death itself. cat exits 0 unless the timer killed it.
+wait $copier 2>/dev/null || echo "{marker} held {name}"
 kill $timer 2>/dev/null
 rm /run/cgroup2-vm-output
 echo "{marker} end {name} $status"
