@@ -9,20 +9,28 @@ to test procpilot's cgroup v2 code against real memory/cpu/pids controllers here
 The guest: Debian's current kernel (fetched with apt-get download into a cache, never installed)
 boots an initramfs of busybox plus the 9p/virtio/overlay modules. Its /init mounts the host's
 root read-only over 9p as the lower layer of an overlay with a tmpfs on top (the guest may write
-anywhere; the host never changes), plus a writable 9p share of a host temp dir at /vmout for the
-exit status, and switches root. The guest script then mounts proc/sys/dev, tmpfs on /run and
+anywhere; the host never changes), plus a 9p share of a host temp dir at /vmin that hands it
+the guest script, and switches root. The guest script then mounts proc/sys/dev, tmpfs on /run and
 /dev/shm (the host's /tmp stays visible, writable through the overlay: a checkout may live there),
 and cgroup2 alone on /sys/fs/cgroup (v1 is disabled on the kernel command line), enables
 +memory +cpu +pids in the root's subtree_control, and runs the command as root in the host's
-current directory: in the root cgroup, or with --delegated alone in /sys/fs/cgroup/procpilot.service
-(as systemd runs a Delegate=yes service). The command's stdout and stderr go through a pipe to the
-serial console, which this script copies to its stdout.
+current directory, once for each place --runs names, one after the other in the same boot:
+"root" (the root cgroup) and "delegated" (alone in /sys/fs/cgroup/procpilot.service, as systemd
+runs a Delegate=yes service). A boot costs ~10-15 s under emulation and the first run warms the
+guest's caches for the next (bytecode, pages read over 9p), so one boot with two runs is much
+cheaper than two boots. The command's stdout and stderr go through a pipe to the serial console,
+which this script copies to its stdout between two lines of its own per run:
+
+    cgroup2-vm run NAME: started WHERE
+    ...the command's output...
+    cgroup2-vm run NAME: exit status STATUS after SECONDSs
 
 Usage:
-    python scripts/cgroup2_vm.py [--timeout SECONDS] [--delegated] -- COMMAND...
+    python scripts/cgroup2_vm.py [--timeout SECONDS] [--runs root,delegated | --delegated] -- COMMAND...
 
-Exit status: the command's own, or 123 (the guest stopped without reporting one), 124 (timed out),
-125 (the VM could not be prepared: qemu missing, download failed, ...), 130 (interrupted).
+Exit status: 0 if every run's command exited 0, else the first other status: a command's own, or
+123 (the guest stopped before that run reported one), 124 (timed out), 125 (the VM could not be
+prepared: qemu missing, download failed, ...), 130 (interrupted).
 
 Environment: PROCPILOT_VM_CACHE (cache dir, default .venv/cgroup2-vm in the repo),
 PROCPILOT_VM_ACCEL=kvm (opt in to KVM: TCG is the default because /dev/kvm on the Firecracker
@@ -61,9 +69,11 @@ EXIT_INTERRUPTED = 130
 
 QEMU = "qemu-system-x86_64"
 SERVICE_CGROUP = "/sys/fs/cgroup/procpilot.service"
-# Once the guest has reported a status it only has to flush the console; a background process the
-# command left holding its output pipe must not keep the run alive until the timeout.
-FLUSH_GRACE = 5.0
+# Where each run's command is started, by the name --runs gives it.
+PLACES = {"root": "in the root cgroup", "delegated": f"alone in {SERVICE_CGROUP}"}
+# Once a run's command has exited its output only has to be flushed; a background process it left
+# holding the pipe must not keep the next run, or the end, waiting until the timeout.
+FLUSH_GRACE = 5
 # What the initramfs needs to reach the host's files; dependencies are added from the modules.
 WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_rng")
 BUSYBOX_APPLETS = ("sh", "mount", "umount", "mkdir", "insmod", "cat", "ip", "sleep", "switch_root")
@@ -77,7 +87,7 @@ KERNEL_CMDLINE = (
 )
 
 INIT_SCRIPT = """#!/bin/sh
-# PID 1 of the initramfs: reach the host's root and hand over to the guest script in /vmout.
+# PID 1 of the initramfs: reach the host's root and hand over to the guest script in /vmin.
 fail() {
     echo "cgroup2-vm: init: $*"
     echo o > /proc/sysrq-trigger
@@ -97,12 +107,12 @@ mount -t tmpfs -o mode=0755 tmpfs /rw
 mkdir -p /rw/upper /rw/work
 mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work overlay /newroot \\
     || fail "cannot mount the overlay root"
-mkdir -p /newroot/vmout
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 vmout /newroot/vmout \\
-    || fail "cannot mount the results share (9p tag vmout)"
+mkdir -p /newroot/vmin
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 vmin /newroot/vmin \\
+    || fail "cannot mount the guest script's share (9p tag vmin)"
 ip link set lo up
 umount /proc /sys /dev
-exec switch_root /newroot /bin/sh /vmout/guest.sh
+exec switch_root /newroot /bin/sh /vmin/guest.sh
 """
 
 GUEST_SCRIPT = """#!/bin/sh
@@ -122,26 +132,41 @@ mount -t tmpfs -o nosuid,nodev,mode=755 tmpfs /run
 # The options systemd mounts cgroup2 with, so the guest looks like a systemd host.
 mount -t cgroup2 -o nosuid,nodev,noexec,nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup
 echo '+memory +cpu +pids' > /sys/fs/cgroup/cgroup.subtree_control
-{setup}
 # Keep kernel messages (an OOM kill, say) from interleaving with the command's output.
 echo {printk} > /proc/sys/kernel/printk
 echo "{marker} ready $(cut -d' ' -f1 /proc/uptime)"
-{{
-    if cd {cwd}; then
-        env -i {env} /bin/sh -c {launch} cgroup2-vm {argv}
-        echo $? > /vmout/rc.tmp
-    else
-        echo "cgroup2-vm: no such directory in the guest (its /run and /dev/shm are its own)"
-        echo {no_status} > /vmout/rc.tmp
-    fi
-    mv /vmout/rc.tmp /vmout/rc
-}} </dev/null 2>&1 | cat
+{runs}
 # The host stops reading here and kills qemu: quicker than a poweroff, and the kernel's
 # "Power down" line (emergency level, so no loglevel hides it) never reaches the output.
 echo "{marker} done"
 sync
 echo o > /proc/sysrq-trigger
 sleep 60
+"""
+
+# One run of the command. Its output reaches the console through a fifo and a copier (the
+# command sees a pipe, not a tty); the status goes in the marker line, which no output can fake.
+RUN_SCRIPT = """
+{setup}
+echo "{marker} run {name}"
+mkfifo /run/cgroup2-vm-output
+cat /run/cgroup2-vm-output &
+copier=$!
+if cd {cwd}; then
+    env -i {env} /bin/sh -c {launch} cgroup2-vm {argv} </dev/null >/run/cgroup2-vm-output 2>&1
+    status=$?
+else
+    echo "cgroup2-vm: no such directory in the guest (its /run and /dev/shm are its own)" \\
+        >/run/cgroup2-vm-output
+    status={no_status}
+fi
+{{ sleep {grace}; kill $copier 2>/dev/null; }} &
+timer=$!
+# Quiet: the shell would announce the copier's death itself. cat exits 0 unless the timer killed it.
+wait $copier 2>/dev/null || echo "{marker} held {name}"
+kill $timer 2>/dev/null
+rm /run/cgroup2-vm-output
+echo "{marker} end {name} $status"
 """
 
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -420,23 +445,31 @@ def build_initramfs(cache: Path, kernel: Kernel, busybox: Path) -> Path:
 # ---------------------------------------------------------------- the guest script and qemu
 
 
-def guest_script(argv: list[str], cwd: str, delegated: bool, debug: bool, marker: str) -> str:
+def run_script(name: str, argv: list[str], cwd: str, marker: str) -> str:
     env = {"PATH": GUEST_PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "root", "PROCPILOT_VM": "cgroup2"}
     if os.environ.get("PYTHONPATH"):  # a worktree's code, with the shared virtualenv
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    setup = ""
+    delegated = name == "delegated"
     if delegated:
         env["PROCPILOT_VM_DELEGATED"] = "1"
-        setup = f"mkdir {SERVICE_CGROUP}"
-    return GUEST_SCRIPT.format(
-        setup=setup,
+    return RUN_SCRIPT.format(
+        setup=f"mkdir {SERVICE_CGROUP}" if delegated else "",
+        name=name,
         marker=marker,
-        printk="7" if debug else "1",
         cwd=shlex.quote(cwd),
         env=" ".join(shlex.quote(f"{key}={value}") for key, value in env.items()),
         launch=shlex.quote(LAUNCH_DELEGATED if delegated else LAUNCH_ROOT),
         argv=shlex.join(argv),
         no_status=EXIT_NO_STATUS,
+        grace=FLUSH_GRACE,
+    )
+
+
+def guest_script(argv: list[str], cwd: str, runs: list[str], debug: bool, marker: str) -> str:
+    return GUEST_SCRIPT.format(
+        marker=marker,
+        printk="7" if debug else "1",
+        runs="".join(run_script(name, argv, cwd, marker) for name in runs),
     )
 
 
@@ -447,7 +480,7 @@ def accel_args() -> list[str]:
     return ["-accel", "tcg,thread=multi", "-cpu", "max"]
 
 
-def qemu_argv(kernel: Kernel, initramfs: Path, results: Path, cpus: int, memory: int, debug: bool) -> list[str]:
+def qemu_argv(kernel: Kernel, initramfs: Path, shared: Path, cpus: int, memory: int, debug: bool) -> list[str]:
     share = "security_model=none,multidevs=remap"  # remap: / spans several host filesystems (inodes collide)
     return [
         QEMU,
@@ -456,7 +489,7 @@ def qemu_argv(kernel: Kernel, initramfs: Path, results: Path, cpus: int, memory:
         *("-kernel", str(kernel.vmlinuz), "-initrd", str(initramfs)),
         *("-append", KERNEL_CMDLINE + ("" if debug else " quiet loglevel=1")),
         *("-virtfs", f"local,path=/,mount_tag=hostroot,readonly=on,{share}"),
-        *("-virtfs", f"local,path={results},mount_tag=vmout,{share}"),
+        *("-virtfs", f"local,path={shared},mount_tag=vmin,readonly=on,{share}"),
         # Entropy from the host, so nothing in the guest waits for the pool to fill.
         *("-device", "virtio-rng-pci"),
     ]
@@ -480,7 +513,8 @@ def start_qemu(argv: list[str]) -> subprocess.Popen[bytes]:
 
 
 class Console:
-    """Copies the serial console to stdout, minus the guest script's marker lines.
+    """Copies the serial console to stdout, the guest script's marker lines turned into a line of
+    this script's own at the start and the end of each run; keeps each run's exit status.
 
     The serial tty turns LF into CRLF; that is undone so the output reads like a local run's.
     """
@@ -489,8 +523,11 @@ class Console:
         self.marker = marker
         self.held_cr = False
         self.pending = b""  # output that may be the start of a marker line
+        self.at_line_start = True
         self.started = time.monotonic()
         self.ready_at: float | None = None
+        self.run_started = self.started
+        self.statuses: dict[str, int] = {}
         self.done = False
 
     def feed(self, chunk: bytes) -> None:
@@ -521,8 +558,14 @@ class Console:
         return 0
 
     def write(self, data: bytes) -> None:
+        if data:
+            self.at_line_start = data.endswith(b"\n")
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+
+    def write_line(self, line: str) -> None:
+        # On a line of its own even after output that did not end its last line.
+        self.write(("" if self.at_line_start else "\n").encode() + f"{line}\n".encode())
 
     def close(self) -> None:
         self.write(self.pending)
@@ -533,24 +576,31 @@ class Console:
             self.ready_at = time.monotonic()
             uptime = words[1].decode() if len(words) > 1 else "?"
             progress(f"guest ready {self.ready_at - self.started:.1f}s after qemu started ({uptime}s guest uptime)")
+        elif words[:1] == [b"run"] and len(words) == 2:  # run NAME
+            name = words[1].decode()
+            self.run_started = time.monotonic()
+            self.write_line(f"cgroup2-vm run {name}: started {PLACES.get(name, '?')}")
+        elif words[:1] == [b"end"] and len(words) == 3 and words[2].isdigit():  # end NAME STATUS
+            name, status = words[1].decode(), int(words[2])
+            self.statuses[name] = status
+            took = time.monotonic() - self.run_started
+            self.write_line(f"cgroup2-vm run {name}: exit status {status} after {took:.1f}s")
+        elif words[:1] == [b"held"] and len(words) == 2:  # held NAME
+            self.write_line(
+                f"cgroup2-vm run {words[1].decode()}: something the command left behind held its output open "
+                f"{FLUSH_GRACE}s after it exited: stopped copying it"
+            )
         elif words[:1] == [b"done"]:
             self.done = True
 
 
-def stream(qemu: subprocess.Popen[bytes], console: Console, rc_file: Path, deadline: float) -> None:
+def stream(qemu: subprocess.Popen[bytes], console: Console, deadline: float) -> None:
     """Copy qemu's output until the guest is done or qemu exits; VmError when time runs out."""
     assert qemu.stdout is not None  # noqa: S101  # stdout=PIPE
     fd = qemu.stdout.fileno()
-    flush_deadline: float | None = None
     while not console.done:
-        now = time.monotonic()
-        if flush_deadline is None and rc_file.exists():
-            flush_deadline = now + FLUSH_GRACE
-        if now >= deadline:
+        if time.monotonic() >= deadline:
             raise VmError("timed out", EXIT_TIMEOUT)
-        if flush_deadline is not None and now >= flush_deadline:
-            progress("the command exited but something it left behind held its output open: killed the VM")
-            return
         readable, _, _ = select.select([fd], [], [], 1.0)
         if readable:
             chunk = os.read(fd, 65536)
@@ -566,30 +616,30 @@ def stop(qemu: subprocess.Popen[bytes]) -> None:
     qemu.wait()
 
 
-def exit_status(rc_file: Path, qemu: subprocess.Popen[bytes]) -> int:
-    try:
-        return int(rc_file.read_text().strip())
-    except (OSError, ValueError):
+def exit_status(console: Console, runs: list[str], qemu: subprocess.Popen[bytes]) -> int:
+    """0 if every run's command exited 0, else the first other status."""
+    missing = [name for name in runs if name not in console.statuses]
+    if missing:
         raise VmError(
-            f"cgroup2-vm: the guest stopped without reporting an exit status (qemu exit {qemu.returncode}; "
-            "console output above; PROCPILOT_VM_DEBUG=1 shows the kernel's messages)",
+            f"cgroup2-vm: the guest stopped before run {missing[0]} reported an exit status (qemu exit "
+            f"{qemu.returncode}; console output above; PROCPILOT_VM_DEBUG=1 shows the kernel's messages)",
             EXIT_NO_STATUS,
-        ) from None
+        )
+    return next((console.statuses[name] for name in runs if console.statuses[name] != 0), 0)
 
 
-def boot_and_run(argv: list[str], results: Path, marker: bytes, timeout: float) -> int:
-    rc_file = results / "rc"
+def boot_and_run(argv: list[str], runs: list[str], marker: bytes, timeout: float) -> int:
     console = Console(marker)
     qemu = start_qemu(argv)
     try:
-        stream(qemu, console, rc_file, console.started + timeout)
+        stream(qemu, console, console.started + timeout)
     except VmError:
         raise VmError(f"cgroup2-vm: timed out after {timeout:.0f}s; killed the VM", EXIT_TIMEOUT) from None
     finally:
         stop(qemu)
-    status = exit_status(rc_file, qemu)
+    status = exit_status(console, runs, qemu)
     if console.ready_at is not None:
-        progress(f"command took {time.monotonic() - console.ready_at:.1f}s; exit status {status}")
+        progress(f"{len(runs)} run(s) took {time.monotonic() - console.ready_at:.1f}s; exit status {status}")
     return status
 
 
@@ -600,6 +650,16 @@ def progress(message: str) -> None:
     print(f"cgroup2-vm: {message}", file=sys.stderr, flush=True)
 
 
+def run_places(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [name for name in names if name not in PLACES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no place {unknown[0]!r} (there are: {', '.join(PLACES)})")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError("each place at most once")
+    return names
+
+
 def parse_args(args: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="cgroup2_vm.py",
@@ -607,7 +667,18 @@ def parse_args(args: list[str]) -> argparse.Namespace:
         epilog="Exit status: the command's, or 123 no status reported, 124 timed out, 125 VM not prepared.",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds from boot to the end (default 900)")
-    parser.add_argument("--delegated", action="store_true", help=f"run the command alone in {SERVICE_CGROUP}")
+    places = parser.add_mutually_exclusive_group()
+    places.add_argument(
+        "--runs",
+        type=run_places,
+        metavar="PLACES",
+        help="where to run the command, once each, in this order, in one boot (comma-separated): "
+        f"root ({PLACES['root']}), delegated ({PLACES['delegated']}); default root",
+    )
+    places.add_argument(
+        "--delegated", dest="runs", action="store_const", const=["delegated"], help="the same as --runs delegated"
+    )
+    parser.set_defaults(runs=["root"])
     parser.add_argument("--cpus", type=int, default=2, help="guest CPUs (default 2)")
     parser.add_argument("--memory", type=int, default=3072, help="guest memory in MiB (default 3072)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
@@ -636,13 +707,13 @@ def run(options: argparse.Namespace) -> int:
     kernel, initramfs = prepare()
     debug = os.environ.get("PROCPILOT_VM_DEBUG") == "1"
     with tempfile.TemporaryDirectory(prefix="cgroup2-vm-") as tmp:
-        results = Path(tmp)
+        shared = Path(tmp)
         marker = f"cgroup2-vm-{secrets.token_hex(8)}"  # unguessable, so no output of the command can fake it
-        script = guest_script(options.command, os.getcwd(), options.delegated, debug, marker)
-        (results / "guest.sh").write_text(script)
-        argv = qemu_argv(kernel, initramfs, results, options.cpus, options.memory, debug)
+        script = guest_script(options.command, os.getcwd(), options.runs, debug, marker)
+        (shared / "guest.sh").write_text(script)
+        argv = qemu_argv(kernel, initramfs, shared, options.cpus, options.memory, debug)
         progress(f"booting {kernel.vmlinuz.parent.name} under qemu ({argv[argv.index('-accel') + 1]})")
-        return boot_and_run(argv, results, marker.encode(), options.timeout)
+        return boot_and_run(argv, options.runs, marker.encode(), options.timeout)
 
 
 def on_signal(signum: int, _frame: object) -> None:

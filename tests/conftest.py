@@ -236,8 +236,10 @@ def _cmd(pid: int) -> str:
         return "?"
 
 
-# The guest's tests (a qemu boot each, minutes under software emulation) start first: a worker
-# runs them while the others take the rest, and steal its queue once they are done.
+# The guest's tests (one qemu boot for both, minutes under software emulation) start first: a
+# worker runs them while the others take the rest, and steal its queue once they are done. Work
+# stealing hands each worker a contiguous slice at the start, so both land on the first worker and
+# share the boot of their module-scoped fixture.
 _FIRST = ("tests/engine/test_cgroup2_vm.py::",)
 
 
