@@ -1307,7 +1307,10 @@ class Supervisor:
 
     def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
         view = session.output[Stream.COMBINED]
-        raw = view.read(max(0, view.size - chars * 4)).data
+        size = view.size
+        if not size:
+            return ""  # a silent command (most exit events the daemon hears): nothing to read or render
+        raw = view.read(max(0, size - chars * 4)).data
         return tail_chars(for_model(raw), chars)[0]
 
     # -- actions -------------------------------------------------------------------------------
