@@ -169,3 +169,36 @@ async def test_the_leak_check_spares_only_the_shells_an_open_pool_holds(settings
     assert session.pid not in waiting_pids()  # taken: a session now, no longer spared
     await sup.aclose()
     assert not ready & waiting_pids()
+
+
+async def test_an_owned_supervisors_warm_start_has_its_sessions_exit_trap(settings: Settings) -> None:
+    # A server whose sessions outlive it has each shell record its exit for an outage: a warm
+    # shell runs that line itself (made with its session id), as the cold path puts it first.
+    async with Supervisor(settings, owner="t") as sup:
+        session = await sup.run(SpawnSpec("trap"), scope=A, yield_ms=None)
+        assert sup.warm_shells()["sessions_started_warm"] == 1
+    shown = session.output[Stream.STDOUT].read().data.decode()
+    assert shown.count("EXIT") == 1 and f"/sessions/{session.id}.exit" in shown
+
+
+async def test_a_warm_shells_own_trap_runs_only_for_a_launch_that_asks_for_it(warm: Supervisor) -> None:
+    pool = warm._warm
+    assert pool is not None
+    line = "trap 'echo trapped' EXIT"
+    pool._exit_trap = lambda _session_id: line
+    while pool._ready:  # the shells made before have no trap: made again with it
+        pool.discard(pool._ready.popleft())
+    pool.fill()
+    assert [shell.exit_trap for shell in pool._ready] == [line, line]
+    # a launch whose setup ends with that line: the shell runs it, where the setup would have
+    spec = SpawnSpec("echo ran")
+    shell = pool.take(spec)
+    assert shell is not None
+    spawned = shell.launch(spec, shell.env, [line], None)
+    assert await asyncio.to_thread(shell.popen.wait) == 0
+    assert os.read(spawned.stdout_fd, 4096) == b"ran\ntrapped\n"
+    pool.discard(shell)
+    # one without it (this supervisor has no owner, so its starts have no trap): skipped
+    session = await warm.run(SpawnSpec("echo ran; trap"), scope=A, yield_ms=None)
+    assert warm.warm_shells()["sessions_started_warm"] == 2
+    assert session.output[Stream.STDOUT].read().data == b"ran\n"

@@ -341,7 +341,12 @@ class Supervisor:
             self._adopt(held)
         if self._warm_size > 0:
             self._warm = WarmPool(
-                self._tree_backend, self._warm_size, make_env=self._warm_env, new_id=new_session_id, groups=self._groups
+                self._tree_backend,
+                self._warm_size,
+                make_env=self._warm_env,
+                new_id=new_session_id,
+                groups=self._groups,
+                exit_trap=self._warm_exit_trap,
             )
             self._warm.fill()
         self._spawn_task(self._housekeeping())
@@ -363,6 +368,14 @@ class Supervisor:
             v2_root = self._trees.root if isinstance(self._trees, CgroupTrees) else None
             self._limits = probe_limits(v2_root=v2_root, name=name)
         self._groups = probe_fairness(self._trees, self._limits)
+
+    def _warm_exit_trap(self, session_id: str) -> str | None:
+        """The exit trap _start gives a warm start of ``session_id`` while the holder is there: a
+        warm shell made now runs it itself, so a call sends none (engine/warm.py)."""
+        restarts = self._restarts
+        if restarts is None or not restarts.link.connected:
+            return None
+        return restarts.status_line(session_id)
 
     def _warm_env(self, session_id: str) -> dict[str, str]:
         return self._env(session_id, SpawnSpec("true"))
@@ -868,7 +881,9 @@ class Supervisor:
             restarts = self._restarts
             status = None
             if restarts and restarts.link.connected and isinstance(spec.command, str) and not spec.isolation:
-                status = restarts.status_line(session.id)
+                # A warm shell's own is this line already: made by this supervisor, whose lock and
+                # pid stay as they were, for this session id (_warm_exit_trap).
+                status = warm.exit_trap if warm is not None and warm.exit_trap else restarts.status_line(session.id)
             if warm is not None:
                 try:
                     spawned = await spawn_process(spec, env, prelude=[status] if status else [], launch=warm.launch)
@@ -1292,7 +1307,10 @@ class Supervisor:
 
     def tail_text(self, session: Session, chars: int = _TAIL_CHARS) -> str:
         view = session.output[Stream.COMBINED]
-        raw = view.read(max(0, view.size - chars * 4)).data
+        size = view.size
+        if not size:
+            return ""  # a silent command (most exit events the daemon hears): nothing to read or render
+        raw = view.read(max(0, size - chars * 4)).data
         return tail_chars(for_model(raw), chars)[0]
 
     # -- actions -------------------------------------------------------------------------------

@@ -75,7 +75,11 @@ _BACK_TO_BACK = 0.02
 
 # The warm shell's script; its stdin is the session's. __pp_nl lets a command's newlines travel on
 # one line (read -r stops at the first). The command runs last, in the shell itself, so its exit
-# status is the shell's, and ``exit``, traps and ``$0`` behave as under ``sh -c``.
+# status is the shell's, and ``exit``, traps and ``$0`` behave as under ``sh -c``. ``{trap}`` is
+# the supervisor's last setup line when it is the same for every command this shell could run (the
+# exit trap of a server whose sessions outlive it, engine/adoption.py): set here, where it is part
+# of the script, rather than sent with the command, where the shell would read it a byte per
+# read(2) after idle. A launch that must not have it sets __pp_x=1.
 _SCRIPT = """\
 {join}
 IFS= read -r __pp_t || exit 125
@@ -86,7 +90,8 @@ __pp_nl='
 eval "${{__pp_l#"$__pp_t "}}"
 unset __pp_t __pp_l __pp_nl
 eval "$__pp_s"
-eval "unset __pp_s __pp_c; $__pp_c"
+{trap}
+eval "unset __pp_s __pp_c __pp_x; $__pp_c"
 """
 
 
@@ -117,6 +122,8 @@ class WarmShell:
     # known, it joins the group of the agent that takes it, with the command.
     agent: str | None = None
     join: list[str] | None = None  # that join, set when such a shell is taken
+    # The last setup line its script runs itself (``{trap}`` in _SCRIPT), None: none.
+    exit_trap: str | None = None
 
     @property
     def pid(self) -> int:
@@ -130,6 +137,12 @@ class WarmShell:
         """Hand the shell its command: ``cwd`` is the working directory as the workspace check
         resolved it (None: stay where the supervisor is), ``prelude`` the shell lines to run first
         (rlimits), ``env`` the environment the cold path would have given."""
+        prelude, keep_trap = list(prelude), True
+        if self.exit_trap is not None:
+            if prelude and prelude[-1] == self.exit_trap:
+                prelude.pop()  # the script runs it after the setup, where it would have come
+            else:
+                keep_trap = False  # not this command's: the script skips it
         setup: list[str] = []
         if spec.stdin == "null":
             setup.append("exec 0</dev/null")
@@ -153,7 +166,8 @@ class WarmShell:
         else:
             prefix = isolation_prefix(spec.isolation) if spec.isolation is not None else []
             text = "exec " + shlex.join(shell_argv(command, [], prefix))
-        line = f"{self.token} __pp_s={_one_line(chr(10).join(setup))} __pp_c={_one_line(text)}\n".encode()
+        skip = "" if keep_trap else " __pp_x=1"
+        line = f"{self.token} __pp_s={_one_line(chr(10).join(setup))} __pp_c={_one_line(text)}{skip}\n".encode()
         self.launched = True
         try:
             written = os.write(self.stdin_fd, line)
@@ -212,8 +226,12 @@ class WarmPool:
         make_env: Callable[[str], dict[str, str]],
         new_id: Callable[[], str],
         groups: AgentGroups | None = None,
+        exit_trap: Callable[[str], str | None] | None = None,
     ) -> None:
+        """``exit_trap(session_id)``: the line a launch's prelude ends with for that session, if
+        it is known when the shell starts (None: not known then, or none)."""
         self._trees = trees
+        self._exit_trap = exit_trap
         self.size = max(0, size)
         self._make_env = make_env
         self._new_id = new_id
@@ -365,8 +383,10 @@ class WarmPool:
                 parent.append(ours)
                 child.append(theirs)
             env = self._make_env(session_id)
+            exit_trap = self._exit_trap(session_id) if self._exit_trap is not None else None
+            trap = "" if exit_trap is None else f'[ "${{__pp_x-}}" = 1 ] || {exit_trap}'
             popen = subprocess.Popen(
-                ["/bin/sh", "-c", _SCRIPT.format(join=join)],
+                ["/bin/sh", "-c", _SCRIPT.format(join=join, trap=trap)],
                 stdin=child[0],
                 stdout=child[1],
                 stderr=child[2],
@@ -389,7 +409,9 @@ class WarmPool:
             os.set_blocking(fd, False)
         stdin_target = f"pipe:[{os.fstat(w_in).st_ino}]"
         pidfd = open_pidfd(popen.pid)
-        return WarmShell(session_id, popen, pidfd, w_in, r_out, r_err, stdin_target, env, token, agent=agent)
+        return WarmShell(
+            session_id, popen, pidfd, w_in, r_out, r_err, stdin_target, env, token, agent=agent, exit_trap=exit_trap
+        )
 
     def _leave(self, session_id: str) -> None:
         if self._groups is not None:

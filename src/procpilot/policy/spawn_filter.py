@@ -36,6 +36,9 @@ _PASTE_MARKERS = (b"\x1b[200~", b"\x1b[201~")
 
 
 def _limits(policy: AgentPolicy, asked: Limits | None) -> Limits | None:
+    caps = (policy.memory_limit, policy.cpu_limit, policy.pids_max, policy.address_space_limit)
+    if asked is None and caps == (None, None, None, None):
+        return None  # nothing asked, nothing allotted: what the rest would build, without building it
     asked = asked or Limits()
     for field, cap in (
         ("memory_bytes", policy.memory_limit),

@@ -104,9 +104,12 @@ class Daemon:
     # -- events --
 
     def _on_exit(self, info: ExitInfo) -> None:
-        event = exit_event(info, profile_for(self.settings))
-        for agent, queue in list(self.queues):
-            if agent == info.scope:
+        # Called as every session ends, an exec's within its call: converted only for a stream
+        # that follows its agent.
+        listening = [queue for agent, queue in self.queues if agent == info.scope]
+        if listening:
+            event = exit_event(info, profile_for(self.settings))
+            for queue in listening:
                 queue.put("exit", event)
         self.mcp.session_ended(info)
 

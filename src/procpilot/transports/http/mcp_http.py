@@ -60,6 +60,10 @@ class _ScopedBus:
             except Exception:
                 _log.exception("subscription listener failed")
 
+    def listens(self, agent: str) -> bool:
+        """Whether an event published to ``agent`` would reach anyone (it is built only then)."""
+        return any(owner == agent for owner, _listener in self._listeners.values())
+
     def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         key = object()
         agent = self._scope_of()
@@ -275,10 +279,11 @@ class McpFace:
         return [ResourceUpdated(uri=f"proc://{info.session_id}") for info in self.sup.outage_exits(agent)]
 
     def session_ended(self, info: ExitInfo) -> None:
-        from mcp.shared.subscriptions import ResourceUpdated
-
         uri = f"proc://{info.session_id}"
-        self.bus.publish_to(info.scope, ResourceUpdated(uri=uri))
+        if self.bus.listens(info.scope):  # every exit comes here: its event is built for a listener only
+            from mcp.shared.subscriptions import ResourceUpdated
+
+            self.bus.publish_to(info.scope, ResourceUpdated(uri=uri))
         for agent, connection in self._legacy.pop(info.session_id, []):
             if agent == info.scope:
                 self.spawn(_notify_legacy(connection, uri))
