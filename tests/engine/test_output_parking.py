@@ -49,6 +49,16 @@ def _text(session: Session, stream: Stream) -> bytes:
     return session.output[stream].read(0, 1 << 24).data
 
 
+async def _release_and_check(adopted: list[Session]) -> None:
+    """Let each adopted session print its second line and end: all of it read, in order."""
+    for session in adopted:
+        await session.write(b"\n")
+    for session in adopted:
+        assert await session.wait_finished(5)
+        assert session.exit_code == 0
+        assert _text(session, Stream.COMBINED) == b"before\nafter\n"
+
+
 # A line, then quiet until its stdin says go (parked meanwhile), then more than its pipe holds
 # (1 MiB: the writer blocks until the end is back), stderr too, quiet again, then a last line.
 _BURSTS = "echo first; read a; seq 1 200000; seq 200001 210000 >&2; read b; echo last"
@@ -138,12 +148,7 @@ async def test_a_detached_parked_session_goes_on_under_the_next_server(settings:
         _park_everything(second)
         adopted = [second.get("t", s.id) for s in started]
         assert await _until(lambda: len(second.output_parking) == len(started))
-        for session in adopted:
-            await session.write(b"\n")
-        for session in adopted:
-            assert await session.wait_finished(5)
-            assert session.exit_code == 0
-            assert _text(session, Stream.COMBINED) == b"before\nafter\n"
+        await _release_and_check(adopted)
 
 
 # Run in a child: the limit is the whole process's, and this one must be low (soft and hard).
@@ -253,9 +258,4 @@ async def test_a_new_holder_gets_copies_of_parked_ends(settings: Settings) -> No
         await first.detach()
     async with Supervisor(settings, owner="t") as second:
         adopted = [second.get("t", s.id) for s in started]
-        for session in adopted:
-            await session.write(b"\n")
-        for session in adopted:
-            assert await session.wait_finished(5)
-            assert session.exit_code == 0
-            assert _text(session, Stream.COMBINED) == b"before\nafter\n"
+        await _release_and_check(adopted)
