@@ -57,41 +57,9 @@ if TYPE_CHECKING:
 # the command line's included) loads no engine, no pydantic model and no client until one is
 # used. ``procpilot mcp`` answers a client's handshake before the engine is loaded
 # (transports/mcp_handshake.py), so this costs nothing the first call does not need anyway.
-_ERRORS = [
-    "ApprovalDenied",
-    "CommandDenied",
-    "CommandNotFound",
-    "ConfigError",
-    "ElevationDenied",
-    "InternalError",
-    "InvalidArgument",
-    "InvalidFilter",
-    "InvalidPattern",
-    "InvalidStream",
-    "IsolationUnavailable",
-    "KillFailed",
-    "LimitAboveAllocation",
-    "NotSupported",
-    "PathOutOfScope",
-    "PermissionDenied",
-    "ProcessAlreadyExited",
-    "ProcessNotFound",
-    "ProcLimit",
-    "ProcpilotError",
-    "ProtectedVariable",
-    "SessionNotFound",
-    "SessionStateError",
-    "SessionStillRunning",
-    "SpawnError",
-    "SpawnFailed",
-    "StateDirBusy",
-    "StateDirDamaged",
-    "StateDirIncompatible",
-    "StdinClosed",
-    "UnanalyzableCommand",
-]
+# Where each public name that is not an error type lives; every other name in __all__ is one of
+# procpilot.errors' (kept in one list, __all__, which type checkers read).
 _LAZY = {
-    **dict.fromkeys(_ERRORS, "procpilot.errors"),
     "Settings": "procpilot.config",
     "load_settings": "procpilot.config",
     "Stream": "procpilot.engine.capture",
@@ -113,7 +81,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = _LAZY.get(name) or ("procpilot.errors" if name in __all__ else None)
     if module is None:
         raise AttributeError(f"module 'procpilot' has no attribute {name!r}")
     import importlib
