@@ -78,6 +78,19 @@ def start_http(tmp_path: Path, *options: str) -> tuple[subprocess.Popen[str], st
     raise AssertionError("server did not print its URL")
 
 
+def stop_http(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> int:
+    """Signal the server and wait for it (killed if it outlives 20 s); its exit code."""
+    try:
+        proc.send_signal(sig)
+        return proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
 async def test_http_server_and_shutdown_by_signal_end_every_tree(tmp_path: Path, sig: int) -> None:
     proc, url = start_http(tmp_path)
@@ -88,14 +101,9 @@ async def test_http_server_and_shutdown_by_signal_end_every_tree(tmp_path: Path,
             bg = await call(client, "exec", command="sleep 60 & sleep 60", background=True)
             assert bg["status"] == "running"
         assert marked_processes()
-        proc.send_signal(sig)
-        assert proc.wait(timeout=20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
+        code = stop_http(proc, sig)
+    assert code == 0
     assert not marked_processes()
 
 
@@ -116,15 +124,7 @@ async def test_http_server_keeps_each_conversation_to_itself_when_told(tmp_path:
             assert sid in json.dumps(await call(a, "process", action="list"))
             await a.call_tool("process", {"action": "remove", "sessionId": sid})
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            assert proc.stderr is not None
-            proc.stderr.close()
+        stop_http(proc)
 
 
 def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
@@ -168,10 +168,7 @@ def test_http_checks_host_and_origin_on_the_loopback(tmp_path: Path) -> None:
             assert cross_site.status_code == 403
             assert http.post(url, json=_INIT, headers=_MCP_HEADERS).status_code == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-        assert proc.stderr is not None
-        proc.stderr.close()
+        assert stop_http(proc) == 0
 
 
 def test_http_off_the_loopback_needs_a_token(tmp_path: Path) -> None:
@@ -203,10 +200,7 @@ def test_http_off_the_loopback_needs_a_token(tmp_path: Path) -> None:
             right = {**_MCP_HEADERS, "Authorization": "Bearer tok-remote-0123456789"}
             assert http.post(url, json=_INIT, headers=right).status_code == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-        assert proc.stderr is not None
-        proc.stderr.close()
+        assert stop_http(proc) == 0
 
 
 async def test_stdio_server_keeps_the_audit_trail(tmp_path: Path) -> None:
