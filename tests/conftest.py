@@ -141,6 +141,18 @@ def marked_processes() -> list[int]:
     return found
 
 
+def marked_processes_soon(timeout: float = 10.0) -> list[int]:
+    """``marked_processes()`` once it finds any (or after ``timeout``). A session reported
+    running is a warm shell handed its command: until it forks, it looks like one still waiting
+    (same command line, same stdin pipe), which the count spares."""
+    deadline = time.monotonic() + timeout
+    found = marked_processes()
+    while not found and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = marked_processes()
+    return found
+
+
 def _pool_of_live_daemon(pid: int, env: dict[bytes, bytes]) -> bool:
     """A warm shell (engine/warm.py) still waiting for its command, of a supervisor that is open:
     in this process, one of an open pool (a module's in-process daemon; a supervisor a test forgot

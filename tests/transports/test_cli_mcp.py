@@ -15,7 +15,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, marked_processes_soon
 from tests.daemon import cli_env
 
 PROCPILOT = str(Path(sys.executable).parent / "procpilot")
@@ -100,7 +100,7 @@ async def test_http_server_and_shutdown_by_signal_end_every_tree(tmp_path: Path,
             assert done["output"] == "via-http\n"
             bg = await call(client, "exec", command="sleep 60 & sleep 60", background=True)
             assert bg["status"] == "running"
-        assert marked_processes()
+        assert marked_processes_soon()
     finally:
         code = stop_http(proc, sig)
     assert code == 0

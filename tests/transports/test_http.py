@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, marked_processes_soon
 from tests.daemon import (
     PROCPILOT,
     TOKEN_B,
@@ -445,7 +445,7 @@ async def test_shutdown_ends_every_tree_and_open_stream(tmp_path: Path, sig: int
             async with http.stream("GET", "/v1/events") as events:
                 lines = events.aiter_lines()
                 await _next_event(lines, "ready")
-                assert marked_processes()
+                assert marked_processes_soon()
                 daemon.proc.send_signal(sig)
                 # Bounded by the grace period (2 s) plus slack for a loaded machine: the stream
                 # ends when the daemon stops.
