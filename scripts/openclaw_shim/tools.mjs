@@ -28,9 +28,9 @@ async function callTool(tool, args, token, signal) {
 
 function execArguments(defaults, params) {
   const args = { ...params };
-  // timeoutSec is the gateway's default timeout: like a server's (the config's timeoutSec in this
-  // profile), it does not bound a run started with background: true.
-  if (defaults.timeoutSec !== undefined && args.timeout === undefined && !args.background) args.timeout = defaults.timeoutSec;
+  // timeoutSec is the gateway's default timeout: like a server's (the config's timeoutSec), it
+  // bounds a run started with background: true too; timeout: 0 is none.
+  if (defaults.timeoutSec !== undefined && args.timeout === undefined) args.timeout = defaults.timeoutSec;
   if (defaults.allowBackground === false) {
     delete args.background;
     args.yieldMs = null; // never moved to the background: the call waits for the end

@@ -609,7 +609,7 @@ async def test_exec_resolves_a_relative_workdir_against_the_workspace(tools: Too
 
 async def test_spec001_timeout_default_1800s_bounds_background_runs(tools: Tools, supervisor: Supervisor) -> None:
     """Specs 001/002/004: ``timeout`` defaults to 1800 s, for ``background: true`` too (timeout 0
-    lets a dev server run on); the openclaw profile keeps OpenClaw's unbounded background runs."""
+    lets a dev server run on); the openclaw profile too, as OpenClaw's own exec now has it."""
     background = await tools["exec"].call({"command": "sleep 30", "background": True}, "a")
     unbounded = await tools["exec"].call({"command": "sleep 30", "background": True, "timeout": 0}, "a")
     foreground = await tools["exec"].call({"command": "sleep 0.1", "yieldMs": 10, "timeout": 0.05}, "a")
@@ -624,7 +624,7 @@ async def test_spec001_timeout_default_1800s_bounds_background_runs(tools: Tools
     async with Supervisor(supervisor.settings.model_copy(update={"tools": tools_settings})) as openclaw:
         oc_tools = {spec.name: spec for spec in exec_process_tools(openclaw)}
         started = await oc_tools["exec"].call({"command": "sleep 30", "background": True}, "a")
-        assert openclaw.get("a", started.data["sessionId"]).spec.timeout is None
+        assert openclaw.get("a", started.data["sessionId"]).spec.timeout == 1800
         await oc_tools["process"].call({"action": "kill", "sessionId": started.data["sessionId"]}, "a")
 
 

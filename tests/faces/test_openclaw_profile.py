@@ -99,6 +99,24 @@ async def test_a_timeout_says_to_rerun_with_a_higher_timeout(tmp_path: Path, wor
             assert text == f"Command timed out after 1 seconds. {advice}"
 
 
+async def test_the_default_timeout_ends_a_background_run_and_timeout_zero_does_not(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """OpenClaw's newest background-abort test: "background exec without explicit timeout applies
+    default timeout", and "with timeout zero bypasses default timeout"."""
+    async for sup in _supervisor(tmp_path / "t", workspace, profile="openclaw", timeout_sec=1):
+        async with _connect(sup)() as client:
+            bounded = await run_bg(client, "sleep 30")  # no timeout: the default, 1 s here
+            unbounded = await run_bg(client, "sleep 30", timeout=0)
+            text, data = await wait(client, bounded)
+            assert (data["status"], data["state"]) == ("failed", "timed_out"), text
+            # The default has passed and ended the other: this one is still running.
+            _, data, _ = await call(client, "process", action="poll", sessionId=unbounded)
+            assert data["status"] == "running"
+            assert sup.get("a", unbounded).spec.timeout is None
+            await call(client, "process", action="kill", sessionId=unbounded)
+
+
 async def test_ours_keeps_spec_002s_vocabulary(ours: Connect) -> None:
     async with ours() as client:
         text, data, _ = await call(client, "exec", command="exit 3")

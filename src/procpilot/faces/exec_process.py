@@ -335,10 +335,9 @@ class ExecProcessFace:
     async def _exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)
         # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
-        # server asks for timeout 0); the openclaw profile lets `background: true` run on, as
-        # OpenClaw does.
-        default = None if params.background and not self.profile.background_timeout else self.cfg.timeout_sec
-        timeout = default if params.timeout is None else params.timeout
+        # server asks for timeout 0); so does OpenClaw's exec since its background-abort test
+        # says "background exec without explicit timeout applies default timeout".
+        timeout = self.cfg.timeout_sec if params.timeout is None else params.timeout
         # Without the process tool nothing could ever write to a stdin pipe: a prompt would hang
         # until the timeout. /dev/null makes it read EOF at once instead (as the openclaw profile
         # has it for every command without a terminal).

@@ -97,9 +97,6 @@ class Profile:
     # A command without a terminal gets a stdin pipe the process tool writes to; OpenClaw closes it
     # ("null": the command reads end of file at once, as `cat` or a prompt then do).
     stdin_without_pty: Literal["pipe", "null"] = "pipe"
-    # Whether timeoutSec (1800 s) bounds a `background: true` run that gives no timeout, as specs
-    # 001/002/004 say; OpenClaw's own exec lets such a run go on until it ends or is killed.
-    background_timeout = True
     # A running session's poll suggests when to poll again (retryInMs): these steps for polls in a
     # row with no new output, reset by output; ``retry_after_output``: a poll with output suggests
     # the first step too (OpenClaw's backoff), not nothing.
@@ -190,7 +187,6 @@ class OpenClawProfile(Profile):
     preflight_fails_closed = True
     finished_poll_repeats = True
     stdin_without_pty: Literal["pipe", "null"] = "null"
-    background_timeout = False
     retry_steps_ms = (5_000, 10_000, 30_000, 60_000)
     retry_after_output = True
 
