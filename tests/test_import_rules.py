@@ -29,6 +29,18 @@ FORBIDDEN = {
         *_BESIDE_THE_ENGINE,
         *_ABOVE_THE_ENGINE,
     ),
+    # the chat a call comes from, as its caller says: the transports set it, the policy and the
+    # faces read it; it reads only the error tree (InvalidArgument)
+    "chat_context.py": (
+        "procpilot.engine",
+        "procpilot.shell",
+        "procpilot.cluster",
+        "procpilot.wire",
+        "procpilot.aio",
+        "procpilot.turns",
+        *_BESIDE_THE_ENGINE,
+        *_ABOVE_THE_ENGINE,
+    ),
     # reading shell text sits just above it: the engine, the policy and render all read shell here
     "shell": ("procpilot.engine", *_BESIDE_THE_ENGINE, *_ABOVE_THE_ENGINE),
     # settings and text rendering sit beside the engine and serve every layer

@@ -6,16 +6,18 @@
 // createExecTool's defaults are OpenClaw's gateway settings; the ones with a per-call counterpart
 // on our exec are passed as that argument (timeoutSec -> timeout, backgroundMs -> yieldMs,
 // allowBackground: false -> yieldMs: null, notifyOnExit). A scopeKey picks the agent: its token
-// from PROCPILOT_SHIM_SCOPES. Host, security, ask, elevated and pathPrepend are the gateway's own
-// configuration (a server's is its config file) and have no per-call form: they are not sent.
+// from PROCPILOT_SHIM_SCOPES. messageProvider and sessionKey (the chat the gateway runs the tool
+// for) go as the X-Procpilot-Context header. Host, security, ask, elevated and pathPrepend are the
+// gateway's own configuration (a server's is its config file) and have no per-call form: they are
+// not sent.
 
 import { BASE, headers, tokenFor } from "./daemon.mjs";
 import { fixtureIdOf, resolveSessionId } from "./registry.mjs";
 
-async function callTool(tool, args, token, signal) {
+async function callTool(tool, args, token, signal, chat) {
   const response = await fetch(`${BASE}/v1/tools/${tool}`, {
     method: "POST",
-    headers: headers(token),
+    headers: chat ? { ...headers(token), "x-procpilot-context": chat } : headers(token),
     body: JSON.stringify(args),
     signal,
   });
@@ -41,11 +43,24 @@ function execArguments(defaults, params) {
   return args;
 }
 
+// The chat the gateway runs this tool for (messageProvider, sessionKey), as the daemon takes it:
+// the X-Procpilot-Context header, "provider=telegram session=agent:main:main" (only the parts known).
+function chatContext(defaults) {
+  const parts = [];
+  const provider = defaults.messageProvider?.trim();
+  const session = defaults.sessionKey?.trim();
+  if (provider) parts.push(`provider=${provider}`);
+  if (session) parts.push(`session=${session}`);
+  return parts.length > 0 ? parts.join(" ") : undefined;
+}
+
 export function createExecTool(defaults = {}) {
   const token = tokenFor(defaults.scopeKey);
+  const chat = chatContext(defaults);
   return {
     name: "exec",
-    execute: (_toolCallId, params, signal) => callTool("exec", execArguments(defaults, params ?? {}), token, signal),
+    execute: (_toolCallId, params, signal) =>
+      callTool("exec", execArguments(defaults, params ?? {}), token, signal, chat),
   };
 }
 

@@ -252,6 +252,8 @@ class AuditEvent:
     arguments: dict[str, Any] | None = None  # as an audit trail keeps them (audit_arguments)
     duration_ms: int | None = None
     state: str | None = None  # the session's state after the call, where the result says
+    # The chat the call came from, as its caller said (procpilot/chat_context.py): provider, session.
+    chat: dict[str, str] | None = None
 
 
 ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import regex
 from pydantic import BaseModel, ConfigDict, Field
 
+from procpilot import chat_context
 from procpilot.config import Settings
 from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_named, parse_arguments
 from procpilot.engine.capture import Stream
@@ -31,7 +32,14 @@ from procpilot.engine.session import ExitInfo, Session, check_inputs
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.errors import InvalidArgument, InvalidPattern, InvalidStream, ProtectedVariable, SessionNotFound
+from procpilot.errors import (
+    ElevationDenied,
+    InvalidArgument,
+    InvalidPattern,
+    InvalidStream,
+    ProtectedVariable,
+    SessionNotFound,
+)
 from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
@@ -331,6 +339,8 @@ class ExecProcessFace:
             return await self._exec(arguments, scope)
         except ProtectedVariable as exc:
             raise self.profile.refused_env(exc) from None
+        except ElevationDenied as exc:
+            raise self.profile.refused_elevation(exc, chat_context.current()) from None
 
     async def _exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params: ExecParams = parse_arguments(ExecParams, arguments)

@@ -26,11 +26,12 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
+from procpilot.chat_context import ChatContext
 from procpilot.config import Settings
 from procpilot.engine.keys import encode_hex, encode_hex_lenient, encode_keys, encode_literal
 from procpilot.engine.session import Session
 from procpilot.engine.states import SessionState
-from procpilot.errors import ProtectedVariable
+from procpilot.errors import ElevationDenied, ProtectedVariable
 
 __all__ = ["OPENCLAW", "PROCPILOT", "Profile", "profile_for"]
 
@@ -73,6 +74,10 @@ _OPENCLAW_PROCESS_DESCRIPTION = (
     "Poll/wait until status is completed or failed before treating a command as done. Use "
     "write/send-keys/submit/paste/kill for input or intervention. Do not use process polling to emulate timers."
 )
+# Where procpilot's policy grants elevated runs (docs/security.md: per-agent policy); OpenClaw's
+# refusal lists its own config keys the same way.
+_ELEVATION_GATE = "elevated_allowed (policy.default.elevated_allowed / policy.agents.<agent>.elevated_allowed)"
+_ELEVATION_KEYS = ("policy.default.elevated_allowed", "policy.agents.<agent>.elevated_allowed")
 # OpenClaw's advice after a timeout: the agent's next move is a higher timeout or the background.
 _RERUN = "If this command is expected to take longer, re-run with a higher timeout (e.g., exec timeout=300)."
 
@@ -108,6 +113,11 @@ class Profile:
 
     def refused_env(self, exc: ProtectedVariable) -> ProtectedVariable:
         """exec's refusal of an env override that names a protected variable."""
+        return exc
+
+    def refused_elevation(self, exc: ElevationDenied, chat: ChatContext | None) -> ElevationDenied:
+        """exec's refusal of ``elevated`` the agent's policy does not allow; ``chat``: the chat the
+        call came from, as its caller said (procpilot/chat_context.py)."""
         return exc
 
     def unknown_session(self, session_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -200,6 +210,21 @@ class OpenClawProfile(Profile):
         else:
             message = f"Security Violation: Environment variable '{names[0]}' is forbidden during host execution."
         return ProtectedVariable(message, hints=exc.hints, variables=names)
+
+    def refused_elevation(self, exc: ElevationDenied, chat: ChatContext | None) -> ElevationDenied:
+        # OpenClaw's lines: what is not available, the gate that failed, which chat asked (only
+        # when its caller said), the keys that would grant it (procpilot's, where OpenClaw's are
+        # its own). The type and hints stay ours.
+        runtime = "sandboxed" if exc.details.get("boxed") else "direct"
+        lines = [
+            f"elevated is not available right now (runtime={runtime}).",
+            f"Failing gates: {_ELEVATION_GATE}",
+            *([f"Context: {chat.text()}"] if chat is not None else []),
+            "Fix-it keys:",
+            *(f"- {key}" for key in _ELEVATION_KEYS),
+        ]
+        chat_details = {} if chat is None else {"chat": chat.parts()}
+        return ElevationDenied("\n".join(lines), hints=exc.hints, **exc.details, **chat_details)
 
     def unknown_session(self, session_id: str) -> tuple[str, dict[str, Any]] | None:
         # OpenClaw answers rather than throws: a failed status (another agent's id, one gone).

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from procpilot import chat_context
 from procpilot.config import Settings
 from procpilot.contract import (
     ID_KEYS,
@@ -169,8 +170,10 @@ class Gate:
             agent = agent_of(scope)
             tier = self.tier_for(agent, spec)
             summary = call_summary(spec.name, arguments)
+            # Which chat asked, as the transport was told (the caller's word, recorded, not trusted).
+            chat = context.parts() if (context := chat_context.current()) is not None else None
             if tier is PermissionTier.BLOCKED:
-                self.audit.publish(AuditEvent(agent, spec.name, tier.value, "blocked", summary))
+                self.audit.publish(AuditEvent(agent, spec.name, tier.value, "blocked", summary, chat=chat))
                 raise PermissionDenied(f"{spec.name} is blocked for agent {agent!r}", tool=spec.name)
             if tier is PermissionTier.APPROVAL:
                 await self._await_approval(agent, spec, arguments)
@@ -194,6 +197,7 @@ class Gate:
                         arguments=audit_arguments(arguments),
                         duration_ms=int((time.monotonic() - started) * 1000),
                         state=state if isinstance(state, str) else None,
+                        chat=chat,
                     )
                 )
 

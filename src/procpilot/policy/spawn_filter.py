@@ -87,14 +87,15 @@ def make_spawn_filter(settings: Settings) -> SpawnFilter:
                 f"this agent already runs {running} sessions, its limit is {policy.max_procs}",
                 max_procs=policy.max_procs,
             )
+        network = policy.network_allowed
+        boxed = not network or policy.readonly_root or policy.isolate  # its sessions run in a box
         if spec.elevated and not policy.elevated_allowed:
-            raise ElevationDenied("elevated runs are not allowed for this agent")
+            raise ElevationDenied("elevated runs are not allowed for this agent", boxed=boxed)
         if policy.allow is not None or policy.deny:
             path = dict(spec.env).get("PATH") or _base_path(settings)
             commands_for(scope, path).check(spec.shell or spec.command, spec.cwd)
         isolation = spec.isolation
-        network = policy.network_allowed
-        if not spec.elevated and (not network or policy.readonly_root or policy.isolate):
+        if not spec.elevated and boxed:
             writable = (settings.workspace_root, *(Path(p) for p in policy.writable))
             isolation = Isolation(
                 network=network and (isolation is None or isolation.network),

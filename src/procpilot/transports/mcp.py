@@ -17,8 +17,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, ToolAnnotations
 
-from procpilot import wire
-from procpilot.contract import ToolResult, ToolSpec
+from procpilot import chat_context, wire
+from procpilot.contract import ToolResult, ToolSpec, error_result
+from procpilot.errors import ProcpilotError
 from procpilot.faces.definitions import RESULT_SCHEMA, served_schema
 from procpilot.faces.exit_notices import exit_line
 from procpilot.transports.mcp_results import call_result
@@ -87,8 +88,25 @@ class _FaceTool(Tool):
     """
 
     async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:
-        result = await self.fn(arguments)
+        # The chat the call comes from, when the request's _meta says (procpilot/chat_context.py);
+        # a malformed one is the call's typed error, as a bad argument is.
+        try:
+            chat = chat_context.from_meta(_request_meta(context))
+        except ProcpilotError as exc:
+            result = to_call_result(error_result(exc))
+        else:
+            with chat_context.calling_from(chat):
+                result = await self.fn(arguments)
         return self.fn_metadata.convert_result(result) if convert_result else result
+
+
+def _request_meta(context: Any) -> Mapping[str, Any] | None:
+    """The ``_meta`` of the request being served (None outside a request, or without one)."""
+    try:
+        meta = context.request_context.meta
+    except (AttributeError, ValueError):  # no Context, or the SDK's outside a request (it raises)
+        return None
+    return meta if isinstance(meta, Mapping) else None
 
 
 def _mcp_tool(spec: ToolSpec, scope: ScopeSource) -> Tool:

@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 
-from procpilot import wire
+from procpilot import chat_context, wire
 from procpilot.contract import ToolResult
 from procpilot.transports.mcp_results import MODERN, SHAPED_ALIKE, call_result, failed_call_result
 from procpilot.transports.mcp_results import STAMP_KEY as _STAMP_KEY
@@ -147,6 +147,8 @@ class DirectCalls:
         if "_meta" in params:  # 2026-07-28: the very envelope the SDK accepted before
             if self._envelope is None or params["_meta"] != self._envelope:
                 return False
+            if chat_context.META_KEY in params["_meta"]:
+                return False  # the SDK's path serves the call as coming from that chat (mcp.py)
             version: str | None = MODERN
         else:
             version = self._version if self._initialized else None

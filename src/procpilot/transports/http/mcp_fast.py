@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from procpilot import wire
+from procpilot import chat_context, wire
 from procpilot.aio import cancel_and_wait
 from procpilot.contract import ToolResult, ToolSpec
 from procpilot.transports import mcp_sdk
@@ -211,6 +211,8 @@ class FastCalls:
         meta = params.get("_meta") if isinstance(params, dict) else None
         if message is None or not isinstance(meta, dict) or "id" not in message:
             return ""
+        if chat_context.META_KEY in meta:
+            return ""  # the SDK's path serves the call as coming from that chat (transports/mcp.py)
         envelope = json.dumps(meta, sort_keys=True, default=str)
         if envelope not in self._envelopes:
             return envelope

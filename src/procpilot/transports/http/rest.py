@@ -15,7 +15,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketState
 
-from procpilot import wire
+from procpilot import chat_context, wire
 from procpilot.errors import (
     ApprovalForbidden,
     InvalidArgument,
@@ -255,15 +255,25 @@ class ToolCall:
             query = scope.get("query_string", b"")
             wanted = QueryParams(query).get("agent") if query else None
             acting = acting_scope(self.daemon.settings.server, agent, wanted)
+            chat = chat_context.from_header(_headers(scope, _CONTEXT_HEADER))
         except ProcpilotError as exc:
             await _write_json(send, exc.to_dict(), exc.http_status)
             return
-        result = await spec.call(arguments, acting)
+        with chat_context.calling_from(chat):
+            result = await spec.call(arguments, acting)
         if result.is_error:
             code = str(result.data.get("error", "ProcpilotError"))
             await _write_json(send, {**result.data, "text": result.text}, status_for_error(code))
         else:
             await _write_json(send, {"text": result.text, "data": result.data}, 200)
+
+
+_CONTEXT_HEADER = chat_context.HEADER.lower().encode()
+
+
+def _headers(scope: Scope, name: bytes) -> list[str]:
+    """Every value of the header ``name`` (a repeated one is seen, not only its first)."""
+    return [bytes(value).decode("latin-1") for key, value in scope.get("headers", ()) if key == name]
 
 
 async def _whole_body(receive: Receive) -> bytes | None:
