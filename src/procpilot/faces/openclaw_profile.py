@@ -15,6 +15,9 @@ the face consults; nothing else in the face asks which profile is on:
   arrow, Home or End is refused while the program under the terminal has written nothing yet;
 - a running poll's ``retryInMs`` follows OpenClaw's backoff (5, 10, 30, 60 s; 5 s after output);
 - python/node scripts are checked for shell syntax before they run (policy/script_preflight.py);
+- an ``env`` override of a protected variable and an ``elevated`` run the policy does not allow
+  are refused in OpenClaw's words (the latter naming the chat the call came from, when its caller
+  said: procpilot/chat_context.py), keeping our error types and hints;
 - the result texts ("(no new output)", "Process still running.", "showing last 200 of 201 lines",
   a timeout's "re-run with a higher timeout", send-keys' "Sent N bytes to session S.") and the tool
   descriptions (OpenClaw's guidance) follow OpenClaw's.
