@@ -26,6 +26,7 @@ from procpilot.errors import InvalidArgument
 __all__ = [
     "HEADER",
     "KEYS",
+    "MAX_HEADER",
     "MAX_VALUE",
     "META_KEY",
     "ChatContext",
@@ -43,7 +44,7 @@ MAX_VALUE = 128
 # user@host); no space, quote, '=' or control character, so the text form reads back unchanged
 # and no writer of it (audit file, console, a refusal's text) has anything to escape.
 _VALUE = re.compile(r"[A-Za-z0-9._:@+#/-]+")
-_MAX_HEADER = len(KEYS) * (len("provider=") + MAX_VALUE + 1)  # both parts at their longest, spaced
+MAX_HEADER = len(KEYS) * (len("provider=") + MAX_VALUE + 1)  # both parts at their longest, spaced
 
 _current: ContextVar[ChatContext | None] = ContextVar("procpilot_chat_context", default=None)
 
@@ -122,8 +123,8 @@ def from_header(values: list[str]) -> ChatContext | None:
     if len(values) > 1:
         raise _refuse("the header is sent more than once", _HEADER_FORM)
     text = values[0]
-    if len(text) > _MAX_HEADER:  # before any splitting: the bound is on what is read at all
-        raise _refuse(f"the header is {len(text)} characters long, at most {_MAX_HEADER}", _HEADER_FORM)
+    if len(text) > MAX_HEADER:  # before any splitting: the bound is on what is read at all
+        raise _refuse(f"the header is {len(text)} characters long, at most {MAX_HEADER}", _HEADER_FORM)
     pairs: list[tuple[str, object]] = []
     for item in text.split():
         key, equals, value = item.partition("=")

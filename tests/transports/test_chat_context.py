@@ -163,3 +163,11 @@ def test_stdio_answers_no_call_telling_a_chat_without_reading_it(tmp_path: Path)
         client.server.stdin.close()
         assert client.server.wait(timeout=30) == 0
         client.server.stdout.close()
+
+
+def test_the_openapi_document_names_the_header(served: Served) -> None:
+    with served.http() as http:
+        document = http.get("/openapi.json").json()
+    parameters = document["paths"]["/v1/tools/exec"]["post"]["parameters"]
+    header = next(p for p in parameters if p["in"] == "header")
+    assert (header["name"], header["schema"]["maxLength"]) == ("X-Procpilot-Context", 276)

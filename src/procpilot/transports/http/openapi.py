@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from procpilot import chat_context
 from procpilot.contract import ToolSpec
 from procpilot.transports.http.common import ERROR_STATUSES
 
@@ -123,6 +124,18 @@ _AGENT_PARAMETER = {
     "required": False,
     "description": "Act in this agent's scope: [server] operators only (others: 403 OperatorForbidden).",
     "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+}
+
+_CONTEXT_PARAMETER = {
+    "name": chat_context.HEADER,
+    "in": "header",
+    "required": False,
+    "description": (
+        "The chat the call comes from, as its caller says: 'provider=NAME session=KEY' (either part, each "
+        f"once, 1-{chat_context.MAX_VALUE} characters of letters, digits and . _ : @ + # / -); recorded "
+        "on the call's audit event. Malformed: 422 InvalidArgument, nothing runs."
+    ),
+    "schema": {"type": "string", "maxLength": chat_context.MAX_HEADER},
 }
 
 # Every route but the tools' own, in the order of the document.
@@ -289,7 +302,7 @@ def _tool_operation(spec: ToolSpec, schema_name: str) -> dict[str, Any]:
         extra={
             "tags": ["tools"],
             "x-procpilot-tier": spec.tier.value,
-            "parameters": [_AGENT_PARAMETER],
+            "parameters": [_AGENT_PARAMETER, _CONTEXT_PARAMETER],
             "requestBody": {
                 "required": False,
                 "description": "The tool's arguments (an empty body is {}).",
