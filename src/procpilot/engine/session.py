@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from procpilot.engine import children
 from procpilot.engine.capture import LineSlice, ReadResult, SessionOutput, Stream
 from procpilot.engine.keys import TerminalModes
 from procpilot.engine.limits import LimitBackend, LimitReport
@@ -731,6 +732,7 @@ class Session:
             pid, status, rusage = spawned.pid, 0, None
         if pid == 0:
             return False
+        children.release(spawned.pid)
         self.run.leader_reaped = True
         if spawned.pidfd is not None:
             self._loop.remove_reader(spawned.pidfd)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from procpilot.engine import children
 from procpilot.engine.isolation import Isolation, isolation_prefix
 from procpilot.engine.limits import Limits
 from procpilot.engine.precheck import check_command, check_size, check_timeout
@@ -428,7 +429,7 @@ def _spawn_once(
             parent_fds += [r_out, r_err]
             stdout, stderr = w_out, w_err
             stdout_fd, stderr_fd = r_out, r_err
-        popen = subprocess.Popen(
+        popen = children.popen(
             shell_argv(spec.command, prelude, prefix),
             stdin=stdin,
             stdout=stdout,

@@ -31,6 +31,7 @@ from procpilot.config import EngineSettings, Settings, load_settings
 from procpilot.engine import descriptors
 from procpilot.engine.adoption import Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
+from procpilot.engine.children import reap_orphans
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.fairness import AgentGroups, probe_fairness
@@ -65,7 +66,6 @@ from procpilot.engine.trees import (
     TreeBackend,
     instance_name,
     probe_trees,
-    reap_orphans,
 )
 from procpilot.engine.usage import UsageTracker
 from procpilot.engine.warm import WarmPool, WarmShell, WarmShellGone, favordynmods
@@ -604,7 +604,7 @@ class Supervisor:
         finally:
             if self._warm is not None:
                 self._warm.close()
-            reap_orphans(set())
+            reap_orphans()
             self._tree_backend.close()
             self._limit_backend.close()
             self._groups.close()
@@ -655,7 +655,7 @@ class Supervisor:
         ttl_check = 0.0
         while True:
             await asyncio.sleep(_REAP_INTERVAL)
-            reap_orphans({s.pid for s in self._sessions.values() if s.pid and not s.finished})
+            reap_orphans()
             now = time.monotonic()
             if now - ttl_check > 30:
                 ttl_check = now
@@ -1557,7 +1557,7 @@ class LocalLauncher:
                         record.unlink()
         if session.left_orphans:
             # Orphans the tree left with us (we are their subreaper) are zombies now: reap them.
-            reap_orphans({s.pid for s in sup._sessions.values() if s.pid and not s.finished})
+            reap_orphans()
 
     def forgotten(self, session: Session) -> None:
         """Its files went with the supervisor's record of it: nothing else keeps it here."""

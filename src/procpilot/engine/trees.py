@@ -45,7 +45,6 @@ __all__ = [
     "kill_cgroup_v1",
     "kill_cgroup_v2",
     "probe_trees",
-    "reap_orphans",
     "reap_stale_instances",
     "release_instance",
     "rmdir_when_empty",
@@ -586,36 +585,6 @@ def probe_trees(prefer: str = "auto", name: str | None = None) -> TreeBackend:
             except OSError:
                 pass
     return ScanTrees()
-
-
-def reap_orphans(leaders: set[int]) -> list[int]:
-    """Reap adopted children that are not session leaders (their parents died, we are subreaper)."""
-    reaped: list[int] = []
-    for pid in _children_of_self():
-        if pid in leaders:
-            continue
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            continue
-        if done:
-            reaped.append(pid)
-    return reaped
-
-
-def _children_of_self() -> set[int]:
-    pids: set[int] = set()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return pids
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except OSError:
-            continue
-    return pids
 
 
 def _read_syscall_nr() -> int:

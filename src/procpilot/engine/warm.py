@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from procpilot.engine import descriptors
+from procpilot.engine import children, descriptors
 from procpilot.engine.fairness import AgentGroups
 from procpilot.engine.isolation import isolation_prefix
 
@@ -131,7 +131,10 @@ class WarmShell:
 
     def alive(self) -> bool:
         """Still waiting for its command (reaped here if it died: someone killed it)."""
-        return self.popen.poll() is None
+        if self.popen.poll() is None:
+            return True
+        children.release(self.pid)
+        return False
 
     def launch(self, spec: SpawnSpec, env: Mapping[str, str], prelude: Sequence[str], cwd: str | None) -> Spawned:
         """Hand the shell its command: ``cwd`` is the working directory as the workspace check
@@ -385,7 +388,7 @@ class WarmPool:
             env = self._make_env(session_id)
             exit_trap = self._exit_trap(session_id) if self._exit_trap is not None else None
             trap = "" if exit_trap is None else f'[ "${{__pp_x-}}" = 1 ] || {exit_trap}'
-            popen = subprocess.Popen(
+            popen = children.popen(
                 ["/bin/sh", "-c", _SCRIPT.format(join=join, trap=trap)],
                 stdin=child[0],
                 stdout=child[1],
@@ -423,6 +426,7 @@ class WarmPool:
         if shell.popen.poll() is None:
             shell.popen.kill()  # our unreaped child: its pid is still its own
             shell.popen.wait()  # at once: SIGKILL cannot be caught
+        children.release(shell.pid)
         shell.close_fds()
         if not keep_cgroup:
             self._trees.release(shell.session_id)
