@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from procpilot.config import Settings
+from procpilot.engine import cgroup_janitor
 from procpilot.engine.fairness import AgentGroups, group_name
 from procpilot.engine.limits import Limits, WatchdogLimits, probe_limits
 from procpilot.engine.spawn import SpawnSpec
@@ -118,8 +119,10 @@ async def test_an_agents_group_goes_with_its_last_session(cold: Supervisor) -> N
     second = await cold.run(SpawnSpec("true", limits=Limits(cpu_fraction=0.5)), scope=A, yield_ms=None)
     assert second.finished and group.is_dir()  # the first still runs there
     await cold.kill(A, first.id, wait=None)
+    assert cgroup_janitor.wait_idle(10)  # removed off the loop, after its sessions' directories
     assert not group.exists()
     again = await cold.run(SpawnSpec("true"), scope=A, yield_ms=None)  # made again when needed
+    assert cgroup_janitor.wait_idle(10)
     assert again.finished and not group.exists()
 
 

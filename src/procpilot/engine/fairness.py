@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from procpilot.engine.cgroup_janitor import keep, remove_later
 from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
 from procpilot.engine.trees import CgroupTrees, TreeBackend, rmdir_when_empty
 
@@ -92,6 +93,7 @@ class AgentGroups:
         group = group_name(agent)
         path = self.base / group
         if group not in self._members:
+            keep(path)  # its removal, if its last session just left, is called off
             self._make(path)
             self._members[group] = set()
         self._members[group].add(session_id)
@@ -126,7 +128,8 @@ class AgentGroups:
         members.discard(session_id)
         if not members and self.base is not None:
             del self._members[group]
-            rmdir_when_empty(self.base / group)
+            # After its last session's own directories, which that session's end queued first.
+            remove_later(self.base / group)
 
     def close(self) -> None:
         """Remove every group left (the supervisor's trees are gone)."""

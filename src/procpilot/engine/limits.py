@@ -19,11 +19,11 @@ it execs the user's command (never a ``preexec_fn``), and removed when the sessi
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from procpilot.engine.cgroup_janitor import remove_later, remove_now
 from procpilot.engine.trees import (
     enable_controllers,
     hold_instance,
@@ -82,8 +82,9 @@ class LimitBackend(Protocol):
     def report(self, session_id: str) -> LimitReport:
         """OOM kills and peak memory so far."""
 
-    def release(self, session_id: str) -> None:
-        """Remove what ``prepare`` created (the tree must be gone)."""
+    def release(self, session_id: str, *, later: bool = False) -> None:
+        """Remove what ``prepare`` created (the tree must be gone). ``later``: its id will not be
+        used again, so its directories may go on the cgroup janitor's thread."""
 
     def close(self) -> None: ...
 
@@ -93,14 +94,7 @@ def _write(path: Path, value: str) -> None:
 
 
 def _rmdir(path: Path) -> None:
-    for _ in range(50):
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.002)  # the kernel lags a moment behind the last exit in the group
+    remove_now(path)
 
 
 def _rmdir_tree(path: Path) -> None:
@@ -172,11 +166,11 @@ class CgroupV1Limits:
             peak = int((d / "memory.max_usage_in_bytes").read_text())
         return LimitReport(oom, peak, "memory" if oom else None)
 
-    def release(self, session_id: str) -> None:
+    def release(self, session_id: str, *, later: bool = False) -> None:
         for controller in self.roots:
             d = self._dir(controller, session_id)
             if d.exists():
-                _rmdir(d)
+                (remove_later if later else _rmdir)(d)
         self._cpu_groups.pop(session_id, None)
 
     def detach(self) -> None:
@@ -240,12 +234,12 @@ class CgroupV2Limits:
             peak = int((d / "memory.peak").read_text())
         return LimitReport(oom, peak, "memory" if oom else None)
 
-    def release(self, session_id: str) -> None:
+    def release(self, session_id: str, *, later: bool = False) -> None:
         d = self._dir(session_id)
         if d.exists():
             with contextlib.suppress(OSError):
                 _write(d / "cgroup.kill", "1")
-            _rmdir(d)
+            (remove_later if later else _rmdir)(d)
         self._groups.pop(session_id, None)
 
     def detach(self) -> None:
@@ -344,7 +338,7 @@ class WatchdogLimits:
         limit = self.exceeded.get(session_id)
         return LimitReport(limit is not None, self.peaks.get(session_id), limit)
 
-    def release(self, session_id: str) -> None:
+    def release(self, session_id: str, *, later: bool = False) -> None:
         self.peaks.pop(session_id, None)
         self.exceeded.pop(session_id, None)
         self._cpu.pop(session_id, None)

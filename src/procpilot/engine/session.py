@@ -794,9 +794,13 @@ class Session:
         account = self.accounting
         if account.limit_backend is not None:
             account.limit_report = account.limit_backend.report(self.id)
-            account.limit_backend.release(self.id)
         oom = account.limit_report is not None and account.limit_report.oom_killed
-        if self._requested_end is None and not oom and self._restart_due():
+        restarting = self._requested_end is None and not oom and self._restart_due()
+        if account.limit_backend is not None:
+            # A last run's directories go off the loop (engine/cgroup_janitor.py); the next run
+            # of a restarting session makes them anew under the same names: those go now.
+            account.limit_backend.release(self.id, later=not restarting)
+        if restarting:
             self._schedule_restart()
             return
         if self._requested_end is not None:
@@ -815,7 +819,7 @@ class Session:
         self.ended_at = time.time()
         self._set_state(end)
         self.output.mark_closed()
-        self._trees.release(self.id)
+        self._trees.release(self.id, later=True)
         self._finished.set()
         self._on_finish(self)
 

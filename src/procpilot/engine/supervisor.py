@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 import regex
 
 from procpilot.config import EngineSettings, Settings, load_settings
-from procpilot.engine import descriptors
+from procpilot.engine import cgroup_janitor, descriptors
 from procpilot.engine.adoption import Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
 from procpilot.engine.children import reap_orphans
@@ -605,6 +605,9 @@ class Supervisor:
             if self._warm is not None:
                 self._warm.close()
             reap_orphans()
+            # Its sessions' directories still queued for removal go first (it is closing: the
+            # loop may wait), then what holds them.
+            cgroup_janitor.wait_idle(5.0)
             self._tree_backend.close()
             self._limit_backend.close()
             self._groups.close()

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from procpilot.engine.cgroup_janitor import remove_later, remove_now
 from procpilot.engine.procfs import read_small, stat_fields
 
 __all__ = [
@@ -74,8 +75,9 @@ class TreeBackend(Protocol):
         stranger and must never be signalled directly.
         """
 
-    def release(self, session_id: str) -> None:
-        """Forget the session (its tree must be empty)."""
+    def release(self, session_id: str, *, later: bool = False) -> None:
+        """Forget the session (its tree must be empty). ``later``: its id will not be used again,
+        so its directory may go on the cgroup janitor's thread (engine/cgroup_janitor.py)."""
 
     def close(self) -> None:
         """Forget everything this backend created."""
@@ -195,7 +197,7 @@ class ScanTrees:
                 reached += 1
         return reached + _signal_pids(self.pids(session_id, leader), sig)
 
-    def release(self, session_id: str) -> None:
+    def release(self, session_id: str, *, later: bool = False) -> None:
         return None
 
     def close(self) -> None:
@@ -281,10 +283,10 @@ class CgroupTrees:
         # (The leader may not have joined yet either: killed before its first instruction.)
         return _signal_pids(first, sig) + _signal_pids(members - set(first), sig)
 
-    def release(self, session_id: str) -> None:
+    def release(self, session_id: str, *, later: bool = False) -> None:
         for path in (self._dir(session_id), self._moved.pop(session_id, None)):
             if path is not None:
-                rmdir_when_empty(path)
+                (remove_later if later else rmdir_when_empty)(path)
         self._paths.pop(session_id, None)
 
     def detach(self) -> None:
@@ -306,15 +308,7 @@ class CgroupTrees:
 
 def rmdir_when_empty(path: str | os.PathLike[str]) -> None:
     """Remove a cgroup directory whose last process has just exited (gone already: done)."""
-    for _ in range(50):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            # Busy: the kernel lags a moment behind the last exit in the group.
-            time.sleep(0.002)
+    remove_now(path)
 
 
 def own_unified_cgroup() -> Path | None:
