@@ -91,6 +91,13 @@ class ExitWatcher:
             if on_exit is None:
                 break  # a zombie not watched here stands first: ask each of ours
             self._call(on_exit)
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Ask each watched pid directly (``waitid(P_PID)``, ~1 µs each). A pass after SIGCHLD
+        does it only past a zombie nobody watches here; the supervisor's housekeeping does it
+        every few seconds too: a leader that other code in the process reaped (an ``os.wait()``
+        of a library) sends no second signal, and its session must still end."""
         for pid in list(self._watched):
             try:
                 found = os.waitid(os.P_PID, pid, _WAIT)

@@ -50,6 +50,7 @@ from procpilot.engine.limits import (
     probe_limits,
 )
 from procpilot.engine.output_parking import OutputParking
+from procpilot.engine.reaper import ExitWatcher
 from procpilot.engine.records import SessionRecord
 from procpilot.engine.scopes import agent_of
 from procpilot.engine.session import ExitInfo, Session
@@ -659,6 +660,8 @@ class Supervisor:
         while True:
             await asyncio.sleep(_REAP_INTERVAL)
             reap_orphans()
+            if (watcher := ExitWatcher.of(asyncio.get_running_loop())) is not None:
+                watcher.sweep()
             now = time.monotonic()
             if now - ttl_check > 30:
                 ttl_check = now
