@@ -66,3 +66,24 @@ def test_a_directory_kept_again_is_not_removed(tmp_path: Path) -> None:
     assert cgroup_janitor.wait_idle(10)
     assert group.is_dir()
     assert not blocker.exists()
+
+
+def test_a_group_queued_again_after_a_keep_goes_after_what_was_queued_in_between(tmp_path: Path) -> None:
+    """An agent's group: queued as its last session ended, kept as a new one joined, queued
+    again when that one ended, after the new session's own directory (inside it). The first
+    request must not act (the group is not empty then, and the second would be skipped): both
+    directories are gone at the end."""
+    blocker = tmp_path / "blocker"
+    (blocker / "inside").mkdir(parents=True)
+    group = tmp_path / "group"
+    session = group / "session"
+    session.mkdir(parents=True)
+    cgroup_janitor.remove_later(blocker)  # holds the janitor while the rest is queued
+    cgroup_janitor.remove_later(group)
+    cgroup_janitor.keep(group)
+    cgroup_janitor.remove_later(session)
+    cgroup_janitor.remove_later(group)
+    (blocker / "inside").rmdir()
+    assert cgroup_janitor.wait_idle(10)
+    assert not session.exists()
+    assert not group.exists()

@@ -17,6 +17,7 @@ still queued (the janitor then finds it gone).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import threading
@@ -28,18 +29,21 @@ _BOUND = 10_000  # directories waiting at most; past it the caller removes its o
 _TRIES = 50
 _PAUSE = 0.002  # seconds between tries: the kernel lags a moment behind the last exit in the group
 
-_queue: queue.Queue[str] = queue.Queue(maxsize=_BOUND)
+_queue: queue.Queue[tuple[str, int]] = queue.Queue(maxsize=_BOUND)
 _start_lock = threading.Lock()
 _threads: list[threading.Thread] = []
 
 
 class _Removals:
-    """What is queued and not cancelled, and what the thread is removing now."""
+    """What is queued and not called off, and what the thread is removing now. Each request is
+    numbered: only a path's newest counts (one queued before a ``keep`` and queued again after
+    it would otherwise go first, before the directories queued in between)."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
-        self.pending: set[str] = set()
+        self.pending: dict[str, int] = {}  # path: the number of its newest request
         self.removing: str | None = None
+        self.numbers = itertools.count()
 
 
 _removals = _Removals()
@@ -63,12 +67,13 @@ def remove_later(path: str | os.PathLike[str]) -> None:
     was queued before it: a session's directory before its agent's group)."""
     name = os.fspath(path)
     with _removals.changed:
-        _removals.pending.add(name)
+        number = _removals.pending[name] = next(_removals.numbers)
     try:
-        _queue.put_nowait(name)
+        _queue.put_nowait((name, number))
     except queue.Full:
         with _removals.changed:
-            _removals.pending.discard(name)
+            if _removals.pending.get(name) == number:
+                del _removals.pending[name]
         remove_now(name)  # back-pressure: this caller pays, as every caller did before
         return
     if not _threads:
@@ -84,7 +89,7 @@ def keep(path: str | os.PathLike[str]) -> None:
     it is cancelled, and one under way is waited for (the caller then makes it anew)."""
     name = os.fspath(path)
     with _removals.changed:
-        _removals.pending.discard(name)
+        _removals.pending.pop(name, None)
         while _removals.removing == name:
             _removals.changed.wait()
 
@@ -101,12 +106,12 @@ def wait_idle(timeout: float) -> bool:
 
 def _work() -> None:
     while True:
-        path = _queue.get()
+        path, number = _queue.get()
         try:
             with _removals.changed:
-                if path not in _removals.pending:
-                    continue  # kept meanwhile
-                _removals.pending.discard(path)
+                if _removals.pending.get(path) != number:
+                    continue  # kept meanwhile, or asked again since (that request does it)
+                del _removals.pending[path]
                 _removals.removing = path
             try:
                 with contextlib.suppress(OSError):
