@@ -89,6 +89,8 @@ async def read_budgeted(session: Session, stream: Stream, start: int, start_line
     the lines it stands for."""
     view = session.output[stream]
     end, end_line = view.size, view.lines  # read together: no await between them
+    if end == start:  # nothing to show (most short commands print nothing): no read at all
+        return Shown("", 0, 0, 0, end, end_line, 0, 0)
     window = limit * WINDOW_FACTOR
     # The marker counts against the budget; a budget too small to hold it keeps the tail only.
     reserve = len(cut_marker(_BIG, _BIG, log_call(session.id, stream, _BIG, _BIG))) + 2

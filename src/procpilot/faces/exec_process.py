@@ -312,6 +312,8 @@ class ExecProcessFace:
         """What a result shows of the output from ``start`` on: head and tail within ``limit``
         characters (faces/budget.py), and a line for binary output it cannot show."""
         shown = await read_budgeted(session, stream, start, start_line, limit)
+        if not shown.binary:  # the common case: no note, so no listing of the log's files for one
+            return shown
         note = binary_note(shown.binary, shown.read_bytes, self._where(session))
         if note is None:
             return shown
