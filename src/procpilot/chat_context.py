@@ -34,6 +34,7 @@ __all__ = [
     "current",
     "from_header",
     "from_meta",
+    "header_value",
 ]
 
 HEADER = "X-Procpilot-Context"
@@ -144,3 +145,9 @@ def from_meta(meta: Mapping[str, object] | None) -> ChatContext | None:
     if len(value) > len(KEYS):  # the bound comes before reading each entry
         raise _refuse(f"it has {len(value)} entries, at most {len(KEYS)}", _META_FORM)
     return _context([(str(key), item) for key, item in value.items()], _META_FORM)
+
+
+def header_value(parts: Mapping[str, object]) -> str:
+    """The ``X-Procpilot-Context`` value for ``parts`` (``{"provider": ..., "session": ...}``),
+    checked as the daemon checks it: a client refuses what the daemon would, before sending."""
+    return _context([(str(key), value) for key, value in parts.items()], _HEADER_FORM).text()

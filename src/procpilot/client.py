@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx2
 
+from procpilot import chat_context
 from procpilot.aio import cancel_and_wait
 from procpilot.errors import (
     DaemonConnectionLost,
@@ -170,9 +171,12 @@ def _split(url: str) -> tuple[str, str | None]:
     return url, None
 
 
-def _headers(token: str | None) -> dict[str, str]:
+def _headers(token: str | None, chat: Mapping[str, str] | None = None) -> dict[str, str]:
     token = token if token is not None else os.environ.get("PROCPILOT_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if chat is not None:  # the chat every call of this client comes from (procpilot/chat_context.py)
+        headers[chat_context.HEADER] = chat_context.header_value(chat)
+    return headers
 
 
 def _not_running(url: str, exc: Exception) -> DaemonNotRunning:
@@ -207,13 +211,25 @@ def _not_utf8(exc: UnicodeEncodeError) -> InvalidArgument:
 
 
 class Client:
-    """The daemon's tools over REST, blocking. Use as a context manager, or call ``close()``."""
+    """The daemon's tools over REST, blocking. Use as a context manager, or call ``close()``.
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: Any = _TIMEOUT) -> None:
+    ``chat``: the chat every call comes from, for a gateway that runs agents for chats
+    (``{"provider": "telegram", "session": "agent:main:main"}``): recorded on each call's audit
+    event, named by the openclaw profile's elevated refusal; checked here as the daemon checks it."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: Any = _TIMEOUT,
+        chat: Mapping[str, str] | None = None,
+    ) -> None:
+        headers = _headers(token, chat)
         self.url = resolve_url(url)
         base, uds = _split(self.url)
         transport = httpx2.HTTPTransport(uds=uds) if uds else httpx2.HTTPTransport(socket_options=_NODELAY)
-        self._http = httpx2.Client(base_url=base, headers=_headers(token), timeout=timeout, transport=transport)
+        self._http = httpx2.Client(base_url=base, headers=headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> Client:
         return self
@@ -303,12 +319,20 @@ class Client:
 class AsyncClient:
     """The same as :class:`Client`, for asyncio code."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: Any = _TIMEOUT) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: Any = _TIMEOUT,
+        chat: Mapping[str, str] | None = None,
+    ) -> None:
+        headers = _headers(token, chat)
         self.url = resolve_url(url)
         self._token = token
         base, uds = _split(self.url)
         transport = httpx2.AsyncHTTPTransport(uds=uds) if uds else httpx2.AsyncHTTPTransport(socket_options=_NODELAY)
-        self._http = httpx2.AsyncClient(base_url=base, headers=_headers(token), timeout=timeout, transport=transport)
+        self._http = httpx2.AsyncClient(base_url=base, headers=headers, timeout=timeout, transport=transport)
 
     async def __aenter__(self) -> AsyncClient:
         return self

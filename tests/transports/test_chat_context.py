@@ -14,7 +14,7 @@ import httpx2
 import pytest
 
 from procpilot.transports.mcp_results import MODERN
-from tests.daemon import PROCPILOT, JsonLines, Served, cli_env, start_daemon
+from tests.daemon import PROCPILOT, TOKEN_A, JsonLines, Served, cli_env, start_daemon
 
 CHAT = "provider=telegram session=agent:main:main"
 REFUSAL = (
@@ -171,3 +171,20 @@ def test_the_openapi_document_names_the_header(served: Served) -> None:
     parameters = document["paths"]["/v1/tools/exec"]["post"]["parameters"]
     header = next(p for p in parameters if p["in"] == "header")
     assert (header["name"], header["schema"]["maxLength"]) == ("X-Procpilot-Context", 276)
+
+
+def test_the_python_client_tells_its_chat_on_every_call(served: Served) -> None:
+    """`Client(chat=...)`: a gateway holding one client per chat has each call recorded with it;
+    a malformed chat is refused by the client itself, as the daemon would refuse it, before any
+    request."""
+    from procpilot import Client, InvalidArgument
+
+    chat = {"provider": "slack", "session": "agent:main:slack:c42"}
+    with Client(served.url, TOKEN_A, chat=chat) as client:
+        assert client.exec("echo from-the-client").data["exitCode"] == 0
+    events = {e["summary"]: e for e in _audit(served) if e["tool"] == "exec"}
+    assert events["exec: echo from-the-client"]["chat"] == chat
+    with pytest.raises(InvalidArgument) as refused:
+        Client(served.url, TOKEN_A, chat={"provider": "bad value"})
+    assert refused.value.details["field"] == "X-Procpilot-Context"
+    assert "fix_context" in refused.value.hints
