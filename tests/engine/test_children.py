@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from procpilot.config import load_settings
 from procpilot.engine.children import claimed, reap_orphans
+from procpilot.engine.reaper import ExitWatcher
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -61,3 +63,21 @@ def test_an_orphan_in_a_session_of_its_own_is_reaped() -> None:
     assert reap_orphans() == [child.pid]
     child.returncode = 0  # reaped above: its Popen must not wait for it
     assert not os.path.exists(f"/proc/{child.pid}")
+
+
+async def test_a_leader_another_waiter_reaped_ends_lost_not_exited_0(supervisor: Supervisor) -> None:
+    """Other code in the process took the leader's status (an `os.waitpid` of its own): the
+    session still ends (the housekeeping's sweep finds the leader gone), and says its status is
+    unknown rather than reporting exit 0."""
+    session = await supervisor.spawn(SpawnSpec("exit 3"), scope="b")
+    deadline = time.monotonic() + 10
+    while not _zombie(session.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)  # blocking on purpose: the loop must not run the exit watcher meanwhile
+    os.waitpid(session.pid, 0)  # the other waiter
+    watcher = ExitWatcher.of(asyncio.get_running_loop())
+    assert watcher is not None
+    watcher.sweep()  # what the housekeeping does every 2 s
+    assert await session.wait_finished(10)
+    assert session.state is SessionState.LOST
+    assert session.exit_code is None and session.exit_signal is None
+    assert session.error is not None and "exit status is unknown" in session.error

@@ -726,10 +726,13 @@ class Session:
         spawned = self.run.spawned
         if spawned is None or self.run.leader_reaped:
             return True
+        status: int | None
         try:
             pid, status, rusage = os.wait4(spawned.pid, os.WNOHANG)
         except ChildProcessError:
-            pid, status, rusage = spawned.pid, 0, None
+            # Reaped by other code in this process (an os.wait() of a library): its status went
+            # with it. Said as unknown (the session ends LOST), never made up as 0.
+            pid, status, rusage = spawned.pid, None, None
         if pid == 0:
             return False
         children.release(spawned.pid)
@@ -738,10 +741,14 @@ class Session:
             self._loop.remove_reader(spawned.pidfd)
             os.close(spawned.pidfd)
             spawned.pidfd = None
-        code = os.waitstatus_to_exitcode(status)
+        code = os.waitstatus_to_exitcode(status) if status is not None else None
         if spawned.popen is not None:
-            spawned.popen.returncode = code  # keeps Popen.__del__ from waiting on a pid we reaped
-        if code < 0:
+            # Keeps Popen.__del__ from waiting on a pid that is no longer its own.
+            spawned.popen.returncode = code if code is not None else 0
+        if code is None:
+            if self._requested_end is None:
+                self.error = self.error or "its exit status is unknown (another waiter in this process took it)"
+        elif code < 0:
             self.exit_signal = signal_name(-code)
         else:
             self.exit_code = code
@@ -809,7 +816,8 @@ class Session:
             # Even if the shell outlived its OOM-killed child and exited 0 (`hog; echo done`), and
             # even when an adopted session's shell died with it and recorded nothing (before LOST).
             end = SessionState.LIMIT_EXCEEDED
-        elif self.custody.adopted and self.exit_code is None and self.exit_signal is None:
+        elif self.exit_code is None and self.exit_signal is None:
+            # An adopted run that recorded nothing, or a leader another waiter reaped: no status.
             end = SessionState.LOST
         elif self.exit_code == 0:
             end = SessionState.EXITED_OK
