@@ -133,3 +133,27 @@ def test_non_approvers_are_forbidden(served: Served) -> None:
     with httpx2.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN_C}"}, timeout=30) as c:
         r = c.get("/v1/approvals")
         assert r.status_code == 403 and r.json()["error"] == "ApprovalForbidden" and r.json()["message"]
+
+
+async def test_a_held_call_names_its_chat_to_the_approver_and_on_every_event(served: Served) -> None:
+    """A gateway's call that says which chat it comes from (X-Procpilot-Context): the approver
+    sees that chat on the held request, and the request's events, decided ones too (published in
+    the approver's request, not the caller's), carry it."""
+    chat = {"provider": "telegram", "session": "agent:main:main"}
+    headers = {"X-Procpilot-Context": "provider=telegram session=agent:main:main"}
+    async with served.ahttp(TOKEN_C) as c_http, c_http.stream("GET", "/v1/events") as events:
+        lines = events.aiter_lines()
+        call = asyncio.ensure_future(
+            c_http.post("/v1/tools/exec", json={"command": "echo from-a-chat"}, headers=headers)
+        )
+        held = await _pending(served, TOKEN_A, "agent-c")
+        assert held["chat"] == chat
+        async with served.ahttp(TOKEN_A) as a_http:
+            denied = await a_http.post(f"/v1/approvals/{held['id']}", json={"decision": "deny"})
+            assert denied.status_code == 200, denied.text
+        assert (await asyncio.wait_for(call, 30)).json()["error"] == "ApprovalDenied"
+        seen: list[dict[str, Any]] = []
+        await _sse_until(lines, lambda e: e.get("outcome") == "denied", seen)
+        mine = [e for e in seen if e.get("requestId") == held["id"]]
+        assert {e["outcome"] for e in mine} == {"awaiting_approval", "denied"}
+        assert all(e["chat"] == chat for e in mine)

@@ -59,6 +59,9 @@ class ApprovalRequest:
     status: Literal["awaiting_approval", "approved", "denied", "expired"] = "awaiting_approval"
     decided_by: str | None = None
     reason: str | None = None
+    # The chat the held call came from, as its caller said (procpilot/chat_context.py): the
+    # approver sees it, and every event of the request carries it, decided ones included.
+    chat: dict[str, str] | None = None
     _decision: asyncio.Future[bool] | None = None
 
     def public(self) -> dict[str, Any]:
@@ -121,6 +124,7 @@ class Gate:
             summary=call_summary(spec.name, arguments),
             arguments=dict(arguments),
             created_at=time.time(),
+            chat=context.parts() if (context := chat_context.current()) is not None else None,
             _decision=asyncio.get_running_loop().create_future(),
         )
         self._pending[request.id] = request
@@ -150,7 +154,14 @@ class Gate:
     def _publish(self, scope: str, tool: str, tier: str, outcome: str, request: ApprovalRequest) -> None:
         self.audit.publish(
             AuditEvent(
-                scope, tool, tier, outcome, request.summary, request_id=request.id, decided_by=request.decided_by
+                scope,
+                tool,
+                tier,
+                outcome,
+                request.summary,
+                request_id=request.id,
+                decided_by=request.decided_by,
+                chat=request.chat,
             )
         )
 
