@@ -477,6 +477,7 @@ def test_an_approval_approved_by_button_lets_the_held_call_run(open_page: Callab
 
     def held_call() -> None:
         with served.http(TOKEN_C) as c:
+            c.headers["X-Procpilot-Context"] = "provider=telegram session=agent:main:main"  # a gateway's chat
             results.append(post(c, "exec", command="echo ran-after-approval", env={"API_KEY": "hunter2-secret"}))
 
     caller = threading.Thread(target=held_call)
@@ -488,6 +489,7 @@ def test_an_approval_approved_by_button_lets_the_held_call_run(open_page: Callab
         row.wait_for()
         assert "agent-c" in row.inner_text() and "ran-after-approval" in row.inner_text()
         assert "API_KEY" in row.inner_text() and "hunter2-secret" not in page.content()  # values hidden
+        assert row.locator("td.chat").inner_text() == "provider=telegram session=agent:main:main"
         shot(page, "approvals")
         assert not results  # still held
         row.get_by_role("button", name="Approve").click()
@@ -502,6 +504,8 @@ def test_an_approval_approved_by_button_lets_the_held_call_run(open_page: Callab
     page.locator("#audit tbody tr").first.wait_for()
     assert "approved" in page.locator("#audit").inner_text()
     assert "agent-c" in page.locator("#audit").inner_text()
+    approved = page.locator("#audit tbody tr", has_text="approved").first
+    assert approved.locator("td.chat").inner_text() == "provider=telegram session=agent:main:main"
     page.get_by_label("Tool").fill("")
     shot(page, "audit")
 

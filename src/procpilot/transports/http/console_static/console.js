@@ -479,13 +479,13 @@ function approvalsView() {
       };
       return el("tr", { class: "approval", "data-id": r.id },
         el("td", {}, r.scope), el("td", {}, r.tool), el("td", {}, el("pre", { class: "args" }, JSON.stringify(r.arguments, null, 2))),
-        el("td", {}, clock(r.created_at)),
+        el("td", {}, clock(r.created_at)), el("td", { class: "chat" }, chatText(r.chat)),
         el("td", {}, el("button", { type: "button", onclick: decide("approve") }, "Approve"), reason,
           el("button", { type: "button", class: "danger", onclick: decide("deny") }, "Deny"), msg));
     });
     box.replaceChildren(
       el("h3", {}, "Waiting"),
-      pending.length ? el("table", { id: "pending" }, el("thead", {}, el("tr", {}, ...["Agent", "Tool", "Arguments", "Asked", ""].map((h) => el("th", {}, h)))), el("tbody", {}, rows))
+      pending.length ? el("table", { id: "pending" }, el("thead", {}, el("tr", {}, ...["Agent", "Tool", "Arguments", "Asked", "Chat", ""].map((h) => el("th", {}, h)))), el("tbody", {}, rows))
         : el("p", { class: "empty" }, "Nothing is waiting for approval."),
       el("h3", {}, "Decided"),
       el("table", { id: "decided" }, el("thead", {}, el("tr", {}, ...["Agent", "Tool", "Summary", "Decision", "By", "Reason"].map((h) => el("th", {}, h)))),
@@ -496,6 +496,9 @@ function approvalsView() {
   render();
 }
 
+// The chat a call came from, as its caller said (X-Procpilot-Context): "provider=… session=…".
+const chatText = (chat) => (chat ? Object.entries(chat).map(([k, v]) => `${k}=${v}`).join(" ") : "");
+
 // -- audit --
 
 function auditView() {
@@ -503,12 +506,13 @@ function auditView() {
   const tool = el("input", { type: "search", placeholder: "tool", "aria-label": "Tool" });
   const tbody = el("tbody");
   main.append(el("h2", {}, "Audit"), el("div", { class: "filters" }, agent, tool),
-    el("table", { id: "audit" }, el("thead", {}, el("tr", {}, ...["Time", "Agent", "Tool", "Tier", "Outcome", "Summary", "By"].map((h) => el("th", {}, h)))), tbody));
+    el("table", { id: "audit" }, el("thead", {}, el("tr", {}, ...["Time", "Agent", "Tool", "Tier", "Outcome", "Summary", "By", "Chat"].map((h) => el("th", {}, h)))), tbody));
   function render() {
     const a = agent.value.trim(), t = tool.value.trim();
     const rows = state.audit.filter((e) => (!a || e.agent === a) && (!t || e.tool.includes(t))).slice(-500).reverse();
     tbody.replaceChildren(...rows.map((e) => el("tr", {}, el("td", {}, clock(e.at)), el("td", {}, e.agent), el("td", {}, e.tool), el("td", {}, e.tier),
-      el("td", {}, e.outcome), el("td", { class: "cmd", title: e.summary }, e.summary), el("td", {}, e.decidedBy ?? ""))));
+      el("td", {}, e.outcome), el("td", { class: "cmd", title: e.summary }, e.summary), el("td", {}, e.decidedBy ?? ""),
+      el("td", { class: "chat" }, chatText(e.chat)))));
   }
   agent.addEventListener("input", render);
   tool.addEventListener("input", render);
