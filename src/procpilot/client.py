@@ -171,11 +171,20 @@ def _split(url: str) -> tuple[str, str | None]:
     return url, None
 
 
+CHAT_ENV = "PROCPILOT_CHAT"
+
+
 def _headers(token: str | None, chat: Mapping[str, str] | None = None) -> dict[str, str]:
     token = token if token is not None else os.environ.get("PROCPILOT_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if chat is not None:  # the chat every call of this client comes from (procpilot/chat_context.py)
+    # The chat every call of this client comes from (procpilot/chat_context.py): given, or in
+    # PROCPILOT_CHAT as the header says it ("provider=telegram session=agent:main:main").
+    if chat is not None:
         headers[chat_context.HEADER] = chat_context.header_value(chat)
+    elif told := os.environ.get(CHAT_ENV):
+        context = chat_context.from_header([told])
+        if context is not None:
+            headers[chat_context.HEADER] = context.text()
     return headers
 
 

@@ -188,3 +188,25 @@ def test_the_python_client_tells_its_chat_on_every_call(served: Served) -> None:
         Client(served.url, TOKEN_A, chat={"provider": "bad value"})
     assert refused.value.details["field"] == "X-Procpilot-Context"
     assert "fix_context" in refused.value.hints
+
+
+def test_the_cli_and_the_client_take_the_chat_from_procpilot_chat(served: Served) -> None:
+    """PROCPILOT_CHAT, beside PROCPILOT_URL and PROCPILOT_TOKEN: a gateway that runs the CLI for a
+    chat says it once in the environment. A malformed one is a typed error, not a traceback, and
+    nothing runs."""
+    env = cli_env(HOME="/nonexistent", PROCPILOT_URL=served.url, PROCPILOT_TOKEN=TOKEN_A)
+    env["PROCPILOT_CHAT"] = "provider=cli session=agent:main:cli"
+    ran = subprocess.run(
+        [PROCPILOT, "run", "echo from-the-cli"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "from-the-cli\n"
+    told = [e for e in _audit(served) if e["summary"].endswith("echo from-the-cli")]
+    assert told and all(e["chat"] == {"provider": "cli", "session": "agent:main:cli"} for e in told)
+    env["PROCPILOT_CHAT"] = "provider=bad value"
+    refused = subprocess.run(
+        [PROCPILOT, "run", "echo never-from-the-cli"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert refused.returncode != 0
+    assert "InvalidArgument" in refused.stderr and "Traceback" not in refused.stderr
+    assert not [e for e in _audit(served) if "never-from-the-cli" in e["summary"]]

@@ -297,7 +297,10 @@ def _fail(exc: ProcpilotError, code: int = 1) -> NoReturn:
 def _client(url: str | None, token: str | None) -> Iterator[Client]:
     from procpilot.client import Client
 
-    client = Client(url, token)
+    try:
+        client = Client(url, token)  # a malformed PROCPILOT_CHAT is refused here, typed
+    except ProcpilotError as exc:
+        _fail(exc)
     try:
         yield client
     except ProcpilotError as exc:
@@ -902,7 +905,10 @@ def doctor(
 
     local = asyncio.run(_probe_capabilities())
     daemon: dict[str, Any] = {}
-    client = Client(url, token)
+    try:
+        client = Client(url, token)
+    except ProcpilotError as exc:
+        _fail(exc)
     try:
         daemon = {"url": client.url, "reachable": True, "capabilities": client.capabilities()}
     except ProcpilotError as exc:
