@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from procpilot.engine.cgroup_janitor import keep, remove_later
+from procpilot.engine.cgroup_janitor import keep, remove_later, remove_now
 from procpilot.engine.limits import CgroupV1Limits, CgroupV2Limits, LimitBackend
-from procpilot.engine.trees import CgroupTrees, TreeBackend, rmdir_when_empty
+from procpilot.engine.trees import CgroupTrees, TreeBackend
 
 __all__ = ["AgentGroups", "Placement", "group_name", "probe_fairness"]
 
@@ -135,7 +135,7 @@ class AgentGroups:
         """Remove every group left (the supervisor's trees are gone)."""
         for group in list(self._members):
             if self.base is not None:
-                rmdir_when_empty(self.base / group)
+                remove_now(self.base / group)
         self._members.clear()
         self._group_of.clear()
 

@@ -93,17 +93,13 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
-def _rmdir(path: Path) -> None:
-    remove_now(path)
-
-
 def _rmdir_tree(path: Path) -> None:
     """rmdir ``path`` and the cgroups below it (an agent's group, its sessions'), deepest first."""
     with contextlib.suppress(OSError):
         for child in path.iterdir():
             if child.is_dir():
                 _rmdir_tree(child)
-    _rmdir(path)
+    remove_now(path)
 
 
 def _join_line(procs_files: list[Path]) -> str:
@@ -170,7 +166,7 @@ class CgroupV1Limits:
         for controller in self.roots:
             d = self._dir(controller, session_id)
             if d.exists():
-                (remove_later if later else _rmdir)(d)
+                (remove_later if later else remove_now)(d)
         self._cpu_groups.pop(session_id, None)
 
     def detach(self) -> None:
@@ -239,7 +235,7 @@ class CgroupV2Limits:
         if d.exists():
             with contextlib.suppress(OSError):
                 _write(d / "cgroup.kill", "1")
-            (remove_later if later else _rmdir)(d)
+            (remove_later if later else remove_now)(d)
         self._groups.pop(session_id, None)
 
     def detach(self) -> None:
@@ -388,7 +384,7 @@ def _try_v1(name: str) -> CgroupV1Limits | str:
         probe = roots["memory"] / "probe"
         probe.mkdir(exist_ok=True)
         (probe / "memory.limit_in_bytes").write_text(str(1 << 30))
-        _rmdir(probe)
+        remove_now(probe)
     except OSError as exc:
         for root in roots.values():
             with contextlib.suppress(OSError):

@@ -48,7 +48,6 @@ __all__ = [
     "probe_trees",
     "reap_stale_instances",
     "release_instance",
-    "rmdir_when_empty",
 ]
 
 MARKER_ENV = "PROCPILOT_SESSION"
@@ -286,7 +285,7 @@ class CgroupTrees:
     def release(self, session_id: str, *, later: bool = False) -> None:
         for path in (self._dir(session_id), self._moved.pop(session_id, None)):
             if path is not None:
-                (remove_later if later else rmdir_when_empty)(path)
+                (remove_later if later else remove_now)(path)
         self._paths.pop(session_id, None)
 
     def detach(self) -> None:
@@ -304,11 +303,6 @@ class CgroupTrees:
         self._moved.clear()
         release_instance(self._hold)
         self._hold = None
-
-
-def rmdir_when_empty(path: str | os.PathLike[str]) -> None:
-    """Remove a cgroup directory whose last process has just exited (gone already: done)."""
-    remove_now(path)
 
 
 def own_unified_cgroup() -> Path | None:
