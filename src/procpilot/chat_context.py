@@ -32,6 +32,7 @@ __all__ = [
     "ChatContext",
     "calling_from",
     "current",
+    "current_parts",
     "from_header",
     "from_meta",
     "header_value",
@@ -69,6 +70,12 @@ class ChatContext:
 def current() -> ChatContext | None:
     """The chat the call being served comes from; None when its caller said nothing."""
     return _current.get()
+
+
+def current_parts() -> dict[str, str] | None:
+    """:func:`current` as an audit event keeps it (its known parts), or None."""
+    context = _current.get()
+    return None if context is None else context.parts()
 
 
 @contextlib.contextmanager

@@ -124,7 +124,7 @@ class Gate:
             summary=call_summary(spec.name, arguments),
             arguments=dict(arguments),
             created_at=time.time(),
-            chat=context.parts() if (context := chat_context.current()) is not None else None,
+            chat=chat_context.current_parts(),
             _decision=asyncio.get_running_loop().create_future(),
         )
         self._pending[request.id] = request
@@ -182,7 +182,7 @@ class Gate:
             tier = self.tier_for(agent, spec)
             summary = call_summary(spec.name, arguments)
             # Which chat asked, as the transport was told (the caller's word, recorded, not trusted).
-            chat = context.parts() if (context := chat_context.current()) is not None else None
+            chat = chat_context.current_parts()
             if tier is PermissionTier.BLOCKED:
                 self.audit.publish(AuditEvent(agent, spec.name, tier.value, "blocked", summary, chat=chat))
                 raise PermissionDenied(f"{spec.name} is blocked for agent {agent!r}", tool=spec.name)

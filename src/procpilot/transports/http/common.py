@@ -84,6 +84,12 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def header_values(scope: Scope, name: bytes) -> list[str]:
+    """Every value of the header ``name``, where :func:`header` gives the first: a header that
+    may be sent only once is seen repeated."""
+    return [bytes(value).decode("latin-1") for key, value in scope.get("headers", ()) if key == name]
+
+
 def request_agent() -> str:
     """The agent of the request being served (set by the auth middleware)."""
     agent = current_agent.get()

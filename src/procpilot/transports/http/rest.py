@@ -30,6 +30,7 @@ from procpilot.transports.http.common import (
     HEARTBEAT_EVERY,
     error_response,
     header,
+    header_values,
     json_body,
     json_object,
     json_response,
@@ -255,7 +256,7 @@ class ToolCall:
             query = scope.get("query_string", b"")
             wanted = QueryParams(query).get("agent") if query else None
             acting = acting_scope(self.daemon.settings.server, agent, wanted)
-            chat = chat_context.from_header(_headers(scope, _CONTEXT_HEADER))
+            chat = chat_context.from_header(header_values(scope, _CONTEXT_HEADER))
         except ProcpilotError as exc:
             await _write_json(send, exc.to_dict(), exc.http_status)
             return
@@ -269,11 +270,6 @@ class ToolCall:
 
 
 _CONTEXT_HEADER = chat_context.HEADER.lower().encode()
-
-
-def _headers(scope: Scope, name: bytes) -> list[str]:
-    """Every value of the header ``name`` (a repeated one is seen, not only its first)."""
-    return [bytes(value).decode("latin-1") for key, value in scope.get("headers", ()) if key == name]
 
 
 async def _whole_body(receive: Receive) -> bytes | None:
