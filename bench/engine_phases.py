@@ -17,6 +17,14 @@ Phases (each from the previous point): ``launch`` the call's checks up to the wa
 pass; ``exit`` the shell runs and its exit is seen; ``reaped`` the leader reaped, its tree
 checked; ``eof`` its output pipes' end read; ``finish`` the session's end up to the supervisor's
 callback; ``onfinish`` that callback (journal, usage, exit listeners); ``end`` back in ``run``.
+
+A second table follows the daemon's REST call around the engine's, each point's median time from
+the request's bytes at the protocol (``recv``), in µs: ``task`` the request's task running,
+``auth`` the auth middleware, ``route`` the tool's route (the agent's turn and the body read
+before it), ``face`` the exec face, ``run`` ``Supervisor.run`` called, ``ran`` it returned,
+``reply`` the response handed to the transport; ``client`` is the client's whole call, so the
+rest of it (client to ``recv``, ``reply`` to the client's read) is both ends' wake-ups and the
+loopback round trip.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from typing import Any
 
 PROBE_FILE_ENV = "PROCPILOT_BENCH_PROBES"
 ORDER = ["start", "launch", "written", "watch", "pass", "exit", "reaped", "eof", "finish", "onfinish", "done", "end"]
+HTTP_ORDER = ["recv", "task", "auth", "route", "face", "run", "ran", "reply"]
 _T: dict[str, int] = {}
 _LAST: list[dict[str, int]] = []
 
@@ -73,20 +82,63 @@ def install(out: str | None) -> None:
     run = supervisor.Supervisor.run
 
     async def timed_run(self: Any, *args: Any, **kw: Any) -> Any:
-        _T.clear()
+        served = "recv" in _T  # in the daemon: a request's marks come first, kept until its reply
+        if not served:
+            _T.clear()
         _T["start"] = time.perf_counter_ns()
         try:
             return await run(self, *args, **kw)
         finally:
             _T["end"] = time.perf_counter_ns()
-            done = dict(_T)
-            _T.clear()
-            _LAST.append(done)
-            if out:
-                with Path(out).open("a") as f:  # noqa: ASYNC230 - after the call's times are taken
-                    f.write(json.dumps(done) + "\n")
+            if not served:
+                _LAST.append(dict(_T))
+                _T.clear()
 
     supervisor.Supervisor.run = timed_run  # type: ignore[method-assign]
+    if out:
+        install_http(out)
+
+
+def install_http(out: str) -> None:
+    """In the daemon: mark the REST call's way around the engine; a row per reply goes to ``out``."""
+    from uvicorn.protocols.http import httptools_impl
+
+    from procpilot.faces import exec_process
+    from procpilot.transports import connections
+    from procpilot.transports.http import auth, rest
+
+    def mark(cls: Any, name: str, label: str, *, first: bool = False) -> None:
+        orig = getattr(cls, name)
+
+        def wrapped(*args: Any, **kw: Any) -> Any:
+            if first:
+                _T.clear()
+            if (first or "recv" in _T) and label not in _T:
+                _T[label] = time.perf_counter_ns()
+            return orig(*args, **kw)
+
+        setattr(cls, name, wrapped)
+
+    # Called at the top of each data_received (procpilot's protocol overrides data_received itself).
+    mark(httptools_impl.HttpToolsProtocol, "_unset_keepalive_if_required", "recv", first=True)
+    mark(httptools_impl.RequestResponseCycle, "run_asgi", "task")
+    mark(auth.AuthMiddleware, "__call__", "auth")
+    mark(rest.ToolCall, "__call__", "route")
+    mark(exec_process.ExecProcessFace, "_exec", "face")
+    joining: Any = connections._Joining
+    for name in ("write", "flush"):  # the reply leaves by one or the other (head and body joined)
+        orig = getattr(joining, name)
+
+        def left(self: Any, *args: Any, _orig: Any = orig) -> Any:
+            result = _orig(self, *args)
+            if "start" in _T and self._held is None:
+                row = {**_T, "run": _T["start"], "ran": _T["end"], "reply": time.perf_counter_ns()}
+                _T.clear()
+                with Path(out).open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            return result
+
+        setattr(joining, name, left)
 
 
 def phases(rows: list[dict[str, int]]) -> tuple[list[float], float]:
@@ -187,6 +239,12 @@ async def main(n: int) -> None:
             cols, total = phases(inner[name])
             line += f"{total:7.0f} |" + "".join(f"{c:9.0f}" for c in cols)
         print(line)
+    rows = inner["daemon, REST exec"]
+    if rows and all("recv" in r for r in rows):
+        print("\nthe daemon's REST call, each point's median from recv (µs); client: the client's whole call")
+        print("".join(f"{k:>8s}" for k in [*HTTP_ORDER, "client"]))
+        marks = [statistics.median((r[k] - r["recv"]) / 1e3 for r in rows if k in r) for k in HTTP_ORDER]
+        print("".join(f"{m:8.0f}" for m in marks) + f"{statistics.median(walls['daemon, REST exec']) * 1e6:8.0f}")
 
 
 if __name__ == "__main__":
