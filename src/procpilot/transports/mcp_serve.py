@@ -115,7 +115,7 @@ async def _serve_http(
     app = guarded_mcp_app(server, settings, open_agent=agent)
     try:
         http = guarded_http(settings.server)
-        uvicorn_ = uvicorn_server(uvicorn.Config(app, log_level="warning", http=http))
+        uvicorn_ = uvicorn_server(uvicorn.Config(app, log_level="warning", http=http, proxy_headers=False))
         announce(f"{address.url}/mcp")
         stop = functools.partial(setattr, uvicorn_, "should_exit", True)
         await serve_until_signal(sup, functools.partial(uvicorn_.serve, sockets=sockets), stop, keep=keep_sessions)

@@ -450,6 +450,9 @@ async def serve(
                 ws_ping_interval=20.0,
                 ws_max_size=WS_MAX_MESSAGE,
                 http=guarded_http(settings.server),
+                # Nothing here reads a client's address or scheme, so nothing is taken from the
+                # X-Forwarded-* headers any local process may send (and no middleware per request).
+                proxy_headers=False,
             )
             server = uvicorn_server(config)
 
