@@ -144,7 +144,8 @@ async def test_an_orphan_adopted_while_a_supervisor_ran_is_reaped_when_it_ends_a
     assert parent.stdout is not None and parent.stdin is not None
     orphan = int(parent.stdout.readline())
     assert parent.wait(10) == 0
-    assert _stat(orphan) == ("S", os.getpid()) or _stat(orphan) == ("R", os.getpid())
+    stat = _stat(orphan)
+    assert stat is not None and stat[1] == os.getpid(), f"the orphan did not come to this process: {stat}"
     await sup.aclose()
     assert _is_subreaper() == before, "the subreaper role was not given back with the last supervisor"
     parent.stdin.close()  # the orphan ends now, no supervisor open
@@ -221,7 +222,7 @@ def test_a_process_that_embedded_a_supervisor_keeps_no_zombie_of_the_isolation_p
     process (a subreaper for good) in its own session, where no orphan reap takes a child. The
     probes now run in a session of their own, and the role is given back at the last close."""
     done = subprocess.run(
-        [PY, "-c", _EMBEDDER, str(tmp_path)], capture_output=True, text=True, timeout=60, env=cli_env()
+        [PY, "-c", _EMBEDDER, str(tmp_path)], capture_output=True, text=True, timeout=60, env=cli_env(), check=False
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "none", f"zombie children left: {done.stdout.strip()}"

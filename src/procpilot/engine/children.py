@@ -61,9 +61,11 @@ __all__ = [
 ]
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
-# How often the thread that reaps after the last close looks: soon enough that a zombie is
-# brief, and with many detached leaders (a waitpid each) less often, as LeaderPoll does.
+# How often the thread that reaps after the last close looks: soon after something ended, then
+# less and less often while nothing does (what it waits for may run for days: a holder, a detached
+# session's daemon), and with many detached leaders (a waitpid each) less often, as LeaderPoll does.
 _AFTER_CLOSE_BASE = 0.1
+_AFTER_CLOSE_MAX = 1.0
 _AFTER_CLOSE_EACH = 20e-6
 
 
@@ -144,6 +146,7 @@ class _Reaping:
         self.holders = 0  # supervisors open now (started, not yet closed)
         self.ours = False  # True iff we made this process a subreaper (so we give it back)
         self.detached: dict[int, str] = {}  # a detached session's leader -> where its status goes
+        self.recorded: set[int] = set()  # detached leaders reaped here, their status in their record
         self.thread: threading.Thread | None = None
 
 
@@ -197,17 +200,25 @@ def leave_to_next_server(pid: int, record: str) -> None:
         return  # not ours to wait for (adopted from a server before): its parent reaps it
     with _reaping.lock:
         _reaping.detached[pid] = record
+        _reaping.recorded.discard(pid)  # a number reused since: this one is not reaped
     _watch_soon()
 
 
-def take_back(pid: int) -> None:
-    """A next server in this process adopts the detached leader ``pid`` and waits for it itself.
-    If it has been reaped already, its status is in its record (written before it was let go)."""
+def take_back(pid: int) -> bool:
+    """A next server in this process adopts the detached leader ``pid``: False if it was reaped
+    here already (its status is in its record, written before it was let go; its pid may be
+    anyone's by now), else True: the next server waits for it itself from now on."""
     with _reaping.lock:
         _reaping.detached.pop(pid, None)
+        if pid in _reaping.recorded:
+            _reaping.recorded.discard(pid)
+            return False
+        return True
 
 
-def _reap_detached() -> None:
+def _reap_detached() -> int:
+    """Reap the detached leaders that ended, each one's status written first; how many."""
+    reaped = 0
     with _reaping.lock:  # held through the write: a take_back after this finds the record there
         for pid, record in list(_reaping.detached.items()):
             try:
@@ -219,7 +230,10 @@ def _reap_detached() -> None:
             if status is not None:
                 write_outcome(record, {"status": status, "by": "wait"})
             del _reaping.detached[pid]
+            _reaping.recorded.add(pid)
             release(pid)
+            reaped += 1
+    return reaped
 
 
 def _watch_soon() -> None:
@@ -243,17 +257,19 @@ def _work_left() -> bool:
 
 
 def _after_close() -> None:
+    pause = _AFTER_CLOSE_BASE
     while True:
         with _reaping.lock:
-            pause = _AFTER_CLOSE_BASE + _AFTER_CLOSE_EACH * len(_reaping.detached)
-        time.sleep(pause)
-        _reap_detached()
+            each = _AFTER_CLOSE_EACH * len(_reaping.detached)
+        time.sleep(pause + each)
+        reaped = _reap_detached()
         with _reaping.lock:
             if not _reaping.holders:
-                reap_orphans()
+                reaped += len(reap_orphans())
             if not _work_left():
                 _reaping.thread = None
                 return
+        pause = _AFTER_CLOSE_BASE if reaped else min(_AFTER_CLOSE_MAX, pause * 2)
 
 
 def _parent_of(pid: int) -> int | None:

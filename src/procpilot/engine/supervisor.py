@@ -1243,9 +1243,9 @@ class Supervisor:
         exit_recorded = restarts.link.records is not None and watched and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
-        own_child = record.get("server_pid") == os.getpid()
-        if own_child:
-            take_back(pid)  # ours to wait for again, not the reaper's that ran while none was open
+        # Ours to wait for again (not the reaper's that ran while no supervisor was open), unless
+        # that one reaped it already: then its status is in its record, and its pid anyone's.
+        own_child = record.get("server_pid") == os.getpid() and take_back(pid)
         session.adopt(
             spawned,
             started_at=recorded.started_at or session.created_at,
