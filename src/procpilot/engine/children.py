@@ -167,13 +167,12 @@ def is_subreaper() -> bool:
     return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and flag.value != 0
 
 
-def hold_subreaper() -> bool:
-    """A supervisor opens: the process is a subreaper while any is open. True iff it is one."""
+def hold_subreaper() -> None:
+    """A supervisor opens: the process is a subreaper while any is open (if the kernel lets it)."""
     with _reaping.lock:
         if _reaping.holders == 0 and not is_subreaper():
             _reaping.ours = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         _reaping.holders += 1
-    return is_subreaper()
 
 
 def release_subreaper() -> None:
