@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
-from procpilot.config import load_settings
+import pytest
+
+from procpilot.config import Settings, load_settings
 from procpilot.engine.children import claimed, reap_orphans
 from procpilot.engine.reaper import ExitWatcher
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from tests.conftest import PY
+from tests.daemon import cli_env
 
 
 def _zombie(pid: int) -> bool:
@@ -81,3 +88,141 @@ async def test_a_leader_another_waiter_reaped_ends_lost_not_exited_0(supervisor:
     assert session.state is SessionState.LOST
     assert session.exit_code is None and session.exit_signal is None
     assert session.error is not None and "exit status is unknown" in session.error
+
+
+# -- after the last supervisor closes: no zombie of ours in the process that embedded it ----------
+
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _is_subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return flag.value != 0
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of ``pid``, None once it is gone (reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0].decode(), int(fields[1])
+
+
+async def _reaped(pid: int, within: float = 5.0) -> bool:
+    """True once ``pid`` is no longer in /proc (someone reaped it), False if it is still there
+    (for the tests below: a zombie child of ours) after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while _stat(pid) is not None:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+# Forks a child that waits for EOF on stdin, prints its pid and exits: the child is an orphan.
+_ORPHAN = "import os, sys\npid = os.fork()\nif pid:\n    print(pid, flush=True)\n    os._exit(0)\nsys.stdin.read()\n"
+
+
+async def test_an_orphan_adopted_while_a_supervisor_ran_is_reaped_when_it_ends_after_the_close(
+    settings: Settings,
+) -> None:
+    """Found by the benchmarks ("killed or reaped 1 stray child ... (1 zombies)" on the way out):
+    the engine made its process a child subreaper and never gave that back, and reaped orphans only
+    while a supervisor ran. An orphan adopted then that ends after the last close stayed a zombie
+    in the embedding process for good. Now the role is held only while a supervisor is open, and
+    what was adopted by then is reaped as it ends."""
+    before = _is_subreaper()
+    sup = await Supervisor(settings).start()
+    assert _is_subreaper()
+    # Not a session's: nothing the close ends. Its parent exits at once, so it comes to us.
+    parent = subprocess.Popen(
+        [PY, "-c", _ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert parent.stdout is not None and parent.stdin is not None
+    orphan = int(parent.stdout.readline())
+    assert parent.wait(10) == 0
+    stat = _stat(orphan)
+    assert stat is not None and stat[1] == os.getpid(), f"the orphan did not come to this process: {stat}"
+    await sup.aclose()
+    assert _is_subreaper() == before, "the subreaper role was not given back with the last supervisor"
+    parent.stdin.close()  # the orphan ends now, no supervisor open
+    parent.stdout.close()
+    assert await _reaped(orphan), f"the orphan is left a zombie: {_stat(orphan)}"
+
+
+async def test_a_detached_leader_that_ends_while_no_server_runs_is_reaped_and_its_status_kept(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A session detached for a next server: its leader is still our child, and nothing waited
+    for it once the supervisor closed (a zombie until a next server in this process, which may
+    never come). Now it is reaped when it ends, its exit status written for the next server."""
+    go = tmp_path / "go"
+    os.mkfifo(go)
+    first = await Supervisor(settings, owner="t").start()
+    session = await first.spawn(SpawnSpec(f"read x < {shlex.quote(str(go))}; exit 7"), scope="b")
+    assert session.pid is not None
+    leader = session.pid
+    await first.detach()
+    with open(go, "w") as f:  # opens once the leader has opened its end: it ends now
+        f.write("go\n")
+    assert await _reaped(leader), f"the detached leader is left a zombie: {_stat(leader)}"
+    async with Supervisor(settings, owner="t") as second:
+        await second.wait("b", session.id, timeout=10)
+        ended = second.get("b", session.id)
+        assert (ended.state, ended.exit_code) == (SessionState.EXITED_ERROR, 7)
+
+
+# A process that embeds a supervisor, as the benchmarks do: the isolation probes run (bubblewrap's
+# first, whose init in its own pid namespace outlives the bwrap that is waited for) once while a
+# supervisor is open, then after it closed; then its zombie children, if any, are printed.
+_EMBEDDER = """
+import asyncio, os, sys, time
+from pathlib import Path
+from procpilot.config import load_settings
+from procpilot.engine import isolation
+from procpilot.engine.supervisor import Supervisor
+
+def zombies():
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            for pid in f.read().split():
+                try:
+                    with open(f"/proc/{pid}/stat") as g:
+                        if g.read().rsplit(")", 1)[1].split()[0] == "Z":
+                            found.append(pid)
+                except OSError:
+                    pass
+    return found
+
+async def main():
+    root = Path(sys.argv[1])
+    box = isolation.Isolation(readonly_root=True, writable=(root,))
+    settings = load_settings(env={}, state_dir=root / "state", workspace_root=root)
+    async with Supervisor(settings):
+        isolation.isolation_prefix(box)
+    for probe in (isolation._bwrap, isolation._network_prefix):
+        probe.cache_clear()
+    isolation.isolation_prefix(box)
+    deadline = time.monotonic() + 3
+    while zombies() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    print(" ".join(zombies()) or "none")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed on this host")
+def test_a_process_that_embedded_a_supervisor_keeps_no_zombie_of_the_isolation_probes(tmp_path: Path) -> None:
+    """The benchmarks' zombie: bubblewrap's init, orphaned by the probe's bwrap, came back to the
+    process (a subreaper for good) in its own session, where no orphan reap takes a child. The
+    probes now run in a session of their own, and the role is given back at the last close."""
+    done = subprocess.run(
+        [PY, "-c", _EMBEDDER, str(tmp_path)], capture_output=True, text=True, timeout=60, env=cli_env(), check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "none", f"zombie children left: {done.stdout.strip()}"

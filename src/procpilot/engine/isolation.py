@@ -127,7 +127,10 @@ def _run(argv: list[str], what: str) -> subprocess.CompletedProcess[bytes] | Non
     """The probe's run; None if it could not be run at all (no such program: a definitive no)."""
     timeout = _probe_timeout()
     try:
-        return subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        # A session of its own, as every child the engine starts: what the probe orphans (bubblewrap's
+        # first process in a pid namespace outlives the bwrap we wait for) comes back to a supervisor
+        # as an orphan it reaps, not as a child of other code in its session (engine/children.py).
+        return subprocess.run(argv, capture_output=True, timeout=timeout, check=False, start_new_session=True)
     except subprocess.TimeoutExpired:
         raise ProbeUndecided(f"the {what} probe did not finish within {timeout:g} s") from None
     except OSError as exc:

@@ -854,9 +854,10 @@ class Session:
             return False
         return True
 
-    def detach(self) -> None:
+    def detach(self) -> int | None:
         """Let go of a running session without ending it: stop reading, close our descriptors
-        (the holder keeps its copies, stdin included: the child sees no EOF, no SIGPIPE)."""
+        (the holder keeps its copies, stdin included: the child sees no EOF, no SIGPIPE). The
+        leader's pid if it is left unreaped (someone must still wait for it), else None."""
         for timer in (*self._timers, *self.run.paused_reads.values()):
             timer.cancel()
         self._timers.clear()
@@ -870,7 +871,7 @@ class Session:
             self.parking.forget(self)  # parked ends close with the stash: the holder has its copies
         spawned = self.run.spawned
         if spawned is None or self._finished.is_set():
-            return
+            return None
         if not self.run.leader_reaped:
             LeaderPoll.of(self._loop).unwatch(spawned.pid)
             if (watcher := ExitWatcher.of(self._loop)) is not None:
@@ -885,6 +886,7 @@ class Session:
         spawned.pidfd = None
         self.stdin.let_go()
         self.output.mark_closed()
+        return None if self.run.leader_reaped else spawned.pid
 
     # -- signals -------------------------------------------------------------------------------
 

@@ -31,7 +31,13 @@ from procpilot.config import EngineSettings, Settings, load_settings
 from procpilot.engine import cgroup_janitor, descriptors
 from procpilot.engine.adoption import Restarts, leader_status, outage_exits, replay_spool
 from procpilot.engine.capture import SessionOutput, Stream
-from procpilot.engine.children import reap_orphans
+from procpilot.engine.children import (
+    hold_subreaper,
+    leave_to_next_server,
+    reap_orphans,
+    release_subreaper,
+    take_back,
+)
 from procpilot.engine.environment import check_overrides
 from procpilot.engine.events import EventBus, Subscription
 from procpilot.engine.fairness import AgentGroups, probe_fairness
@@ -283,6 +289,9 @@ class Supervisor:
         # new -> running -> closing -> closed (engine/lifecycle.py): what it may still start.
         self._lifecycle = Lifecycle()
         self._close_task: asyncio.Task[None] | None = None  # the one aclose()/detach() run, once begun
+        # True from the move to running until closed: while any supervisor holds it, the process is
+        # a child subreaper (engine/children.py says why only then).
+        self._holds_subreaper = False
         # Named at construction, so every process this supervisor starts carries the same name
         # (SUPERVISOR_ENV) as its cgroup directories.
         self.instance = instance_name()
@@ -336,6 +345,8 @@ class Supervisor:
             if self._restarts is not None:
                 self._restarts.close(detach=True)
             raise
+        hold_subreaper()
+        self._holds_subreaper = True
         self._lifecycle.move(SupervisorState.RUNNING)
         if self._restarts is not None:
             self._restarts.link.on_lost = self._holder_lost
@@ -541,6 +552,9 @@ class Supervisor:
             await work
         finally:
             self._lifecycle.move(SupervisorState.CLOSED)
+            if self._holds_subreaper:
+                self._holds_subreaper = False
+                release_subreaper()
 
     @property
     def can_detach(self) -> bool:
@@ -571,12 +585,15 @@ class Supervisor:
             self._restarts.link.flush()
         if self._warm is not None:
             self._warm.close()  # shells with no command yet: nothing for the next server
+        restarts = self._restarts
         for session in self._sessions.values():
-            session.detach()
+            left = session.detach()
+            if left is not None and restarts is not None:
+                # Still our child: reaped when it ends, its status kept for the next server.
+                leave_to_next_server(left, str(restarts.record_file(session.id)))
             # Its latest record, its last read included (the TTL clock goes on in the next server).
             if self._store is not None:
                 self._store.save(session.id, session.record())
-        restarts = self._restarts
         if restarts is not None:
             restarts.close(detach=True)
         for backend in (self._trees, self._limits):
@@ -1226,7 +1243,9 @@ class Supervisor:
         exit_recorded = restarts.link.records is not None and watched and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
-        own_child = record.get("server_pid") == os.getpid()
+        # Ours to wait for again (not the reaper's that ran while no supervisor was open), unless
+        # that one reaped it already: then its status is in its record, and its pid anyone's.
+        own_child = record.get("server_pid") == os.getpid() and take_back(pid)
         session.adopt(
             spawned,
             started_at=recorded.started_at or session.created_at,

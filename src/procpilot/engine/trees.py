@@ -6,10 +6,10 @@ Two mechanisms, picked once at start-up by probing:
   controllers to group processes). The child joins it *before* it execs the user's command (the
   shell line that starts every session writes ``$$`` to ``cgroup.procs``), so nothing it forks,
   setsid'd daemons included, can be outside it. ``cgroup.kill`` ends the lot atomically.
-* ``ScanTrees`` — no writable cgroup: the supervisor is a child subreaper, so double-forked
-  daemons are re-parented to *us* rather than init, and a session's tree is every process whose
-  session or group id is the leader's, their descendants, and adopted orphans carrying the
-  session's marker in their environment.
+* ``ScanTrees`` — no writable cgroup: while a supervisor is open its process is a child
+  subreaper (engine/children.py), so double-forked daemons are re-parented to *us* rather than
+  init, and a session's tree is every process whose session or group id is the leader's, their
+  descendants, and adopted orphans carrying the session's marker in their environment.
 
 Both also reap adopted orphans (we are their parent now) so no zombie is left behind.
 """
@@ -17,7 +17,6 @@ Both also reap adopted orphans (we are their parent now) so no zombie is left be
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import fcntl
 import os
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from procpilot.engine.cgroup_janitor import remove_later, remove_now
+from procpilot.engine.children import is_subreaper
 from procpilot.engine.procfs import read_small, stat_fields
 
 __all__ = [
@@ -54,7 +54,6 @@ MARKER_ENV = "PROCPILOT_SESSION"
 # Which supervisor started a process (its instance name, see instance_name): lets an operator, or a
 # test suite beside a live daemon, tell one supervisor's processes from another's.
 SUPERVISOR_ENV = "PROCPILOT_SUPERVISOR"
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 class TreeBackend(Protocol):
@@ -80,14 +79,6 @@ class TreeBackend(Protocol):
 
     def close(self) -> None:
         """Forget everything this backend created."""
-
-
-def _set_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _read_stat(pid: int) -> tuple[int, int, int, str] | None:
@@ -145,8 +136,12 @@ class ScanTrees:
     name = "scan"
 
     def __init__(self) -> None:
-        self.subreaper = _set_subreaper()
         self._me = os.getpid()
+
+    @property
+    def subreaper(self) -> bool:
+        """True iff orphans come back to us: while a supervisor is open (engine/children.py)."""
+        return is_subreaper()
 
     def prepare(self, session_id: str, group: str | None = None) -> str | None:
         return None
@@ -230,8 +225,12 @@ class CgroupTrees:
         self._root = str(root)
         self._paths: dict[str, str] = {}  # session id -> its directory, when it is in a group
         self._moved: dict[str, str] = {}  # session id -> the directory it left for its group's
-        self.subreaper = _set_subreaper()
         self._hold = hold_instance(root)
+
+    @property
+    def subreaper(self) -> bool:
+        """True iff orphans come back to us: while a supervisor is open (engine/children.py)."""
+        return is_subreaper()
 
     def _dir(self, session_id: str) -> str:
         return self._paths.get(session_id) or f"{self._root}/{session_id}"
