@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -136,6 +137,30 @@ def test_the_exit_trap_writes_only_once_its_server_no_longer_owns_the_state_dir(
         lock.release()
     ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
     assert ran.returncode == 3 and exit_file.read_text() == "3\n"  # nobody holds the lock: recorded
+
+
+def test_the_owner_lock_is_taken_under_a_descriptor_limit_below_its_probes_usual_number(tmp_path: Path) -> None:
+    """A server whose limit is at most the probe's usual number (900: a container's hard limit
+    of 512, say) still starts: its probe is another number, and the exit trap reads that one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 512
+    if len(os.listdir("/proc/self/fd")) > low - 16 or hard < low:
+        pytest.skip("this process's descriptors do not fit under the low limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        lock = OwnerLock(tmp_path, "serve")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    exit_file = tmp_path / "s.exit"
+    try:
+        assert lock.probe_fd is not None and lock.probe_fd < low
+        line = status_line(exit_file, os.getpid(), lock.probe_fd, lock.path)
+        ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
+        assert ran.returncode == 3 and not exit_file.exists()  # its server is there: it waits for it
+    finally:
+        lock.release()
+    ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
+    assert ran.returncode == 3 and exit_file.read_text() == "3\n"
 
 
 async def _ended_in_the_outage(settings: Settings, session_id: str, *, within: float) -> None:
