@@ -259,3 +259,93 @@ async def test_a_new_holder_gets_copies_of_parked_ends(settings: Settings) -> No
     async with Supervisor(settings, owner="t") as second:
         adopted = [second.get("t", s.id) for s in started]
         await _release_and_check(adopted)
+
+
+# Run in a child, for its low limit. Quiet sessions are parked, then the threshold is raised out
+# of reach, so the sweep alone would park nothing more; more quiet sessions start, read by the
+# loop; the table is filled (here by /dev/null, in a server by its own files, connections and
+# written-to stdins) until no end can come back. Then the parked ones speak.
+_FORCED = """
+import asyncio, json, os, resource, sys, time
+from procpilot.config import load_settings
+from procpilot.engine import segments
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+
+LIMIT, ROOT = int(sys.argv[1]), sys.argv[2]
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+segments.WRITERS.limit = 8
+SPOKEN = b"up\\n" + b"".join(b"%d\\n" % i for i in range(1, 20001))
+
+def used():
+    return os.stat("/proc/self/fd").st_size or len(os.listdir("/proc/self/fd"))
+
+async def until(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+async def main():
+    settings = load_settings(env={}, state_dir=ROOT + "/state", workspace_root=ROOT)
+    fifo = ROOT + "/go"
+    os.mkfifo(fifo)
+    found = {}
+    filler = []
+    async with Supervisor(settings, warm_shells=0) as sup:
+        parking = sup.output_parking
+        parking.sweep_every = 0.02
+        parking.park_above = 0
+        speakers = [await sup.spawn(SpawnSpec(f"echo up; : < {fifo}; seq 1 20000; sleep 60"), scope="t") for _ in range(8)]
+        found["speakers_parked"] = await until(lambda: all(parking.is_parked(s) for s in speakers))
+        parking.park_above = 1 << 20  # from now on the threshold parks nothing
+        quiet = [await sup.spawn(SpawnSpec("echo up; sleep 60"), scope="t") for _ in range(10)]
+        found["quiet_said_up"] = await until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in quiet))
+        await asyncio.sleep(0.1)  # sweeps it would run, if the threshold asked for any
+        found["quiet_parked_by_threshold"] = sum(parking.is_parked(s) for s in quiet)
+        # Filled until the room for ends coming back (OutputParking._room) is below one
+        # session's two: a sixteenth of the limit for a bucket, an eighth for the server's own.
+        while LIMIT - used() - LIMIT // 16 - LIMIT // 8 > -4:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        gate = os.open(fifo, os.O_RDWR)
+        found["spoke_whole"] = await until(
+            lambda: all(s.output[Stream.STDOUT].read(0, 1 << 20).data == SPOKEN for s in speakers)
+        )
+        found["spoke"] = sum(s.output[Stream.STDOUT].read(0, 1 << 20).data == SPOKEN for s in speakers)
+        found["quiet_parked"] = sum(parking.is_parked(s) for s in quiet)
+        found["over_threshold"] = 2 * len(quiet) > parking.threshold()
+        found["running"] = sum(s.is_running for s in speakers + quiet)
+    os.close(gate)
+    for fd in filler:
+        os.close(fd)
+    print(json.dumps(found))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 256, reason="the hard descriptor limit is too low")
+def test_sessions_waiting_for_room_get_the_quiet_parked_whatever_the_threshold(tmp_path: Path) -> None:
+    """Parked sessions that speak when the table has no room for their ends wait in their pipes;
+    the sweep then parks the quiet sessions the loop reads, though the threshold does not ask
+    for it, and the room they leave lets the speakers be read: every byte arrives."""
+    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", _FORCED, "256", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["speakers_parked"] and found["quiet_said_up"], found
+    assert found["quiet_parked_by_threshold"] == 0, found  # the threshold alone parks none of them
+    assert not found["over_threshold"], found
+    assert found["spoke"] == 8, found
+    assert found["quiet_parked"] > 0, found  # parked to make the room
+    assert found["running"] == 18, found
