@@ -275,6 +275,20 @@ async def test_without_cgroups_an_adopted_tree_is_found_and_ended_whole(settings
         assert not _carrying(session_id)
 
 
+async def test_a_detach_without_cgroups_hands_over_and_keeps_no_descriptor(settings: Settings) -> None:
+    """The /proc scan keeps a descriptor for its walk (engine/trees.py): a detach lets it go
+    with the rest (the fixture counts this process's descriptors after the test)."""
+    first = await Supervisor(settings, owner="t", trees=ScanTrees()).start()
+    started = await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A)
+    await first.wait(A, started.id, timeout=10, pattern=re.compile("up"))
+    await first.detach()
+    async with Supervisor(settings, owner="t", trees=ScanTrees()) as second:
+        adopted = second.get(A, started.id)
+        await adopted.write(b"x\n")
+        assert await adopted.wait_finished(10)
+        assert adopted.output[Stream.COMBINED].read().data == b"up\ngot x\n"
+
+
 def _carrying(session_id: str) -> list[int]:
     """Live processes whose environment names the session."""
     marker = f"PROCPILOT_SESSION={session_id}".encode()

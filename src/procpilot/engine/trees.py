@@ -223,6 +223,10 @@ class ScanTrees:
     def release(self, session_id: str, *, later: bool = False) -> None:
         return None
 
+    def detach(self) -> None:
+        """Nothing of ours to leave running elsewhere: the kept descriptor goes."""
+        self.close()
+
     def close(self) -> None:
         if self._spare is not None:
             os.close(self._spare)
