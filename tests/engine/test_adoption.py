@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -138,6 +139,30 @@ def test_the_exit_trap_writes_only_once_its_server_no_longer_owns_the_state_dir(
     assert ran.returncode == 3 and exit_file.read_text() == "3\n"  # nobody holds the lock: recorded
 
 
+def test_the_owner_lock_is_taken_under_a_descriptor_limit_below_its_probes_usual_number(tmp_path: Path) -> None:
+    """A server whose limit is at most the probe's usual number (900: a container's hard limit
+    of 512, say) still starts: its probe is another number, and the exit trap reads that one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 512
+    if len(os.listdir("/proc/self/fd")) > low - 16 or hard < low:
+        pytest.skip("this process's descriptors do not fit under the low limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        lock = OwnerLock(tmp_path, "serve")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    exit_file = tmp_path / "s.exit"
+    try:
+        assert lock.probe_fd is not None and lock.probe_fd < low
+        line = status_line(exit_file, os.getpid(), lock.probe_fd, lock.path)
+        ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
+        assert ran.returncode == 3 and not exit_file.exists()  # its server is there: it waits for it
+    finally:
+        lock.release()
+    ran = subprocess.run(["/bin/sh", "-c", f"{line}\nexit 3"], check=False)
+    assert ran.returncode == 3 and exit_file.read_text() == "3\n"
+
+
 async def _ended_in_the_outage(settings: Settings, session_id: str, *, within: float) -> None:
     """Until the session's shell has written its exit status (it ended while no server ran), or
     ``within`` seconds: the next server's adoption then reads whatever is there."""
@@ -248,6 +273,20 @@ async def test_without_cgroups_an_adopted_tree_is_found_and_ended_whole(settings
         adopted = await sup.kill(A, session_id, wait=None)
         assert adopted.state is SessionState.KILLED
         assert not _carrying(session_id)
+
+
+async def test_a_detach_without_cgroups_hands_over_and_keeps_no_descriptor(settings: Settings) -> None:
+    """The /proc scan keeps a descriptor for its walk (engine/trees.py): a detach lets it go
+    with the rest (the fixture counts this process's descriptors after the test)."""
+    first = await Supervisor(settings, owner="t", trees=ScanTrees()).start()
+    started = await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A)
+    await first.wait(A, started.id, timeout=10, pattern=re.compile("up"))
+    await first.detach()
+    async with Supervisor(settings, owner="t", trees=ScanTrees()) as second:
+        adopted = second.get(A, started.id)
+        await adopted.write(b"x\n")
+        assert await adopted.wait_finished(10)
+        assert adopted.output[Stream.COMBINED].read().data == b"up\ngot x\n"
 
 
 def _carrying(session_id: str) -> list[int]:

@@ -157,3 +157,71 @@ async def test_an_adopted_session_costs_the_next_server_at_most_two_descriptors(
         assert await one.wait_finished(5)
         assert one.exit_code == 0
         assert b"again" in one.output[Stream.COMBINED].read().data
+
+
+# Run in a child, for its low limit: spawns back to back (the loop never turns, so no stdin is
+# parked) until the table is full and a spawn is refused, then the supervisor closes. Each
+# session prints: its log's files stay open for writing too (segments.WRITERS), so the table
+# is still full when the close walks /proc.
+_FULL = """
+import asyncio, json, os, resource, sys
+from procpilot.config import load_settings
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.trees import ScanTrees
+from procpilot.errors import SpawnFailed
+
+LIMIT, ROOT = int(sys.argv[1]), sys.argv[2]
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+
+def alive(ids):
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            env = open(f"/proc/{name}/environ", "rb").read().split(b"\\0")
+            state = open(f"/proc/{name}/stat", "rb").read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != b"Z" and any(b"PROCPILOT_SESSION=" + i.encode() in env for i in ids):
+            found.append(int(name))
+    return found
+
+async def main():
+    settings = load_settings(env={}, state_dir=ROOT + "/state", workspace_root=ROOT)
+    found = {"refused": None}
+    sessions = []
+    async with Supervisor(settings, warm_shells=0, trees=ScanTrees()) as sup:
+        sup.output_parking.park_above = 1 << 20
+        while found["refused"] is None and len(sessions) < LIMIT:
+            try:
+                sessions.append(await sup.spawn(SpawnSpec("echo up; sleep 60 & sleep 60; wait"), scope="t"))
+            except SpawnFailed as exc:
+                found["refused"] = str(exc)
+        found["spawned"] = len(sessions)
+    found["left"] = sum(1 for s in sessions if not s.finished)
+    found["alive"] = alive([s.id for s in sessions])
+    print(json.dumps(found))
+
+asyncio.run(main())
+"""
+
+
+def test_a_supervisor_whose_table_is_full_still_ends_every_tree_it_has_to_scan_for(tmp_path: Path) -> None:
+    """Without a cgroup a session's tree is found by walking /proc, which takes a descriptor:
+    one is kept for it, so a supervisor closing with its table full (a spawn refused for want
+    of one) ends every session, the processes they forked too, and raises nothing."""
+    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL, "128", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["refused"] and "Too many open files" in found["refused"], found
+    assert found["spawned"] > 10, found
+    assert found["left"] == 0, found
+    assert found["alive"] == [], found

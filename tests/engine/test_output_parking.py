@@ -8,9 +8,11 @@ import asyncio
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -259,3 +261,195 @@ async def test_a_new_holder_gets_copies_of_parked_ends(settings: Settings) -> No
     async with Supervisor(settings, owner="t") as second:
         adopted = [second.get("t", s.id) for s in started]
         await _release_and_check(adopted)
+
+
+# Run in a child, for its low limit. Quiet sessions are parked, then the threshold is raised out
+# of reach, so the sweep alone would park nothing more; more quiet sessions start, read by the
+# loop; the table is filled (here by /dev/null, in a server by its own files, connections and
+# written-to stdins) until no end can come back. Then the parked ones speak.
+_FORCED = """
+import asyncio, json, os, resource, sys, time
+from procpilot.config import load_settings
+from procpilot.engine import segments
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+
+LIMIT, ROOT = int(sys.argv[1]), sys.argv[2]
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+segments.WRITERS.limit = 8
+SPOKEN = b"up\\n" + b"".join(b"%d\\n" % i for i in range(1, 20001))
+
+def used():
+    return os.stat("/proc/self/fd").st_size or len(os.listdir("/proc/self/fd"))
+
+async def until(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+async def main():
+    settings = load_settings(env={}, state_dir=ROOT + "/state", workspace_root=ROOT)
+    fifo = ROOT + "/go"
+    os.mkfifo(fifo)
+    found = {}
+    filler = []
+    async with Supervisor(settings, warm_shells=0) as sup:
+        parking = sup.output_parking
+        parking.sweep_every = 0.02
+        parking.park_above = 0
+        speaker = SpawnSpec(f"echo up; : < {fifo}; seq 1 20000; sleep 60")
+        speakers = [await sup.spawn(speaker, scope="t") for _ in range(8)]
+        found["speakers_parked"] = await until(lambda: all(parking.is_parked(s) for s in speakers))
+        parking.park_above = 1 << 20  # from now on the threshold parks nothing
+        quiet = [await sup.spawn(SpawnSpec("echo up; sleep 60"), scope="t") for _ in range(10)]
+        found["quiet_said_up"] = await until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in quiet))
+        await asyncio.sleep(0.1)  # sweeps it would run, if the threshold asked for any
+        found["quiet_parked_by_threshold"] = sum(parking.is_parked(s) for s in quiet)
+        # Filled until the room for ends coming back (OutputParking._room) is below one
+        # session's two: a sixteenth of the limit for a bucket, an eighth for the server's own.
+        while LIMIT - used() - LIMIT // 16 - LIMIT // 8 > -4:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        gate = os.open(fifo, os.O_RDWR)
+        found["spoke_whole"] = await until(
+            lambda: all(s.output[Stream.STDOUT].read(0, 1 << 20).data == SPOKEN for s in speakers)
+        )
+        found["spoke"] = sum(s.output[Stream.STDOUT].read(0, 1 << 20).data == SPOKEN for s in speakers)
+        found["quiet_parked"] = sum(parking.is_parked(s) for s in quiet)
+        found["over_threshold"] = 2 * len(quiet) > parking.threshold()
+        found["running"] = sum(s.is_running for s in speakers + quiet)
+    os.close(gate)
+    for fd in filler:
+        os.close(fd)
+    print(json.dumps(found))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 256, reason="the hard descriptor limit is too low")
+def test_sessions_waiting_for_room_get_the_quiet_parked_whatever_the_threshold(tmp_path: Path) -> None:
+    """Parked sessions that speak when the table has no room for their ends wait in their pipes;
+    the sweep then parks the quiet sessions the loop reads, though the threshold does not ask
+    for it, and the room they leave lets the speakers be read: every byte arrives."""
+    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", _FORCED, "256", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    assert found["speakers_parked"] and found["quiet_said_up"], found
+    assert found["quiet_parked_by_threshold"] == 0, found  # the threshold alone parks none of them
+    assert not found["over_threshold"], found
+    assert found["spoke"] == 8, found
+    assert found["quiet_parked"] > 0, found  # parked to make the room
+    assert found["running"] == 18, found
+
+
+# Run in a child. First as root (no in-flight cap: every quiet session parked), then as nobody,
+# whose descriptors in flight the kernel caps at its RLIMIT_NOFILE (ETOOMANYREFS past it,
+# counted per user: stdins and output ends alike; here no stdin, so only the output ends count,
+# and twice the sessions is past the cap whatever is parked first). Modules are imported as root
+# first: nobody may not read this Python's own directory, and so it starts no holder either.
+_UNPRIVILEGED = """
+import asyncio, json, os, resource, sys, time
+from procpilot.config import load_settings
+from procpilot.engine import segments
+from procpilot.engine.capture import Stream
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+
+LIMIT, SESSIONS, ROOT, NOBODYS = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+segments.WRITERS.limit = 8
+SPOKEN = b"up\\n" + b"".join(b"%d\\n" % i for i in range(1, 20001))
+
+def used():
+    return os.stat("/proc/self/fd").st_size or len(os.listdir("/proc/self/fd"))
+
+async def until(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+async def run(where):
+    os.makedirs(where, exist_ok=True)
+    settings = load_settings(env={}, state_dir=where + "/state", workspace_root=where)
+    fifo = where + "/go"
+    os.mkfifo(fifo)
+    found = {}
+    async with Supervisor(settings, warm_shells=0) as sup:
+        parking = sup.output_parking
+        parking.sweep_every = 0.02
+        parking.park_above = 0
+        sessions = []
+        while len(sessions) < SESSIONS:
+            # A wave, once the table has room for it (the parking is what makes the room).
+            await until(lambda: used() < LIMIT - 60, 3)
+            spec = SpawnSpec(f"echo up; : < {fifo}; seq 1 20000; sleep 60", stdin="null")
+            wave = [await sup.spawn(spec, scope="t") for _ in range(10)]
+            await until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in wave))
+            sessions += wave
+        # Quiet now: every one parked, or refused by the kernel and read by the loop as before.
+        await until(lambda: len(parking) == SESSIONS, 1)
+        found["parked"] = len(parking)
+        gate = os.open(fifo, os.O_RDWR)
+        await until(lambda: all(s.output[Stream.STDOUT].size >= len(SPOKEN) for s in sessions), 20)
+        found["spoke_whole"] = sum(s.output[Stream.STDOUT].read(0, 1 << 20).data == SPOKEN for s in sessions)
+        found["running"] = sum(s.is_running for s in sessions)
+    os.close(gate)
+    found["left"] = sum(not s.finished for s in sessions)
+    return found
+
+found = {"root": asyncio.run(run(ROOT + "/root"))}
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+found["nobody"] = asyncio.run(run(NOBODYS + "/run"))
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user (nobody) needs root")
+def test_an_unprivileged_servers_in_flight_cap_leaves_the_rest_read_by_the_loop(tmp_path: Path) -> None:
+    """An unprivileged server may keep no more descriptors in flight than its limit: past it
+    the stash refuses (stash.py: ETOOMANYREFS), and those sessions' ends stay in the table,
+    read by the loop; every byte of every session still arrives."""
+    limit, sessions = 128, 80  # 160 output ends in flight would be past the cap (by a bucket at most)
+    # Nobody's state: where nobody can reach it (pytest's directory is root's alone).
+    nobodys = Path(tempfile.mkdtemp(prefix="procpilot-nobody-"))
+    try:
+        os.chown(nobodys, 65534, 65534)
+        env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
+        done = subprocess.run(
+            [sys.executable, "-c", _UNPRIVILEGED, str(limit), str(sessions), str(tmp_path), str(nobodys)],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=env,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(nobodys, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout)
+    root, nobody = found["root"], found["nobody"]
+    assert root["parked"] == sessions, found  # no cap for root: every quiet session parked
+    # The cap: the stash stops once the limit is passed, by one bucket's message at most.
+    assert 0 < nobody["parked"] < sessions, found
+    assert 2 * nobody["parked"] <= limit + limit // 16, found
+    for run in (root, nobody):
+        assert run["spoke_whole"] == sessions, found
+        assert run["running"] == sessions, found
+        assert run["left"] == 0, found

@@ -227,6 +227,9 @@ class Restarts:
                 limits.close()
         self._trees.clear()
         self._limits.clear()
+        if self._scan is not None:
+            self._scan.close()
+            self._scan = None
         if not detach:
             self.link.flush()  # every session ended: the holder forgets them all, keeps nothing
         self.link.close()

@@ -81,7 +81,7 @@ _IDLE_EXIT = 10.0
 # Sessions that ended while no server ran are kept (their cgroup locks) this long for the next one.
 _KEEP_ENDED = 3600.0
 _CHUNK = 64  # sessions whose descriptors come out of the stash at once (a hello)
-_SPARE_FDS = 256  # descriptors an outage's drain leaves free: sockets, spools, a bucket opened
+SPARE_FDS = 256  # descriptors an outage's drain leaves free: sockets, spools, a bucket opened (its 200)
 
 
 @dataclass
@@ -429,7 +429,7 @@ class Holder:
         """An outage: the sessions whose output and exit we can watch now (their copies back in
         the table, as far as our descriptor limit goes); the rest stay in flight, unread."""
         try:
-            room = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - len(os.listdir("/proc/self/fd")) - _SPARE_FDS
+            room = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - len(os.listdir("/proc/self/fd")) - SPARE_FDS
         except (OSError, ValueError):
             room = 0
         kept: list[Held] = []

@@ -11,6 +11,7 @@ owners (a daemon and an agent's stdio server) share a state directory as before.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -61,7 +62,14 @@ class OwnerLock:
             # A second descriptor of the lock at a high, fixed-looking number: a session's shell
             # asks "/proc/<server>/fd/<probe> is still this lock file?" to learn whether its server
             # lives and owns it (false after a crash, a hand-over, as a zombie, or for a reused pid).
-            probe = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _PROBE_FD_MIN)
+            # Under a descriptor limit at or below that number (F_DUPFD says EINVAL) any number
+            # does: what the shell compares is the file, and the number stays ours till release.
+            try:
+                probe = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _PROBE_FD_MIN)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                probe = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)
         except BaseException:
             os.close(fd)
             raise

@@ -130,6 +130,13 @@ def _signal_pids(pids: Iterable[int], sig: int) -> int:
     return reached
 
 
+def _spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
 class ScanTrees:
     """Tree discovery by walking /proc (no cgroup available)."""
 
@@ -137,6 +144,10 @@ class ScanTrees:
 
     def __init__(self) -> None:
         self._me = os.getpid()
+        # A walk of /proc takes a descriptor (one at a time: the listing, then each file read).
+        # One is kept for it: with the table full (a burst of spawns took the last one, an
+        # unprivileged server's parking refused), ending the sessions must still find their trees.
+        self._spare = _spare()
 
     @property
     def subreaper(self) -> bool:
@@ -147,6 +158,19 @@ class ScanTrees:
         return None
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
+        try:
+            return self._members(session_id, leader)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or self._spare is None:
+                raise
+        os.close(self._spare)  # the kept one, for this walk
+        self._spare = None
+        try:
+            return self._members(session_id, leader)
+        finally:
+            self._spare = _spare()
+
+    def _members(self, session_id: str, leader: int | None) -> set[int]:
         table: dict[int, tuple[int, int, int, str]] = {}
         for pid in _all_pids():
             stat = _read_stat(pid)
@@ -194,8 +218,14 @@ class ScanTrees:
     def release(self, session_id: str, *, later: bool = False) -> None:
         return None
 
+    def detach(self) -> None:
+        """Nothing of ours to leave running elsewhere: the kept descriptor goes."""
+        self.close()
+
     def close(self) -> None:
-        return None
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
 
 
 class AdoptedScanTrees(ScanTrees):
@@ -204,8 +234,8 @@ class AdoptedScanTrees(ScanTrees):
     every process carrying the session's marker counts, wherever it hangs. A full scan of
     /proc environments per call: the fallback's price, paid only for adopted sessions."""
 
-    def pids(self, session_id: str, leader: int | None) -> set[int]:
-        members = super().pids(session_id, leader)
+    def _members(self, session_id: str, leader: int | None) -> set[int]:
+        members = super()._members(session_id, leader)
         for pid in _all_pids():
             if pid not in members and pid != self._me and _marker_of(pid) == session_id:
                 members.add(pid)
