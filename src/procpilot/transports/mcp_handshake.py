@@ -17,11 +17,13 @@ it would have seen, and its replies to the requests already answered are not wri
 compared. A difference (a cache the key did not tell apart) is written to the cache, and a
 different tool list is followed by ``notifications/tools/list_changed``, so a client lists again.
 Without an entry (the first start of a build or a configuration), the answers shipped with
-procpilot for that configuration (transports/handshake_seed.py: no ``--config``, no setting in
-the environment, one of the profiles) are served the same way, and the server's own answers fill
-the cache; a configuration the seed does not cover is answered by the server once loaded, as
-before. A 2026-07-28 request (an envelope in ``_meta``), an ``initialize`` without the fields
-the SDK requires, a ``tools/list`` with a cursor and anything else are the server's.
+procpilot for that configuration (transports/handshake_seed.py: no setting in the environment,
+one of the profiles, no ``--config`` or one whose keys change neither answer) are served the same
+way, and the server's own answers fill the cache; a configuration the seed does not cover is
+answered by the server once loaded, as before. A server that will not start after all (a value
+in that file the settings refuse) answers the requests still waiting with its error
+(:func:`refuse`). A 2026-07-28 request (an envelope in ``_meta``), an ``initialize`` without
+the fields the SDK requires, a ``tools/list`` with a cursor and anything else are the server's.
 """
 
 from __future__ import annotations
