@@ -5,6 +5,7 @@ byte, and only for the starts it covers."""
 from __future__ import annotations
 
 import json
+import os
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -280,6 +281,8 @@ def test_config_files_the_seed_does_not_cover(tmp_path: Path, text: bytes) -> No
 def test_a_config_that_cannot_be_read_is_not_covered(tmp_path: Path) -> None:
     assert covered_profile(["--config", str(tmp_path / "missing.toml")], {}) is None
     assert covered_profile(["--config", str(tmp_path)], {}) is None  # a directory
+    os.mkfifo(tmp_path / "fifo")  # --config <(...): opened here, it would wait for a writer
+    assert covered_profile(["--config", str(tmp_path / "fifo")], {}) is None
 
 
 @pytest.mark.parametrize(

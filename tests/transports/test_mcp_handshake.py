@@ -12,6 +12,7 @@ import json
 import os
 import select
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -248,6 +249,26 @@ def test_a_config_value_the_settings_refuse_after_a_seeded_answer(tmp_path: Path
     finally:
         gate.touch()
         server.kill()
+
+
+def test_a_config_that_is_a_pipe_is_left_to_the_settings(tmp_path: Path) -> None:
+    """``--config <(...)`` names a pipe, which gives its bytes once: the handshake reads no such
+    file (for its cache key or the seed), so the settings get it whole. They got it empty: the
+    key's read took the bytes, and the file's policy and tools were silently not applied."""
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=('[tools]\nserve = ["exec"]\n',), daemon=True)
+    writer.start()
+    server = Server(tmp_path, options=("--config", str(fifo)))
+    try:
+        _, listed = _handshake(server)
+        assert [tool["name"] for tool in listed["result"]["tools"]] == ["exec"]
+        assert server.close() == []
+    finally:
+        server.kill()
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a writer still waiting for a reader goes
+        writer.join(timeout=30)
+        os.close(reader)
 
 
 def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None:

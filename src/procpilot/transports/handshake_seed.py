@@ -192,9 +192,12 @@ def _neutral_file(path: Path) -> tuple[bool, object]:
     import tomllib  # here: only a start with --config pays for it (4 ms)
 
     try:
+        # A pipe (--config <(...)) can be read once, and that read is the settings' own.
+        if not path.is_file():
+            return False, None
         with path.open("rb") as f:
             data = tomllib.load(f)
-    except (OSError, ValueError):  # missing, a directory, not TOML, not UTF-8: the settings say so
+    except (OSError, ValueError):  # missing, not TOML, not UTF-8: the settings say so
         return False, None
     if not _within(data, ANSWER_NEUTRAL):
         return False, None

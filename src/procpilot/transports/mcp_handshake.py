@@ -103,7 +103,11 @@ def _sources(digest: Any) -> None:
 
 
 def _config_bytes(argv: Sequence[str]) -> bytes:
-    """The bytes of every file a ``--config`` names (the last one is read: all are keyed)."""
+    """The bytes of every file a ``--config`` names (the last one is read: all are keyed).
+
+    Only a regular file is read: ``--config <(...)`` names a pipe, whose bytes a read here would
+    take from the settings (which then read it empty). A pipe is keyed by its name alone, and
+    the seed never covers it (transports/handshake_seed.py), so the server answers."""
     found = b""
     for i, arg in enumerate(argv):
         path = argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
@@ -111,7 +115,7 @@ def _config_bytes(argv: Sequence[str]) -> bytes:
             path = arg.partition("=")[2]
         if path is not None:
             try:
-                found += Path(path).read_bytes() + b"\0"
+                found += (Path(path).read_bytes() if Path(path).is_file() else b"\0not a file") + b"\0"
             except OSError:
                 found += b"\0unreadable\0"
     return found
