@@ -253,8 +253,9 @@ def test_a_config_value_the_settings_refuse_after_a_seeded_answer(tmp_path: Path
 
 def test_a_config_that_is_a_pipe_is_left_to_the_settings(tmp_path: Path) -> None:
     """``--config <(...)`` names a pipe, which gives its bytes once: the handshake reads no such
-    file (for its cache key or the seed), so the settings get it whole. They got it empty: the
-    key's read took the bytes, and the file's policy and tools were silently not applied."""
+    file (for its cache key or the seed), so the settings get it whole. The key's read took the
+    bytes: the settings read ``<(...)`` empty (the file's policy and tools silently not applied),
+    and waited for a second writer of a named pipe (here) forever."""
     fifo = tmp_path / "config.fifo"
     os.mkfifo(fifo)
     writer = threading.Thread(target=fifo.write_text, args=('[tools]\nserve = ["exec"]\n',), daemon=True)
