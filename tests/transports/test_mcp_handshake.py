@@ -12,6 +12,7 @@ import json
 import os
 import select
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,11 +55,13 @@ CALL = {
 
 
 class Server:
-    def __init__(self, tmp_path: Path, gate: Path | None = None, *, options: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, tmp_path: Path, gate: Path | None = None, *, options: tuple[str, ...] = (), stderr: int | None = None
+    ) -> None:
         env, options = self.started_with(tmp_path, gate, options)
         argv = [PROCPILOT, "mcp", *options]
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=tmp_path, bufsize=0
         )
         self._buffer = b""  # read from the server, not yet taken as a line
 
@@ -109,7 +112,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None and not pipe.closed:
                 pipe.close()
 
@@ -192,6 +195,81 @@ def test_a_first_start_is_answered_before_the_server_loads(
     entry = json.loads(cached.read_text())
     assert entry["initialize"] == {"2025-06-18": initialized["result"]}
     assert entry["tools"] == {"2025-06-18": listed["result"]}
+
+
+def test_a_first_start_with_a_config_file_is_answered_before_the_server_loads(tmp_path: Path) -> None:
+    """A --config file whose keys change neither answer (here a profile, limits and a policy)
+    is served from the seed on its first start (every edit of the file is one): answered while
+    the settings are not imported yet, and the loaded server finds nothing to correct."""
+    config = tmp_path / "procpilot.toml"
+    config.write_text('[tools.exec]\nprofile = "codex"\ntimeoutSec = 600\n[policy.default]\ndeny = ["shutdown"]\n')
+    gate = tmp_path / "gate"
+    server = Server(tmp_path, gate, options=("--config", str(config)))
+    try:
+        server.wait_at_gate(gate)
+        initialized, listed = _handshake(server)
+        assert initialized["result"]["serverInfo"]["name"] == "procpilot"
+        assert [tool["name"] for tool in listed["result"]["tools"]] == ["exec_command", "write_stdin"]
+        gate.touch()
+        call = {"name": "exec_command", "arguments": {"cmd": "echo hi"}}
+        server.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call})
+        assert "hi" in server.read()["result"]["content"][0]["text"]
+        assert server.close() == []  # no list_changed: the seed was this server's own answers
+    finally:
+        gate.touch()
+        server.kill()
+
+
+def test_a_config_value_the_settings_refuse_after_a_seeded_answer(tmp_path: Path) -> None:
+    """The seed looks at a file's keys, not its values: ``timeoutSec = -1`` is covered, so
+    ``initialize`` and ``tools/list`` are answered, then the loaded settings refuse it. Every
+    request read and not answered gets the typed error as a JSON-RPC error, the server's
+    stdout closes, the error is on stderr (no traceback) and the exit status is 2."""
+    config = tmp_path / "procpilot.toml"
+    config.write_text("[tools.exec]\ntimeoutSec = -1\n")
+    gate = tmp_path / "gate"
+    server = Server(tmp_path, gate, options=("--config", str(config)), stderr=subprocess.PIPE)
+    assert server.proc.stdin is not None and server.proc.stdout is not None and server.proc.stderr is not None
+    try:
+        server.wait_at_gate(gate)
+        server.send(INITIALIZE)
+        assert server.read()["result"]["serverInfo"]["name"] == "procpilot"
+        # One write: when tools/list is answered, the front has read the call after it too.
+        server.proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in (INITIALIZED, LIST, CALL)))
+        assert server.read()["id"] == 2
+        gate.touch()
+        refused = server.read()
+        assert refused["id"] == 3 and refused["error"]["code"] == -32603
+        assert "ConfigError" in refused["error"]["message"] and "timeoutSec" in refused["error"]["message"]
+        assert refused["error"]["data"]["error"] == "ConfigError"
+        assert server.proc.stdout.read() == b""  # nothing else, and closed
+        assert server.proc.wait(timeout=30) == 2
+        stderr = server.proc.stderr.read().decode()
+        assert "ConfigError" in stderr and "tools.exec.timeoutSec" in stderr and "Traceback" not in stderr
+    finally:
+        gate.touch()
+        server.kill()
+
+
+def test_a_config_that_is_a_pipe_is_left_to_the_settings(tmp_path: Path) -> None:
+    """``--config <(...)`` names a pipe, which gives its bytes once: the handshake reads no such
+    file (for its cache key or the seed), so the settings get it whole. The key's read took the
+    bytes: the settings read ``<(...)`` empty (the file's policy and tools silently not applied),
+    and waited for a second writer of a named pipe (here) forever."""
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=('[tools]\nserve = ["exec"]\n',), daemon=True)
+    writer.start()
+    server = Server(tmp_path, options=("--config", str(fifo)))
+    try:
+        _, listed = _handshake(server)
+        assert [tool["name"] for tool in listed["result"]["tools"]] == ["exec"]
+        assert server.close() == []
+    finally:
+        server.kill()
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a writer still waiting for a reader goes
+        writer.join(timeout=30)
+        os.close(reader)
 
 
 def test_a_cache_the_key_did_not_tell_apart_is_corrected(tmp_path: Path) -> None:

@@ -113,6 +113,7 @@ def mcp(
     try:
         settings = load_settings(config, **_workspace(workspace), **_tool_choice(tool_names, tools, profile))
     except ProcpilotError as exc:
+        _refuse_handshake(exc)
         _fail(exc, 2)
     if http:
         from procpilot.transports.serve import check_binding
@@ -138,7 +139,16 @@ def mcp(
     try:
         asyncio.run(serving)
     except ProcpilotError as exc:  # a refused binding, a tool set that names no tool...
+        _refuse_handshake(exc)
         _fail(exc, _refused(exc))
+
+
+def _refuse_handshake(exc: ProcpilotError) -> None:
+    """The requests the handshake's front read before this server gave up get ``exc`` as their
+    error (the front may have answered ``initialize`` already: transports/mcp_handshake.py)."""
+    from procpilot.transports.mcp_handshake import refuse
+
+    refuse(exc.to_dict())
 
 
 # -- the daemon and its client commands (procpilot serve, run, ps, logs, write, kill, wait, rm) --

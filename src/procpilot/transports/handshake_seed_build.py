@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -42,17 +43,19 @@ def _initialize(version: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
 
 
-def server_replies(profile: str, version: str) -> tuple[bytes, bytes]:
-    """The lines ``procpilot mcp --profile profile`` writes for an ``initialize`` of ``version``
-    and the ``tools/list`` after it (ids 1 and 2), in default settings."""
-    return anyio.run(_replies, profile, version)
+def server_replies(profile: str | None, version: str, config: Path | None = None) -> tuple[bytes, bytes]:
+    """The lines ``procpilot mcp --profile profile --config config`` writes for an
+    ``initialize`` of ``version`` and the ``tools/list`` after it (ids 1 and 2); None: without
+    that option (default settings without either)."""
+    return anyio.run(_replies, profile, version, config)
 
 
-async def _replies(profile: str, version: str) -> tuple[bytes, bytes]:
+async def _replies(profile: str | None, version: str, config: Path | None) -> tuple[bytes, bytes]:
     with tempfile.TemporaryDirectory(prefix="procpilot-seed-") as home:
         # An empty environment: the seed covers starts that set no setting there (a HOME only
         # names the state directory, which no answer mentions).
-        settings = load_settings(None, env={"HOME": home}, exec={"profile": profile})
+        chosen = {} if profile is None else {"exec": {"profile": profile}}
+        settings = load_settings(config, env={"HOME": home}, **chosen)
         settings = with_default_tools(settings)
         supervisor = Supervisor(settings)  # never started: building the tools spawns nothing
         tools, _ = build_tools(supervisor, settings)

@@ -17,11 +17,13 @@ it would have seen, and its replies to the requests already answered are not wri
 compared. A difference (a cache the key did not tell apart) is written to the cache, and a
 different tool list is followed by ``notifications/tools/list_changed``, so a client lists again.
 Without an entry (the first start of a build or a configuration), the answers shipped with
-procpilot for that configuration (transports/handshake_seed.py: no ``--config``, no setting in
-the environment, one of the profiles) are served the same way, and the server's own answers fill
-the cache; a configuration the seed does not cover is answered by the server once loaded, as
-before. A 2026-07-28 request (an envelope in ``_meta``), an ``initialize`` without the fields
-the SDK requires, a ``tools/list`` with a cursor and anything else are the server's.
+procpilot for that configuration (transports/handshake_seed.py: no setting in the environment,
+one of the profiles, no ``--config`` or one whose keys change neither answer) are served the same
+way, and the server's own answers fill the cache; a configuration the seed does not cover is
+answered by the server once loaded, as before. A server that will not start after all (a value
+in that file the settings refuse) answers the requests still waiting with its error
+(:func:`refuse`). A 2026-07-28 request (an envelope in ``_meta``), an ``initialize`` without
+the fields the SDK requires, a ``tools/list`` with a cursor and anything else are the server's.
 """
 
 from __future__ import annotations
@@ -40,7 +42,17 @@ from typing import Any, TypeGuard
 
 from procpilot.transports.handshake_seed import SETTINGS_VARIABLES, seed_answers
 
-__all__ = ["SHAPED_ALIKE", "Handshake", "cache_path", "reply_bytes", "start_front", "stdio_is_pipe", "take"]
+__all__ = [
+    "NOT_STARTED",
+    "SHAPED_ALIKE",
+    "Handshake",
+    "cache_path",
+    "refuse",
+    "reply_bytes",
+    "start_front",
+    "stdio_is_pipe",
+    "take",
+]
 
 # The handshake-era versions (as transports/mcp_direct.py's SHAPED_ALIKE; a test holds them equal).
 SHAPED_ALIKE = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"})
@@ -50,6 +62,7 @@ _READ = 1 << 16
 _SWITCH_S = 0.0005
 _MARKERS = (b'"initialize"', b'"tools/list"')
 _LIST_CHANGED = b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
+NOT_STARTED = -32603  # JSON-RPC's internal error: the reply to a request a server that will not start read
 # Environment variables that shape what `procpilot mcp` serves, besides every PROCPILOT_ one:
 # the settings' own, and those their defaults and the tools' paths come from.
 _ENV = frozenset({"HOME", "XDG_STATE_HOME", "PYTHONPATH"}) | SETTINGS_VARIABLES
@@ -90,16 +103,22 @@ def _sources(digest: Any) -> None:
 
 
 def _config_bytes(argv: Sequence[str]) -> bytes:
+    """The bytes of every file a ``--config`` names (the last one is read: all are keyed).
+
+    Only a regular file is read: ``--config <(...)`` names a pipe, whose bytes a read here would
+    take from the settings (which then read it empty). A pipe is keyed by its name alone, and
+    the seed never covers it (transports/handshake_seed.py), so the server answers."""
+    found = b""
     for i, arg in enumerate(argv):
         path = argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
         if arg.startswith("--config="):
             path = arg.partition("=")[2]
         if path is not None:
             try:
-                return Path(path).read_bytes()
+                found += (Path(path).read_bytes() if Path(path).is_file() else b"\0not a file") + b"\0"
             except OSError:
-                return b"\0unreadable"
-    return b""
+                found += b"\0unreadable\0"
+    return found
 
 
 def cache_path(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Path | None:
@@ -270,6 +289,20 @@ class Handshake:
         elif method == "tools/list" and params in (None, {}):
             self._asked[key] = ("tools/list", None)
 
+    def unanswered(self) -> list[object]:
+        """The ids of the requests in :attr:`lines` the front did not answer (after :meth:`handover`)."""
+        ids: list[object] = []
+        for line in self.lines:
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(message, dict) and isinstance(message.get("method"), str):
+                key = _key(message.get("id"))
+                if key is not None and key not in self._answered:
+                    ids.append(message["id"])
+        return ids
+
     def wants(self, request_id: object) -> bool:
         """Whether the reply to ``request_id`` concerns the handshake (cheap: most do not)."""
         key = _key(request_id)
@@ -342,3 +375,24 @@ def start_front(argv: Sequence[str]) -> None:
 def take() -> Handshake | None:
     """The handshake started for this process, once (None for a server started otherwise)."""
     return _armed.pop() if _armed else None
+
+
+def refuse(error: Mapping[str, Any]) -> None:
+    """``procpilot mcp`` will not serve (its settings refused, say, a value in a ``--config``
+    file the seed covered by its keys alone) though the front may have answered the handshake:
+    stop the front, and answer each request it read and left unanswered with a JSON-RPC error
+    carrying ``error`` (the typed error, as ``to_dict`` gives it), so the client reads why
+    before the server's stdout closes. Nothing once the server has taken the handshake (the
+    server answers its own requests then)."""
+    handshake = take()
+    if handshake is None:
+        return
+    handshake.handover()
+    message = f"procpilot mcp did not start: {error.get('error')}: {error.get('message')}"
+    for request_id in handshake.unanswered():
+        reply = {"jsonrpc": "2.0", "id": request_id, "error": {"code": NOT_STARTED, "message": message, "data": error}}
+        line = json.dumps(reply, default=str).encode() + b"\n"  # ASCII: a lone surrogate is escaped
+        with contextlib.suppress(OSError):  # a client gone: the error is on stderr still
+            view = memoryview(line)
+            while view:
+                view = view[os.write(1, view) :]
