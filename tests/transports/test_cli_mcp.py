@@ -225,6 +225,18 @@ async def test_tool_names_and_sets_for_every_model_api(tmp_path: Path) -> None:
         assert run["stdout_summary"] == "renamed\n"
 
 
+async def test_the_process_tool_switched_off_leaves_exec_alone_in_the_foreground(tmp_path: Path) -> None:
+    # docs/tools.md: with [tools.process] enabled = false exec runs every command to its end and
+    # no process tool is offered (the default tool set asked for one, and the server refused to start).
+    config = tmp_path / "procpilot.toml"
+    config.write_text("[tools.process]\nenabled = false\n")
+    args = ["mcp", "--agent", "a1", "--config", str(config)]
+    async with Client(StdioServerParameters(command=PROCPILOT, args=args, env=server_env(tmp_path))) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == {"exec"}
+        done = await call(client, "exec", command="sleep 0.3; echo waited", background=True)
+        assert done["status"] == "done" and done["output"] == "waited\n"
+
+
 def test_an_unknown_tool_set_is_a_clean_config_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [PROCPILOT, "mcp", "--tools", "exec,nosuch"],

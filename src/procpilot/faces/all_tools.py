@@ -70,6 +70,9 @@ def with_default_tools(settings: Settings) -> Settings:
     if settings.served_tools is not None:
         return settings
     default = _PROFILE_DEFAULT_TOOLS.get(settings.exec.profile, MCP_DEFAULT_TOOLS)
+    if not settings.process.enabled:
+        # [tools.process] off: no process tool is built, so the default set must not ask for one.
+        default = tuple(name for name in default if name != "process")
     return settings.model_copy(update={"tools": settings.tools.model_copy(update={"serve": default})})
 
 
