@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from procpilot.config import Settings, load_settings
+from procpilot.engine import children
 from procpilot.engine.children import claimed, reap_orphans
 from procpilot.engine.reaper import ExitWatcher
 from procpilot.engine.spawn import SpawnSpec
@@ -62,14 +63,39 @@ def test_a_child_of_other_code_in_the_process_is_left_to_it() -> None:
     assert child.wait(5) == 3
 
 
-def test_an_orphan_in_a_session_of_its_own_is_reaped() -> None:
-    """What a session's tree leaves with us (a child in another session than ours, that nobody
-    claimed) is reaped: no zombie stays."""
-    child = subprocess.Popen(["/bin/sh", "-c", "exit 0"], start_new_session=True)
-    assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT) is not None
-    assert reap_orphans() == [child.pid]
-    child.returncode = 0  # reaped above: its Popen must not wait for it
-    assert not os.path.exists(f"/proc/{child.pid}")
+async def test_an_orphan_of_a_session_the_engine_began_is_reaped(supervisor: Supervisor) -> None:
+    """What a tree the engine started leaves with us (an orphan in the session its leader began,
+    that nobody claimed) is reaped: no zombie stays."""
+    parent = children.popen([PY, "-c", _ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    assert parent.stdout is not None and parent.stdin is not None
+    orphan = int(parent.stdout.readline())
+    assert parent.wait(10) == 0
+    children.release(parent.pid)
+    parent.stdin.close()  # the orphan (ours now: we are the subreaper) ends
+    parent.stdout.close()
+    assert os.waitid(os.P_PID, orphan, os.WEXITED | os.WNOWAIT) is not None
+    reaped = reap_orphans()
+    assert orphan in reaped or _stat(orphan) is None  # or the supervisor's housekeeping came first
+    assert _stat(orphan) is None
+
+
+async def test_a_child_of_other_code_in_a_session_of_its_own_keeps_its_exit_status(settings: Settings) -> None:
+    """A library user's own child started with ``start_new_session=True`` (for a group kill) looks,
+    to the kernel, like an orphan our trees left. The orphan reaper took it (its ``Popen.wait()``
+    then said 0 whatever it exited with), while a supervisor ran and after the last one closed."""
+    sup = await Supervisor(settings).start()
+    try:
+        child = subprocess.Popen(["/bin/sh", "-c", "exit 3"], start_new_session=True)
+        assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT) is not None
+        assert child.pid not in reap_orphans()
+        # an orphan the session's tree leaves: the close reaps what it adopted, and this is not it
+        await sup.run(SpawnSpec("sleep 0.2 & exit 0"), scope="a", yield_ms=None)
+        later = subprocess.Popen(["/bin/sh", "-c", "sleep 0.3; exit 4"], start_new_session=True)
+    finally:
+        await sup.aclose()
+    assert child.wait(5) == 3
+    time.sleep(0.6)  # the reaper that runs after the last close looks meanwhile (every 0.1 s at first)
+    assert later.wait(5) == 4
 
 
 async def test_a_leader_another_waiter_reaped_ends_lost_not_exited_0(supervisor: Supervisor) -> None:
@@ -137,13 +163,13 @@ async def test_an_orphan_adopted_while_a_supervisor_ran_is_reaped_when_it_ends_a
     before = _is_subreaper()
     sup = await Supervisor(settings).start()
     assert _is_subreaper()
-    # Not a session's: nothing the close ends. Its parent exits at once, so it comes to us.
-    parent = subprocess.Popen(
-        [PY, "-c", _ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
-    )
+    # The engine's child but no session's: nothing the close ends. Its parent exits at once, so
+    # it comes to us, in a session the engine began.
+    parent = children.popen([PY, "-c", _ORPHAN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     assert parent.stdout is not None and parent.stdin is not None
     orphan = int(parent.stdout.readline())
     assert parent.wait(10) == 0
+    children.release(parent.pid)
     stat = _stat(orphan)
     assert stat is not None and stat[1] == os.getpid(), f"the orphan did not come to this process: {stat}"
     await sup.aclose()

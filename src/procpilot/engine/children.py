@@ -11,12 +11,18 @@ children the engine starts are **claimed** for the whole process from their fork
 (:func:`popen`) until their owner reaps them (:func:`release`), and the orphan reaper leaves
 every claimed child alone, whichever supervisor it belongs to.
 
-It also leaves alone the children that share this process's session: every child the engine
-starts begins a session of its own (``start_new_session``), and so do the orphans of its
-sessions' trees (they are in a session's, or one they began), while a child of other code in
-the process (``subprocess.run`` on a thread) stays in ours, and is its caller's to wait for. (The
-engine's own short-lived children, the isolation probes, begin a session of their own too, so what
-they orphan, bubblewrap's first process in a pid namespace say, is reaped here as well.)
+And it reaps only what is provably ours. A process that embeds supervisors has children of its
+own, and one its code started in a session of its own (``start_new_session=True``, for a group
+kill) looks, to a kernel that keeps no record of who forked whom, just like an orphan our trees
+left: reaping it would take its exit status from the ``wait`` of the code that started it (its
+``Popen.wait()`` would say 0 whatever it exited with). So an orphan is reaped here only if it is in
+a session the engine began (every child it starts begins one: ``start_new_session``, and the
+orphans of a session's tree stay in it unless they begin their own), or if it was seen in one of
+our sessions' trees (a daemon that began a session of its own, :func:`mark_ours`). A session the
+engine began is remembered from the fork (:func:`popen`, :func:`own_session`) until its leader is
+reaped, and after that while one of our children is still in it, or for ``_SID_GRACE`` seconds
+(what its tree orphans as it is ended comes back to us meanwhile); a number is never remembered
+for longer, so a pid that comes back as another's is not taken for ours.
 
 **The subreaper role is held only while a supervisor is open** (:func:`hold_subreaper` at its
 start, :func:`release_subreaper` once it is closed): a process that embeds supervisors and closes
@@ -38,11 +44,13 @@ runs: the status is kept exact, and no zombie waits for a server that may never 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from procpilot.engine.exit_records import write_outcome
@@ -53,6 +61,8 @@ __all__ = [
     "hold_subreaper",
     "is_subreaper",
     "leave_to_next_server",
+    "mark_ours",
+    "own_session",
     "popen",
     "reap_orphans",
     "release",
@@ -69,11 +79,22 @@ _AFTER_CLOSE_MAX = 1.0
 _AFTER_CLOSE_EACH = 20e-6
 
 
+# How long a session the engine began is still ours after its leader was reaped, when none of our
+# children is in it: longer than a tree's end takes (the kill grace, then SIGKILL), and at most
+# _KEPT_MAX of them are remembered (the oldest go first).
+_SID_GRACE = 60.0
+_KEPT_MAX = 100_000
+
+
 class _Claims:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pids: set[int] = set()
         self.forking = 0  # forks under way (popen) whose child is not claimed yet
+        # Sessions the engine began (their leaders' pids): the orphans in them are ours. Value:
+        # None while the leader is not reaped, else when it was.
+        self.sessions: dict[int, float | None] = {}
+        self.seen: dict[int, float] = {}  # pids seen in our trees (mark_ours) -> when
 
 
 _claims = _Claims()
@@ -88,6 +109,8 @@ def popen(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
         child: subprocess.Popen[bytes] = subprocess.Popen(argv, **options)
         with _claims.lock:
             _claims.pids.add(child.pid)
+            if options.get("start_new_session") or options.get("process_group") == 0:
+                _claims.sessions[child.pid] = None
         return child
     finally:
         with _claims.lock:
@@ -98,6 +121,23 @@ def release(pid: int) -> None:
     """``pid`` was reaped by its owner: the number may come back as anyone's."""
     with _claims.lock:
         _claims.pids.discard(pid)
+        if pid in _claims.sessions:
+            _claims.sessions[pid] = time.monotonic()
+
+
+def own_session(pid: int) -> None:
+    """The child ``pid`` (started otherwise than by :func:`popen`) began a session of its own,
+    whose members are ours to reap once they end, ``pid`` among them (nobody else waits for it)."""
+    with _claims.lock:
+        _claims.sessions[pid] = time.monotonic()
+
+
+def mark_ours(pids: Iterable[int]) -> None:
+    """``pids`` are in one of our sessions' trees: once our children (orphans), ours to reap."""
+    now = time.monotonic()
+    with _claims.lock:
+        for pid in pids:
+            _claims.seen[pid] = now
 
 
 def claimed() -> frozenset[int]:
@@ -121,21 +161,35 @@ def reap_orphans() -> list[int]:
 
 
 def _orphans() -> list[int] | None:
-    """This process's children, ended or not, that are no claimed child and not of its own
-    session: the orphans it adopted. None while a fork is under way (nothing can be said)."""
-    own_session = os.getsid(0)
+    """This process's children, ended or not, that are no claimed child and provably ours (see
+    the module's docstring): the orphans it adopted. None while a fork is under way (nothing can
+    be said)."""
     with _claims.lock:  # a child forked after this look is not in it; one forked before is claimed
         if _claims.forking:
             return None
         candidates = _children_of_self() - _claims.pids
-    found = []
+    in_session: dict[int, int] = {}
     for pid in candidates:
-        try:
-            if os.getsid(pid) != own_session:
-                found.append(pid)
-        except (ProcessLookupError, PermissionError):
-            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            in_session[pid] = os.getsid(pid)
+    now = time.monotonic()
+    with _claims.lock:
+        found = [pid for pid, sid in in_session.items() if pid in _claims.seen or sid in _claims.sessions]
+        _forget_old(set(in_session.values()), set(in_session), now)
     return found
+
+
+def _forget_old(sessions_in_use: set[int], children_now: set[int], now: float) -> None:
+    """Under the lock: what no child of ours is in any more, past its grace, is forgotten."""
+    sessions, seen = _claims.sessions, _claims.seen
+    for sid in [s for s, at in sessions.items() if at is not None and now - at > _SID_GRACE]:
+        if sid not in sessions_in_use:
+            del sessions[sid]
+    for pid in [p for p, at in seen.items() if now - at > _SID_GRACE and p not in children_now]:
+        del seen[pid]
+    for kept in (sessions, seen):
+        while len(kept) > _KEPT_MAX:
+            del kept[next(iter(kept))]  # the oldest first (insertion order)
 
 
 class _Reaping:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from procpilot.engine import children
 from procpilot.engine import holder as holder_module
 from procpilot.engine.spawn import Spawned, open_pidfd
 from procpilot.engine.stdin import StdinParking
@@ -207,6 +208,7 @@ class HolderLink:
                 ],
                 setsid=True,
             )
+            children.own_session(pid)  # whoever of us is open when it ends reaps it
         except OSError as exc:
             self.problem = f"could not start the holder: {exc.strerror}"
             os.close(r)

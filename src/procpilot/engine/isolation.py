@@ -52,7 +52,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from procpilot.engine import sandbox_exec
+from procpilot.engine import children, sandbox_exec
 from procpilot.errors import IsolationUnavailable
 
 __all__ = [
@@ -127,16 +127,24 @@ def _run(argv: list[str], what: str) -> subprocess.CompletedProcess[bytes] | Non
     """The probe's run; None if it could not be run at all (no such program: a definitive no)."""
     timeout = _probe_timeout()
     try:
-        # A session of its own, as every child the engine starts: what the probe orphans (bubblewrap's
-        # first process in a pid namespace outlives the bwrap we wait for) comes back to a supervisor
-        # as an orphan it reaps, not as a child of other code in its session (engine/children.py).
-        return subprocess.run(argv, capture_output=True, timeout=timeout, check=False, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        raise ProbeUndecided(f"the {what} probe did not finish within {timeout:g} s") from None
+        # A session of its own, begun by the engine (children.popen): what the probe orphans
+        # (bubblewrap's first process in a pid namespace outlives the bwrap we wait for) comes
+        # back to a supervisor as an orphan of ours, which it reaps (engine/children.py).
+        proc = children.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         if exc.errno in _TRANSIENT:
             raise ProbeUndecided(f"the {what} probe could not start ({exc.strerror})") from None
         return None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise ProbeUndecided(f"the {what} probe did not finish within {timeout:g} s") from None
+    finally:
+        if proc.returncode is not None:
+            children.release(proc.pid)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 _PENDING: dict[str, str] = {}  # probe -> why it has no answer yet (until it gets one)

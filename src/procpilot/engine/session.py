@@ -759,7 +759,7 @@ class Session:
     def _after_leader_exit(self) -> None:
         if self.parking is not None:
             self.parking.wake(self)  # parked ends come back to be read to EOF, as any others
-        if self._trees.pids(self.id, self.pid):
+        if self._left_running():
             # The command is over; what it left running belongs to nobody else. End it.
             self.run.left_orphans = True
             self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self.run.leader_reaped)
@@ -771,16 +771,24 @@ class Session:
             self._timers.append(self._loop.call_later(_DRAIN_DEADLINE, self._drain_and_close_streams))
         self._maybe_finish()
 
+    def _left_running(self) -> set[int]:
+        """What of the tree still runs after its leader; each one ours to reap once it is an
+        orphan of ours, even one that began a session of its own (engine/children.py)."""
+        pids = self._trees.pids(self.id, self.pid)
+        if pids:
+            children.mark_ours(pids)
+        return pids
+
     def _kill_leftovers(self) -> None:
         self.run.reaper_armed = False
-        if self._trees.pids(self.id, self.pid):
+        if self._left_running():
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
         if self._finished.is_set() or not self.run.leader_reaped or self.run.open_streams:
             return
-        if self._trees.pids(self.id, self.pid):
+        if self._left_running():
             # Survivors hold no pipe of ours but are alive: keep killing until the tree is empty.
             if not self.run.reaper_armed:
                 self.run.reaper_armed = True
