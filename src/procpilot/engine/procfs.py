@@ -81,6 +81,7 @@ class Spare:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fd = _open_spare()
+        self._closed = False  # once closed, never taken again (a backend sharing it may read on)
 
     def read(self, read: Callable[[], _T]) -> _T:
         """``read()``; if it found no descriptor free, once more with the spare's."""
@@ -92,17 +93,19 @@ class Spare:
             refused = exc
         with self._lock:
             if self._fd is None:  # none could be kept (the table was full): maybe next time
-                self._fd = _open_spare()
+                self._fd = None if self._closed else _open_spare()
                 raise refused
             os.close(self._fd)
             self._fd = None
             try:
                 return read()
             finally:
-                self._fd = _open_spare()  # the slot just freed, unless another thread took it
+                # The slot just freed, unless another thread took it (then: on a later failure).
+                self._fd = None if self._closed else _open_spare()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

@@ -93,8 +93,12 @@ class TreeBackend(Protocol):
 
 
 def _read_stat(pid: int) -> tuple[int, int, int, str] | None:
-    """(ppid, pgid, sid, state) of a process, or None if it is gone."""
-    rest = stat_fields(pid)
+    """(ppid, pgid, sid, state) of a process, or None if it is gone or hidden from us (/proc
+    mounted with hidepid: not ours). OSError when it cannot be read now (no descriptor free)."""
+    try:
+        rest = stat_fields(pid)
+    except PermissionError:
+        return None
     if rest is None:
         return None
     return int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode()
@@ -148,12 +152,14 @@ class ScanTrees:
 
     name = "scan"
 
-    def __init__(self) -> None:
+    def __init__(self, spare: Spare | None = None) -> None:
         self._me = os.getpid()
         # A walk of /proc takes a descriptor (one at a time: the listing, then each file read).
         # One is kept for it: with the table full (a burst of spawns took the last one, an
         # unprivileged server's parking refused), ending the sessions must still find their trees.
-        self._spare = Spare()
+        # ``spare``: another backend's (adopted sessions' beside ours), which that one closes.
+        self._own_spare = spare is None
+        self.spare = spare or Spare()
 
     @property
     def subreaper(self) -> bool:
@@ -165,7 +171,7 @@ class ScanTrees:
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
         try:
-            return self._spare.read(lambda: self._members(session_id, leader))
+            return self.spare.read(lambda: self._members(session_id, leader))
         except OSError as exc:  # the walk failed: a process it could not read may be a member
             raise MembershipUnknown(exc.errno, f"the tree of {session_id} cannot be read now: {exc.strerror}") from exc
 
@@ -226,7 +232,8 @@ class ScanTrees:
         self.close()
 
     def close(self) -> None:
-        self._spare.close()
+        if self._own_spare:
+            self.spare.close()
 
 
 class AdoptedScanTrees(ScanTrees):
@@ -249,7 +256,7 @@ class CgroupTrees:
 
     name = "cgroup2"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, spare: Spare | None = None) -> None:
         self.root = root
         # Session paths are plain strings: every spawn makes, reads and removes one, and pathlib's
         # parsing cost more than the system calls.
@@ -259,7 +266,9 @@ class CgroupTrees:
         self._hold = hold_instance(root)
         # Reading cgroup.procs takes a descriptor: one is kept for it, as ScanTrees keeps one for
         # its walk, so a full table (a burst of spawns) does not leave a tree's end undecided.
-        self._spare = Spare()
+        # ``spare``: another backend's (adopted sessions' beside ours), which that one closes.
+        self._own_spare = spare is None
+        self.spare = spare or Spare()
 
     @property
     def subreaper(self) -> bool:
@@ -295,7 +304,7 @@ class CgroupTrees:
                 continue
             procs = f"{path}/cgroup.procs"
             try:
-                data = self._spare.read(functools.partial(read_small, procs))
+                data = self.spare.read(functools.partial(read_small, procs))
             except OSError as exc:
                 if exc.errno in GONE:
                     continue  # no directory: a populated cgroup cannot be removed, so none runs there
@@ -307,7 +316,7 @@ class CgroupTrees:
     def _kill_all(self, session_id: str) -> bool:
         """``cgroup.kill``: every process of the session's directory, atomically."""
         try:
-            self._spare.read(lambda: _write_small(f"{self._dir(session_id)}/cgroup.kill", b"1"))
+            self.spare.read(lambda: _write_small(f"{self._dir(session_id)}/cgroup.kill", b"1"))
         except OSError:
             return False
         return True
@@ -339,10 +348,12 @@ class CgroupTrees:
         """Forget the directory without ending what runs in it (it is left to the next server)."""
         release_instance(self._hold)
         self._hold = None
-        self._spare.close()
+        if self._own_spare:
+            self.spare.close()
 
     def close(self) -> None:
-        self._spare.close()
+        if self._own_spare:
+            self.spare.close()
         if not self.root.exists():
             return
         with contextlib.suppress(OSError):
