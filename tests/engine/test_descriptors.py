@@ -28,7 +28,14 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.engine.trees import CgroupTrees, instance_name, own_unified_cgroup, probe_trees
+from procpilot.engine.trees import (
+    CgroupTrees,
+    ScanTrees,
+    TreeBackend,
+    instance_name,
+    own_unified_cgroup,
+    probe_trees,
+)
 from procpilot.engine.warm import waiting_fds
 from tests.conftest import open_fds
 
@@ -42,7 +49,14 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from procpilot.engine.trees import CgroupTrees, instance_name, own_unified_cgroup, probe_trees
+from procpilot.engine.trees import (
+    CgroupTrees,
+    ScanTrees,
+    TreeBackend,
+    instance_name,
+    own_unified_cgroup,
+    probe_trees,
+)
 
 START_SOFT, SESSIONS, ROOT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 resource.setrlimit(resource.RLIMIT_NOFILE, (START_SOFT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -312,19 +326,29 @@ async def test_a_leader_that_exits_while_the_table_is_full_has_its_cgroup_tree_e
         assert s.left_orphans
 
 
-async def test_a_cgroup_tree_that_cannot_be_read_is_waited_for_never_called_empty(
-    settings: Settings, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Without even the kept descriptor (the backend was made with the table full), a failed
-    read of the members is "unknown": the session does not end while the child it left may
-    live, says so once in the log, and once the table has room it ends the child and ends."""
+def _backend_without_spare(kind: str) -> TreeBackend:
+    """A tree backend made while the table was full: it could keep no spare descriptor."""
+    if kind == "scan":
+        with full_table():
+            return ScanTrees()
     root = own_unified_cgroup()
     if root is None:
         pytest.skip("no cgroup v2 hierarchy here")
     directory = root / instance_name()
     directory.mkdir()
     with full_table():
-        trees = CgroupTrees(directory)  # no spare could be kept
+        return CgroupTrees(directory)
+
+
+@pytest.mark.parametrize("kind", ["cgroup", "scan"])
+async def test_a_tree_that_cannot_be_read_is_waited_for_never_called_empty(
+    settings: Settings, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """Without even the kept descriptor, a failed read of the members is "unknown": the session
+    does not end while the child it left may live (read as empty, it would run on, an orphan;
+    a /proc walk's error escaping, the session would never end), says so once in the log, and
+    once the table has room it ends the child and ends."""
+    trees = _backend_without_spare(kind)
     async with Supervisor(settings, warm_shells=0, trees=trees) as sup:
         s, child, pipes = await _leader_and_child(sup)
         with caplog.at_level(logging.WARNING), full_table(below=pipes):
