@@ -4,13 +4,18 @@ allows, and its sessions get that soft limit back (engine/descriptors.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
+import logging
 import os
+import re
 import resource
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,8 +23,19 @@ import pytest
 from procpilot.config import Settings
 from procpilot.engine import descriptors
 from procpilot.engine.capture import Stream
+from procpilot.engine.procfs import stat_fields
+from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.trees import (
+    CgroupTrees,
+    ScanTrees,
+    TreeBackend,
+    instance_name,
+    own_unified_cgroup,
+    probe_trees,
+)
 from procpilot.engine.warm import waiting_fds
 from tests.conftest import open_fds
 
@@ -28,8 +44,19 @@ _SERVER = """
 import asyncio, json, resource, signal, sys
 from procpilot.config import load_settings
 from procpilot.engine.capture import Stream
+from procpilot.engine.procfs import stat_fields
+from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
+from procpilot.engine.trees import (
+    CgroupTrees,
+    ScanTrees,
+    TreeBackend,
+    instance_name,
+    own_unified_cgroup,
+    probe_trees,
+)
 
 START_SOFT, SESSIONS, ROOT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 resource.setrlimit(resource.RLIMIT_NOFILE, (START_SOFT, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -225,3 +252,115 @@ def test_a_supervisor_whose_table_is_full_still_ends_every_tree_it_has_to_scan_f
     assert found["spawned"] > 10, found
     assert found["left"] == 0, found
     assert found["alive"] == [], found
+
+
+@contextlib.contextmanager
+def full_table(below: int | None = None) -> Iterator[None]:
+    """This process's descriptor table full: the soft limit lowered to ``below`` (else a few above
+    its highest descriptor) and every number under it taken, so an open fails with EMFILE (as
+    after a burst of spawns), even once a descriptor at or above ``below`` is closed. All given
+    back on the way out: the limit is the whole pytest worker's."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (below or max(open_fds()) + 8, hard))
+    try:
+        while True:
+            try:
+                fillers.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as exc:
+                if exc.errno != errno.EMFILE:
+                    raise
+                break
+        yield
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (read with the table free)."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X")
+
+
+# The leader exits 0 on SIGUSR1 (delivered by the test: no descriptor needed), leaving its
+# background child, which holds none of our pipes, running.
+_LEAVES_A_CHILD = "trap 'exit 0' USR1; sleep 30 >/dev/null 2>&1 </dev/null & echo ready; wait"
+
+
+async def _leader_and_child(sup: Supervisor) -> tuple[Session, int, int]:
+    """The session, its child, and the lowest of its output descriptors: a table full below it
+    stays full when the leader's exit closes them (they are read to EOF before, or after, the
+    engine's look at the tree)."""
+    sup.output_parking.park_above = 1 << 20  # its pipes stay in the table, where they are
+    s = await sup.spawn(SpawnSpec(_LEAVES_A_CHILD), scope="t")
+    await sup.wait("t", s.id, timeout=5, pattern=re.compile("ready"))  # its trap is set
+    assert s.pid is not None and s.spawned is not None
+    members = sup._tree_backend.pids(s.id, s.pid)
+    assert len(members) == 2, members
+    (child,) = members - {s.pid}
+    return s, child, min(fd for fd in (s.spawned.stdout_fd, s.spawned.stderr_fd) if fd is not None)
+
+
+def _cgroup_trees() -> CgroupTrees:
+    trees = probe_trees()
+    if not isinstance(trees, CgroupTrees):
+        trees.close()
+        pytest.skip("no writable cgroup v2 hierarchy here")
+    return trees
+
+
+async def test_a_leader_that_exits_while_the_table_is_full_has_its_cgroup_tree_ended_first(settings: Settings) -> None:
+    """A session's end is decided by reading its cgroup's members, which takes a descriptor:
+    one is kept for it. With the table full as the leader exits, the child it left running is
+    still found and ended before the session ends (read as empty, it ran on: an orphan)."""
+    async with Supervisor(settings, warm_shells=0, trees=_cgroup_trees()) as sup:
+        s, child, pipes = await _leader_and_child(sup)
+        with full_table(below=pipes):
+            os.kill(s.pid or 0, signal.SIGUSR1)
+            finished = await s.wait_finished(5)
+        assert finished
+        assert not _running(child), "the session ended with its child still running"
+        assert s.state is SessionState.EXITED_OK
+        assert s.left_orphans
+
+
+def _backend_without_spare(kind: str) -> TreeBackend:
+    """A tree backend made while the table was full: it could keep no spare descriptor."""
+    if kind == "scan":
+        with full_table():
+            return ScanTrees()
+    root = own_unified_cgroup()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy here")
+    directory = root / instance_name()
+    directory.mkdir()
+    with full_table():
+        return CgroupTrees(directory)
+
+
+@pytest.mark.parametrize("kind", ["cgroup", "scan"])
+async def test_a_tree_that_cannot_be_read_is_waited_for_never_called_empty(
+    settings: Settings, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """Without even the kept descriptor, a failed read of the members is "unknown": the session
+    does not end while the child it left may live (read as empty, it would run on, an orphan;
+    a /proc walk's error escaping, the session would never end), says so once in the log, and
+    once the table has room it ends the child and ends."""
+    trees = _backend_without_spare(kind)
+    async with Supervisor(settings, warm_shells=0, trees=trees) as sup:
+        s, child, pipes = await _leader_and_child(sup)
+        with caplog.at_level(logging.WARNING), full_table(below=pipes):
+            os.kill(s.pid or 0, signal.SIGUSR1)
+            # The engine's first look after the exit: it ends the session, or says it cannot tell.
+            looked = await _until(lambda: s.finished or "ends once its tree can be read" in caplog.text)
+            ended_blind = s.finished
+        assert looked
+        assert not ended_blind, "the session was ended on a failed read of its tree"
+        assert _running(child)
+        assert await s.wait_finished(5)
+        assert not _running(child)
+        assert s.state is SessionState.EXITED_OK
+        assert s.left_orphans
+        assert caplog.text.count("ends once its tree can be read") == 1

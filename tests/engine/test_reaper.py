@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 import threading
+import time
+
+import pytest
 
 from procpilot.engine.reaper import ExitWatcher, LeaderPoll
+from tests.engine.test_descriptors import full_table
 
 
 async def test_an_exit_is_seen_without_a_pidfd_even_behind_a_zombie_nobody_watches() -> None:
@@ -100,3 +105,29 @@ async def test_a_watched_child_reaped_by_other_code_is_found_by_a_sweep() -> Non
     watcher.sweep()
     assert seen.done()
     assert len(watcher) == 0
+
+
+async def test_a_polled_leader_whose_stat_cannot_be_read_has_not_ended(caplog: pytest.LogCaptureFixture) -> None:
+    """An adopted leader's end is polled from /proc/PID/stat. With the descriptor table full (a
+    burst of spawns) the read fails: that is "cannot tell", not "ended" (its session would end,
+    and its tree be killed, under a leader still running). It is said once in the log, looked
+    at again, and its real end is still seen once the table has room."""
+    loop = asyncio.get_running_loop()
+    leader = subprocess.Popen(["sleep", "30"])
+    seen: asyncio.Future[None] = loop.create_future()
+    try:
+        LeaderPoll.of(loop).watch(leader.pid, lambda: seen.set_result(None))
+        with caplog.at_level(logging.WARNING), full_table():
+            # The poll's first look with the table full: it calls the leader ended, or says it cannot tell.
+            deadline = time.monotonic() + 5
+            while not seen.done() and "looked for again" not in caplog.text and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            said = caplog.text.count("looked for again")
+            ended_blind = seen.done()
+        assert not ended_blind, "a leader still running was called ended on a failed read"
+        assert said == 1
+        assert leader.poll() is None
+    finally:
+        leader.kill()
+    await asyncio.wait_for(seen, 5)  # its real end, seen on a look that can read again
+    assert leader.wait(5) == -9

@@ -190,7 +190,7 @@ class Restarts:
         cgroup), else one over the directory of the server that started it."""
         if not root and isinstance(current, ScanTrees):
             if self._scan is None:
-                self._scan = AdoptedScanTrees()
+                self._scan = AdoptedScanTrees(current.spare)  # one spare descriptor for both
             return self._scan
         if not root or (isinstance(current, CgroupTrees) and str(current.root) == root):
             return current
@@ -198,7 +198,8 @@ class Restarts:
         if not Path(root).is_dir() or not _instance_dir(root, ours):
             return current
         if root not in self._trees:
-            self._trees[root] = CgroupTrees(Path(root))
+            spare = current.spare if isinstance(current, CgroupTrees | ScanTrees) else None
+            self._trees[root] = CgroupTrees(Path(root), spare)  # one spare descriptor for all
         return self._trees[root]
 
     def limits_for(self, record: dict[str, Any]) -> LimitBackend | None:

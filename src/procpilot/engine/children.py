@@ -326,7 +326,10 @@ def _after_close() -> None:
 
 
 def _parent_of(pid: int) -> int | None:
-    fields = stat_fields(pid)
+    try:
+        fields = stat_fields(pid)
+    except OSError:
+        return None  # cannot tell now: as before, not waited for here (its parent, if not us, reaps it)
     return int(fields[1]) if fields is not None and len(fields) > 1 else None
 
 

@@ -20,6 +20,7 @@ says None and the session falls back to a pidfd of its own.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import weakref
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from procpilot.engine.procfs import stat_fields
 
 __all__ = ["ExitWatcher", "LeaderPoll"]
+
+_log = logging.getLogger(__name__)
 
 _WAIT = os.WEXITED | os.WNOHANG | os.WNOWAIT
 _WATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ExitWatcher | None] = weakref.WeakKeyDictionary()
@@ -129,13 +132,17 @@ class LeaderPoll:
     goes to whoever is their parent now). A pidfd each would cost a descriptor each, so one timer
     reads each one's /proc stat for all of them; with many, less often. Ended: no entry, a zombie
     (its new parent, a subreaper that does not reap at once, may keep it one for long), or
-    another process under its pid (its start time is not the one it had when watched)."""
+    another process under its pid (its start time is not the one it had when watched). A stat
+    that cannot be read (no descriptor free: a burst of spawns) says nothing: looked at again on
+    the next tick, never taken for an end (the session would end, and its tree be killed, under
+    a leader still running)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)
         # Each watched pid's callback, and its start time as /proc said it when watched.
         self._watched: dict[int, tuple[Callable[[], None], bytes | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._unreadable_said = False  # True while looks fail (logged once, not on every tick)
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> LeaderPoll:
@@ -149,7 +156,11 @@ class LeaderPoll:
 
     def watch(self, pid: int, on_exit: Callable[[], None]) -> None:
         """Call ``on_exit`` (on the loop) once ``pid`` has ended (see the class)."""
-        self._watched[pid] = (on_exit, _start_time(pid))
+        try:
+            started = _start_time(pid)
+        except OSError:
+            started = None  # unknown for now: its end is still seen (no entry, a zombie)
+        self._watched[pid] = (on_exit, started)
         self._schedule()
 
     def unwatch(self, pid: int) -> None:
@@ -162,7 +173,18 @@ class LeaderPoll:
 
     def _look(self) -> None:
         self._timer = None
-        for pid in [pid for pid, (_, started) in self._watched.items() if _ended(pid, started)]:
+        ended = []
+        failed: OSError | None = None
+        for pid, (_, started) in self._watched.items():
+            try:
+                if _ended(pid, started):
+                    ended.append(pid)
+            except OSError as exc:
+                failed = exc
+        if failed is not None and not self._unreadable_said:
+            _log.warning("cannot read leaders' /proc stat (%s): their ends are looked for again", failed.strerror)
+        self._unreadable_said = failed is not None  # logged once while it lasts
+        for pid in ended:
             watched = self._watched.pop(pid, None)
             if watched is not None:
                 watched[0]()
@@ -175,6 +197,7 @@ def _start_time(pid: int) -> bytes | None:
 
 
 def _ended(pid: int, started: bytes | None) -> bool:
+    """Whether ``pid`` has ended; OSError when that cannot be told now."""
     fields = stat_fields(pid)
     if fields is None or not fields or fields[0] in (b"Z", b"X"):
         return True

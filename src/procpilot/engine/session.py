@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import resource
 import signal
@@ -35,7 +36,7 @@ from procpilot.engine.records import SessionRecord
 from procpilot.engine.spawn import Spawned, SpawnSpec, open_pidfd
 from procpilot.engine.states import SessionState, check_transition
 from procpilot.engine.stdin import StdinWriter
-from procpilot.engine.trees import TreeBackend, waiting_for_input
+from procpilot.engine.trees import MembershipUnknown, TreeBackend, waiting_for_input
 from procpilot.engine.usage import Usage
 from procpilot.errors import ProcessAlreadyExited
 from procpilot.turns import short_run, waiting
@@ -44,6 +45,8 @@ if TYPE_CHECKING:  # the supervisor's; a session only calls it
     from procpilot.engine.output_parking import OutputParking
 
 __all__ = ["ExitAccounting", "ExitInfo", "RestartCycle", "Session"]
+
+_log = logging.getLogger(__name__)
 
 _READ_SIZE = 1 << 20
 # After the leader exits, descendants it left behind get this long before SIGKILL.
@@ -59,6 +62,9 @@ _STORE_RETRY = 0.02  # seconds before a read that waited for a descriptor is tri
 # How long an adopted session's end waits for the holder's record of it: the holder sees the same
 # pidfd turn readable and writes within milliseconds; this only bounds a holder that died meanwhile.
 _RECORD_WAIT = 2.0
+# A tree whose members cannot be read (engine/trees.py MembershipUnknown) is looked at again after
+# this long, doubling up to the most: the session waits, it never ends on a failed read.
+_UNKNOWN_RETRY = (0.05, 1.0)
 _PARKED = -2  # an output descriptor's number while it is parked (engine/output_parking.py); -1: at EOF
 
 
@@ -107,6 +113,8 @@ class Run:
     leader_reaped: bool = False
     reaper_armed: bool = False  # a kill of what the leader left behind is due
     left_orphans: bool = False  # True iff processes outlived the leader (they are now ours to reap)
+    unknown_looks: int = 0  # looks in a row that could not read the tree (for their backoff)
+    unknown_said: bool = False  # True once such a look is logged (once per run)
     accounting: ExitAccounting = field(default_factory=ExitAccounting)
     terminal: TerminalModes = field(default_factory=TerminalModes)  # followed from the output under a pty only
     paused_reads: dict[int, asyncio.TimerHandle] = field(default_factory=dict)  # fd: when its reading resumes
@@ -427,7 +435,11 @@ class Session:
         leader_alive = not self.run.leader_reaped
 
         def probe() -> bool:
-            return waiting_for_input(trees.pids(session_id, leader) | ({leader} if leader_alive else set()), target)
+            try:
+                members = trees.pids(session_id, leader)
+            except MembershipUnknown:
+                members = set()  # best effort: the leader alone this time
+            return waiting_for_input(members | ({leader} if leader_alive else set()), target)
 
         return probe
 
@@ -756,43 +768,67 @@ class Session:
         self._after_leader_exit()
         return True
 
+    def _members(self) -> set[int] | None:
+        """The tree's live processes, or None when they cannot be read now (no descriptor free:
+        a burst of spawns). None is never "empty": the session is not ended on it, and looks
+        again on its timers (``_UNKNOWN_RETRY``)."""
+        try:
+            members = self._trees.pids(self.id, self.pid)
+        except MembershipUnknown as exc:
+            self.run.unknown_looks += 1
+            if not self.run.unknown_said:
+                self.run.unknown_said = True
+                _log.warning("session %s: %s; it ends once its tree can be read", self.id, exc.strerror)
+            return None
+        self.run.unknown_looks = 0
+        if members:
+            # Each ours to reap once it is an orphan of ours, even one that began a session of
+            # its own (engine/children.py).
+            children.mark_ours(members)
+        return members
+
+    def _end_leftovers(self) -> None:
+        # The command is over; what it left running belongs to nobody else. End it: SIGTERM,
+        # then SIGKILL after the grace (or sooner, once nothing holds our pipes: _maybe_finish).
+        self.run.left_orphans = True
+        self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self.run.leader_reaped)
+        self._timers.append(self._loop.call_later(_ORPHAN_GRACE, self._kill_leftovers))
+
     def _after_leader_exit(self) -> None:
         if self.parking is not None:
             self.parking.wake(self)  # parked ends come back to be read to EOF, as any others
-        if self._left_running():
-            # The command is over; what it left running belongs to nobody else. End it.
-            self.run.left_orphans = True
-            self._trees.signal(self.id, self.pid, signal.SIGTERM, leader_alive=not self.run.leader_reaped)
-            self._timers.append(self._loop.call_later(_ORPHAN_GRACE, self._kill_leftovers))
-        elif not self.run.open_streams:
+        members = self._members()
+        if members:
+            self._end_leftovers()
+        elif members is not None and not self.run.open_streams:
             self._finish()  # the common case: nothing left, nothing buffered
             return
         if self.run.open_streams:
             self._timers.append(self._loop.call_later(_DRAIN_DEADLINE, self._drain_and_close_streams))
         self._maybe_finish()
 
-    def _left_running(self) -> set[int]:
-        """What of the tree still runs after its leader; each one ours to reap once it is an
-        orphan of ours, even one that began a session of its own (engine/children.py)."""
-        pids = self._trees.pids(self.id, self.pid)
-        if pids:
-            children.mark_ours(pids)
-        return pids
-
     def _kill_leftovers(self) -> None:
         self.run.reaper_armed = False
-        if self._left_running():
+        members = self._members()
+        if members and not self.run.left_orphans:
+            # Seen only now: the look at the leader's exit could not read the tree.
+            self._end_leftovers()
+        elif members:
             self._trees.signal(self.id, self.pid, signal.SIGKILL, leader_alive=not self.run.leader_reaped)
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
         if self._finished.is_set() or not self.run.leader_reaped or self.run.open_streams:
             return
-        if self._left_running():
-            # Survivors hold no pipe of ours but are alive: keep killing until the tree is empty.
+        members = self._members()
+        if members is None or members:
+            # Survivors hold no pipe of ours but are alive (or may be: unread): keep looking, and
+            # killing, until the tree is seen empty.
             if not self.run.reaper_armed:
                 self.run.reaper_armed = True
-                self._timers.append(self._loop.call_later(0.05, self._kill_leftovers))
+                low, high = _UNKNOWN_RETRY
+                delay = 0.05 if members is not None else min(high, low * 2 ** min(self.run.unknown_looks, 8))
+                self._timers.append(self._loop.call_later(delay, self._kill_leftovers))
             return
         self._finish()
 
@@ -931,9 +967,11 @@ class Session:
         # later, a process that joined since is the tree's answer to the signal (a trap's cleanup).
         signalled: dict[int, str | None] | None = None
         if sig != signal.SIGKILL and time.monotonic() - self.cycle.run_t0 < _LATE_SIGNAL_YOUNG:
-            members = self._trees.pids(self.id, self.pid) | ({self.pid} if leader_alive and self.pid else set())
-            if len(members) <= _LATE_SIGNAL_MAX_TREE:
-                signalled = {pid: _image(pid) for pid in members}
+            members = self._members()  # unknown: signalled once, as a big tree is
+            if members is not None:
+                members |= {self.pid} if leader_alive and self.pid else set()
+                if len(members) <= _LATE_SIGNAL_MAX_TREE:
+                    signalled = {pid: _image(pid) for pid in members}
         self._trees.signal(self.id, self.pid, sig, leader_alive=leader_alive)
         if sig != signal.SIGKILL:
             if signalled is not None:
@@ -950,9 +988,8 @@ class Session:
         has forked but not yet exec'd catches it with the shell's handler and then becomes the
         command, which never heard it (the kill would report the session alive). Each process
         image gets the signal once: ``signalled`` keeps what was signalled as which program."""
-        if self._finished.is_set() or self.run.leader_reaped:
-            return
-        for pid in self._trees.pids(self.id, self.pid):
+        members = None if self._finished.is_set() or self.run.leader_reaped else self._members()
+        for pid in members or ():  # unknown now: the next check (if any) signals them
             image = _image(pid)
             if pid in signalled and signalled[pid] == image:
                 continue

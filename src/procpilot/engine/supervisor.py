@@ -70,6 +70,7 @@ from procpilot.engine.trees import (
     MARKER_ENV,
     SUPERVISOR_ENV,
     CgroupTrees,
+    MembershipUnknown,
     TreeBackend,
     instance_name,
     probe_trees,
@@ -698,7 +699,10 @@ class Supervisor:
                 if session.terminating:
                     self._resume_if_stopped(session)  # a stopped tree could not act on its signal
                     continue
-                pids = self._tree_backend.pids(session.id, session.pid)
+                try:
+                    pids = self._tree_backend.pids(session.id, session.pid)
+                except MembershipUnknown:
+                    continue  # unreadable this tick (no descriptor free): not an empty tree; the next
                 sample = TreeSample(
                     rss_bytes=sum(_rss_pages(pid) for pid in pids) * page,
                     cpu_seconds=sum(_cpu_ticks(pid) for pid in pids) / tick,
@@ -1213,7 +1217,10 @@ class Supervisor:
             session.fail_to_start("the server stopped before this session could start")
             return session
         fds = held.fds if held is not None else {}
-        alive = bool(trees.pids(session_id, pid))
+        try:
+            alive = bool(trees.pids(session_id, pid))
+        except MembershipUnknown:
+            alive = True  # unknown is not gone: its leader is watched (and its tree ended) as a live one's
         if held is None and alive:
             # Its tree runs on, but its stdio died with the server: no output could be served.
             trees.signal(session_id, pid, signal.SIGKILL, leader_alive=False)

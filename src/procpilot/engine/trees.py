@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import platform
 import re
@@ -31,13 +32,14 @@ from typing import Protocol
 
 from procpilot.engine.cgroup_janitor import remove_later, remove_now
 from procpilot.engine.children import is_subreaper
-from procpilot.engine.procfs import read_small, stat_fields
+from procpilot.engine.procfs import GONE, Spare, read_small, stat_fields
 
 __all__ = [
     "MARKER_ENV",
     "SUPERVISOR_ENV",
     "AdoptedScanTrees",
     "CgroupTrees",
+    "MembershipUnknown",
     "ScanTrees",
     "TreeBackend",
     "enable_controllers",
@@ -56,6 +58,11 @@ MARKER_ENV = "PROCPILOT_SESSION"
 SUPERVISOR_ENV = "PROCPILOT_SUPERVISOR"
 
 
+class MembershipUnknown(OSError):
+    """A tree's members could not be read now (no descriptor free, no memory): not "empty". The
+    caller looks again later; it never ends a session, or calls a tree gone, on this."""
+
+
 class TreeBackend(Protocol):
     name: str
 
@@ -64,10 +71,14 @@ class TreeBackend(Protocol):
         engine/fairness.py); returns the shell line that joins it, or None."""
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
-        """Every live process of the session; ``leader`` is its first pid (its session/group id)."""
+        """Every live process of the session; ``leader`` is its first pid (its session/group id).
+
+        Raises :class:`MembershipUnknown` when they cannot be read now: an empty set always
+        means the tree is empty."""
 
     def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
-        """Deliver ``sig`` to the whole tree; returns how many processes it reached.
+        """Deliver ``sig`` to the whole tree; returns how many processes it reached. Never raises
+        :class:`MembershipUnknown`: what cannot be found now is signalled on the caller's next try.
 
         ``leader_alive`` is False once the leader is reaped: its pid may then belong to a
         stranger and must never be signalled directly.
@@ -82,8 +93,12 @@ class TreeBackend(Protocol):
 
 
 def _read_stat(pid: int) -> tuple[int, int, int, str] | None:
-    """(ppid, pgid, sid, state) of a process, or None if it is gone."""
-    rest = stat_fields(pid)
+    """(ppid, pgid, sid, state) of a process, or None if it is gone or hidden from us (/proc
+    mounted with hidepid: not ours). OSError when it cannot be read now (no descriptor free)."""
+    try:
+        rest = stat_fields(pid)
+    except PermissionError:
+        return None
     if rest is None:
         return None
     return int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode()
@@ -108,8 +123,10 @@ def _marker_of(pid: int) -> str | None:
             env = f.read()
     except ProcessLookupError:
         return None if os.path.exists(f"/proc/{pid}") else ""
-    except OSError:
-        return ""
+    except OSError as exc:
+        if exc.errno in GONE or exc.errno in (errno.EACCES, errno.EPERM):
+            return ""  # gone, or not ours to read (so not one of ours)
+        raise  # no descriptor, no memory: whose it is is unknown, not "nobody's"
     if not env:
         return None
     prefix = f"{MARKER_ENV}=".encode()
@@ -130,24 +147,19 @@ def _signal_pids(pids: Iterable[int], sig: int) -> int:
     return reached
 
 
-def _spare() -> int | None:
-    try:
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-
-
 class ScanTrees:
     """Tree discovery by walking /proc (no cgroup available)."""
 
     name = "scan"
 
-    def __init__(self) -> None:
+    def __init__(self, spare: Spare | None = None) -> None:
         self._me = os.getpid()
         # A walk of /proc takes a descriptor (one at a time: the listing, then each file read).
         # One is kept for it: with the table full (a burst of spawns took the last one, an
         # unprivileged server's parking refused), ending the sessions must still find their trees.
-        self._spare = _spare()
+        # ``spare``: another backend's (adopted sessions' beside ours), which that one closes.
+        self._own_spare = spare is None
+        self.spare = spare or Spare()
 
     @property
     def subreaper(self) -> bool:
@@ -159,16 +171,9 @@ class ScanTrees:
 
     def pids(self, session_id: str, leader: int | None) -> set[int]:
         try:
-            return self._members(session_id, leader)
-        except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE) or self._spare is None:
-                raise
-        os.close(self._spare)  # the kept one, for this walk
-        self._spare = None
-        try:
-            return self._members(session_id, leader)
-        finally:
-            self._spare = _spare()
+            return self.spare.read(lambda: self._members(session_id, leader))
+        except OSError as exc:  # the walk failed: a process it could not read may be a member
+            raise MembershipUnknown(exc.errno, f"the tree of {session_id} cannot be read now: {exc.strerror}") from exc
 
     def _members(self, session_id: str, leader: int | None) -> set[int]:
         table: dict[int, tuple[int, int, int, str]] = {}
@@ -213,7 +218,11 @@ class ScanTrees:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(leader, sig)
                 reached += 1
-        return reached + _signal_pids(self.pids(session_id, leader), sig)
+        try:
+            members = self.pids(session_id, leader)
+        except MembershipUnknown:
+            return reached  # the group had it; the rest on the caller's next look
+        return reached + _signal_pids(members, sig)
 
     def release(self, session_id: str, *, later: bool = False) -> None:
         return None
@@ -223,9 +232,8 @@ class ScanTrees:
         self.close()
 
     def close(self) -> None:
-        if self._spare is not None:
-            os.close(self._spare)
-            self._spare = None
+        if self._own_spare:
+            self.spare.close()
 
 
 class AdoptedScanTrees(ScanTrees):
@@ -248,7 +256,7 @@ class CgroupTrees:
 
     name = "cgroup2"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, spare: Spare | None = None) -> None:
         self.root = root
         # Session paths are plain strings: every spawn makes, reads and removes one, and pathlib's
         # parsing cost more than the system calls.
@@ -256,6 +264,11 @@ class CgroupTrees:
         self._paths: dict[str, str] = {}  # session id -> its directory, when it is in a group
         self._moved: dict[str, str] = {}  # session id -> the directory it left for its group's
         self._hold = hold_instance(root)
+        # Reading cgroup.procs takes a descriptor: one is kept for it, as ScanTrees keeps one for
+        # its walk, so a full table (a burst of spawns) does not leave a tree's end undecided.
+        # ``spare``: another backend's (adopted sessions' beside ours), which that one closes.
+        self._own_spare = spare is None
+        self.spare = spare or Spare()
 
     @property
     def subreaper(self) -> bool:
@@ -289,22 +302,36 @@ class CgroupTrees:
         for path in (self._dir(session_id), self._moved.get(session_id)):
             if path is None:
                 continue
+            procs = f"{path}/cgroup.procs"
             try:
-                data = read_small(f"{path}/cgroup.procs")
-            except OSError:
-                continue
+                data = self.spare.read(functools.partial(read_small, procs))
+            except OSError as exc:
+                if exc.errno in GONE:
+                    continue  # no directory: a populated cgroup cannot be removed, so none runs there
+                # A live tree may be behind it: "empty" would end the session and orphan it.
+                raise MembershipUnknown(exc.errno, f"{procs} cannot be read now: {exc.strerror}") from exc
             found.update(int(line) for line in data.split())
         return found
 
+    def _kill_all(self, session_id: str) -> bool:
+        """``cgroup.kill``: every process of the session's directory, atomically."""
+        try:
+            self.spare.read(lambda: _write_small(f"{self._dir(session_id)}/cgroup.kill", b"1"))
+        except OSError:
+            return False
+        return True
+
     def signal(self, session_id: str, leader: int | None, sig: int, *, leader_alive: bool) -> int:
-        members = self.pids(session_id, leader)
-        if sig == signal.SIGKILL and members and session_id not in self._moved:
-            try:
-                with open(f"{self._dir(session_id)}/cgroup.kill", "wb") as f:
-                    f.write(b"1")
-                return len(members)
-            except OSError:
-                pass
+        try:
+            members = self.pids(session_id, leader)
+        except MembershipUnknown:
+            # Who is in it is unknown, not that it is empty: cgroup.kill needs no list, and the
+            # live leader is known; anything else is signalled on the caller's next look.
+            if sig == signal.SIGKILL and session_id not in self._moved and self._kill_all(session_id):
+                return 1
+            members = set()
+        if sig == signal.SIGKILL and members and session_id not in self._moved and self._kill_all(session_id):
+            return len(members)
         # The leader first: a shell that outlives its child by a moment reports the child's death
         # ("Terminated") into the output before its own signal arrives.
         first = [leader] if leader_alive and leader is not None else []
@@ -321,8 +348,12 @@ class CgroupTrees:
         """Forget the directory without ending what runs in it (it is left to the next server)."""
         release_instance(self._hold)
         self._hold = None
+        if self._own_spare:
+            self.spare.close()
 
     def close(self) -> None:
+        if self._own_spare:
+            self.spare.close()
         if not self.root.exists():
             return
         with contextlib.suppress(OSError):
@@ -332,6 +363,14 @@ class CgroupTrees:
         self._moved.clear()
         release_instance(self._hold)
         self._hold = None
+
+
+def _write_small(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def own_unified_cgroup() -> Path | None:

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import psutil
 
 from procpilot.engine.limits import LimitReport
-from procpilot.engine.trees import TreeBackend
+from procpilot.engine.trees import MembershipUnknown, TreeBackend
 
 __all__ = ["PidSample", "Tracked", "Usage", "UsageTracker", "sample_pid", "sample_tree", "usage_tracker"]
 
@@ -167,6 +167,7 @@ class _Reading:
 
     samples: dict[int, PidSample]
     cgroup_cpu_ms: int | None
+    known: bool = True  # False: the tree could not be read (no descriptor free); nothing to fold in
 
 
 @dataclass(slots=True)
@@ -340,6 +341,8 @@ class UsageTracker:
     def _apply(self, session: Tracked, reading: _Reading) -> Usage:
         """Fold one reading of a running tree into its track; returns the best usage so far."""
         track = self._track(session)
+        if not reading.known:
+            return track.best  # not "every process gone": the figures so far stand
         samples = reading.samples
         for pid in track.last.keys() - samples.keys():
             gone = track.last[pid]
@@ -417,7 +420,11 @@ class UsageTracker:
 
 def _read(trees: Any, session_id: str, leader: int) -> _Reading:
     """The counters of a session's tree now (file reads only: safe in a worker thread)."""
-    found = (sample_pid(pid) for pid in trees.pids(session_id, leader))
+    try:
+        pids = trees.pids(session_id, leader)
+    except MembershipUnknown:
+        return _Reading({}, None, known=False)
+    found = (sample_pid(pid) for pid in pids)
     return _Reading({s.pid: s for s in found if s is not None}, _cgroup_cpu_ms(trees, session_id))
 
 
