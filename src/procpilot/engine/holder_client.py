@@ -93,6 +93,9 @@ class HolderLink:
         # Called (on the loop) when the holder goes away while we are connected: its copies died
         # with it, ours did not, so the supervisor starts another and hands everything over again.
         self.on_lost: Callable[[], None] | None = None
+        # Called (on the loop) with the ids of sessions the holder took no copies of (its table
+        # was full when they came) and why: they run on here, but would not survive our crash.
+        self.on_refused: Callable[[list[str], str], None] | None = None
         # Where a stdin handed back in the hello is parked, out of our table (engine/stdin.py): a
         # restart of a server with 10,000 sessions must take them all back under the same limit.
         self.parking: StdinParking | None = None
@@ -156,7 +159,8 @@ class HolderLink:
         except RuntimeError:
             self._loop = None  # no loop to watch from: a lost holder is noticed at the next send
         if self._loop is not None:
-            # The holder never speaks first after the hello: readable means gone (EOF) or broken.
+            # After the hello the holder speaks only to refuse sessions; else readable means gone
+            # (EOF) or broken.
             self._loop.add_reader(sock.fileno(), self._on_readable)
 
     def _on_readable(self) -> None:
@@ -172,6 +176,14 @@ class HolderLink:
             return
         if not data:
             self._lost("the holder exited")
+            return
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return
+        ids = msg.get("ids") if isinstance(msg, dict) and msg.get("op") == "refused" else None
+        if isinstance(ids, list) and self.on_refused is not None:
+            self.on_refused([str(sid) for sid in ids], str(msg.get("why") or "the holder refused it"))
 
     def _lost(self, why: str) -> None:
         self.problem = why
