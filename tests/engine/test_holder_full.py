@@ -26,6 +26,7 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.holder_client import HolderLink
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.supervisor import Supervisor
+from procpilot.faces.exec_process import exec_process_tools
 from tests.conftest import marked_processes
 
 A = "agent-a"
@@ -76,6 +77,9 @@ async def test_sessions_a_full_holder_cannot_take_run_on_and_say_they_would_not_
         restarts = first.capabilities()["restarts"]
         assert restarts["survive"] is True  # the holder runs and keeps what it could take
         assert restarts["not_held"] == {"sessions": 2, "ids": sorted([runs_on.id, left.id]), "why": why}
+        _, process = exec_process_tools(first)
+        poll = await process.call({"action": "poll", "sessionId": left.id}, A)
+        assert poll.data["survive"] is False and poll.data["surviveWhy"] == why
         # Nothing of it is lost under this server: its stdin, its output, its exit.
         await runs_on.write(b"x\n")
         assert await runs_on.wait_finished(10)
@@ -151,6 +155,9 @@ async def test_a_holder_keeps_no_pidfd_in_its_table_for_a_session_it_does_not_wa
         started = [await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A) for _ in range(3)]
         assert await _until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
         holder = first.capabilities()["restarts"]["holder_pid"]
+        _, process = exec_process_tools(first)
+        poll = await process.call({"action": "poll", "sessionId": started[0].id}, A)
+        assert "survive" not in poll.data and "not_held" not in first.capabilities()["restarts"]  # held
         # No room for an outage's drain (holder.SPARE_FDS are kept free): every session stays in
         # flight, undrained, its exit unwatched.
         taken = len(_fds(holder))

@@ -273,8 +273,9 @@ class Holder:
         except (OSError, ValueError):
             soft = -1
         why = (
-            f"the holder (pid {os.getpid()}) had no room in its descriptor table for its copies"
-            f" (RLIMIT_NOFILE {soft}, copies it could not keep in flight stay in its table)"
+            f"the holder (pid {os.getpid()}) had no room in its descriptor table (RLIMIT_NOFILE {soft})"
+            " for its copies, so it ends with its server; a higher hard limit for the server"
+            " (systemd LimitNOFILE=) makes room from the next holder on"
         )
         try:
             conn.sendall(json.dumps({"op": "refused", "ids": ids, "why": why, "limit": soft}).encode())
