@@ -23,6 +23,7 @@ import pytest
 
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
+from procpilot.engine.holder import SPARE_FDS
 from procpilot.engine.holder_client import HolderLink
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.supervisor import Supervisor
@@ -162,7 +163,7 @@ async def test_a_holder_keeps_no_pidfd_in_its_table_for_a_session_it_does_not_wa
         # flight, undrained, its exit unwatched.
         taken = len(_fds(holder))
         hard = resource.prlimit(holder, resource.RLIMIT_NOFILE)[1]
-        resource.prlimit(holder, resource.RLIMIT_NOFILE, (taken + 256, hard))
+        resource.prlimit(holder, resource.RLIMIT_NOFILE, (taken + SPARE_FDS, hard))
     finally:
         await first.detach()
     async with Supervisor(settings, owner="t") as second:

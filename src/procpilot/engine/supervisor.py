@@ -1078,7 +1078,7 @@ class Supervisor:
         refused = [s for sid in ids if (s := self._sessions.get(sid)) is not None and not s.finished]
         for session in refused:
             session.custody.not_held = why
-            session.custody.record["not_held"] = why  # the next server's reason, if it finds it LOST
+            session.custody.record["not_held"] = why  # the next server's reason, if it finds it gone
             self._not_held.add(session.id)
             self._save(session)
         if refused:
