@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -100,6 +102,29 @@ async def test_sessions_a_full_holder_cannot_take_run_on_and_say_they_would_not_
         assert await gone.wait_finished(10)
         assert gone.error == f"it did not survive its server: {why}", gone.error
         assert "not_held" not in second.capabilities()["restarts"]
+    assert not marked_processes()
+
+
+async def test_a_hand_over_hears_what_the_holder_refused_before_it_leaves_the_record(settings: Settings) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    holder = first.capabilities()["restarts"]["holder_pid"]
+    _room_for(holder, 0)
+    # The holder answers late: stopped until the hand-over has begun, so a server that did not
+    # wait for its answer would be gone before it came.
+    os.kill(holder, signal.SIGSTOP)
+    resume = threading.Timer(0.2, os.kill, (holder, signal.SIGCONT))
+    try:
+        left = await first.spawn(SpawnSpec("echo up; sleep 30"), scope=A)
+        resume.start()
+        await first.detach()
+    finally:
+        resume.cancel()
+        os.kill(holder, signal.SIGCONT)
+    async with Supervisor(settings, owner="t") as second:
+        gone = second.get(A, left.id)
+        assert await gone.wait_finished(10)
+        assert gone.error is not None and gone.error.startswith("it did not survive its server: the holder (pid")
+        assert "descriptor table" in gone.error, gone.error
     assert not marked_processes()
 
 

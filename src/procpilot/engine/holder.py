@@ -35,18 +35,23 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                                                                + one fd per role, in order
                    {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
+                   {"op": "sync"}                              the reply: "synced", once all before it is
+                                                               handled (its "refused" sent first)
   holder → server  {"op": "held", "id", "roles", "eof", "exited", "recorded"} + one fd per role still open
                                                                recorded: we record how its leader ends
-                   {"op": "end", "protocol": PROTOCOL, "records": R}
+                   {"op": "end", "protocol": PROTOCOL, "records": R, "sync": true}
                                                                R: how it records exits nobody can wait
-                                                               for, {"mechanism"} or {"why"}; None: unknown
+                                                               for, {"mechanism"} or {"why"}; None: unknown;
+                                                               sync: it answers a "sync"
+                   {"op": "synced"}
                    {"op": "refused", "ids": [...], "why", "limit"}
                                                                after an "add" whose descriptors its table
                                                                could not take whole: these it holds
                                                                nothing of (the others of the add it keeps)
-A "refused" is the only message the holder sends unasked. It needs no new PROTOCOL: a server
-before it read anything after the hello as EOF or nothing (it ignored it), and a holder before it
-sends none (it dropped such an add silently), so either pairing works as it did.
+A "refused" is the only message the holder sends unasked. Neither it nor "sync" needs a new
+PROTOCOL: a server before them read anything after the hello as EOF or nothing (it ignored it)
+and never asks for a sync; a holder before them sends no refusal (it dropped such an add
+silently), and its "end" has no "sync", so it is not asked: either pairing works as it did.
 """
 
 from __future__ import annotations
@@ -197,6 +202,11 @@ class Holder:
             self._unpark_all(gone, ("stdin",))  # closed below, with one look into each bucket
             for ended in gone:
                 self._drop(ended.id)
+        elif op == "sync":  # a server about to go: what we refused is said already, in order
+            try:
+                conn.sendall(json.dumps({"op": "synced"}).encode())
+            except OSError:
+                self._disconnect(conn)
         elif op == "stdin_closed":
             closing = self.sessions.get(str(msg.get("id")))
             if closing is not None:
@@ -368,7 +378,7 @@ class Holder:
                 for held in chunk:
                     self._park(held)  # the new server has its copies: ours wait out of the table again
             records = None if self.exits is None else self.exits.said
-            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records}).encode())
+            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records, "sync": True}).encode())
         except OSError:
             self._disconnect(conn)
 

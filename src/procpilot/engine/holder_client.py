@@ -86,6 +86,7 @@ class HolderLink:
         # How the holder records the exits of sessions whose server died ({"mechanism"} or {"why"},
         # engine/exit_records.py); None: a holder that does not say, and writes no such records.
         self.records: dict[str, str] | None = None
+        self.syncs = False  # True iff the holder answers a "sync" (see :meth:`sync`)
         self._pending_adds: dict[str, tuple[Spawned, dict[str, object]]] = {}
         self._pending_forgets: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -177,13 +178,39 @@ class HolderLink:
         if not data:
             self._lost("the holder exited")
             return
+        self._heard(data)
+
+    def _heard(self, data: bytes) -> str | None:
+        """A message of the holder's after the hello: a refusal is passed on. Its op, if any."""
         try:
             msg = json.loads(data)
         except ValueError:
-            return
-        ids = msg.get("ids") if isinstance(msg, dict) and msg.get("op") == "refused" else None
+            return None
+        if not isinstance(msg, dict):
+            return None
+        ids = msg.get("ids") if msg.get("op") == "refused" else None
         if isinstance(ids, list) and self.on_refused is not None:
             self.on_refused([str(sid) for sid in ids], str(msg.get("why") or "the holder refused it"))
+        return str(msg.get("op"))
+
+    def sync(self) -> None:
+        """Wait (at most _SEND_TIMEOUT) until the holder has handled all we sent, hearing each
+        refusal on the way: a hand-over wants them said in the records it leaves for the next
+        server. Nothing with a holder that does not answer a sync (an older one)."""
+        sock = self._sock
+        if sock is None or not self.syncs or not self._send({"op": "sync"}):
+            return
+        deadline = time.monotonic() + _SEND_TIMEOUT
+        try:
+            while time.monotonic() < deadline:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                data = sock.recv(_MAX_MSG)
+                if not data or self._heard(data) == "synced":
+                    return  # gone (the hand-over goes on) or all said
+        except OSError as exc:
+            _log.warning("the holder did not confirm what it holds before this server went: %s", exc)
+        finally:
+            sock.settimeout(_SEND_TIMEOUT)
 
     def _lost(self, why: str) -> None:
         self.problem = why
@@ -254,6 +281,7 @@ class HolderLink:
                         )
                     records = msg.get("records")
                     self.records = {str(k): str(v) for k, v in records.items()} if isinstance(records, dict) else None
+                    self.syncs = msg.get("sync") is True
                     return held
                 roles = [str(r) for r in msg.get("roles", [])]
                 if len(roles) != len(fds):

@@ -607,6 +607,8 @@ class Supervisor:
         # readers stop before the holder starts: the logs and the spool never interleave.
         if self._restarts is not None:
             self._restarts.link.flush()
+            # And the holder's answer: a session it refused has that said in its record below.
+            self._restarts.link.sync()
         if self._warm is not None:
             self._warm.close()  # shells with no command yet: nothing for the next server
         restarts = self._restarts
