@@ -1308,6 +1308,7 @@ class Supervisor:
 
     def _on_finish(self, session: Session) -> None:
         self._launcher.finished(session)
+        self._not_held.discard(session.id)
         unfinished = self._unfinished.get(agent_of(session.scope))
         if unfinished is not None:
             unfinished.discard(session.id)
