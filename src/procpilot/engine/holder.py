@@ -35,11 +35,23 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                                                                + one fd per role, in order
                    {"op": "forget", "ids": [...]}              these ended; close their copies
                    {"op": "stdin_closed", "id"}                close our copy of its stdin
+                   {"op": "sync"}                              the reply: "synced", once all before it is
+                                                               handled (its "refused" sent first)
   holder → server  {"op": "held", "id", "roles", "eof", "exited", "recorded"} + one fd per role still open
                                                                recorded: we record how its leader ends
-                   {"op": "end", "protocol": PROTOCOL, "records": R}
+                   {"op": "end", "protocol": PROTOCOL, "records": R, "sync": true}
                                                                R: how it records exits nobody can wait
-                                                               for, {"mechanism"} or {"why"}; None: unknown
+                                                               for, {"mechanism"} or {"why"}; None: unknown;
+                                                               sync: it answers a "sync"
+                   {"op": "synced"}
+                   {"op": "refused", "ids": [...], "why", "limit"}
+                                                               after an "add" whose descriptors its table
+                                                               could not take whole: these it holds
+                                                               nothing of (the others of the add it keeps)
+A "refused" is the only message the holder sends unasked. Neither it nor "sync" needs a new
+PROTOCOL: a server before them read anything after the hello as EOF or nothing (it ignored it)
+and never asks for a sync; a holder before them sends no refusal (it dropped such an add
+silently), and its "end" has no "sync", so it is not asked: either pairing works as it did.
 """
 
 from __future__ import annotations
@@ -178,7 +190,7 @@ class Holder:
                 os.close(fd)
             return
         if op == "add":
-            self._add_all(msg, fds)
+            self._add_all(conn, msg, fds)
             return
         for fd in fds:  # no other message carries descriptors
             os.close(fd)
@@ -190,6 +202,11 @@ class Holder:
             self._unpark_all(gone, ("stdin",))  # closed below, with one look into each bucket
             for ended in gone:
                 self._drop(ended.id)
+        elif op == "sync":  # a server about to go: what we refused is said already, in order
+            try:
+                conn.sendall(json.dumps({"op": "synced"}).encode())
+            except OSError:
+                self._disconnect(conn)
         elif op == "stdin_closed":
             closing = self.sessions.get(str(msg.get("id")))
             if closing is not None:
@@ -217,29 +234,63 @@ class Holder:
 
     # -- sessions -----------------------------------------------------------------------------
 
-    def _add_all(self, msg: dict[str, object], fds: list[int]) -> None:
-        """Several sessions in one message: their descriptors in order, each one's roles saying how many."""
+    def _add_all(self, conn: socket.socket, msg: dict[str, object], fds: list[int]) -> None:
+        """Several sessions in one message: their descriptors in order, each one's roles saying how many.
+
+        A table too full to take them all (the kernel's MSG_CTRUNC: it closed the ones past what
+        fit) keeps the sessions that came whole; the others are refused, and their server told,
+        so that it never believes a session survives a crash that would not."""
         sessions = msg.get("sessions")
         owner = str(msg.get("owner"))
         if not isinstance(sessions, list) or not all(
             isinstance(one, dict) and isinstance(one.get("roles"), list) for one in sessions
         ):
             sessions = []
-        if not sessions or sum(len(one["roles"]) for one in sessions) != len(fds):
+        if not sessions or sum(len(one["roles"]) for one in sessions) < len(fds):
             for fd in fds:
                 os.close(fd)
             return
-        if self.exits is None:  # loaded now, not as an outage begins: its first milliseconds count
-            with contextlib.suppress(ImportError, OSError, SyntaxError):  # then no exit records, nothing worse
-                self.exits = _load_exit_records().ExitWatch()
-        if self.stash is None:
-            with contextlib.suppress(ImportError, OSError, SyntaxError):  # then the copies stay in the table
-                self.stash = _load_beside("procpilot_stash", "stash.py").DescriptorStash()
+        whole: list[tuple[dict[str, object], list[int]]] = []
+        refused: list[str] = []
         pos = 0
         for one in sessions:
             count = len(one["roles"])
-            self._add(one, owner, fds[pos : pos + count])
+            if pos + count <= len(fds):
+                whole.append((one, fds[pos : pos + count]))
+            else:
+                refused.append(str(one.get("id")))
             pos += count
+        for fd in fds[sum(len(taken) for _, taken in whole) :]:
+            os.close(fd)  # a session that came in part: no use without the rest
+        if whole and self.exits is None:  # loaded now, not as an outage begins: its first milliseconds count
+            with contextlib.suppress(ImportError, OSError, SyntaxError):  # then no exit records, nothing worse
+                self.exits = _load_exit_records().ExitWatch()
+        if whole and self.stash is None:
+            with contextlib.suppress(ImportError, OSError, SyntaxError):  # then the copies stay in the table
+                self.stash = _load_beside("procpilot_stash", "stash.py").DescriptorStash()
+        for one, taken in whole:
+            self._add(one, owner, taken)
+        if refused:
+            self._refuse(conn, refused)
+
+    def _refuse(self, conn: socket.socket, ids: list[str]) -> None:
+        """Tell the server which sessions we hold no copy of: it keeps them running, and says
+        they would not survive its crash."""
+        for sid in ids:
+            self._drop(sid)  # an earlier run's copies, if any: not this run's
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (OSError, ValueError):
+            soft = -1
+        why = (
+            f"the holder (pid {os.getpid()}) had no room in its descriptor table (RLIMIT_NOFILE {soft})"
+            " for its copies, so it ends with its server; a higher hard limit for the server"
+            " (systemd LimitNOFILE=) makes room from the next holder on"
+        )
+        try:
+            conn.sendall(json.dumps({"op": "refused", "ids": ids, "why": why, "limit": soft}).encode())
+        except OSError:
+            self._disconnect(conn)
 
     def _add(self, msg: dict[str, object], owner: str, fds: list[int]) -> None:
         roles = msg.get("roles")
@@ -327,7 +378,7 @@ class Holder:
                 for held in chunk:
                     self._park(held)  # the new server has its copies: ours wait out of the table again
             records = None if self.exits is None else self.exits.said
-            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records}).encode())
+            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records, "sync": True}).encode())
         except OSError:
             self._disconnect(conn)
 
@@ -400,13 +451,25 @@ class Holder:
         """Its copies that nothing reads or watches now, into the stash."""
         if self.stash is None or held.draining:
             return
-        watched = {"pidfd"} if held.orphan and not held.exited else set()  # an orphan's exit is watched
-        roles = [r for r in held.fds if r not in watched]
+        # An orphan's pidfd stays if we watch it (its exit recorded): one drained in an outage. One
+        # that waited in flight then is watched by nobody: it parks with the rest, for the next.
+        roles = [r for r in held.fds if r != "pidfd" or not self._watching_exit(held)]
         tokens = self.stash.put_many([held.fds[r] for r in roles], together=True)
         for role, token in zip(roles, tokens, strict=True):
             if token is not None:
                 del held.fds[role]
                 held.parked[role] = token
+
+    def _watching_exit(self, held: Held) -> bool:
+        """Whether its pidfd is in our selector: its leader's exit is ours to see (and record)."""
+        fd = held.fds.get("pidfd")
+        if fd is None:
+            return False
+        try:
+            self.sel.get_key(fd)
+        except (KeyError, ValueError):
+            return False
+        return True
 
     def _unpark(self, held: Held, roles: tuple[str, ...] | None = None) -> None:
         self._unpark_all([held], roles)

@@ -87,6 +87,7 @@ class HolderLink:
         # How the holder records the exits of sessions whose server died ({"mechanism"} or {"why"},
         # engine/exit_records.py); None: a holder that does not say, and writes no such records.
         self.records: dict[str, str] | None = None
+        self.syncs = False  # True iff the holder answers a "sync" (see :meth:`sync`)
         self._pending_adds: dict[str, tuple[Spawned, dict[str, object]]] = {}
         self._pending_forgets: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -94,6 +95,9 @@ class HolderLink:
         # Called (on the loop) when the holder goes away while we are connected: its copies died
         # with it, ours did not, so the supervisor starts another and hands everything over again.
         self.on_lost: Callable[[], None] | None = None
+        # Called (on the loop) with the ids of sessions the holder took no copies of (its table
+        # was full when they came) and why: they run on here, but would not survive our crash.
+        self.on_refused: Callable[[list[str], str], None] | None = None
         # Where a stdin handed back in the hello is parked, out of our table (engine/stdin.py): a
         # restart of a server with 10,000 sessions must take them all back under the same limit.
         self.parking: StdinParking | None = None
@@ -157,7 +161,8 @@ class HolderLink:
         except RuntimeError:
             self._loop = None  # no loop to watch from: a lost holder is noticed at the next send
         if self._loop is not None:
-            # The holder never speaks first after the hello: readable means gone (EOF) or broken.
+            # After the hello the holder speaks only to refuse sessions; else readable means gone
+            # (EOF) or broken.
             self._loop.add_reader(sock.fileno(), self._on_readable)
 
     def _on_readable(self) -> None:
@@ -173,6 +178,40 @@ class HolderLink:
             return
         if not data:
             self._lost("the holder exited")
+            return
+        self._heard(data)
+
+    def _heard(self, data: bytes) -> str | None:
+        """A message of the holder's after the hello: a refusal is passed on. Its op, if any."""
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(msg, dict):
+            return None
+        ids = msg.get("ids") if msg.get("op") == "refused" else None
+        if isinstance(ids, list) and self.on_refused is not None:
+            self.on_refused([str(sid) for sid in ids], str(msg.get("why") or "the holder refused it"))
+        return str(msg.get("op"))
+
+    def sync(self) -> None:
+        """Wait (at most _SEND_TIMEOUT) until the holder has handled all we sent, hearing each
+        refusal on the way: a hand-over wants them said in the records it leaves for the next
+        server. Nothing with a holder that does not answer a sync (an older one)."""
+        sock = self._sock
+        if sock is None or not self.syncs or not self._send({"op": "sync"}):
+            return
+        deadline = time.monotonic() + _SEND_TIMEOUT
+        try:
+            while time.monotonic() < deadline:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                data = sock.recv(_MAX_MSG)
+                if not data or self._heard(data) == "synced":
+                    return  # gone (the hand-over goes on) or all said
+        except OSError as exc:
+            _log.warning("the holder did not confirm what it holds before this server went: %s", exc)
+        finally:
+            sock.settimeout(_SEND_TIMEOUT)
 
     def _lost(self, why: str) -> None:
         self.problem = why
@@ -244,6 +283,7 @@ class HolderLink:
                         )
                     records = msg.get("records")
                     self.records = {str(k): str(v) for k, v in records.items()} if isinstance(records, dict) else None
+                    self.syncs = msg.get("sync") is True
                     return held
                 roles = [str(r) for r in msg.get("roles", [])]
                 if len(roles) != len(fds):

@@ -165,6 +165,9 @@ class Custody:
     ended_in_outage: bool = False  # adopted already ended: its exit was announced to nobody yet
     read_status: Callable[[], int | str | None] | None = None
     record: dict[str, Any] = field(default_factory=dict)  # what the supervisor keeps for the next server
+    # Why the holder keeps no copy of this run's descriptors (it refused them: its table was
+    # full), so it would not survive a crash of its server; None: held, or no holder asked.
+    not_held: str | None = None
 
 
 class Session:

@@ -113,6 +113,7 @@ _MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
 # each next one twice as late (a holder that cannot start at all is reported, not spun on).
 _REHOLD_TRIES = 5
 _REHOLD_DELAY = 0.2
+_NOT_HELD_SHOWN = 20  # ids of sessions the holder refused, named in capabilities and the log
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
 # 2: the output is stored once (the combined log and its ordering index); 1: a copy per stream
@@ -247,6 +248,7 @@ class Supervisor:
         # The state directory as it was at start: a spawn refuses to make files in another one.
         self._state_dir: StateDirIdentity | None = None
         self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
+        self._not_held: set[str] = set()  # sessions whose copies the holder refused (custody.not_held)
         # Running sessions' unwritten stdin, out of our descriptor table (engine/stdin.py).
         self._stdin_parking = StdinParking(before=self._hold_now)
         # Quiet sessions' output ends too, once the table fills (engine/output_parking.py).
@@ -351,6 +353,7 @@ class Supervisor:
         self._lifecycle.move(SupervisorState.RUNNING)
         if self._restarts is not None:
             self._restarts.link.on_lost = self._holder_lost
+            self._restarts.link.on_refused = self._holder_refused
             self._adopt(held)
         if self._warm_size > 0:
             self._warm = WarmPool(
@@ -481,7 +484,28 @@ class Supervisor:
             return {"survive": False, "why": "no owner: sessions end with this supervisor (procpilot serve has one)"}
         if not restarts.link.connected:
             return {"survive": False, "owner": restarts.owner, "why": restarts.link.problem}
-        return {"survive": True, "owner": restarts.owner, "holder": restarts.link.path, "holder_pid": restarts.link.pid}
+        found: dict[str, Any] = {
+            "survive": True,
+            "owner": restarts.owner,
+            "holder": restarts.link.path,
+            "holder_pid": restarts.link.pid,
+        }
+        refused = [s for sid in list(self._not_held) if (s := self._still_not_held(sid)) is not None]
+        if refused:
+            # The holder runs, but these it could not take: they run on here and end with us.
+            found["not_held"] = {
+                "sessions": len(refused),
+                "ids": sorted(s.id for s in refused)[:_NOT_HELD_SHOWN],
+                "why": refused[-1].custody.not_held,
+            }
+        return found
+
+    def _still_not_held(self, session_id: str) -> Session | None:
+        session = self._sessions.get(session_id)
+        if session is None or session.finished or session.custody.not_held is None:
+            self._not_held.discard(session_id)
+            return None
+        return session
 
     @property
     def usage(self) -> UsageTracker:
@@ -584,6 +608,8 @@ class Supervisor:
         # readers stop before the holder starts: the logs and the spool never interleave.
         if self._restarts is not None:
             self._restarts.link.flush()
+            # And the holder's answer: a session it refused has that said in its record below.
+            self._restarts.link.sync()
         if self._warm is not None:
             self._warm.close()  # shells with no command yet: nothing for the next server
         restarts = self._restarts
@@ -1045,9 +1071,29 @@ class Supervisor:
         limit_roots = extra.get("limit_roots")
         roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
+        session.custody.not_held = None  # until the holder refuses this hand-over
+        session.custody.record.pop("not_held", None)
+        self._not_held.discard(session.id)
         session.stdin.unpark(again=True)  # the holder's copy is sent from our table
         session.unpark_output()  # and so are its output ends
         restarts.link.add(session.id, spawned, session.output.directory / SPOOL_NAME, cap, roots)
+
+    def _holder_refused(self, ids: builtins.list[str], why: str) -> None:
+        """The holder took no copies of these (its table was full): they run on under us, our own
+        descriptors untouched, but would not outlive us. Their views and records say so, and why."""
+        refused = [s for sid in ids if (s := self._sessions.get(sid)) is not None and not s.finished]
+        for session in refused:
+            session.custody.not_held = why
+            session.custody.record["not_held"] = why  # the next server's reason, if it finds it gone
+            self._not_held.add(session.id)
+            self._save(session)
+        if refused:
+            _log.warning(
+                "%d session(s) would not survive a crash of this server (%s): %s",
+                len(refused),
+                ", ".join(s.id for s in refused[:_NOT_HELD_SHOWN]),
+                why,
+            )
 
     def _holder_lost(self) -> None:
         if not self._lifecycle.state.is_ending and (self._rehold is None or self._rehold.done()):
@@ -1250,6 +1296,9 @@ class Supervisor:
         exit_recorded = restarts.link.records is not None and watched and not exited
         if held is None and alive:
             session.error = "its output had nobody to hold it while no server ran, so it was ended"
+        if held is None and record.get("not_held"):
+            # Its server knew, and said so while it ran: this is why.
+            session.error = f"it did not survive its server: {record['not_held']}"
         # Ours to wait for again (not the reaper's that ran while no supervisor was open), unless
         # that one reaped it already: then its status is in its record, and its pid anyone's.
         own_child = record.get("server_pid") == os.getpid() and take_back(pid)
@@ -1266,6 +1315,7 @@ class Supervisor:
 
     def _on_finish(self, session: Session) -> None:
         self._launcher.finished(session)
+        self._not_held.discard(session.id)
         unfinished = self._unfinished.get(agent_of(session.scope))
         if unfinished is not None:
             unfinished.discard(session.id)

@@ -283,6 +283,10 @@ class ExecProcessFace:
                 data["waitingForInput"] = waiting
         elif session.timed_out_waiting_for_input:
             data["timedOutWaitingForInput"] = True
+        if session.is_running and session.custody.not_held is not None:
+            # The holder refused its copies (its table was full): it ends with this server.
+            data["survive"] = False
+            data["surviveWhy"] = session.custody.not_held
         if session.signals_sent:
             data["signalsSent"] = [{"signal": name, "atMs": ms} for name, ms in session.signals_sent]
         return data

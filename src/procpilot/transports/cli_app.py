@@ -1020,6 +1020,10 @@ def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
                     shown = f"{item / (1 << 30):.1f} GiB" if item >= 1 << 30 else f"{item / (1 << 20):.1f} MiB"
                 elif sub == "warning":
                     shown = f"[red]{escape(item)}[/red]" if item else "[green]none[/green]"
+                elif key == "restarts" and sub == "not_held" and isinstance(item, Mapping):
+                    # Sessions the holder refused: the rest survive, these would not.
+                    told = f"{item.get('sessions')} running session(s) would not survive: {item.get('why')}"
+                    shown = f"[red]{escape(told)}[/red]"
                 if key == "limits" and sub == "not_enforced" and item:
                     shown = f"[red]{shown}[/red]"
                 table.add_row(label, shown)
