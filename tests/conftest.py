@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,16 @@ def marked_processes_soon(timeout: float = 10.0) -> list[int]:
         time.sleep(0.05)
         found = marked_processes()
     return found
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """True once ``check()`` is, False if it is still not after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
 
 
 def _pool_of_live_daemon(pid: int, env: dict[bytes, bytes]) -> bool:

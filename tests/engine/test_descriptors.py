@@ -3,7 +3,6 @@ allows, and its sessions get that soft limit back (engine/descriptors.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import json
@@ -14,8 +13,7 @@ import resource
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +35,7 @@ from procpilot.engine.trees import (
     probe_trees,
 )
 from procpilot.engine.warm import waiting_fds
-from tests.conftest import open_fds
+from tests.conftest import open_fds, until
 
 # Run in a child: the limit is the whole process's, and this one must start low.
 _SERVER = """
@@ -121,15 +119,6 @@ def _described(before: set[int]) -> list[str]:
     return sorted(found)
 
 
-async def _until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
-
-
 async def test_a_running_session_costs_the_server_at_most_two_descriptors(settings: Settings) -> None:
     """Its stdout and stderr read ends, no more: its exit is seen through the one SIGCHLD watcher
     (no pidfd) and its unwritten stdin is parked out of the table (engine/stdin.py). With an
@@ -148,7 +137,7 @@ async def test_a_running_session_costs_the_server_at_most_two_descriptors(settin
             return len(_described(before))  # open now: not listdir's own, gone by then
 
         # Parking waits 50 ms after a start; the stash's one socket pair holds up to 200 of them.
-        settled = await _until(lambda: added() <= 2 * sessions + 2)
+        settled = await until(lambda: added() <= 2 * sessions + 2)
         assert settled, f"{added()} descriptors for {sessions} running sessions: {_described(before)}"
         assert all(s.is_running for s in started)
         # The holder keeps its copies (three pipes and a pidfd each) in flight too: its own
@@ -354,7 +343,7 @@ async def test_a_tree_that_cannot_be_read_is_waited_for_never_called_empty(
         with caplog.at_level(logging.WARNING), full_table(below=pipes):
             os.kill(s.pid or 0, signal.SIGUSR1)
             # The engine's first look after the exit: it ends the session, or says it cannot tell.
-            looked = await _until(lambda: s.finished or "ends once its tree can be read" in caplog.text)
+            looked = await until(lambda: s.finished or "ends once its tree can be read" in caplog.text)
             ended_blind = s.finished
         assert looked
         assert not ended_blind, "the session was ended on a failed read of its tree"

@@ -11,14 +11,12 @@ soft limit once, at start), to the lowest descriptor number it has free: nothing
 
 from __future__ import annotations
 
-import asyncio
 import os
 import resource
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,18 +28,9 @@ from procpilot.engine.holder_client import HolderLink
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.faces.exec_process import exec_process_tools
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, until
 
 A = "agent-a"
-
-
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def _fds(pid: int) -> list[int]:
@@ -79,7 +68,7 @@ async def test_sessions_a_full_holder_cannot_take_run_on_and_say_they_would_not_
         runs_on = await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A)
         left = await first.spawn(SpawnSpec("echo up; sleep 30"), scope=A)
         # Told, not silent: each says why, and so do the server's capabilities (procpilot doctor).
-        assert await _until(lambda: _not_held(first) == 2), first.capabilities()["restarts"]
+        assert await until(lambda: _not_held(first) == 2), first.capabilities()["restarts"]
         restarts = first.capabilities()["restarts"]
         why = restarts["not_held"]["why"]
         assert f"holder (pid {holder})" in why and "descriptor table" in why, why
@@ -160,7 +149,7 @@ async def test_a_batch_the_holder_can_take_in_part_keeps_the_whole_sessions_and_
             spawned = Spawned(child, child.pid, None, child.stdin.fileno(), child.stdout.fileno(), None)
             assert link.add(f"s{number}", spawned, tmp_path / f"s{number}.spool", 1 << 20, [])
         link.flush()  # one message: all three sessions' descriptors
-        assert await _until(lambda: bool(refused))
+        assert await until(lambda: bool(refused))
         assert [ids for ids, _ in refused] == [["s2", "s3"]]
     finally:
         link.close()
@@ -184,7 +173,7 @@ async def test_a_holder_keeps_no_pidfd_in_its_table_for_a_session_it_does_not_wa
     first = await Supervisor(settings, owner="t").start()
     try:
         started = [await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A) for _ in range(3)]
-        assert await _until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
+        assert await until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
         holder = first.capabilities()["restarts"]["holder_pid"]
         _, process = exec_process_tools(first)
         poll = await process.call({"action": "poll", "sessionId": started[0].id}, A)

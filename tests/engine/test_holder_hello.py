@@ -5,16 +5,13 @@ session whole: its output read ends and its stdin."""
 
 from __future__ import annotations
 
-import asyncio
 import resource
-import time
-from collections.abc import Callable
 
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, until
 
 A = "agent-a"
 # Four copies a session (stdout, stderr, stdin, pidfd): 560 in all, past a holder limit of 520.
@@ -22,20 +19,11 @@ A = "agent-a"
 SESSIONS, HOLDER_LIMIT = 140, 520
 
 
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
-
-
 async def test_a_hello_hands_back_more_sessions_than_the_holders_table_holds_at_once(settings: Settings) -> None:
     first = await Supervisor(settings, owner="t").start()
     try:
         started = [await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A) for _ in range(SESSIONS)]
-        assert await _until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
+        assert await until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
         holder = first.capabilities()["restarts"]["holder_pid"]
         hard = resource.prlimit(holder, resource.RLIMIT_NOFILE)[1]
         resource.prlimit(holder, resource.RLIMIT_NOFILE, (HOLDER_LIMIT, hard))

@@ -4,7 +4,6 @@ session's output, exit and kill are as any other's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import resource
@@ -13,8 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,7 +23,7 @@ from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, until
 
 _SWEEP = 0.02  # seconds between sweeps here (1 s in a server)
 
@@ -36,15 +33,6 @@ def _park_everything(sup: Supervisor) -> None:
     half its descriptor table is in use)."""
     sup.output_parking.park_above = 0
     sup.output_parking.sweep_every = _SWEEP
-
-
-async def _until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.005)
-    return True
 
 
 def _text(session: Session, stream: Stream) -> bytes:
@@ -73,12 +61,12 @@ async def test_output_of_parked_sessions_arrives_complete_and_in_order(settings:
         _park_everything(sup)
         parking = sup.output_parking
         started = [await sup.spawn(SpawnSpec(_BURSTS), scope="t") for _ in range(8)]
-        assert await _until(lambda: all(parking.is_parked(s) for s in started)), "not all parked"
+        assert await until(lambda: all(parking.is_parked(s) for s in started)), "not all parked"
         for session in started:
             await session.write(b"go\n")
-        assert await _until(lambda: all(len(_text(s, Stream.STDERR)) == len(_STDERR) for s in started))
+        assert await until(lambda: all(len(_text(s, Stream.STDERR)) == len(_STDERR) for s in started))
         # Quiet again after speaking: parked again (after twice as long).
-        assert await _until(lambda: all(parking.is_parked(s) for s in started)), "not parked again"
+        assert await until(lambda: all(parking.is_parked(s) for s in started)), "not parked again"
         for session in started:
             await session.write(b"go\n")
         for session in started:
@@ -102,7 +90,7 @@ async def test_a_parked_sessions_exit_comes_after_its_last_output(settings: Sett
         talkers = [await sup.spawn(SpawnSpec("echo up; read a; printf 'last words' >&2; exit 3"), scope="t")]
         silent = [await sup.spawn(SpawnSpec("echo up; read a; exit 4"), scope="t")]
         both = talkers + silent
-        assert await _until(lambda: all(parking.is_parked(s) for s in both))
+        assert await until(lambda: all(parking.is_parked(s) for s in both))
         tails: dict[str, str] = {}
         sup.on_exit(lambda info: tails.setdefault(info.session_id, info.tail))
         for session in both:
@@ -123,7 +111,7 @@ async def test_killing_parked_sessions_leaves_no_survivors(settings: Settings) -
         _park_everything(sup)
         parking = sup.output_parking
         started = [await sup.spawn(SpawnSpec("echo up; sleep 30 & sleep 30; wait"), scope="t") for _ in range(12)]
-        assert await _until(lambda: len(parking) == len(started))
+        assert await until(lambda: len(parking) == len(started))
         await sup.kill("t", started[0].id)
         assert await started[0].wait_finished(5)
         assert started[0].state is SessionState.KILLED
@@ -142,14 +130,14 @@ async def test_a_detached_parked_session_goes_on_under_the_next_server(settings:
     try:
         _park_everything(first)
         started = [await first.spawn(SpawnSpec("echo before; read a; echo after"), scope="t") for _ in range(4)]
-        assert await _until(lambda: len(first.output_parking) == len(started))
+        assert await until(lambda: len(first.output_parking) == len(started))
     finally:
         await first.detach()
     async with Supervisor(settings, owner="t") as second:
         assert set(second.adopted) == {s.id for s in started}
         _park_everything(second)
         adopted = [second.get("t", s.id) for s in started]
-        assert await _until(lambda: len(second.output_parking) == len(started))
+        assert await until(lambda: len(second.output_parking) == len(started))
         await _release_and_check(adopted)
 
 
@@ -246,7 +234,7 @@ async def test_a_new_holder_gets_copies_of_parked_ends(settings: Settings) -> No
     try:
         _park_everything(first)
         started = [await first.spawn(SpawnSpec("echo before; read a; echo after"), scope="t") for _ in range(4)]
-        assert await _until(lambda: len(first.output_parking) == len(started))
+        assert await until(lambda: len(first.output_parking) == len(started))
         old = first.capabilities()["restarts"]["holder_pid"]
         os.kill(old, signal.SIGKILL)
 
@@ -254,8 +242,8 @@ async def test_a_new_holder_gets_copies_of_parked_ends(settings: Settings) -> No
             now = first.capabilities()["restarts"]
             return bool(now["survive"]) and now.get("holder_pid") not in (None, old)
 
-        assert await _until(replaced), "no new holder"
-        assert await _until(lambda: len(first.output_parking) == len(started))  # parked again
+        assert await until(replaced), "no new holder"
+        assert await until(lambda: len(first.output_parking) == len(started))  # parked again
     finally:
         await first.detach()
     async with Supervisor(settings, owner="t") as second:
