@@ -155,8 +155,9 @@ class OutputParking:
 
     @property
     def descriptors(self) -> int:
-        """Descriptors the parking itself holds in the table: its epoll and the stash's sockets."""
-        return (self._epoll is not None) + self._stash.sockets
+        """Descriptors the parking itself holds in the table: its epoll, the stash's sockets,
+        and parked ends the kernel would not take back in flight (stash.py: ``kept``)."""
+        return (self._epoll is not None) + self._stash.sockets + self._stash.kept
 
     @property
     def park_above(self) -> int | None:

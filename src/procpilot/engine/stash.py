@@ -11,9 +11,14 @@ Each bucket is a ``SOCK_SEQPACKET`` socketpair (2 descriptors) with messages of 
 :data:`BUCKET` descriptors in flight from one end to the other, their tokens as JSON. Taking one
 out receives the bucket's messages (at most :data:`BUCKET` descriptors in the table for a moment)
 and sends the rest back as one; a discarded one (nobody will need it) is closed when its bucket
-is next opened, or emptied. Where the kernel refuses to keep more in flight (``ETOOMANYREFS``: an
-unprivileged user's in-flight count is capped at its RLIMIT_NOFILE), :meth:`put_many` stashes
-what it can and leaves the rest to the caller, who keeps them as before.
+is next opened, or emptied, or at once with the bucket's other dead once they outnumber its live
+ones (and 16): the dead in flight stay bounded however many come and go. Where the kernel
+refuses to keep more in flight (``ETOOMANYREFS``: an unprivileged user's in-flight count is
+capped at its RLIMIT_NOFILE), :meth:`put_many` stashes what it can and leaves the rest to the
+caller, who keeps them as before; and the live rest of a bucket just opened, which it will not
+take back either (the count is checked before each message, so the last one let in, another
+stash's or the holder's, can leave it past the limit), waits in the table under its tokens
+(:attr:`DescriptorStash.kept`) until taken or discarded: never closed.
 """
 
 from __future__ import annotations
@@ -55,15 +60,21 @@ class DescriptorStash:
         self.bucket = max(1, min(bucket, BUCKET))
         self._buckets: list[_Bucket] = []
         self._where: dict[int, _Bucket] = {}
+        self._table: dict[int, int] = {}  # token -> descriptor: live ones the kernel would not take back
         self._next = 0
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._where) + len(self._table)
 
     @property
     def sockets(self) -> int:
         """Descriptors the stash itself holds in the table (two per bucket)."""
         return 2 * len(self._buckets)
+
+    @property
+    def kept(self) -> int:
+        """Stashed descriptors in the table, not in flight: the kernel would not take them back."""
+        return len(self._table)
 
     def put_many(self, fds: Sequence[int], *, together: bool = False) -> list[int | None]:
         """Stash ``fds``: a token for each one stashed (closed here: it lives on in flight), None
@@ -108,18 +119,26 @@ class DescriptorStash:
     def take_many(self, tokens: Sequence[int]) -> dict[int, int]:
         """Those of ``tokens`` still stashed, back in the table: each bucket opened once."""
         by_bucket: dict[int, tuple[_Bucket, set[int]]] = {}
+        found: dict[int, int] = {}
         for token in tokens:
+            fd = self._table.pop(token, None)
+            if fd is not None:
+                found[token] = fd
+                continue
             bucket = self._where.pop(token, None)
             if bucket is not None:
                 bucket.live.discard(token)
                 by_bucket.setdefault(id(bucket), (bucket, set()))[1].add(token)
-        found: dict[int, int] = {}
         for bucket, wanted in by_bucket.values():
             found.update(self._reopen(bucket, wanted))
         return found
 
     def discard(self, token: int) -> None:
         """Nobody will need it: closed when its bucket is next opened, or emptied."""
+        fd = self._table.pop(token, None)
+        if fd is not None:
+            os.close(fd)
+            return
         bucket = self._where.pop(token, None)
         if bucket is None:
             return
@@ -134,6 +153,9 @@ class DescriptorStash:
             bucket.close()
         self._buckets.clear()
         self._where.clear()
+        for fd in self._table.values():
+            os.close(fd)
+        self._table.clear()
 
     # -- buckets -------------------------------------------------------------------------------
 
@@ -191,11 +213,13 @@ class DescriptorStash:
                 if sent:
                     for fd in fds:
                         os.close(fd)
-                else:  # cannot happen with an emptied socket; if it did, they are lost, not leaked
+                else:
+                    # Not the socket (emptied): the user's in-flight count, past its limit
+                    # (ETOOMANYREFS). Still wanted: they wait in the table, never closed.
                     for token, fd in keep:
-                        os.close(fd)
                         bucket.live.discard(token)
                         self._where.pop(token, None)
+                        self._table[token] = fd
             if not bucket.live:
                 self._drop(bucket)
         return found
