@@ -111,7 +111,7 @@ async def test_a_session_woken_again_and_again_is_parked_again_within_the_ceilin
         for wake in range(6):  # without the ceiling the last spells would be 16, 32, 64 sweeps
             await echo.write(b"%d\n" % wake)
             said = b"".join(b"%d\n" % i for i in range(wake + 1))
-            assert await _until(lambda: _text(echo, Stream.STDOUT) == said), "a parked session's line not read"  # noqa: B023
+            assert await _until(lambda said=said: _text(echo, Stream.STDOUT) == said), "its line not read"
             woken_at = parking.sweeps
             assert await _until(lambda: parking.is_parked(echo)), "not parked again"
             spells.append(parking.sweeps - woken_at)
