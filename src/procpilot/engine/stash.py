@@ -23,6 +23,7 @@ stash's or the holder's, can leave it past the limit), waits in the table under 
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import os
@@ -30,7 +31,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BUCKET", "DescriptorStash"]
+__all__ = ["BUCKET", "DescriptorStash", "receive_fds"]
 
 BUCKET = 200  # descriptors in flight per bucket; SCM_RIGHTS carries at most 253 per message
 _MAX_MSG = 8192  # a full bucket's tokens: 200 numbers of JSON
@@ -187,7 +188,7 @@ class DescriptorStash:
         try:
             for _ in range(bucket.messages):
                 try:
-                    data, fds, _flags, _ = socket.recv_fds(bucket.receiver, _MAX_MSG, self.bucket)
+                    data, fds = receive_fds(bucket.receiver, _MAX_MSG, self.bucket)
                 except BlockingIOError:
                     break  # fewer than counted: nothing more to find
                 ids = json.loads(data)
@@ -231,3 +232,16 @@ class DescriptorStash:
             self._where.pop(token, None)
         bucket.live.clear()
         bucket.close()
+
+
+def receive_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int]]:
+    """:func:`socket.recv_fds`, its descriptors close-on-exec (``MSG_CMSG_CLOEXEC``), as every
+    one Python opens is. Received plain, they are inherited by what the process starts with
+    ``posix_spawn`` (a new holder, engine/holder_client.py), which would then hold a session's
+    stdin open, unknown to anyone, after the session closed it: its command never saw EOF."""
+    fds = array.array("i")
+    data, ancillary, _flags, _ = sock.recvmsg(bufsize, socket.CMSG_LEN(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
