@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from procpilot.config import Settings
-from procpilot.engine import descriptors
+from procpilot.engine import descriptors, output_parking
 from procpilot.engine.capture import Stream
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
@@ -79,6 +79,33 @@ async def test_output_of_parked_sessions_arrives_complete_and_in_order(settings:
         # Each end came back through the number it was registered under: no registration is
         # left behind for the kernel to wake at every write of a session parked again and again.
         assert parking.left_behind == 0
+
+
+async def test_a_session_woken_again_and_again_is_parked_again_within_the_ceiling(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each wake doubles the quiet spell a session waits before it is parked again, up to
+    ``_MAX_QUIET_SWEEPS``: however often it spoke, a quiet session leaves the table again within
+    that many sweeps (and the one that first sees it quiet), and every line it speaks is read.
+    The ceiling is lowered to 4 here (64 in a server) so that the doubling passes it quickly."""
+    ceiling = 4
+    monkeypatch.setattr(output_parking, "_MAX_QUIET_SWEEPS", ceiling)
+    async with Supervisor(settings) as sup:
+        _park_everything(sup)
+        parking = sup.output_parking
+        echo = await sup.spawn(SpawnSpec('while read line; do echo "$line"; done'), scope="t")
+        assert await _until(lambda: parking.is_parked(echo))
+        spells = []
+        for wake in range(6):  # without the ceiling the last spells would be 16, 32, 64 sweeps
+            await echo.write(b"%d\n" % wake)
+            said = b"".join(b"%d\n" % i for i in range(wake + 1))
+            assert await _until(lambda said=said: _text(echo, Stream.STDOUT) == said), "its line not read"
+            woken_at = parking.sweeps
+            assert await _until(lambda: parking.is_parked(echo)), "not parked again"
+            spells.append(parking.sweeps - woken_at)
+            assert spells[-1] <= ceiling + 1, spells
+        await echo.write(b"", eof=True)
+        assert await echo.wait_finished(5)
 
 
 async def test_a_parked_sessions_exit_comes_after_its_last_output(settings: Settings) -> None:

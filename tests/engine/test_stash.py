@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from procpilot.engine import stash as stash_module
 from procpilot.engine.stash import BUCKET, DescriptorStash
 from tests.conftest import open_fds
 
@@ -18,6 +24,22 @@ def _blocked(read_end: int) -> bool:
     except BlockingIOError:
         return True
     return False
+
+
+def _each_its_own(found: dict[int, int], readers: dict[int, int]) -> bool:
+    """Whether every token in ``readers`` came back (closed here) as the write end of its own
+    pipe: a token's bytes reach its reader, and no other's."""
+    for token, fd in found.items():
+        os.write(fd, b"<%d>" % token)
+        os.close(fd)
+    heard = {}
+    for token, r in readers.items():
+        os.set_blocking(r, False)
+        try:
+            heard[token] = os.read(r, 64)
+        except BlockingIOError:
+            heard[token] = b""
+    return heard == {token: b"<%d>" % token for token in readers}
 
 
 def test_a_stashed_write_end_keeps_its_pipe_open_without_a_descriptor() -> None:
@@ -89,3 +111,173 @@ def test_a_group_put_together_is_never_split_over_two_buckets(together: bool) ->
         stash.close()
         for r, _ in pipes:
             os.close(r)
+
+
+def test_a_mostly_discarded_bucket_is_closed_early_and_keeps_its_live_ones() -> None:
+    """A discarded descriptor waits for its bucket's next opening, unless the bucket's discarded
+    ones come to outnumber its live ones (and 16): then it is opened at once, those closed, and
+    the live sent back, each still under its own token."""
+    stash = DescriptorStash()
+    pipes = [os.pipe() for _ in range(40)]
+    tokens = [t for t in stash.put_many([w for _, w in pipes]) if t is not None]
+    try:
+        assert len(tokens) == 40 and stash.sockets == 2
+        for token in tokens[:20]:
+            stash.discard(token)
+        # 20 dead beside 20 live: nobody opened the bucket, they are still in flight.
+        assert all(_blocked(r) for r, _ in pipes[:20])
+        stash.discard(tokens[20])
+        # 21 dead beside 19 live: closed now, without anyone taking one out.
+        assert not any(_blocked(r) for r, _ in pipes[:21])
+        assert all(_blocked(r) for r, _ in pipes[21:]), "a live one was closed with the dead"
+        assert len(stash) == 19 and stash.sockets == 2
+        live = {t: pipes[index][0] for index, t in enumerate(tokens) if index >= 21}
+        assert _each_its_own(stash.take_many(list(live)), live)
+    finally:
+        stash.close()
+        for r, _ in pipes:
+            os.close(r)
+
+
+def test_sessions_coming_and_going_leave_a_bounded_count_in_flight_and_in_the_table() -> None:
+    """Sessions start (their ends parked in batches), most end (discarded, never taken out), a
+    few run on: the discarded ones still in flight never outnumber the live ones by more than
+    16 a bucket, so a long-running server does not pile up dead pipes; while fewer than half a
+    bucket is live, one bucket (two sockets in the table) holds them all; and every live one is
+    still there at the end, under its own token."""
+    chance = random.Random(7)
+    stash = DescriptorStash()
+    readers: dict[int, int] = {}  # token -> its pipe's read end
+    running: list[int] = []  # tokens of sessions still running
+    lasting: list[int] = []  # tokens of sessions that run to the end of the test
+    dead: set[int] = set()  # tokens discarded whose pipe is still open somewhere (in flight)
+    try:
+        for _ in range(20):
+            for _ in range(3):  # ten sessions' ends a batch, as the stdin parking does
+                pipes = [os.pipe() for _ in range(10)]
+                tokens = stash.put_many([w for _, w in pipes])
+                for token, (r, _) in zip(tokens, pipes, strict=True):
+                    assert token is not None
+                    readers[token] = r
+                    running.append(token)
+            lasting += [running.pop(chance.randrange(len(running))) for _ in range(2)]
+            chance.shuffle(running)
+            while running:
+                token = running.pop()
+                stash.discard(token)
+                dead.add(token)
+                for gone in [t for t in dead if not _blocked(readers[t])]:
+                    dead.discard(gone)
+                    os.close(readers.pop(gone))
+                buckets = stash.sockets // 2
+                assert len(dead) <= len(stash) + 16 * buckets, (len(dead), len(stash), buckets)
+            assert stash.sockets == 2, stash.sockets  # at most 70 live, and one bucket takes 200
+        assert len(stash) == len(lasting) == 40
+        assert _each_its_own(stash.take_many(lasting), {t: readers[t] for t in lasting})
+        assert stash.sockets == 0
+    finally:
+        stash.close()
+        for r in readers.values():
+            os.close(r)
+
+
+# Run in a child, as a user of its own with a low limit: the kernel keeps in flight for an
+# unprivileged user no more descriptors than its RLIMIT_NOFILE (ETOOMANYREFS past it), and
+# counts the discarded ones still in flight too.
+_CHURN = """
+import json, os, resource, sys
+from procpilot.engine.stash import DescriptorStash
+
+UID, LIMIT, SESSIONS, EVERY = map(int, sys.argv[1:])
+os.setgroups([])
+os.setgid(UID)
+os.setuid(UID)
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+stash = DescriptorStash()
+refused = 0
+for n in range(SESSIONS):
+    r, w = os.pipe()
+    os.close(r)
+    token = stash.put_many([w])[0]
+    if token is None:
+        refused += 1
+        os.close(w)
+    elif n % EVERY:
+        stash.discard(token)  # it ended; one in EVERY runs on
+print(json.dumps({"refused": refused, "live": len(stash), "sockets": stash.sockets}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
+def test_an_unprivileged_servers_ended_sessions_do_not_use_up_its_in_flight_allowance() -> None:
+    """1,000 sessions come and go under a user allowed 64 descriptors in flight, 20 of them
+    running on: the discarded ones do not pile up in flight, so the stash never refuses one
+    (it would, past 64 in flight, with the dead waiting for their bucket to fill and open)."""
+    uid = 65433  # a user nobody else runs as here: the kernel's in-flight count is per user
+    done = subprocess.run(
+        [sys.executable, "-c", _CHURN, str(uid), "64", "1000", "50"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(stash_module.__file__).parents[2])},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {"refused": 0, "live": 20, "sockets": 2}
+
+
+# Run in a child, as a user of its own: a bucket closed early while the user's in-flight count
+# is past its limit. The kernel checks the count before each message, so the last message it
+# lets in may take it past the limit by that message's size (here another stash's: a server has
+# two, and its holder runs as the same user); once a smaller bucket is received, its live ones
+# cannot be sent back (ETOOMANYREFS).
+_OVER_THE_CAP = """
+import json, os, resource, sys
+from procpilot.engine.stash import DescriptorStash
+
+UID, LIMIT = map(int, sys.argv[1:])
+os.setgroups([])
+os.setgid(UID)
+os.setuid(UID)
+resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+
+def write_ends(count):
+    ends = []
+    for _ in range(count):
+        r, w = os.pipe()
+        os.close(r)
+        ends.append(w)
+    return ends
+
+stdins = DescriptorStash()
+ends = write_ends(20)
+pipes = [os.fstat(w).st_ino for w in ends]  # what each must come back as
+tokens = stdins.put_many(ends)
+assert None not in tokens
+outputs = DescriptorStash()
+for _ in range(LIMIT - 20):  # up to the limit, one at a time
+    assert outputs.put_many(write_ends(1)) != [None]
+assert None not in outputs.put_many(write_ends(30))  # let in at the limit: 30 past it now
+for token in tokens[:17]:
+    stdins.discard(token)  # 17 dead beside 3 live: the bucket is opened at once
+found = stdins.take_many(tokens[17:])
+back = sorted(os.fstat(fd).st_ino for fd in found.values())
+print(json.dumps({"live": len(stdins) + len(found), "back": back == sorted(pipes[17:]), "taken": len(found)}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
+def test_a_bucket_closed_early_past_the_in_flight_cap_keeps_its_live_ones() -> None:
+    """Its live descriptors, which the kernel will not take back in flight for now, wait in
+    the table under their tokens (as a put refused at the cap does): taken, each is its own
+    pipe; before, they were closed, and a quiet session's stdin or output end with them."""
+    done = subprocess.run(
+        [sys.executable, "-c", _OVER_THE_CAP, "65434", "64"],  # another user of its own
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(stash_module.__file__).parents[2])},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {"live": 3, "back": True, "taken": 3}

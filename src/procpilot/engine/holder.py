@@ -16,7 +16,10 @@ descriptor: its spool and how it ended are on disk for the next server, which fo
 read (its entry, and its cgroup locks, wait for that server up to an hour). How it ended: nobody
 can ``wait`` for a leader whose server died (init reaps it), so from then on, adopted or not,
 the holder takes the kernel's exit record for it (engine/exit_records.py, root only) and writes
-it beside the spool. The holder exits when it holds nothing and no server is connected.
+it beside the spool. The holder exits when it holds nothing and no server is connected: at
+once when its last server leaves with nothing held; one that no server reached (the server
+that started it died first) after ``_IDLE_EXIT``. Never while a server is connected, nor while
+it holds a session, running or ended (tests/engine/test_holder_idle.py).
 
 Its descriptors: while a server is connected nothing is read, so every copy waits in flight in
 the holder's own stash (engine/stash.py, SCM_RIGHTS messages to itself), not in its descriptor
@@ -89,7 +92,13 @@ _READ = 1 << 20
 _MAX_MSG = 64 * 1024
 _MAX_FDS = 253  # SCM_MAX_FD: a batch of sessions' descriptors in one message
 _SEND_TIMEOUT = 10.0
+# Seconds a holder that holds nothing and has no server waits for one: only one that no server
+# reached (the one that started it died first) waits at all; the last server leaving with
+# nothing held ends it at once.
 _IDLE_EXIT = 10.0
+# Internal, for tests only: a shorter wait (seconds). A server starts its holder with PATH and
+# LANG alone (engine/holder_client.py), so this never reaches one a server started.
+IDLE_EXIT_ENV = "PROCPILOT_HOLDER_IDLE_EXIT"
 # Sessions that ended while no server ran are kept (their cgroup locks) this long for the next one.
 _KEEP_ENDED = 3600.0
 _CHUNK = 64  # sessions whose descriptors come out of the stash at once (a hello)
@@ -123,7 +132,8 @@ class Held:
 
 
 class Holder:
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, idle_exit: float = _IDLE_EXIT) -> None:
+        self.idle_exit = idle_exit
         self.sel = selectors.DefaultSelector()
         self.listener = listener
         self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
@@ -142,7 +152,7 @@ class Holder:
         while True:
             # Idle (nothing held, nobody connected) only before the first server connects, or if
             # the one that started us died first: then wait a while for one, and go.
-            events = self.sel.select(timeout=None if self.conns else _KEEP_ENDED if self.sessions else _IDLE_EXIT)
+            events = self.sel.select(timeout=None if self.conns else _KEEP_ENDED if self.sessions else self.idle_exit)
             if not events and not self.conns and not self.sessions:
                 return
             if not events and not self.conns and all(h.done for h in self.sessions.values()):
@@ -586,6 +596,13 @@ def _load_beside(name: str, file: str) -> Any:
     return sys.modules[name]
 
 
+def _idle_exit() -> float:
+    try:
+        return max(0.0, float(os.environ[IDLE_EXIT_ENV]))
+    except (KeyError, ValueError):
+        return _IDLE_EXIT
+
+
 def main(path: str) -> int:
     # One holder per state directory: the lock decides, the socket is (re)bound only by its owner.
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -613,7 +630,7 @@ def main(path: str) -> int:
         os.close(1)
         os.open(os.devnull, os.O_WRONLY)
     try:
-        Holder(listener).run()
+        Holder(listener, _idle_exit()).run()
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)

@@ -25,6 +25,7 @@ from pathlib import Path
 from procpilot.engine import children
 from procpilot.engine import holder as holder_module
 from procpilot.engine.spawn import Spawned, open_pidfd
+from procpilot.engine.stash import receive_fds
 from procpilot.engine.stdin import StdinParking
 
 __all__ = ["HeldSession", "HolderLink", "read_spool"]
@@ -271,7 +272,7 @@ class HolderLink:
         deadline = time.monotonic() + 30
         try:
             while time.monotonic() < deadline:
-                data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 8)
+                data, fds = receive_fds(sock, _MAX_MSG, 8)  # close-on-exec: never in the next holder
                 if not data:
                     raise ConnectionResetError("the holder closed the connection")
                 msg = json.loads(data)

@@ -59,7 +59,9 @@ __all__ = ["OutputParking", "Parkable"]
 _ADD, _DEL, _MOD = 1, 2, 3  # EPOLL_CTL_*
 _ONCE = select.EPOLLIN | select.EPOLLONESHOT
 _MAX_EVENTS = 1024
-_MAX_QUIET_SWEEPS = 64  # a session woken again and again still gets parked after this many sweeps
+# However often a session was woken before, once quiet it is parked again after at most this many
+# sweeps (and the one that first sees it quiet): the doubling stops here. Tests lower it.
+_MAX_QUIET_SWEEPS = 64
 _RETRY = 0.005  # seconds before exited sessions that found no room are taken back
 _TOKENS = 1 << 31
 _HIGH = 1 << 16  # select.epoll.poll returns the token as a C int
@@ -145,6 +147,7 @@ class OutputParking:
         self._flush: asyncio.Handle | None = None
         self._broken = False  # True iff this host's epoll gave back a token other than ours
         self.left_behind = 0  # registrations that could not be removed (see the module's docstring)
+        self.sweeps = 0  # sweeps so far: a quiet spell counted in sweeps, not seconds (the tests)
 
     def __len__(self) -> int:
         """Sessions parked now."""
@@ -152,8 +155,9 @@ class OutputParking:
 
     @property
     def descriptors(self) -> int:
-        """Descriptors the parking itself holds in the table: its epoll and the stash's sockets."""
-        return (self._epoll is not None) + self._stash.sockets
+        """Descriptors the parking itself holds in the table: its epoll, the stash's sockets,
+        and parked ends the kernel would not take back in flight (stash.py: ``kept``)."""
+        return (self._epoll is not None) + self._stash.sockets + self._stash.kept
 
     @property
     def park_above(self) -> int | None:
@@ -236,6 +240,7 @@ class OutputParking:
 
     def _sweep(self) -> None:
         self._timer = None
+        self.sweeps += 1
         try:
             if self._deferred:
                 self._take_deferred()

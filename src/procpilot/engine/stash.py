@@ -11,13 +11,19 @@ Each bucket is a ``SOCK_SEQPACKET`` socketpair (2 descriptors) with messages of 
 :data:`BUCKET` descriptors in flight from one end to the other, their tokens as JSON. Taking one
 out receives the bucket's messages (at most :data:`BUCKET` descriptors in the table for a moment)
 and sends the rest back as one; a discarded one (nobody will need it) is closed when its bucket
-is next opened, or emptied. Where the kernel refuses to keep more in flight (``ETOOMANYREFS``: an
-unprivileged user's in-flight count is capped at its RLIMIT_NOFILE), :meth:`put_many` stashes
-what it can and leaves the rest to the caller, who keeps them as before.
+is next opened, or emptied, or at once with the bucket's other dead once they outnumber its live
+ones (and 16): the dead in flight stay bounded however many come and go. Where the kernel
+refuses to keep more in flight (``ETOOMANYREFS``: an unprivileged user's in-flight count is
+capped at its RLIMIT_NOFILE), :meth:`put_many` stashes what it can and leaves the rest to the
+caller, who keeps them as before; and the live rest of a bucket just opened, which it will not
+take back either (the count is checked before each message, so the last one let in, another
+stash's or the holder's, can leave it past the limit), waits in the table under its tokens
+(:attr:`DescriptorStash.kept`) until taken or discarded: never closed.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import json
 import os
@@ -25,7 +31,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BUCKET", "DescriptorStash"]
+__all__ = ["BUCKET", "DescriptorStash", "receive_fds"]
 
 BUCKET = 200  # descriptors in flight per bucket; SCM_RIGHTS carries at most 253 per message
 _MAX_MSG = 8192  # a full bucket's tokens: 200 numbers of JSON
@@ -55,15 +61,21 @@ class DescriptorStash:
         self.bucket = max(1, min(bucket, BUCKET))
         self._buckets: list[_Bucket] = []
         self._where: dict[int, _Bucket] = {}
+        self._table: dict[int, int] = {}  # token -> descriptor: live ones the kernel would not take back
         self._next = 0
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._where) + len(self._table)
 
     @property
     def sockets(self) -> int:
         """Descriptors the stash itself holds in the table (two per bucket)."""
         return 2 * len(self._buckets)
+
+    @property
+    def kept(self) -> int:
+        """Stashed descriptors in the table, not in flight: the kernel would not take them back."""
+        return len(self._table)
 
     def put_many(self, fds: Sequence[int], *, together: bool = False) -> list[int | None]:
         """Stash ``fds``: a token for each one stashed (closed here: it lives on in flight), None
@@ -108,18 +120,26 @@ class DescriptorStash:
     def take_many(self, tokens: Sequence[int]) -> dict[int, int]:
         """Those of ``tokens`` still stashed, back in the table: each bucket opened once."""
         by_bucket: dict[int, tuple[_Bucket, set[int]]] = {}
+        found: dict[int, int] = {}
         for token in tokens:
+            fd = self._table.pop(token, None)
+            if fd is not None:
+                found[token] = fd
+                continue
             bucket = self._where.pop(token, None)
             if bucket is not None:
                 bucket.live.discard(token)
                 by_bucket.setdefault(id(bucket), (bucket, set()))[1].add(token)
-        found: dict[int, int] = {}
         for bucket, wanted in by_bucket.values():
             found.update(self._reopen(bucket, wanted))
         return found
 
     def discard(self, token: int) -> None:
         """Nobody will need it: closed when its bucket is next opened, or emptied."""
+        fd = self._table.pop(token, None)
+        if fd is not None:
+            os.close(fd)
+            return
         bucket = self._where.pop(token, None)
         if bucket is None:
             return
@@ -134,6 +154,9 @@ class DescriptorStash:
             bucket.close()
         self._buckets.clear()
         self._where.clear()
+        for fd in self._table.values():
+            os.close(fd)
+        self._table.clear()
 
     # -- buckets -------------------------------------------------------------------------------
 
@@ -165,7 +188,7 @@ class DescriptorStash:
         try:
             for _ in range(bucket.messages):
                 try:
-                    data, fds, _flags, _ = socket.recv_fds(bucket.receiver, _MAX_MSG, self.bucket)
+                    data, fds = receive_fds(bucket.receiver, _MAX_MSG, self.bucket)
                 except BlockingIOError:
                     break  # fewer than counted: nothing more to find
                 ids = json.loads(data)
@@ -191,11 +214,13 @@ class DescriptorStash:
                 if sent:
                     for fd in fds:
                         os.close(fd)
-                else:  # cannot happen with an emptied socket; if it did, they are lost, not leaked
+                else:
+                    # Not the socket (emptied): the user's in-flight count, past its limit
+                    # (ETOOMANYREFS). Still wanted: they wait in the table, never closed.
                     for token, fd in keep:
-                        os.close(fd)
                         bucket.live.discard(token)
                         self._where.pop(token, None)
+                        self._table[token] = fd
             if not bucket.live:
                 self._drop(bucket)
         return found
@@ -207,3 +232,16 @@ class DescriptorStash:
             self._where.pop(token, None)
         bucket.live.clear()
         bucket.close()
+
+
+def receive_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int]]:
+    """:func:`socket.recv_fds`, its descriptors close-on-exec (``MSG_CMSG_CLOEXEC``), as every
+    one Python opens is. Received plain, they are inherited by what the process starts with
+    ``posix_spawn`` (a new holder, engine/holder_client.py), which would then hold a session's
+    stdin open, unknown to anyone, after the session closed it: its command never saw EOF."""
+    fds = array.array("i")
+    data, ancillary, _flags, _ = sock.recvmsg(bufsize, socket.CMSG_LEN(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
