@@ -9,12 +9,11 @@ test plays "the server that started it" and connects (or not) with a real ``Hold
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.holder_client import HolderLink, read_spool
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.supervisor import Supervisor
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, until
 
 A = "agent-a"
 _IDLE = 0.1  # the holder's idle period here (seconds)
@@ -71,15 +70,6 @@ def _stays(holder: subprocess.Popen[bytes]) -> None:
 
 def _spooled(spool: Path) -> bytes:
     return b"".join(data for tag, data in read_spool(spool) if tag == b"o" and isinstance(data, bytes))
-
-
-async def _until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 async def test_a_holder_no_server_reaches_exits_after_its_idle_period_and_the_next_server_starts_another(
@@ -147,7 +137,7 @@ async def test_a_holder_does_not_exit_while_it_holds_a_session_however_long_no_s
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert await _until(lambda: _spooled(spool) == b"got hi\n")  # drained by the holder
+    assert await until(lambda: _spooled(spool) == b"got hi\n")  # drained by the holder
     _stays(holder)  # an ended session, kept for the next server: still no server
 
     link2 = HolderLink(tmp_path, "owner-a")

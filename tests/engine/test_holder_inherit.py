@@ -6,14 +6,11 @@ is one the holder does not know it has: the session's command never sees EOF."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import select
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from procpilot.config import Settings
@@ -21,18 +18,9 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.holder_client import HolderLink
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.supervisor import Supervisor
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, until
 
 A = "agent-a"
-
-
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def _held_by_a_new_holder(sup: Supervisor, old: int) -> bool:
@@ -45,11 +33,11 @@ async def test_a_holder_started_while_sessions_run_inherits_none_of_their_descri
         session = await sup.spawn(SpawnSpec('cat; echo "eof seen"'), scope=A)
         spawned = session.run.spawned
         assert spawned is not None
-        assert await _until(lambda: spawned.stdin_fd is None)  # its stdin parked in the stash
+        assert await until(lambda: spawned.stdin_fd is None)  # its stdin parked in the stash
         await session.write(b"hi\n")  # and received back from it, for the write
         old = sup.capabilities()["restarts"]["holder_pid"]
         os.kill(old, signal.SIGKILL)
-        assert await _until(lambda: _held_by_a_new_holder(sup, old)), sup.capabilities()["restarts"]
+        assert await until(lambda: _held_by_a_new_holder(sup, old)), sup.capabilities()["restarts"]
         # The command sees EOF once its stdin is closed: no copy lives on in the new holder.
         await session.write(b"", eof=True)
         assert await session.wait_finished(5), "cat never saw EOF"

@@ -94,14 +94,14 @@ async def test_a_session_woken_again_and_again_is_parked_again_within_the_ceilin
         _park_everything(sup)
         parking = sup.output_parking
         echo = await sup.spawn(SpawnSpec('while read line; do echo "$line"; done'), scope="t")
-        assert await _until(lambda: parking.is_parked(echo))
+        assert await until(lambda: parking.is_parked(echo))
         spells = []
         for wake in range(6):  # without the ceiling the last spells would be 16, 32, 64 sweeps
             await echo.write(b"%d\n" % wake)
             said = b"".join(b"%d\n" % i for i in range(wake + 1))
-            assert await _until(lambda said=said: _text(echo, Stream.STDOUT) == said), "its line not read"
+            assert await until(lambda said=said: _text(echo, Stream.STDOUT) == said), "its line not read"
             woken_at = parking.sweeps
-            assert await _until(lambda: parking.is_parked(echo)), "not parked again"
+            assert await until(lambda: parking.is_parked(echo)), "not parked again"
             spells.append(parking.sweeps - woken_at)
             assert spells[-1] <= ceiling + 1, spells
         await echo.write(b"", eof=True)
