@@ -5,7 +5,8 @@ Run: ``.venv/bin/python bench/http_floor.py [rounds]`` (default 50; about 0.7 s 
 Each round, 100 ms asleep before each call, in turn: ``subprocess.run(["/bin/sh","-c",
 "true"])`` (the raw baseline); a request on a bare asyncio protocol in another process that
 answers every read with a fixed response (the loopback round trip and both ends' wake-ups, no
-HTTP parsing); the same on uvicorn over httptools with a trivial ASGI app (uvicorn's own floor);
+HTTP parsing); the same on uvicorn over httptools with a trivial ASGI app (uvicorn's own floor); a JSON line
+echoed back over pipes by another Python process (MCP over stdio's floor);
 the daemon's trivial request (``GET /v1/sessions``: uvicorn, the auth middleware, the route, no
 process); the daemon's REST ``POST /v1/tools/exec`` with ``true``; and ``Supervisor.run`` of
 ``true`` in this process on a bare supervisor (the engine's call alone, no face, no transport).
@@ -40,6 +41,13 @@ async def main():
     server = await asyncio.get_running_loop().create_server(Answer, "127.0.0.1", int(sys.argv[1]))
     await server.serve_forever()
 asyncio.run(main())
+"""
+
+LINE_ECHO = """\
+import sys
+for line in sys.stdin.buffer:
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
 """
 
 UVICORN_SERVER = """\
@@ -95,6 +103,17 @@ async def main(rounds: int) -> None:
         auth = {"Authorization": f"Bearer {token}"}
         daemon = bench.BareHttp(host, port)
         bare = {name: bench.BareHttp("127.0.0.1", p) for name, p in servers.items()}
+        # MCP over stdio's floor: a JSON line echoed back over pipes by another Python process.
+        echo = children.popen(
+            [sys.executable, "-c", LINE_ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+        )
+
+        def line_round_trip() -> None:
+            assert echo.stdin is not None
+            assert echo.stdout is not None
+            echo.stdin.write(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n')
+            echo.stdout.readline()
+
         json_body = auth | {"Content-Type": "application/json"}
 
         async def engine() -> None:
@@ -112,6 +131,7 @@ async def main(rounds: int) -> None:
             "raw sh -c true": blocking(lambda: subprocess.run(["/bin/sh", "-c", "true"], check=True)),
             "bare asyncio protocol": blocking(lambda: bare["protocol"].request("GET", "/", {}, None)),
             "uvicorn, trivial app": blocking(lambda: bare["uvicorn"].request("GET", "/", {}, None)),
+            "a JSON line over pipes": blocking(line_round_trip),
             "daemon GET /v1/sessions": blocking(lambda: daemon.request("GET", "/v1/sessions", auth, None)),
             "daemon REST exec true": blocking(lambda: daemon.request("POST", "/v1/tools/exec", json_body, exec_body)),
             "Supervisor.run, in-process": engine,
