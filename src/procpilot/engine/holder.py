@@ -107,6 +107,7 @@ class Held:
     cap: int
     parked: dict[str, int] = field(default_factory=dict)  # role: token in the stash (not in the table)
     eof: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)  # roles whose copy the kernel closed (a table too full to take it)
     exited: bool = False
     draining: bool = False
     spooled: int = 0
@@ -213,6 +214,8 @@ class Holder:
                 self._unpark(closing, ("stdin",))  # closed now, not with its bucket: the child waits for EOF
                 if "stdin" in closing.fds:
                     os.close(closing.fds.pop("stdin"))
+                elif "stdin" in closing.parked and self.stash is not None:  # no room now: with its bucket
+                    self.stash.discard(closing.parked.pop("stdin"))
 
     def _disconnect(self, conn: socket.socket) -> None:
         owner = self.conns.pop(conn, None)
@@ -267,7 +270,9 @@ class Holder:
                 self.exits = _load_exit_records().ExitWatch()
         if whole and self.stash is None:
             with contextlib.suppress(ImportError, OSError, SyntaxError):  # then the copies stay in the table
-                self.stash = _load_beside("procpilot_stash", "stash.py").DescriptorStash()
+                stash = _load_beside("procpilot_stash", "stash.py")
+                # Measured before each message taken out of it: one that did not fit whole would lose the rest.
+                self.stash = stash.DescriptorStash(room=stash.table_room)
         for one, taken in whole:
             self._add(one, owner, taken)
         if refused:
@@ -278,19 +283,24 @@ class Holder:
         they would not survive its crash."""
         for sid in ids:
             self._drop(sid)  # an earlier run's copies, if any: not this run's
+        said = self._no_room("for its copies, so it ends with its server")
+        try:
+            conn.sendall(json.dumps({"op": "refused", "ids": ids, **said}).encode())
+        except OSError:
+            self._disconnect(conn)
+
+    def _no_room(self, what: str) -> dict[str, object]:
+        """Why a full descriptor table cost sessions ``what`` says, and our limit: {"why", "limit"}."""
         try:
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         except (OSError, ValueError):
             soft = -1
         why = (
             f"the holder (pid {os.getpid()}) had no room in its descriptor table (RLIMIT_NOFILE {soft})"
-            " for its copies, so it ends with its server; a higher hard limit for the server"
-            " (systemd LimitNOFILE=) makes room from the next holder on"
+            f" {what}; a higher hard limit for the server (systemd LimitNOFILE=) makes room from the"
+            " next holder on"
         )
-        try:
-            conn.sendall(json.dumps({"op": "refused", "ids": ids, "why": why, "limit": soft}).encode())
-        except OSError:
-            self._disconnect(conn)
+        return {"why": why, "limit": soft}
 
     def _add(self, msg: dict[str, object], owner: str, fds: list[int]) -> None:
         roles = msg.get("roles")
@@ -357,30 +367,55 @@ class Holder:
             self._exits_change(lambda watch: watch.discard(held.id))
 
     def _hello(self, conn: socket.socket, owner: str) -> None:
+        """Hand ``owner``'s sessions to its new server, each whole (every copy we hold of it), a
+        chunk at a time: each chunk's copies come into the table, go, and are parked again.
+
+        A session whose copies do not all fit in the table now waits for the chunks after it to
+        make room, and is tried again until a round sends none. Never handed over in part (a
+        server given no output end takes the output as ended while the command prints): the
+        rest are named in the "end" with why, their copies kept in flight until it forgets them."""
         self.conns[conn] = owner
-        mine = [h for h in self.sessions.values() if h.owner == owner]
+        pending = [h for h in self.sessions.values() if h.owner == owner]
+        unreturned: list[str] = []
         try:
-            for first in range(0, len(mine), _CHUNK):
-                chunk = mine[first : first + _CHUNK]
-                self._unpark_all(chunk)
-                for held in chunk:
-                    self._stop_draining(held)
-                    roles = [r for r in held.fds if r != "pidfd" or not held.exited]
-                    body = {
-                        "op": "held",
-                        "id": held.id,
-                        "roles": roles,
-                        "eof": sorted(held.eof),
-                        "exited": held.exited,
-                        "recorded": held.recorded,
-                    }
-                    socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
-                for held in chunk:
-                    self._park(held)  # the new server has its copies: ours wait out of the table again
-            records = None if self.exits is None else self.exits.said
-            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records, "sync": True}).encode())
+            while pending:
+                left: list[Held] = []
+                for first in range(0, len(pending), _CHUNK):
+                    chunk = pending[first : first + _CHUNK]
+                    self._unpark_all(chunk)
+                    for held in chunk:
+                        self._stop_draining(held)
+                        if held.lost:
+                            unreturned.append(held.id)
+                        elif held.parked:
+                            left.append(held)
+                        else:
+                            self._send_held(conn, held)
+                    for held in chunk:
+                        self._park(held)  # the new server has its copies: ours wait out of the table again
+                if len(left) == len(pending):
+                    unreturned += [h.id for h in left]  # no room made since the last round: none will be
+                    break
+                pending = left
+            end: dict[str, object] = {"op": "end", "protocol": PROTOCOL, "records": None, "sync": True}
+            end["records"] = None if self.exits is None else self.exits.said
+            if unreturned:
+                end["unreturned"] = {"ids": unreturned, **self._no_room("to hand their copies back")}
+            conn.sendall(json.dumps(end).encode())
         except OSError:
             self._disconnect(conn)
+
+    def _send_held(self, conn: socket.socket, held: Held) -> None:
+        roles = [r for r in held.fds if r != "pidfd" or not held.exited]
+        body = {
+            "op": "held",
+            "id": held.id,
+            "roles": roles,
+            "eof": sorted(held.eof),
+            "exited": held.exited,
+            "recorded": held.recorded,
+        }
+        socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
 
     def _drain(self, held: Held) -> None:
         held.draining = True
@@ -481,12 +516,16 @@ class Holder:
         wanted = [(h, r, t) for h in sessions for r, t in h.parked.items() if roles is None or r in roles]
         found = self.stash.take_many([t for _, _, t in wanted])
         for held, role, token in wanted:
-            del held.parked[role]
             fd = found.get(token)
+            if fd is None and token in self.stash:
+                continue  # no room for it now: still in flight, still parked
+            del held.parked[role]
             if fd is not None:
                 held.fds[role] = fd
-            elif role in OUTPUT_ROLES:
-                held.eof.add(role)  # lost to a full table while its bucket was open: nothing more to read
+                continue
+            held.lost.add(role)  # closed by the kernel (a table full while its bucket was open)
+            if role in OUTPUT_ROLES:
+                held.eof.add(role)  # nothing more to read from it here
 
     def _unpark_within_limit(self, sessions: list[Held]) -> list[Held]:
         """An outage: the sessions whose output and exit we can watch now (their copies back in
@@ -502,9 +541,15 @@ class Holder:
                 break
             room -= need
             kept.append(held)
+        watched = (*OUTPUT_ROLES, "pidfd")
         for first in range(0, len(kept), _CHUNK):
-            self._unpark_all(kept[first : first + _CHUNK], (*OUTPUT_ROLES, "pidfd"))
-        return kept
+            self._unpark_all(kept[first : first + _CHUNK], watched)
+        # One whose copies did not all come (no room as its bucket was opened) waits with the rest.
+        back = [h for h in kept if not any(r in h.parked for r in watched)]
+        for held in kept:
+            if any(r in held.parked for r in watched):
+                self._park(held)
+        return back
 
     def _discard_parked(self, held: Held) -> None:
         """Its copies in the stash, let go: a stdin is closed now (another copy of it may be in

@@ -14,18 +14,26 @@ and sends the rest back as one; a discarded one (nobody will need it) is closed 
 is next opened, or emptied. Where the kernel refuses to keep more in flight (``ETOOMANYREFS``: an
 unprivileged user's in-flight count is capped at its RLIMIT_NOFILE), :meth:`put_many` stashes
 what it can and leaves the rest to the caller, who keeps them as before.
+
+A message received into a table too full to take all its descriptors loses the rest (the kernel
+closes them: ``MSG_CTRUNC``), wanted or not. A stash given ``room`` (how many descriptors the
+table can take now, see :func:`table_room`) receives a message only if they all fit; the ones it
+cannot receive stay in flight, still stashed (:meth:`__contains__`), for a later take.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import resource
 import socket
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BUCKET", "DescriptorStash"]
+__all__ = ["BUCKET", "DescriptorStash", "table_room"]
 
 BUCKET = 200  # descriptors in flight per bucket; SCM_RIGHTS carries at most 253 per message
 _MAX_MSG = 8192  # a full bucket's tokens: 200 numbers of JSON
@@ -37,7 +45,7 @@ class _Bucket:
     receiver: socket.socket
     live: set[int] = field(default_factory=set)  # tokens in flight that are still wanted
     in_flight: int = 0  # descriptors in flight, live or not
-    messages: int = 0
+    sizes: deque[int] = field(default_factory=deque)  # descriptors of each message in flight, in queue order
     full: bool = False  # the socket took no more (its send buffer): the next puts go elsewhere
 
     def close(self) -> None:
@@ -49,16 +57,22 @@ class _Bucket:
 class DescriptorStash:
     """Descriptors by token, in flight in a few sockets rather than in the descriptor table."""
 
-    def __init__(self, bucket: int = BUCKET) -> None:
+    def __init__(self, bucket: int = BUCKET, room: Callable[[], int] | None = None) -> None:
         # Descriptors in flight per bucket: as many come into the table for a moment when one is
         # taken out, so a process with a small limit wants smaller buckets.
         self.bucket = max(1, min(bucket, BUCKET))
+        # How many more descriptors the table takes now; None: as many as come (never measured).
+        self._room = room
         self._buckets: list[_Bucket] = []
         self._where: dict[int, _Bucket] = {}
         self._next = 0
 
     def __len__(self) -> int:
         return len(self._where)
+
+    def __contains__(self, token: object) -> bool:
+        """True iff ``token``'s descriptor is still stashed (not taken, discarded or lost)."""
+        return token in self._where
 
     @property
     def sockets(self) -> int:
@@ -73,7 +87,7 @@ class DescriptorStash:
         start = 0
         while start < len(fds):
             try:
-                bucket = self._room(len(fds) if together else 1)
+                bucket = self._bucket_for(len(fds) if together else 1)
             except OSError:
                 return tokens  # no descriptor for another bucket's sockets (EMFILE): the rest stay the caller's
             count = min(self.bucket - bucket.in_flight, len(fds) - start)
@@ -82,12 +96,12 @@ class DescriptorStash:
             try:
                 sent = self._send(bucket, ids, chunk)
             except OSError:
-                if not bucket.messages:
+                if not bucket.sizes:
                     self._drop(bucket)
                 return tokens  # ETOOMANYREFS and kin: the rest stay the caller's
             if not sent:
                 bucket.full = True
-                if not bucket.messages:
+                if not bucket.sizes:
                     self._drop(bucket)
                     return tokens  # not even an empty socket took it
                 continue
@@ -102,16 +116,17 @@ class DescriptorStash:
 
     def take(self, token: int) -> int | None:
         """The stashed descriptor, back in the table (the caller's now); None if it is gone (lost
-        to a full table while its bucket was open)."""
+        to a full table while its bucket was open) or, with ``room``, has no room yet (then
+        still stashed)."""
         return self.take_many([token]).get(token)
 
     def take_many(self, tokens: Sequence[int]) -> dict[int, int]:
-        """Those of ``tokens`` still stashed, back in the table: each bucket opened once."""
+        """Those of ``tokens`` still stashed, back in the table: each bucket opened once. With
+        ``room``, only as many as fit: the rest stay stashed."""
         by_bucket: dict[int, tuple[_Bucket, set[int]]] = {}
         for token in tokens:
-            bucket = self._where.pop(token, None)
+            bucket = self._where.get(token)
             if bucket is not None:
-                bucket.live.discard(token)
                 by_bucket.setdefault(id(bucket), (bucket, set()))[1].add(token)
         found: dict[int, int] = {}
         for bucket, wanted in by_bucket.values():
@@ -137,7 +152,7 @@ class DescriptorStash:
 
     # -- buckets -------------------------------------------------------------------------------
 
-    def _room(self, need: int) -> _Bucket:
+    def _bucket_for(self, need: int) -> _Bucket:
         for bucket in reversed(self._buckets):
             if not bucket.full and bucket.in_flight + min(need, self.bucket) <= self.bucket:
                 return bucket
@@ -154,25 +169,38 @@ class DescriptorStash:
         except BlockingIOError:
             return False
         bucket.in_flight += len(fds)
-        bucket.messages += 1
+        bucket.sizes.append(len(fds))
         return True
 
     def _reopen(self, bucket: _Bucket, wanted: set[int]) -> dict[int, int]:
-        """Receive every message of ``bucket``; return the ``wanted`` descriptors, close the dead
-        ones, and send the live rest back as one message (or drop the bucket if none is left)."""
+        """Receive the messages of ``bucket`` (with ``room``: while the next one fits whole);
+        return the ``wanted`` descriptors, close the dead ones, and send the live rest back as
+        one message (or drop the bucket if none is left)."""
         found: dict[int, int] = {}
         keep: list[tuple[int, int]] = []
+        room = self._room() if self._room is not None else None
+        unread = len(bucket.sizes)  # the messages there now: not the live rest we send back meanwhile
         try:
-            for _ in range(bucket.messages):
+            while unread:
+                if room is not None and bucket.sizes[0] > room:
+                    if not keep:
+                        break  # the rest stay in flight, still stashed: no room for them now
+                    room += self._send_back(bucket, keep)  # the room they took for nothing
+                    continue
                 try:
                     data, fds, _flags, _ = socket.recv_fds(bucket.receiver, _MAX_MSG, self.bucket)
                 except BlockingIOError:
-                    break  # fewer than counted: nothing more to find
+                    bucket.sizes.clear()  # fewer than counted: nothing more to find
+                    break
+                unread -= 1
+                bucket.in_flight -= bucket.sizes.popleft()
                 ids = json.loads(data)
                 # A table too full to take them all (MSG_CTRUNC): the kernel closed the rest.
                 for token, fd in zip(ids, fds, strict=False):
                     if token in wanted:
                         found[token] = fd
+                        bucket.live.discard(token)
+                        self._where.pop(token, None)
                     elif token in bucket.live:
                         keep.append((token, fd))
                     else:
@@ -180,25 +208,33 @@ class DescriptorStash:
                 for token in ids[len(fds) :]:
                     bucket.live.discard(token)
                     self._where.pop(token, None)
+                if room is not None:
+                    room -= sum(1 for token in ids[: len(fds)] if token in found or token in bucket.live)
         finally:
-            bucket.messages = bucket.in_flight = 0
+            if not bucket.sizes:
+                bucket.in_flight = 0
             bucket.full = False
             if keep:
-                ids, fds = [t for t, _ in keep], [fd for _, fd in keep]
-                sent = False
-                with contextlib.suppress(OSError):
-                    sent = self._send(bucket, ids, fds)
-                if sent:
-                    for fd in fds:
-                        os.close(fd)
-                else:  # cannot happen with an emptied socket; if it did, they are lost, not leaked
-                    for token, fd in keep:
-                        os.close(fd)
-                        bucket.live.discard(token)
-                        self._where.pop(token, None)
+                self._send_back(bucket, keep)
             if not bucket.live:
                 self._drop(bucket)
         return found
+
+    def _send_back(self, bucket: _Bucket, keep: list[tuple[int, int]]) -> int:
+        """Put taken-out live ones back in flight as one message (emptying ``keep``); how many
+        left the table."""
+        ids, fds = [t for t, _ in keep], [fd for _, fd in keep]
+        keep.clear()
+        sent = False
+        with contextlib.suppress(OSError):
+            sent = self._send(bucket, ids, fds)
+        for fd in fds:
+            os.close(fd)
+        if not sent:  # cannot happen with a socket we just read from; if it did, they are lost, not leaked
+            for token in ids:
+                bucket.live.discard(token)
+                self._where.pop(token, None)
+        return len(fds)
 
     def _drop(self, bucket: _Bucket) -> None:
         with contextlib.suppress(ValueError):
@@ -207,3 +243,15 @@ class DescriptorStash:
             self._where.pop(token, None)
         bucket.live.clear()
         bucket.close()
+
+
+def table_room() -> int:
+    """How many more descriptors this process's table takes now: the numbers below its soft
+    RLIMIT_NOFILE that no open descriptor uses (the kernel gives a received one the lowest free).
+    None free when the listing itself finds none for its own; without /proc, the soft limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        used = sum(1 for name in os.listdir("/proc/self/fd") if int(name) < soft)
+    except OSError as exc:
+        return 0 if exc.errno in (errno.EMFILE, errno.ENFILE) else soft
+    return soft - used  # counting the listing's own descriptor, closed by now: one to spare

@@ -1,0 +1,109 @@
+"""A hello into a holder whose descriptor table cannot take every copy back at once
+(engine/holder.py ``_hello``, engine/stash.py ``room``). A message of its stash received into a
+table too small for it would lose the rest (the kernel closes them): a session adopted without
+its output end would read as ended while its command printed on, its stdin gone, and no one told.
+Instead each session is handed back whole, as room is made by the ones sent before it; one that
+cannot be is ended by the next server, which says why (its error, ``capabilities()["restarts"]``).
+
+As in test_holder_full.py, the holder's limit is lowered under it (it raises its soft limit once,
+at start) to leave exactly so many descriptors free: the hello's connection takes the first."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import time
+from collections.abc import Callable
+
+from procpilot.config import Settings
+from procpilot.engine.capture import Stream
+from procpilot.engine.session import Session
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
+from tests.conftest import marked_processes
+
+A = "agent-a"
+SESSIONS = 3
+
+
+async def _until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def _fds(pid: int) -> list[int]:
+    return sorted(int(name) for name in os.listdir(f"/proc/{pid}/fd"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _room_for(pid: int, more: int) -> None:
+    """Lower ``pid``'s soft descriptor limit so that exactly ``more`` new descriptors fit."""
+    taken = set(_fds(pid))
+    free = [fd for fd in range(max(taken) + more + 2) if fd not in taken]
+    hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (free[more], hard))
+
+
+async def _held_then_restarted(settings: Settings, room: int) -> tuple[list[Session], int]:
+    """Sessions waiting for a line, held while no server runs (no room to drain them: all stay in
+    the holder's stash), the holder left ``room`` free descriptors for the next server's hello."""
+    first = await Supervisor(settings, owner="t").start()
+    try:
+        started = [await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A) for _ in range(SESSIONS)]
+        assert await _until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
+        holder = int(first.capabilities()["restarts"]["holder_pid"])
+        _room_for(holder, room)
+    finally:
+        await first.detach()
+    return started, holder
+
+
+async def test_a_hello_with_room_for_few_copies_hands_every_session_back_whole(settings: Settings) -> None:
+    # The connection, and a session's copies or two: never all three sessions' at once.
+    started, _ = await _held_then_restarted(settings, 7)
+    async with Supervisor(settings, owner="t") as second:
+        assert set(second.adopted) == {s.id for s in started}
+        adopted = [second.get(A, s.id) for s in started]
+        assert [s.error for s in adopted] == [None] * SESSIONS
+        for session in adopted:
+            await session.write(b"x\n")  # its stdin came back
+        for session in adopted:
+            assert await session.wait_finished(10), session.id
+            # Its output end came back: what it printed after the hello is here, none of it cut.
+            assert (session.exit_code, session.output[Stream.COMBINED].read(0, 1 << 16).data) == (0, b"up\ngot x\n")
+        assert "unreturned" not in second.capabilities()["restarts"]
+    assert not marked_processes()
+
+
+async def test_sessions_the_holder_has_no_room_to_hand_back_are_ended_and_say_why(settings: Settings) -> None:
+    # Room for the hello's connection only: no copy comes back into the table.
+    started, holder = await _held_then_restarted(settings, 1)
+    async with Supervisor(settings, owner="t") as second:
+        adopted = [second.get(A, s.id) for s in started]
+        for session in adopted:
+            assert await session.wait_finished(10), session.id
+        errors = {s.error for s in adopted}
+        assert len(errors) == 1, errors
+        why = errors.pop()
+        assert why is not None and why.startswith("this server could not take it over, so it was ended: "), why
+        assert f"holder (pid {holder})" in why and "descriptor table" in why, why
+        assert all(s.exit_code != 0 for s in adopted)  # ended by this server, not run to their end
+        # Said where an operator looks (procpilot doctor), with the same reason.
+        told = second.capabilities()["restarts"]["unreturned"]
+        assert told["sessions"] == SESSIONS and sorted(told["ids"]) == sorted(s.id for s in started)
+        assert why.endswith(told["why"])
+    # Forgotten at the holder: it kept nothing of them for a next server, so with this one gone it exits.
+    assert await _until(lambda: not _alive(holder)), _fds(holder)
+    assert not marked_processes()
