@@ -6,7 +6,9 @@ Instead each session is handed back whole, as room is made by the ones sent befo
 cannot be is ended by the next server, which says why (its error, ``capabilities()["restarts"]``).
 
 As in test_holder_full.py, the holder's limit is lowered under it (it raises its soft limit once,
-at start) to leave exactly so many descriptors free: the hello's connection takes the first."""
+at start) to leave exactly so many descriptors free beside the hello's connection (it takes the
+one the first server's connection leaves). A session's copies: three or four (its stdout, stdin
+and pidfd; its stderr unless a pty)."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def _room_for(pid: int, more: int) -> None:
 
 async def _held_then_restarted(settings: Settings, room: int) -> tuple[list[Session], int]:
     """Sessions waiting for a line, held while no server runs (no room to drain them: all stay in
-    the holder's stash), the holder left ``room`` free descriptors for the next server's hello."""
+    the holder's stash), the holder left ``room`` free descriptors beside the next one's connection."""
     first = await Supervisor(settings, owner="t").start()
     try:
         started = [await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A) for _ in range(SESSIONS)]
@@ -71,7 +73,7 @@ async def _held_then_restarted(settings: Settings, room: int) -> tuple[list[Sess
 
 
 async def test_a_hello_with_room_for_few_copies_hands_every_session_back_whole(settings: Settings) -> None:
-    # The connection, and a session's copies or two: never all three sessions' at once.
+    # Room for one session's copies at a time: the others wait in flight until it is sent and parked.
     started, _ = await _held_then_restarted(settings, 7)
     async with Supervisor(settings, owner="t") as second:
         assert set(second.adopted) == {s.id for s in started}
@@ -88,7 +90,7 @@ async def test_a_hello_with_room_for_few_copies_hands_every_session_back_whole(s
 
 
 async def test_sessions_the_holder_has_no_room_to_hand_back_are_ended_and_say_why(settings: Settings) -> None:
-    # Room for the hello's connection only: no copy comes back into the table.
+    # Room for one descriptor: no session's copies come back into the table whole.
     started, holder = await _held_then_restarted(settings, 1)
     async with Supervisor(settings, owner="t") as second:
         adopted = [second.get(A, s.id) for s in started]

@@ -270,9 +270,8 @@ class Holder:
                 self.exits = _load_exit_records().ExitWatch()
         if whole and self.stash is None:
             with contextlib.suppress(ImportError, OSError, SyntaxError):  # then the copies stay in the table
-                stash = _load_beside("procpilot_stash", "stash.py")
-                # Measured before each message taken out of it: one that did not fit whole would lose the rest.
-                self.stash = stash.DescriptorStash(room=stash.table_room)
+                # Fit: a message taken out into a table with no room for it whole would lose the rest.
+                self.stash = _load_beside("procpilot_stash", "stash.py").DescriptorStash(fit=True)
         for one, taken in whole:
             self._add(one, owner, taken)
         if refused:

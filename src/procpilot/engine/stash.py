@@ -16,8 +16,9 @@ unprivileged user's in-flight count is capped at its RLIMIT_NOFILE), :meth:`put_
 what it can and leaves the rest to the caller, who keeps them as before.
 
 A message received into a table too full to take all its descriptors loses the rest (the kernel
-closes them: ``MSG_CTRUNC``), wanted or not. A stash given ``room`` (how many descriptors the
-table can take now, see :func:`table_room`) receives a message only if they all fit; the ones it
+closes them: ``MSG_CTRUNC``), wanted or not. A stash made with ``fit`` counts the table's free
+descriptors before it takes any out (it takes that many, duplicates closed at once: exact, and
+cheaper than listing a big table) and receives a message only if they all fit; the ones it
 cannot receive stay in flight, still stashed (:meth:`__contains__`), for a later take.
 """
 
@@ -27,13 +28,12 @@ import contextlib
 import errno
 import json
 import os
-import resource
 import socket
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BUCKET", "DescriptorStash", "table_room"]
+__all__ = ["BUCKET", "DescriptorStash"]
 
 BUCKET = 200  # descriptors in flight per bucket; SCM_RIGHTS carries at most 253 per message
 _MAX_MSG = 8192  # a full bucket's tokens: 200 numbers of JSON
@@ -57,12 +57,12 @@ class _Bucket:
 class DescriptorStash:
     """Descriptors by token, in flight in a few sockets rather than in the descriptor table."""
 
-    def __init__(self, bucket: int = BUCKET, room: Callable[[], int] | None = None) -> None:
+    def __init__(self, bucket: int = BUCKET, *, fit: bool = False) -> None:
         # Descriptors in flight per bucket: as many come into the table for a moment when one is
         # taken out, so a process with a small limit wants smaller buckets.
         self.bucket = max(1, min(bucket, BUCKET))
-        # How many more descriptors the table takes now; None: as many as come (never measured).
-        self._room = room
+        # True iff a take counts the table's room first (one thread only: the count is of a moment).
+        self.fit = fit
         self._buckets: list[_Bucket] = []
         self._where: dict[int, _Bucket] = {}
         self._next = 0
@@ -129,8 +129,11 @@ class DescriptorStash:
             if bucket is not None:
                 by_bucket.setdefault(id(bucket), (bucket, set()))[1].add(token)
         found: dict[int, int] = {}
+        # Counted once, as far as these buckets could need: between their openings only we change it.
+        room = self._room_for([bucket for bucket, _ in by_bucket.values()])
         for bucket, wanted in by_bucket.values():
-            found.update(self._reopen(bucket, wanted))
+            taken, room = self._reopen(bucket, wanted, room)
+            found.update(taken)
         return found
 
     def discard(self, token: int) -> None:
@@ -142,7 +145,7 @@ class DescriptorStash:
         if not bucket.live:
             self._drop(bucket)
         elif bucket.in_flight - len(bucket.live) > max(len(bucket.live), 16):
-            self._reopen(bucket, set())  # mostly dead: close those now
+            self._reopen(bucket, set(), self._room_for([bucket]))  # mostly dead: close those now
 
     def close(self) -> None:
         for bucket in self._buckets:
@@ -151,6 +154,24 @@ class DescriptorStash:
         self._where.clear()
 
     # -- buckets -------------------------------------------------------------------------------
+
+    def _room_for(self, buckets: list[_Bucket]) -> int | None:
+        """With ``fit``: the table's free descriptors, counted up to all ``buckets`` hold (no take
+        of theirs needs more); else None (not counted)."""
+        if not self.fit or not buckets:
+            return None
+        up_to = sum(bucket.in_flight for bucket in buckets)
+        probes: list[int] = []
+        try:
+            while len(probes) < up_to:
+                probes.append(os.dup(buckets[0].receiver.fileno()))
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+        finally:
+            for fd in probes:
+                os.close(fd)
+        return len(probes)
 
     def _bucket_for(self, need: int) -> _Bucket:
         for bucket in reversed(self._buckets):
@@ -172,13 +193,12 @@ class DescriptorStash:
         bucket.sizes.append(len(fds))
         return True
 
-    def _reopen(self, bucket: _Bucket, wanted: set[int]) -> dict[int, int]:
-        """Receive the messages of ``bucket`` (with ``room``: while the next one fits whole);
-        return the ``wanted`` descriptors, close the dead ones, and send the live rest back as
-        one message (or drop the bucket if none is left)."""
+    def _reopen(self, bucket: _Bucket, wanted: set[int], room: int | None) -> tuple[dict[int, int], int | None]:
+        """Receive the messages of ``bucket`` (with ``room``, the table's free descriptors: while
+        the next one fits whole); return the ``wanted`` descriptors and the room left, close the
+        dead ones, and send the live rest back as one message (or drop the bucket if none is left)."""
         found: dict[int, int] = {}
         keep: list[tuple[int, int]] = []
-        room = self._room() if self._room is not None else None
         unread = len(bucket.sizes)  # the messages there now: not the live rest we send back meanwhile
         try:
             while unread:
@@ -215,10 +235,11 @@ class DescriptorStash:
                 bucket.in_flight = 0
             bucket.full = False
             if keep:
-                self._send_back(bucket, keep)
+                sent_back = self._send_back(bucket, keep)
+                room = None if room is None else room + sent_back
             if not bucket.live:
                 self._drop(bucket)
-        return found
+        return found, room
 
     def _send_back(self, bucket: _Bucket, keep: list[tuple[int, int]]) -> int:
         """Put taken-out live ones back in flight as one message (emptying ``keep``); how many
@@ -243,15 +264,3 @@ class DescriptorStash:
             self._where.pop(token, None)
         bucket.live.clear()
         bucket.close()
-
-
-def table_room() -> int:
-    """How many more descriptors this process's table takes now: the numbers below its soft
-    RLIMIT_NOFILE that no open descriptor uses (the kernel gives a received one the lowest free).
-    None free when the listing itself finds none for its own; without /proc, the soft limit."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    try:
-        used = sum(1 for name in os.listdir("/proc/self/fd") if int(name) < soft)
-    except OSError as exc:
-        return 0 if exc.errno in (errno.EMFILE, errno.ENFILE) else soft
-    return soft - used  # counting the listing's own descriptor, closed by now: one to spare
