@@ -24,7 +24,8 @@ table: 10,000 sessions' three or four copies each would not fit under a limit of
 come back into the table to be handed to a server (a chunk of sessions at a time) and, in an
 outage, to be drained: as many sessions as its descriptor limit has room for (the output read
 ends and the pidfd), the rest staying in flight, unread, until the next server (their commands
-run on, and block once their pipe holds 1 MiB).
+run on, and block once their pipe holds 1 MiB). A copy comes out of the stash only into room for
+it (and the rest of its message); a session is handed to a server whole or not at all.
 
 Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
 the package: it must start in tens of milliseconds and stay small (one per state directory).
@@ -39,10 +40,13 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                                                                handled (its "refused" sent first)
   holder → server  {"op": "held", "id", "roles", "eof", "exited", "recorded"} + one fd per role still open
                                                                recorded: we record how its leader ends
-                   {"op": "end", "protocol": PROTOCOL, "records": R, "sync": true}
+                   {"op": "end", "protocol": PROTOCOL, "records": R, "sync": true, "unreturned": U}
                                                                R: how it records exits nobody can wait
                                                                for, {"mechanism"} or {"why"}; None: unknown;
-                                                               sync: it answers a "sync"
+                                                               sync: it answers a "sync"; U (only if any):
+                                                               {"ids", "why", "limit"}, sessions it holds but
+                                                               could not hand back whole (no room in its
+                                                               table), kept in flight until forgotten
                    {"op": "synced"}
                    {"op": "refused", "ids": [...], "why", "limit"}
                                                                after an "add" whose descriptors its table
@@ -52,6 +56,8 @@ A "refused" is the only message the holder sends unasked. Neither it nor "sync" 
 PROTOCOL: a server before them read anything after the hello as EOF or nothing (it ignored it)
 and never asks for a sync; a holder before them sends no refusal (it dropped such an add
 silently), and its "end" has no "sync", so it is not asked: either pairing works as it did.
+Likewise "unreturned": a server before it takes those sessions as not held (it ends them, and
+forgets them as they end); a holder before it handed such a session back in part.
 """
 
 from __future__ import annotations
