@@ -1155,7 +1155,9 @@ class Supervisor:
         A running one held by the holder is adopted with its descriptors (output printed meanwhile
         replayed from the spool first, so the logs keep arrival order). Not held and its tree gone:
         it ended while no server ran; its status is what its shell recorded, else it is LOST. Not
-        held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST."""
+        held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST.
+        Held but not handed back (the holder's table had no room: ``link.unreturned``) is not held
+        here either, and its error says why."""
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
             return
