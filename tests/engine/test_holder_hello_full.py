@@ -15,13 +15,18 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
 
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
+from procpilot.engine.holder_client import HolderLink
 from procpilot.engine.session import Session
-from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from tests.conftest import marked_processes
 
@@ -87,6 +92,56 @@ async def test_a_hello_with_room_for_few_copies_hands_every_session_back_whole(s
             assert (session.exit_code, session.output[Stream.COMBINED].read(0, 1 << 16).data) == (0, b"up\ngot x\n")
         assert "unreturned" not in second.capabilities()["restarts"]
     assert not marked_processes()
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for child in started:
+        child.kill()
+        child.wait()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+async def test_copies_sent_back_together_come_back_a_few_at_a_time(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
+) -> None:
+    link = HolderLink(tmp_path, "owner-a")
+    assert link.connect() == []
+    holder = link.pid
+    assert holder is not None and link.syncs
+    try:
+        for number in range(10):
+            child = subprocess.Popen(["sleep", "30"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            children.append(child)
+            assert child.stdin is not None and child.stdout is not None
+            spawned = Spawned(child, child.pid, None, child.stdin.fileno(), child.stdout.fileno(), None)
+            assert link.add(f"s{number}", spawned, tmp_path / f"s{number}.spool", 1 << 20, [])
+        link.flush()
+        # One is forgotten: the holder opens the bucket its copies share with the other nine's
+        # (27: stdout, stdin, pidfd each), which go back in flight. Sent back as one message,
+        # a hello would need room for all 27 to take any of them out.
+        link.forget("s9")
+        link.flush()
+        link.sync()  # handled
+    finally:
+        link.close()
+    _room_for(holder, 20)
+    again = HolderLink(tmp_path, "owner-a")
+    held = again.connect()
+    try:
+        assert again.pid == holder
+        assert again.unreturned == {}
+        assert sorted((h.id, sorted(h.fds)) for h in held) == [(f"s{n}", ["stdin", "stdout"]) for n in range(9)]
+    finally:
+        for one in held:
+            one.close()
+            again.forget(one.id)
+        again.flush()
+        again.close()
 
 
 async def test_sessions_the_holder_has_no_room_to_hand_back_are_ended_and_say_why(settings: Settings) -> None:

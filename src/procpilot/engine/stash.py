@@ -37,6 +37,7 @@ __all__ = ["BUCKET", "DescriptorStash"]
 
 BUCKET = 200  # descriptors in flight per bucket; SCM_RIGHTS carries at most 253 per message
 _MAX_MSG = 8192  # a full bucket's tokens: 200 numbers of JSON
+_FIT_MESSAGE = 16  # descriptors per message sent back by a stash made to fit (a take needs room for one)
 
 
 @dataclass(slots=True)
@@ -242,20 +243,25 @@ class DescriptorStash:
         return found, room
 
     def _send_back(self, bucket: _Bucket, keep: list[tuple[int, int]]) -> int:
-        """Put taken-out live ones back in flight as one message (emptying ``keep``); how many
-        left the table."""
-        ids, fds = [t for t, _ in keep], [fd for _, fd in keep]
+        """Put taken-out live ones back in flight (emptying ``keep``); how many left the table. As
+        one message, or with ``fit`` as small ones: a take receives a message whole or not at all,
+        so a big one would need that much room for any of its descriptors."""
+        size = _FIT_MESSAGE if self.fit else len(keep)
+        for first in range(0, len(keep), size):
+            part = keep[first : first + size]
+            ids, fds = [t for t, _ in part], [fd for _, fd in part]
+            sent = False
+            with contextlib.suppress(OSError):
+                sent = self._send(bucket, ids, fds)
+            for fd in fds:
+                os.close(fd)
+            if not sent:  # cannot happen with a socket we just read from; if it did, they are lost, not leaked
+                for token in ids:
+                    bucket.live.discard(token)
+                    self._where.pop(token, None)
+        count = len(keep)
         keep.clear()
-        sent = False
-        with contextlib.suppress(OSError):
-            sent = self._send(bucket, ids, fds)
-        for fd in fds:
-            os.close(fd)
-        if not sent:  # cannot happen with a socket we just read from; if it did, they are lost, not leaked
-            for token in ids:
-                bucket.live.discard(token)
-                self._where.pop(token, None)
-        return len(fds)
+        return count
 
     def _drop(self, bucket: _Bucket) -> None:
         with contextlib.suppress(ValueError):
