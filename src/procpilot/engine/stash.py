@@ -117,13 +117,13 @@ class DescriptorStash:
 
     def take(self, token: int) -> int | None:
         """The stashed descriptor, back in the table (the caller's now); None if it is gone (lost
-        to a full table while its bucket was open) or, with ``room``, has no room yet (then
+        to a full table while its bucket was open) or, with ``fit``, has no room yet (then
         still stashed)."""
         return self.take_many([token]).get(token)
 
     def take_many(self, tokens: Sequence[int]) -> dict[int, int]:
         """Those of ``tokens`` still stashed, back in the table: each bucket opened once. With
-        ``room``, only as many as fit: the rest stay stashed."""
+        ``fit``, only as many as fit: the rest stay stashed."""
         by_bucket: dict[int, tuple[_Bucket, set[int]]] = {}
         for token in tokens:
             bucket = self._where.get(token)
@@ -197,7 +197,7 @@ class DescriptorStash:
     def _reopen(self, bucket: _Bucket, wanted: set[int], room: int | None) -> tuple[dict[int, int], int | None]:
         """Receive the messages of ``bucket`` (with ``room``, the table's free descriptors: while
         the next one fits whole); return the ``wanted`` descriptors and the room left, close the
-        dead ones, and send the live rest back as one message (or drop the bucket if none is left)."""
+        dead ones, and send the live rest back (or drop the bucket if none is left)."""
         found: dict[int, int] = {}
         keep: list[tuple[int, int]] = []
         unread = len(bucket.sizes)  # the messages there now: not the live rest we send back meanwhile
@@ -210,8 +210,12 @@ class DescriptorStash:
                     continue
                 try:
                     data, fds, _flags, _ = socket.recv_fds(bucket.receiver, _MAX_MSG, self.bucket)
-                except BlockingIOError:
-                    bucket.sizes.clear()  # fewer than counted: nothing more to find
+                except BlockingIOError:  # fewer than counted: nothing more to find, the rest are gone
+                    bucket.sizes.clear()
+                    kept = {token for token, _ in keep}
+                    for token in bucket.live - kept:
+                        self._where.pop(token, None)
+                    bucket.live &= kept
                     break
                 unread -= 1
                 bucket.in_flight -= bucket.sizes.popleft()
