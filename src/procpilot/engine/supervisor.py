@@ -1188,10 +1188,12 @@ class Supervisor:
             except (KeyError, TypeError, ValueError, OSError, ProcpilotError) as exc:
                 _log.warning("session %s could not be restored: %s", session_id, exc)
                 session = None
-            if (session is None or session.finished) and mine is not None:
-                mine.close()
-                restarts.link.forget(session_id)
-            if session_id in restarts.link.unreturned:  # ended above (the holder forgets it with its end)
+            unreturned = session_id in restarts.link.unreturned  # held, not handed back: ended above
+            if (session is None or session.finished) and (mine is not None or unreturned):
+                if mine is not None:
+                    mine.close()
+                restarts.link.forget(session_id)  # else its end makes the holder forget it
+            if unreturned and record.get("state") in ("running", "restarting"):
                 self._unreturned.append(session_id)
                 self._unreturned_why = restarts.link.unreturned[session_id]
             if session is not None and record.get("state") in ("running", "restarting", "queued"):
