@@ -47,6 +47,13 @@ def _fds(pid: int) -> list[int]:
     return sorted(int(name) for name in os.listdir(f"/proc/{pid}/fd"))
 
 
+def _idle(pid: int) -> bool:
+    """Whether the holder sleeps in its poll: every message sent to it before is handled (a
+    session's start sends its copies before its id leaves the engine), its copies parked."""
+    with open(f"/proc/{pid}/wchan") as wchan:
+        return wchan.read() == "do_epoll_wait"
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -71,6 +78,7 @@ async def _held_then_restarted(settings: Settings, room: int) -> tuple[list[Sess
         started = [await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A) for _ in range(SESSIONS)]
         assert await _until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
         holder = int(first.capabilities()["restarts"]["holder_pid"])
+        assert await _until(lambda: _idle(holder)), "the holder did not take the sessions"
         _room_for(holder, room)
     finally:
         await first.detach()
@@ -129,6 +137,7 @@ async def test_copies_sent_back_together_come_back_a_few_at_a_time(
         link.sync()  # handled
     finally:
         link.close()
+    assert await _until(lambda: _idle(holder)), "the holder did not see its server go"
     _room_for(holder, 20)
     again = HolderLink(tmp_path, "owner-a")
     held = again.connect()
@@ -163,4 +172,26 @@ async def test_sessions_the_holder_has_no_room_to_hand_back_are_ended_and_say_wh
         assert why.endswith(told["why"])
     # Forgotten at the holder: it kept nothing of them for a next server, so with this one gone it exits.
     assert await _until(lambda: not _alive(holder)), _fds(holder)
+    assert not marked_processes()
+
+
+async def test_a_holder_with_no_descriptor_free_still_answers_the_next_server(settings: Settings) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    try:
+        started = await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A)
+        holder = int(first.capabilities()["restarts"]["holder_pid"])
+        assert await _until(lambda: _idle(holder)), "the holder did not take the session"
+        _room_for(holder, 0)  # no drain in the outage either
+        connected = len(_fds(holder))
+    finally:
+        await first.detach()
+    assert await _until(lambda: len(_fds(holder)) < connected and _idle(holder)), "the holder did not see its server go"
+    _room_for(holder, 0)  # not even the next server's connection fits: it comes on the holder's spare
+    async with Supervisor(settings, owner="t") as second:
+        restarts = second.capabilities()["restarts"]
+        assert restarts["survive"] is True and restarts["holder_pid"] == holder, restarts
+        assert restarts["unreturned"]["ids"] == [started.id], restarts
+        gone = second.get(A, started.id)
+        assert await gone.wait_finished(10)
+        assert gone.error == f"this server could not take it over, so it was ended: {restarts['unreturned']['why']}"
     assert not marked_processes()

@@ -100,6 +100,7 @@ _IDLE_EXIT = 10.0
 _KEEP_ENDED = 3600.0
 _CHUNK = 64  # sessions whose descriptors come out of the stash at once (a hello)
 SPARE_FDS = 256  # descriptors an outage's drain leaves free: sockets, spools, a bucket opened (its 200)
+_RESPARE = 1.0  # seconds between tries for a spare descriptor while we cannot accept a server
 
 
 @dataclass
@@ -142,6 +143,9 @@ class Holder:
         self.roots: dict[str, tuple[int, int]] = {}
         self.exits: ExitWatch | None = None  # loaded with the first sessions we are given
         self.stash: DescriptorStash | None = None  # likewise: where held copies wait, out of the table
+        # A descriptor kept for a server's connection when the table has no other (see _accept).
+        self.spare: int | None = _open_spare()
+        self.listening = True  # False while a full table, the spare spent, cannot accept one
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -149,7 +153,8 @@ class Holder:
         while True:
             # Idle (nothing held, nobody connected) only before the first server connects, or if
             # the one that started us died first: then wait a while for one, and go.
-            events = self.sel.select(timeout=None if self.conns else _KEEP_ENDED if self.sessions else _IDLE_EXIT)
+            timeout = None if self.conns else _KEEP_ENDED if self.sessions else _IDLE_EXIT
+            events = self.sel.select(timeout=_RESPARE if not self.listening else timeout)
             if not events and not self.conns and not self.sessions:
                 return
             if not events and not self.conns and all(h.done for h in self.sessions.values()):
@@ -167,17 +172,46 @@ class Holder:
                     self._on_exit(obj)
                 elif kind == "exits":
                     self._exits_change(lambda watch: watch.read())
+            if self.spare is None:
+                self._respare()
             if not self.conns and not self.sessions:
                 return
 
     def _accept(self) -> None:
+        """A server connecting. Into a table with no room for its connection it comes on our
+        spare: its hello then hears what we cannot hand back, and why, rather than finding no
+        holder (and ending as unheld what we hold). With no spare either, we stop listening
+        until one is free again: a readable listener we cannot accept from would spin."""
         try:
             conn, _ = self.listener.accept()
-        except OSError:
-            return
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                return
+            if self.spare is None:
+                self._listen(on=False)
+                return
+            os.close(self.spare)
+            self.spare = None
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
         conn.settimeout(_SEND_TIMEOUT)
         self.conns[conn] = None
         self.sel.register(conn, selectors.EVENT_READ, ("conn", conn))
+
+    def _respare(self) -> None:
+        self.spare = _open_spare()
+        if self.spare is not None:
+            self._listen(on=True)
+
+    def _listen(self, *, on: bool) -> None:
+        if on != self.listening:
+            self.listening = on
+            if on:
+                self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+            else:
+                self.sel.unregister(self.listener)
 
     def _on_message(self, conn: socket.socket) -> None:
         try:
@@ -618,6 +652,13 @@ class Holder:
         if held.spool_fd is not None:
             os.close(held.spool_fd)
             held.spool_fd = None
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _load_exit_records() -> Any:
