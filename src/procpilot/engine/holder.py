@@ -25,7 +25,8 @@ come back into the table to be handed to a server (a chunk of sessions at a time
 outage, to be drained: as many sessions as its descriptor limit has room for (the output read
 ends and the pidfd), the rest staying in flight, unread, until the next server (their commands
 run on, and block once their pipe holds 1 MiB). A copy comes out of the stash only into room for
-it (and the rest of its message); a session is handed to a server whole or not at all.
+it (and the rest of its message); a session is handed to a server whole or not at all. One
+descriptor is kept spare for a server's connection, so a full table still hears a hello.
 
 Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
 the package: it must start in tens of milliseconds and stay small (one per state directory).
@@ -154,10 +155,11 @@ class Holder:
             # Idle (nothing held, nobody connected) only before the first server connects, or if
             # the one that started us died first: then wait a while for one, and go.
             timeout = None if self.conns else _KEEP_ENDED if self.sessions else _IDLE_EXIT
-            events = self.sel.select(timeout=_RESPARE if not self.listening else timeout)
-            if not events and not self.conns and not self.sessions:
+            events = self.sel.select(timeout=timeout if self.listening else _RESPARE)
+            waited = not events and self.listening  # the whole timeout, not a try for a spare
+            if waited and not self.conns and not self.sessions:
                 return
-            if not events and not self.conns and all(h.done for h in self.sessions.values()):
+            if waited and not self.conns and all(h.done for h in self.sessions.values()):
                 for sid in list(self.sessions):  # no server came for a long while: let the records go
                     self._drop(sid)
             for key, _ in events:
