@@ -13,8 +13,10 @@ and pidfd; its stderr unless a pty)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -196,3 +198,34 @@ async def test_a_holder_with_no_descriptor_free_still_answers_the_next_server(se
         assert await gone.wait_finished(10)
         assert gone.error == f"this server could not take it over, so it was ended: {restarts['unreturned']['why']}"
     assert not marked_processes()
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime and stime
+
+
+async def test_a_holder_with_its_spare_spent_waits_for_a_descriptor_asleep_then_answers(tmp_path: Path) -> None:
+    first = HolderLink(tmp_path, "owner-a")
+    assert first.connect() == []
+    holder = first.pid
+    assert holder is not None
+    second = HolderLink(tmp_path, "owner-b")
+    third = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        _room_for(holder, 0)
+        assert second.connect() == [] and second.pid == holder  # on the spare
+        third.connect(first.path)  # queued by the kernel; the holder has nothing to accept it with
+        third.sendall(json.dumps({"op": "hello", "owner": "owner-c"}).encode())
+        assert await _until(lambda: _idle(holder)), "the holder is not asleep"
+        before = _cpu_ticks(holder)
+        await asyncio.sleep(0.3)  # a span to measure, not to wait for anything
+        assert _cpu_ticks(holder) - before <= 3, "the holder spins on a listener it cannot accept from"
+        second.close()  # a descriptor free again: a spare, then the waiting server is answered
+        third.settimeout(5)
+        assert json.loads(third.recv(1 << 16))["op"] == "end"
+    finally:
+        third.close()
+        second.close()
+        first.close()
