@@ -281,3 +281,41 @@ def test_a_bucket_closed_early_past_the_in_flight_cap_keeps_its_live_ones() -> N
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == {"live": 3, "back": True, "taken": 3}
+
+
+# In a child of its own: its descriptor limit is lowered under it, and every process the test
+# suite shares keeps its own. Three groups of four write ends, stashed; then room for five.
+_FULL_TABLE = """
+import json, os, resource, sys
+from procpilot.engine.stash import DescriptorStash
+
+guarded = sys.argv[1] == "guarded"
+stash = DescriptorStash(fit=guarded)
+pipes = [os.pipe() for _ in range(12)]
+groups = [stash.put_many([w for _, w in pipes[i : i + 4]], together=True) for i in (0, 4, 8)]
+used = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+free = [fd for fd in range(used[-1] + 8) if fd not in used]
+resource.setrlimit(resource.RLIMIT_NOFILE, (free[5], resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+tokens = [t for group in groups for t in group]
+rounds = []
+while len(rounds) < 4:
+    found = stash.take_many([t for t in tokens if t in stash])
+    rounds.append(len(found))
+    for fd in found.values():
+        os.close(fd)  # room for the next group
+print(json.dumps({"rounds": rounds, "stashed": sum(t in stash for t in tokens)}))
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_stash_made_to_fit_takes_out_only_what_the_table_has_room_for_and_loses_nothing(guarded: bool) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", _FULL_TABLE, "guarded" if guarded else "unguarded"], capture_output=True, check=True
+    )
+    said = json.loads(run.stdout)
+    if guarded:
+        # A group at a time, each whole; the rest stay stashed until room is made.
+        assert said == {"rounds": [4, 4, 4, 0], "stashed": 0}, said
+    else:
+        # Unguarded (as before): one take receives what fits, the kernel closes the rest.
+        assert said["rounds"][0] < 12 and sum(said["rounds"]) < 12 and said["stashed"] == 0, said

@@ -27,7 +27,9 @@ table: 10,000 sessions' three or four copies each would not fit under a limit of
 come back into the table to be handed to a server (a chunk of sessions at a time) and, in an
 outage, to be drained: as many sessions as its descriptor limit has room for (the output read
 ends and the pidfd), the rest staying in flight, unread, until the next server (their commands
-run on, and block once their pipe holds 1 MiB).
+run on, and block once their pipe holds 1 MiB). A copy comes out of the stash only into room for
+it (and the rest of its message); a session is handed to a server whole or not at all. One
+descriptor is kept spare for a server's connection, so a full table still hears a hello.
 
 Deliberately stdlib only and started by path (``python -I holder.py SOCKET``), not as a module of
 the package: it must start in tens of milliseconds and stay small (one per state directory).
@@ -42,10 +44,13 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors attached wher
                                                                handled (its "refused" sent first)
   holder → server  {"op": "held", "id", "roles", "eof", "exited", "recorded"} + one fd per role still open
                                                                recorded: we record how its leader ends
-                   {"op": "end", "protocol": PROTOCOL, "records": R, "sync": true}
+                   {"op": "end", "protocol": PROTOCOL, "records": R, "sync": true, "unreturned": U}
                                                                R: how it records exits nobody can wait
                                                                for, {"mechanism"} or {"why"}; None: unknown;
-                                                               sync: it answers a "sync"
+                                                               sync: it answers a "sync"; U (only if any):
+                                                               {"ids", "why", "limit"}, sessions it holds but
+                                                               could not hand back whole (no room in its
+                                                               table), kept in flight until forgotten
                    {"op": "synced"}
                    {"op": "refused", "ids": [...], "why", "limit"}
                                                                after an "add" whose descriptors its table
@@ -55,6 +60,8 @@ A "refused" is the only message the holder sends unasked. Neither it nor "sync" 
 PROTOCOL: a server before them read anything after the hello as EOF or nothing (it ignored it)
 and never asks for a sync; a holder before them sends no refusal (it dropped such an add
 silently), and its "end" has no "sync", so it is not asked: either pairing works as it did.
+Likewise "unreturned": a server before it takes those sessions as not held (it ends them, and
+forgets them as they end); a holder before it handed such a session back in part.
 """
 
 from __future__ import annotations
@@ -103,6 +110,7 @@ IDLE_EXIT_ENV = "PROCPILOT_HOLDER_IDLE_EXIT"
 _KEEP_ENDED = 3600.0
 _CHUNK = 64  # sessions whose descriptors come out of the stash at once (a hello)
 SPARE_FDS = 256  # descriptors an outage's drain leaves free: sockets, spools, a bucket opened (its 200)
+_RESPARE = 1.0  # seconds between tries for a spare descriptor while we cannot accept a server
 
 
 @dataclass
@@ -116,6 +124,7 @@ class Held:
     cap: int
     parked: dict[str, int] = field(default_factory=dict)  # role: token in the stash (not in the table)
     eof: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)  # roles whose copy the kernel closed (a table too full to take it)
     exited: bool = False
     draining: bool = False
     spooled: int = 0
@@ -145,6 +154,9 @@ class Holder:
         self.roots: dict[str, tuple[int, int]] = {}
         self.exits: ExitWatch | None = None  # loaded with the first sessions we are given
         self.stash: DescriptorStash | None = None  # likewise: where held copies wait, out of the table
+        # A descriptor kept for a server's connection when the table has no other (see _accept).
+        self.spare: int | None = _open_spare()
+        self.listening = True  # False while a full table, the spare spent, cannot accept one
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -152,10 +164,12 @@ class Holder:
         while True:
             # Idle (nothing held, nobody connected) only before the first server connects, or if
             # the one that started us died first: then wait a while for one, and go.
-            events = self.sel.select(timeout=None if self.conns else _KEEP_ENDED if self.sessions else self.idle_exit)
-            if not events and not self.conns and not self.sessions:
+            timeout = None if self.conns else _KEEP_ENDED if self.sessions else self.idle_exit
+            events = self.sel.select(timeout=timeout if self.listening else _RESPARE)
+            waited = not events and self.listening  # the whole timeout, not a try for a spare
+            if waited and not self.conns and not self.sessions:
                 return
-            if not events and not self.conns and all(h.done for h in self.sessions.values()):
+            if waited and not self.conns and all(h.done for h in self.sessions.values()):
                 for sid in list(self.sessions):  # no server came for a long while: let the records go
                     self._drop(sid)
             for key, _ in events:
@@ -170,17 +184,46 @@ class Holder:
                     self._on_exit(obj)
                 elif kind == "exits":
                     self._exits_change(lambda watch: watch.read())
+            if self.spare is None:
+                self._respare()
             if not self.conns and not self.sessions:
                 return
 
     def _accept(self) -> None:
+        """A server connecting. Into a table with no room for its connection it comes on our
+        spare: its hello then hears what we cannot hand back, and why, rather than finding no
+        holder (and ending as unheld what we hold). With no spare either, we stop listening
+        until one is free again: a readable listener we cannot accept from would spin."""
         try:
             conn, _ = self.listener.accept()
-        except OSError:
-            return
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                return
+            if self.spare is None:
+                self._listen(on=False)
+                return
+            os.close(self.spare)
+            self.spare = None
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
         conn.settimeout(_SEND_TIMEOUT)
         self.conns[conn] = None
         self.sel.register(conn, selectors.EVENT_READ, ("conn", conn))
+
+    def _respare(self) -> None:
+        self.spare = _open_spare()
+        if self.spare is not None:
+            self._listen(on=True)
+
+    def _listen(self, *, on: bool) -> None:
+        if on != self.listening:
+            self.listening = on
+            if on:
+                self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+            else:
+                self.sel.unregister(self.listener)
 
     def _on_message(self, conn: socket.socket) -> None:
         try:
@@ -223,6 +266,8 @@ class Holder:
                 self._unpark(closing, ("stdin",))  # closed now, not with its bucket: the child waits for EOF
                 if "stdin" in closing.fds:
                     os.close(closing.fds.pop("stdin"))
+                elif "stdin" in closing.parked and self.stash is not None:  # no room now: with its bucket
+                    self.stash.discard(closing.parked.pop("stdin"))
 
     def _disconnect(self, conn: socket.socket) -> None:
         owner = self.conns.pop(conn, None)
@@ -277,7 +322,8 @@ class Holder:
                 self.exits = _load_exit_records().ExitWatch()
         if whole and self.stash is None:
             with contextlib.suppress(ImportError, OSError, SyntaxError):  # then the copies stay in the table
-                self.stash = _load_beside("procpilot_stash", "stash.py").DescriptorStash()
+                # Fit: a message taken out into a table with no room for it whole would lose the rest.
+                self.stash = _load_beside("procpilot_stash", "stash.py").DescriptorStash(fit=True)
         for one, taken in whole:
             self._add(one, owner, taken)
         if refused:
@@ -288,19 +334,24 @@ class Holder:
         they would not survive its crash."""
         for sid in ids:
             self._drop(sid)  # an earlier run's copies, if any: not this run's
+        said = self._no_room("for its copies, so it ends with its server")
+        try:
+            conn.sendall(json.dumps({"op": "refused", "ids": ids, **said}).encode())
+        except OSError:
+            self._disconnect(conn)
+
+    def _no_room(self, what: str) -> dict[str, object]:
+        """Why a full descriptor table cost sessions ``what`` says, and our limit: {"why", "limit"}."""
         try:
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         except (OSError, ValueError):
             soft = -1
         why = (
             f"the holder (pid {os.getpid()}) had no room in its descriptor table (RLIMIT_NOFILE {soft})"
-            " for its copies, so it ends with its server; a higher hard limit for the server"
-            " (systemd LimitNOFILE=) makes room from the next holder on"
+            f" {what}; a higher hard limit for the server (systemd LimitNOFILE=) makes room from the"
+            " next holder on"
         )
-        try:
-            conn.sendall(json.dumps({"op": "refused", "ids": ids, "why": why, "limit": soft}).encode())
-        except OSError:
-            self._disconnect(conn)
+        return {"why": why, "limit": soft}
 
     def _add(self, msg: dict[str, object], owner: str, fds: list[int]) -> None:
         roles = msg.get("roles")
@@ -367,30 +418,55 @@ class Holder:
             self._exits_change(lambda watch: watch.discard(held.id))
 
     def _hello(self, conn: socket.socket, owner: str) -> None:
+        """Hand ``owner``'s sessions to its new server, each whole (every copy we hold of it), a
+        chunk at a time: each chunk's copies come into the table, go, and are parked again.
+
+        A session whose copies do not all fit in the table now waits for the chunks after it to
+        make room, and is tried again until a round sends none. Never handed over in part (a
+        server given no output end takes the output as ended while the command prints): the
+        rest are named in the "end" with why, their copies kept in flight until it forgets them."""
         self.conns[conn] = owner
-        mine = [h for h in self.sessions.values() if h.owner == owner]
+        pending = [h for h in self.sessions.values() if h.owner == owner]
+        unreturned: list[str] = []
         try:
-            for first in range(0, len(mine), _CHUNK):
-                chunk = mine[first : first + _CHUNK]
-                self._unpark_all(chunk)
-                for held in chunk:
-                    self._stop_draining(held)
-                    roles = [r for r in held.fds if r != "pidfd" or not held.exited]
-                    body = {
-                        "op": "held",
-                        "id": held.id,
-                        "roles": roles,
-                        "eof": sorted(held.eof),
-                        "exited": held.exited,
-                        "recorded": held.recorded,
-                    }
-                    socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
-                for held in chunk:
-                    self._park(held)  # the new server has its copies: ours wait out of the table again
-            records = None if self.exits is None else self.exits.said
-            conn.sendall(json.dumps({"op": "end", "protocol": PROTOCOL, "records": records, "sync": True}).encode())
+            while pending:
+                left: list[Held] = []
+                for first in range(0, len(pending), _CHUNK):
+                    chunk = pending[first : first + _CHUNK]
+                    self._unpark_all(chunk)
+                    for held in chunk:
+                        self._stop_draining(held)
+                        if held.lost:
+                            unreturned.append(held.id)
+                        elif held.parked:
+                            left.append(held)
+                        else:
+                            self._send_held(conn, held)
+                    for held in chunk:
+                        self._park(held)  # the new server has its copies: ours wait out of the table again
+                if len(left) == len(pending):
+                    unreturned += [h.id for h in left]  # no room made since the last round: none will be
+                    break
+                pending = left
+            end: dict[str, object] = {"op": "end", "protocol": PROTOCOL, "records": None, "sync": True}
+            end["records"] = None if self.exits is None else self.exits.said
+            if unreturned:
+                end["unreturned"] = {"ids": unreturned, **self._no_room("to hand their copies back")}
+            conn.sendall(json.dumps(end).encode())
         except OSError:
             self._disconnect(conn)
+
+    def _send_held(self, conn: socket.socket, held: Held) -> None:
+        roles = [r for r in held.fds if r != "pidfd" or not held.exited]
+        body = {
+            "op": "held",
+            "id": held.id,
+            "roles": roles,
+            "eof": sorted(held.eof),
+            "exited": held.exited,
+            "recorded": held.recorded,
+        }
+        socket.send_fds(conn, [json.dumps(body).encode()], [held.fds[r] for r in roles])
 
     def _drain(self, held: Held) -> None:
         held.draining = True
@@ -491,12 +567,16 @@ class Holder:
         wanted = [(h, r, t) for h in sessions for r, t in h.parked.items() if roles is None or r in roles]
         found = self.stash.take_many([t for _, _, t in wanted])
         for held, role, token in wanted:
-            del held.parked[role]
             fd = found.get(token)
+            if fd is None and token in self.stash:
+                continue  # no room for it now: still in flight, still parked
+            del held.parked[role]
             if fd is not None:
                 held.fds[role] = fd
-            elif role in OUTPUT_ROLES:
-                held.eof.add(role)  # lost to a full table while its bucket was open: nothing more to read
+                continue
+            held.lost.add(role)  # closed by the kernel (a table full while its bucket was open)
+            if role in OUTPUT_ROLES:
+                held.eof.add(role)  # nothing more to read from it here
 
     def _unpark_within_limit(self, sessions: list[Held]) -> list[Held]:
         """An outage: the sessions whose output and exit we can watch now (their copies back in
@@ -512,9 +592,15 @@ class Holder:
                 break
             room -= need
             kept.append(held)
+        watched = (*OUTPUT_ROLES, "pidfd")
         for first in range(0, len(kept), _CHUNK):
-            self._unpark_all(kept[first : first + _CHUNK], (*OUTPUT_ROLES, "pidfd"))
-        return kept
+            self._unpark_all(kept[first : first + _CHUNK], watched)
+        # One whose copies did not all come (no room as its bucket was opened) waits with the rest.
+        back = [h for h in kept if not any(r in h.parked for r in watched)]
+        for held in kept:
+            if any(r in held.parked for r in watched):
+                self._park(held)
+        return back
 
     def _discard_parked(self, held: Held) -> None:
         """Its copies in the stash, let go: a stdin is closed now (another copy of it may be in
@@ -578,6 +664,13 @@ class Holder:
         if held.spool_fd is not None:
             os.close(held.spool_fd)
             held.spool_fd = None
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _load_exit_records() -> Any:

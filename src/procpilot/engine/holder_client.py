@@ -89,6 +89,9 @@ class HolderLink:
         # engine/exit_records.py); None: a holder that does not say, and writes no such records.
         self.records: dict[str, str] | None = None
         self.syncs = False  # True iff the holder answers a "sync" (see :meth:`sync`)
+        # Sessions the holder keeps but could not hand back in the hello (its table had no room
+        # for their copies), by id: why. Not ours to serve; it lets them go once we forget them.
+        self.unreturned: dict[str, str] = {}
         self._pending_adds: dict[str, tuple[Spawned, dict[str, object]]] = {}
         self._pending_forgets: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -285,6 +288,7 @@ class HolderLink:
                     records = msg.get("records")
                     self.records = {str(k): str(v) for k, v in records.items()} if isinstance(records, dict) else None
                     self.syncs = msg.get("sync") is True
+                    self.unreturned = _unreturned(msg.get("unreturned"))
                     return held
                 roles = [str(r) for r in msg.get("roles", [])]
                 if len(roles) != len(fds):
@@ -412,6 +416,14 @@ class HolderLink:
             if self._loop is not None:
                 self._loop.remove_reader(sock.fileno())
             sock.close()
+
+
+def _unreturned(said: object) -> dict[str, str]:
+    """The "end"'s {"ids", "why"} of sessions not handed back, by id (a holder before it says none)."""
+    if not isinstance(said, dict) or not isinstance(said.get("ids"), list):
+        return {}
+    why = str(said.get("why") or "the holder could not hand its copies back")
+    return {str(sid): why for sid in said["ids"]}
 
 
 def _close_all(fds: list[int]) -> None:

@@ -249,6 +249,9 @@ class Supervisor:
         self._state_dir: StateDirIdentity | None = None
         self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
         self._not_held: set[str] = set()  # sessions whose copies the holder refused (custody.not_held)
+        # Sessions ended at start, the holder having no room to hand them back: their ids, and why.
+        self._unreturned: builtins.list[str] = []
+        self._unreturned_why = ""
         # Running sessions' unwritten stdin, out of our descriptor table (engine/stdin.py).
         self._stdin_parking = StdinParking(before=self._hold_now)
         # Quiet sessions' output ends too, once the table fills (engine/output_parking.py).
@@ -490,6 +493,13 @@ class Supervisor:
             "holder": restarts.link.path,
             "holder_pid": restarts.link.pid,
         }
+        if self._unreturned:
+            # Ended as this server started: held, but the holder had no room to hand them back.
+            found["unreturned"] = {
+                "sessions": len(self._unreturned),
+                "ids": self._unreturned[:_NOT_HELD_SHOWN],
+                "why": self._unreturned_why,
+            }
         refused = [s for sid in list(self._not_held) if (s := self._still_not_held(sid)) is not None]
         if refused:
             # The holder runs, but these it could not take: they run on here and end with us.
@@ -1124,6 +1134,10 @@ class Supervisor:
                     if session is not None and not session.finished:
                         replay_spool(session.output, session.output.directory)
                     copy.close()
+                for session_id in link.unreturned:  # likewise, those it had no room to hand back
+                    session = self._sessions.get(session_id)
+                    if session is not None and not session.finished:
+                        replay_spool(session.output, session.output.directory)
                 for session in self._sessions.values():
                     spawned = session.spawned
                     if spawned is not None and not session.finished:
@@ -1141,7 +1155,9 @@ class Supervisor:
         A running one held by the holder is adopted with its descriptors (output printed meanwhile
         replayed from the spool first, so the logs keep arrival order). Not held and its tree gone:
         it ended while no server ran; its status is what its shell recorded, else it is LOST. Not
-        held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST."""
+        held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST.
+        Held but not handed back (the holder's table had no room: ``link.unreturned``) is not held
+        here either, and its error says why."""
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
             return
@@ -1172,14 +1188,26 @@ class Supervisor:
             except (KeyError, TypeError, ValueError, OSError, ProcpilotError) as exc:
                 _log.warning("session %s could not be restored: %s", session_id, exc)
                 session = None
-            if (session is None or session.finished) and mine is not None:
-                mine.close()
-                restarts.link.forget(session_id)
+            unreturned = session_id in restarts.link.unreturned  # held, not handed back: ended above
+            if (session is None or session.finished) and (mine is not None or unreturned):
+                if mine is not None:
+                    mine.close()
+                restarts.link.forget(session_id)  # else its end makes the holder forget it
+            if unreturned and record.get("state") in ("running", "restarting"):
+                self._unreturned.append(session_id)
+                self._unreturned_why = restarts.link.unreturned[session_id]
             if session is not None and record.get("state") in ("running", "restarting", "queued"):
                 self.adopted.append(session_id)
         for stray in by_id.values():  # held, but no journal record says whose: let it go
             stray.close()
             restarts.link.forget(stray.id)
+        if self._unreturned:
+            _log.warning(
+                "%d running session(s) were ended at start, the holder could not hand them back (%s): %s",
+                len(self._unreturned),
+                ", ".join(self._unreturned[:_NOT_HELD_SHOWN]),
+                self._unreturned_why,
+            )
 
     def _restore_one(self, record: dict[str, Any], held: HeldSession | None) -> Session | None:
         """One session from its record (see _adopt); None: nothing to restore."""
@@ -1299,6 +1327,11 @@ class Supervisor:
         if held is None and record.get("not_held"):
             # Its server knew, and said so while it ran: this is why.
             session.error = f"it did not survive its server: {record['not_held']}"
+        unreturned = restarts.link.unreturned.get(session_id) if held is None else None
+        if unreturned is not None:
+            # Held, but not handed back whole (its tree ended above): never adopted in part (an
+            # output end missing would read as its end while the command prints on), and this is why.
+            session.error = f"this server could not take it over, so it was ended: {unreturned}"
         # Ours to wait for again (not the reaper's that ran while no supervisor was open), unless
         # that one reaped it already: then its status is in its record, and its pid anyone's.
         own_child = record.get("server_pid") == os.getpid() and take_back(pid)

@@ -1024,6 +1024,10 @@ def _capabilities_table(title: str, caps: Mapping[str, Any]) -> Any:
                     # Sessions the holder refused: the rest survive, these would not.
                     told = f"{item.get('sessions')} running session(s) would not survive: {item.get('why')}"
                     shown = f"[red]{escape(told)}[/red]"
+                elif key == "restarts" and sub == "unreturned" and isinstance(item, Mapping):
+                    # Sessions this server ended as it started: the holder could not hand them back.
+                    told = f"{item.get('sessions')} running session(s) ended at start: {item.get('why')}"
+                    shown = f"[red]{escape(told)}[/red]"
                 if key == "limits" and sub == "not_enforced" and item:
                     shown = f"[red]{shown}[/red]"
                 table.add_row(label, shown)

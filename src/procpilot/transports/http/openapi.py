@@ -156,7 +156,7 @@ _ROUTES = (
             "200": (
                 "tree_kill, subreaper, limits {mechanism, enforced, not_enforced, passed_over},"
                 " cpu_fairness {between_agents, mechanism or why}, isolation, pidfd,"
-                " state_dir, restarts {survive, owner, holder or why, not_held}",
+                " state_dir, restarts {survive, owner, holder or why, not_held, unreturned}",
                 _object("tree_kill", "limits"),
             )
         },
