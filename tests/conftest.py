@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -162,6 +163,19 @@ async def until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
             return False
         await asyncio.sleep(0.005)
     return True
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts itself (append them): killed and waited for after it."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for child in started:
+        child.kill()
+        child.wait()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def _pool_of_live_daemon(pid: int, env: dict[bytes, bytes]) -> bool:

@@ -16,10 +16,7 @@ import resource
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
@@ -115,18 +112,6 @@ async def test_a_hand_over_hears_what_the_holder_refused_before_it_leaves_the_re
         assert gone.error is not None and gone.error.startswith("it did not survive its server: the holder (pid")
         assert "descriptor table" in gone.error, gone.error
     assert not marked_processes()
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for child in started:
-        child.kill()
-        child.wait()
-        for pipe in (child.stdin, child.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 async def test_a_batch_the_holder_can_take_in_part_keeps_the_whole_sessions_and_refuses_the_rest(

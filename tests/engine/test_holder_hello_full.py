@@ -19,10 +19,8 @@ import resource
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
@@ -102,18 +100,6 @@ async def test_a_hello_with_room_for_few_copies_hands_every_session_back_whole(s
             assert (session.exit_code, session.output[Stream.COMBINED].read(0, 1 << 16).data) == (0, b"up\ngot x\n")
         assert "unreturned" not in second.capabilities()["restarts"]
     assert not marked_processes()
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for child in started:
-        child.kill()
-        child.wait()
-        for pipe in (child.stdin, child.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 async def test_copies_sent_back_together_come_back_a_few_at_a_time(
