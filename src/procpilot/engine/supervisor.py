@@ -1157,7 +1157,8 @@ class Supervisor:
         it ended while no server ran; its status is what its shell recorded, else it is LOST. Not
         held and its tree alive: nothing kept its output, so it cannot be served: ended, LOST.
         Held but not handed back (the holder's table had no room: ``link.unreturned``) is not held
-        here either, and its error says why."""
+        here either: its tree is ended the same way and its error says why, but the holder
+        recorded how its leader ended (SIGKILL), so it ends ``exited_error``, not LOST."""
         restarts, store = self._restarts, self._store
         if restarts is None or store is None:
             return
