@@ -3,6 +3,7 @@ socket) with two agents' tokens, and the small REST helpers the transport tests 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from typing import Any
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+
+from tests.conftest import marked_processes
 
 PROCPILOT = str(Path(sys.executable).parent / "procpilot")
 TOKENS = {"tok-alpha-0123456789": "agent-a", "tok-bravo-9876543210": "agent-b"}
@@ -186,6 +190,23 @@ def cleanup(client: httpx2.Client) -> None:
             return
         for row in rows:
             post(client, "process", action="remove", sessionId=row["sessionId"])
+
+
+def end_all_left(root: Path, tokens: Sequence[str | None] = (None,)) -> None:
+    """After a failure nothing may outlive the test: a last daemon over ``root`` adopts and ends
+    what is left of each of ``tokens``' agents (None: the default one), then anything still
+    running is killed."""
+    if not marked_processes():
+        return
+    with contextlib.suppress(Exception):
+        last = start_daemon(root, log_name="cleanup.log")
+        for token in tokens:
+            with last.http(token) if token else last.http() as c:
+                cleanup(c)
+        last.stop()
+    for pid in marked_processes():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def marked(session_id: str) -> list[int]:

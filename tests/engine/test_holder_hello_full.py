@@ -18,8 +18,6 @@ import os
 import resource
 import socket
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from procpilot.config import Settings
@@ -28,19 +26,10 @@ from procpilot.engine.holder_client import HolderLink
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import Spawned, SpawnSpec
 from procpilot.engine.supervisor import Supervisor
-from tests.conftest import marked_processes
+from tests.conftest import marked_processes, until
 
 A = "agent-a"
 SESSIONS = 3
-
-
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def _fds(pid: int) -> list[int]:
@@ -76,9 +65,9 @@ async def _held_then_restarted(settings: Settings, room: int) -> tuple[list[Sess
     first = await Supervisor(settings, owner="t").start()
     try:
         started = [await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A) for _ in range(SESSIONS)]
-        assert await _until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
+        assert await until(lambda: all(s.output[Stream.STDOUT].size == 3 for s in started)), "not all up"
         holder = int(first.capabilities()["restarts"]["holder_pid"])
-        assert await _until(lambda: _idle(holder)), "the holder did not take the sessions"
+        assert await until(lambda: _idle(holder)), "the holder did not take the sessions"
         _room_for(holder, room)
     finally:
         await first.detach()
@@ -126,7 +115,7 @@ async def test_copies_sent_back_together_come_back_a_few_at_a_time(
         _room_for(holder, 0)  # no drain when its server goes: every copy stays in flight
     finally:
         link.close()
-    assert await _until(lambda: _idle(holder)), "the holder did not see its server go"
+    assert await until(lambda: _idle(holder)), "the holder did not see its server go"
     _room_for(holder, 20)
     again = HolderLink(tmp_path, "owner-a")
     held = again.connect()
@@ -160,7 +149,7 @@ async def test_sessions_the_holder_has_no_room_to_hand_back_are_ended_and_say_wh
         assert told["sessions"] == SESSIONS and sorted(told["ids"]) == sorted(s.id for s in started)
         assert why.endswith(told["why"])
     # Forgotten at the holder: it kept nothing of them for a next server, so with this one gone it exits.
-    assert await _until(lambda: not _alive(holder)), _fds(holder)
+    assert await until(lambda: not _alive(holder)), _fds(holder)
     assert not marked_processes()
 
 
@@ -169,12 +158,12 @@ async def test_a_holder_with_no_descriptor_free_still_answers_the_next_server(se
     try:
         started = await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A)
         holder = int(first.capabilities()["restarts"]["holder_pid"])
-        assert await _until(lambda: _idle(holder)), "the holder did not take the session"
+        assert await until(lambda: _idle(holder)), "the holder did not take the session"
         _room_for(holder, 0)  # no drain in the outage either
         connected = len(_fds(holder))
     finally:
         await first.detach()
-    assert await _until(lambda: len(_fds(holder)) < connected and _idle(holder)), "the holder did not see its server go"
+    assert await until(lambda: len(_fds(holder)) < connected and _idle(holder)), "the holder did not see its server go"
     _room_for(holder, 0)  # not even the next server's connection fits: it comes on the holder's spare
     async with Supervisor(settings, owner="t") as second:
         restarts = second.capabilities()["restarts"]
@@ -204,7 +193,7 @@ async def test_a_holder_with_its_spare_spent_waits_for_a_descriptor_asleep_then_
         assert second.connect() == [] and second.pid == holder  # on the spare
         third.connect(first.path)  # queued by the kernel; the holder has nothing to accept it with
         third.sendall(json.dumps({"op": "hello", "owner": "owner-c"}).encode())
-        assert await _until(lambda: _idle(holder)), "the holder is not asleep"
+        assert await until(lambda: _idle(holder)), "the holder is not asleep"
         before = _cpu_ticks(holder)
         await asyncio.sleep(0.3)  # a span to measure, not to wait for anything
         assert _cpu_ticks(holder) - before <= 3, "the holder spins on a listener it cannot accept from"

@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import marked_processes
-from tests.daemon import PROCPILOT, TOKEN_A, cleanup, cli_env, marked, post, start_daemon
+from tests.daemon import PROCPILOT, TOKEN_A, cli_env, end_all_left, marked, post, start_daemon
 
 SESSIONS = 2
 
@@ -93,11 +91,4 @@ def test_a_daemon_ends_what_its_full_holder_cannot_hand_back_and_says_why(tmp_pa
             if served is not None and served.proc.poll() is None:
                 served.proc.kill()
                 served.proc.wait()
-        if marked_processes():
-            last = start_daemon(root, log_name="cleanup.log")
-            with last.http() as c:
-                cleanup(c)
-            last.stop()
-            for pid in marked_processes():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        end_all_left(root)

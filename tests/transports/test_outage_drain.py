@@ -10,7 +10,6 @@ import contextlib
 import functools
 import os
 import resource
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.holder_client import read_spool
 from procpilot.engine.supervisor import Supervisor
 from tests.conftest import marked_processes
-from tests.daemon import cleanup, marked, post, start_daemon
+from tests.daemon import end_all_left, marked, post, start_daemon
 
 SESSIONS, DRAINED = 8, 3
 PIPE = 1 << 20  # a session's output pipe (engine/spawn.py): a writer past it blocks until it is read
@@ -155,11 +154,4 @@ async def test_an_outage_drains_what_the_holders_limit_has_room_for_and_the_rest
         if first.proc.poll() is None:
             first.proc.kill()
             first.proc.wait()
-        if marked_processes():
-            last = start_daemon(root, log_name="cleanup.log")
-            with last.http() as c:
-                cleanup(c)
-            last.stop()
-            for pid in marked_processes():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        end_all_left(root)

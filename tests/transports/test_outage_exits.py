@@ -6,7 +6,6 @@ the one a live server would have reported, for argv sessions, boxed ones and scr
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -18,8 +17,7 @@ import pytest
 
 from procpilot.engine.exit_records import probe
 from procpilot.engine.isolation import isolation_capabilities
-from tests.conftest import marked_processes
-from tests.daemon import TOKEN_B, Served, cleanup, post, start_daemon
+from tests.daemon import TOKEN_B, Served, cleanup, end_all_left, post, start_daemon
 
 RECORDS, WHY_NOT = probe()
 needs_records = pytest.mark.skipif(RECORDS is None, reason=f"no kernel exit records here: {WHY_NOT}")
@@ -107,16 +105,7 @@ def _end_all(root: Path, daemons: list[Served]) -> None:
     for daemon in daemons:
         if daemon.proc.poll() is None:
             _crash(daemon)
-    if marked_processes():
-        with contextlib.suppress(Exception):
-            last = start_daemon(root, log_name="cleanup.log")
-            for token in (None, TOKEN_B):
-                with last.http(token) if token else last.http() as c:
-                    cleanup(c)
-            last.stop()
-        for pid in marked_processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    end_all_left(root, (None, TOKEN_B))
 
 
 @needs_records

@@ -29,6 +29,7 @@ from tests.daemon import (
     Served,
     cleanup,
     daemon_env,
+    end_all_left,
     marked,
     post,
     start_daemon,
@@ -67,19 +68,7 @@ def _leave_nothing(root: Path, *daemons: Served | None) -> None:
         if daemon is not None and daemon.proc.poll() is None:
             _kill_9(daemon)
     if marked_processes():
-        _end_all(root)
-
-
-def _end_all(root: Path) -> None:
-    """After a failure, nothing may outlive the test: a last daemon adopts and ends the rest."""
-    with contextlib.suppress(Exception):
-        last = start_daemon(root, log_name="cleanup.log")
-        with last.http() as c:
-            cleanup(c)
-        last.stop()
-    for pid in marked_processes():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        end_all_left(root)
 
 
 def test_kill_9_loses_no_session_no_output_no_stdin_and_no_exit(tmp_path: Path) -> None:
