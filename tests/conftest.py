@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -12,9 +13,11 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import procpilot
 from procpilot.config import Settings, load_settings
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import MARKER_ENV, SUPERVISOR_ENV
@@ -163,6 +166,17 @@ async def until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
             return False
         await asyncio.sleep(0.005)
     return True
+
+
+def run_script(script: str, *args: object, timeout: float = 60) -> Any:
+    """``script`` run by this Python in a child process of its own (limits lowered, a user
+    changed: never in the process the suite shares), with procpilot on its path; what it printed,
+    as JSON. A child that does not exit 0 fails the test with the end of its stderr."""
+    env = {**os.environ, "PYTHONPATH": str(Path(procpilot.__file__).parents[1])}
+    argv = [sys.executable, "-c", script, *map(str, args)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 @pytest.fixture

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
 import resource
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +32,7 @@ from procpilot.engine.trees import (
     probe_trees,
 )
 from procpilot.engine.warm import waiting_fds
-from tests.conftest import open_fds, until
+from tests.conftest import open_fds, run_script, until
 
 # Run in a child: the limit is the whole process's, and this one must start low.
 _SERVER = """
@@ -86,17 +83,7 @@ def _hard() -> int:
 @pytest.mark.skipif(_hard() < descriptors.needed_for(300), reason="the hard descriptor limit here is too low")
 def test_a_server_holds_more_sessions_than_its_starting_soft_limit(tmp_path: Path) -> None:
     start_soft, sessions = 256, 300  # 256 descriptors hold about 60 sessions
-    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
-    done = subprocess.run(
-        [sys.executable, "-c", _SERVER, str(start_soft), str(sessions), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout)
+    found = run_script(_SERVER, start_soft, sessions, tmp_path, timeout=120)
     assert found["running"] == sessions
     assert found["left"] == 0
     report = found["descriptors"]
@@ -226,17 +213,7 @@ def test_a_supervisor_whose_table_is_full_still_ends_every_tree_it_has_to_scan_f
     """Without a cgroup a session's tree is found by walking /proc, which takes a descriptor:
     one is kept for it, so a supervisor closing with its table full (a spawn refused for want
     of one) ends every session, the processes they forked too, and raises nothing."""
-    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
-    done = subprocess.run(
-        [sys.executable, "-c", _FULL, "128", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout)
+    found = run_script(_FULL, 128, tmp_path)
     assert found["refused"] and "Too many open files" in found["refused"], found
     assert found["spawned"] > 10, found
     assert found["left"] == 0, found

@@ -4,26 +4,23 @@ session's output, exit and kill are as any other's."""
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from procpilot.config import Settings
-from procpilot.engine import descriptors, output_parking
+from procpilot.engine import output_parking
 from procpilot.engine.capture import Stream
 from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
-from tests.conftest import marked_processes, until
+from tests.conftest import marked_processes, run_script, until
 
 _SWEEP = 0.02  # seconds between sweeps here (1 s in a server)
 
@@ -235,17 +232,7 @@ asyncio.run(main())
 @pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 512, reason="the hard descriptor limit is too low")
 def test_a_server_runs_more_sessions_than_two_descriptors_each_would_fit(tmp_path: Path) -> None:
     limit, sessions = 384, 240  # 480 descriptors at two a session
-    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
-    done = subprocess.run(
-        [sys.executable, "-c", _SERVER, str(limit), str(sessions), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout)
+    found = run_script(_SERVER, limit, sessions, tmp_path, timeout=120)
     assert found["refused"] == 0, found
     assert found["running"] == sessions, found
     assert found["said_up"] == sessions, found  # each one's first line was read before it was parked
@@ -350,17 +337,7 @@ def test_sessions_waiting_for_room_get_the_quiet_parked_whatever_the_threshold(t
     """Parked sessions that speak when the table has no room for their ends wait in their pipes;
     the sweep then parks the quiet sessions the loop reads, though the threshold does not ask
     for it, and the room they leave lets the speakers be read: every byte arrives."""
-    env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
-    done = subprocess.run(
-        [sys.executable, "-c", _FORCED, "256", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout)
+    found = run_script(_FORCED, 256, tmp_path)
     assert found["speakers_parked"] and found["quiet_said_up"], found
     assert found["quiet_parked_by_threshold"] == 0, found  # the threshold alone parks none of them
     assert not found["over_threshold"], found
@@ -446,19 +423,9 @@ def test_an_unprivileged_servers_in_flight_cap_leaves_the_rest_read_by_the_loop(
     nobodys = Path(tempfile.mkdtemp(prefix="procpilot-nobody-"))
     try:
         os.chown(nobodys, 65534, 65534)
-        env = {**os.environ, "PYTHONPATH": str(Path(descriptors.__file__).parents[2])}
-        done = subprocess.run(
-            [sys.executable, "-c", _UNPRIVILEGED, str(limit), str(sessions), str(tmp_path), str(nobodys)],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            env=env,
-            check=False,
-        )
+        found = run_script(_UNPRIVILEGED, limit, sessions, tmp_path, nobodys, timeout=90)
     finally:
         shutil.rmtree(nobodys, ignore_errors=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout)
     root, nobody = found["root"], found["nobody"]
     assert root["parked"] == sessions, found  # no cap for root: every quiet session parked
     # The cap: the stash stops once the limit is passed, by one bucket's message at most.

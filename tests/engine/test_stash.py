@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from procpilot.engine import stash as stash_module
 from procpilot.engine.stash import BUCKET, DescriptorStash
-from tests.conftest import open_fds
+from tests.conftest import open_fds, run_script
 
 
 def _blocked(read_end: int) -> bool:
@@ -214,16 +209,7 @@ def test_an_unprivileged_servers_ended_sessions_do_not_use_up_its_in_flight_allo
     running on: the discarded ones do not pile up in flight, so the stash never refuses one
     (it would, past 64 in flight, with the dead waiting for their bucket to fill and open)."""
     uid = 65433  # a user nobody else runs as here: the kernel's in-flight count is per user
-    done = subprocess.run(
-        [sys.executable, "-c", _CHURN, str(uid), "64", "1000", "50"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(Path(stash_module.__file__).parents[2])},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout) == {"refused": 0, "live": 20, "sockets": 2}
+    assert run_script(_CHURN, uid, 64, 1000, 50) == {"refused": 0, "live": 20, "sockets": 2}
 
 
 # Run in a child, as a user of its own: a bucket closed early while the user's in-flight count
@@ -271,16 +257,8 @@ def test_a_bucket_closed_early_past_the_in_flight_cap_keeps_its_live_ones() -> N
     """Its live descriptors, which the kernel will not take back in flight for now, wait in
     the table under their tokens (as a put refused at the cap does): taken, each is its own
     pipe; before, they were closed, and a quiet session's stdin or output end with them."""
-    done = subprocess.run(
-        [sys.executable, "-c", _OVER_THE_CAP, "65434", "64"],  # another user of its own
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(Path(stash_module.__file__).parents[2])},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout) == {"live": 3, "back": True, "taken": 3}
+    found = run_script(_OVER_THE_CAP, 65434, 64)  # another user of its own
+    assert found == {"live": 3, "back": True, "taken": 3}
 
 
 # In a child of its own: its descriptor limit is lowered under it, and every process the test
@@ -309,10 +287,7 @@ print(json.dumps({"rounds": rounds, "stashed": sum(t in stash for t in tokens)})
 
 @pytest.mark.parametrize("guarded", [True, False])
 def test_a_stash_made_to_fit_takes_out_only_what_the_table_has_room_for_and_loses_nothing(guarded: bool) -> None:
-    run = subprocess.run(
-        [sys.executable, "-c", _FULL_TABLE, "guarded" if guarded else "unguarded"], capture_output=True, check=True
-    )
-    said = json.loads(run.stdout)
+    said = run_script(_FULL_TABLE, "guarded" if guarded else "unguarded")
     if guarded:
         # A group at a time, each whole; the rest stay stashed until room is made.
         assert said == {"rounds": [4, 4, 4, 0], "stashed": 0}, said
