@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import sys
 import tempfile
@@ -205,4 +206,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM ends a run as Ctrl-C does: its finally blocks end the daemons and sessions it started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(main())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import statistics
 import tempfile
 import threading
@@ -140,4 +141,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM ends a run as Ctrl-C does: its finally blocks end the daemons and sessions it started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     raise SystemExit(main())

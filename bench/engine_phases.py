@@ -248,4 +248,6 @@ async def main(n: int) -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM ends a run as Ctrl-C does: its finally blocks end the daemons and sessions it started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 40))

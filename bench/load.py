@@ -194,4 +194,6 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM ends a run as Ctrl-C does: its finally blocks end the daemons and sessions it started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(asyncio.run(main()))

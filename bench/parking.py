@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import tempfile
 import time
@@ -68,4 +69,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM ends a run as Ctrl-C does: its finally blocks end the daemons and sessions it started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     main()

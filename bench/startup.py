@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -152,4 +153,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM ends a run as Ctrl-C does: its finally blocks end the daemons and sessions it started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(main())
