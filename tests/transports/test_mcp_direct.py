@@ -158,7 +158,8 @@ def _handshake(calls: DirectCalls) -> None:
 
 
 class _Held:
-    """A tool whose calls run until ``release`` is set, and what the direct path writes back."""
+    """A tool whose calls run until ``release`` is set (a cancelled one still returns a result),
+    and what the direct path writes back."""
 
     def __init__(self) -> None:
         self.started: list[dict[str, Any]] = []
@@ -171,8 +172,11 @@ class _Held:
         self.started.append(arguments)
         try:
             await self.release.wait()
-        finally:
+        except asyncio.CancelledError:  # as a tool that ends its process tree, then tells what it saw
+            await asyncio.sleep(0)
             self.ended.append(arguments)
+            return ToolResult("cancelled", {"cancelled": True})
+        self.ended.append(arguments)
         return ToolResult(json.dumps(arguments), dict(arguments))
 
     async def send(self, data: bytes) -> None:
@@ -223,7 +227,7 @@ async def test_only_plain_calls_of_known_tools_after_the_handshake_are_taken() -
     held.release.set()
     await held.replied.wait()
     assert [(reply["id"], reply["result"]["structuredContent"]) for reply in held.replies] == [("1", {})]
-    assert len(held.ended) == 2  # the cancelled call ended too, unanswered
+    assert len(held.ended) == 2  # the cancelled call ended too, with a result, unanswered
 
 
 async def test_a_call_cancelled_before_it_ran_is_never_answered_and_frees_its_id() -> None:
@@ -251,7 +255,7 @@ async def test_the_connections_end_cancels_every_call_and_waits_for_it() -> None
     owner.cancel()
     with pytest.raises(asyncio.CancelledError):
         await owner
-    assert len(held.ended) == 2 and held.replies == []  # both ended before the owner did, unanswered
+    assert len(held.ended) == 2 and held.replies == []  # both ended (with results) before the owner did, unanswered
     assert not calls.take(_call(3, name="exec", arguments={}))  # and no call starts any more
 
 

@@ -107,9 +107,11 @@ class DirectCalls:
             await self._failed
         finally:
             self._closed = True
-            tasks = [call.task for call in self._running.values()]
-            for task in tasks:
-                task.cancel()
+            tasks = []
+            for call in self._running.values():
+                call.cancelled = True  # whatever it returns now, the connection is ending: not answered
+                call.task.cancel()
+                tasks.append(call.task)
             if tasks:
                 with anyio.CancelScope(shield=True):  # the connection's end waits for them
                     await asyncio.wait(tasks)
