@@ -138,6 +138,10 @@ def test_unknown_tools_and_malformed_calls_still_get_the_sdks_answers(bare: Bare
     assert no_name["error"]["code"] == -32602
     bad_arguments = bare.call(3, {"name": "exec", "arguments": ["not", "an", "object"]})
     assert "error" in bad_arguments
+    # a name that is no string (nor any dict's key): it once raised out of the direct path and ended the server
+    for request_id, name in ((4, ["exec"]), (5, {"tool": "exec"})):
+        assert bare.call(request_id, {"name": name, "arguments": {}})["error"]["code"] == -32602
+    assert bare.call(6, {"name": "exec", "arguments": {"command": "true"}})["result"]["isError"] is False
 
 
 # -- which lines are taken ---------------------------------------------------------------------
