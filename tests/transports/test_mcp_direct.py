@@ -9,6 +9,7 @@ import re
 import select
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from mcp_types import JSONRPCResponse
 from procpilot.contract import ToolResult
 from procpilot.transports.mcp_direct import MODERN, SHAPED_ALIKE, DirectCalls
 from tests.daemon import JsonLines, cli_env
+from tests.engine.test_supervisor import alive
 
 PROCPILOT = str(Path(sys.executable).parent / "procpilot")
 # Volatile fields of a result: everything else must be identical whichever path answered.
@@ -29,12 +31,12 @@ class Bare(JsonLines):
     """A bare JSON-RPC client on a real ``procpilot mcp``'s pipes: the handshake of ``version``,
     or for 2026-07-28 a ``server/discover`` under the envelope every request then carries."""
 
-    def __init__(self, tmp_path: Path, version: str) -> None:
+    def __init__(self, tmp_path: Path, version: str, *, stderr: int | None = None) -> None:
         env = cli_env(
             HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path)
         )
         args = [PROCPILOT, "mcp", "--agent", "t"]
-        self.server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.server = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env)
         client = {"name": "t", "version": "0"}
         self.envelope: dict[str, Any] | None = None
         if version == MODERN:
@@ -50,6 +52,11 @@ class Bare(JsonLines):
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello})
         assert self.reply()["result"]["protocolVersion"] == version
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        # The reply above may be the handshake's front's (transports/mcp_handshake.py), written
+        # before the server loaded: calls are answered directly once the server's own reply to
+        # initialize went out, which the reply to a ping after it tells.
+        self.send({"jsonrpc": "2.0", "id": "settled", "method": "ping"})
+        assert self.reply()["id"] == "settled"
 
     def params(self, params: dict[str, Any], *, through_sdk: bool = False) -> dict[str, Any]:
         """A call's params as this client sends them; ``through_sdk``: with a ``_meta`` that keeps
@@ -129,6 +136,40 @@ def test_a_cancelled_call_is_never_answered(bare: Bare, through_sdk: bool) -> No
     assert listed["id"] == 7 and "tools" in listed["result"]
     assert bare.server.stdout is not None
     assert select.select([bare.server.stdout], [], [], 2.5)[0] == []  # and nothing more came
+
+
+def _started(pidfile: Path) -> int:
+    """The pid a call's command wrote to ``pidfile`` (once it has: the call runs)."""
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline, "the call's command never started"
+        time.sleep(0.01)
+    return int(pidfile.read_text())
+
+
+def _ended(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_closing_stdin_ends_the_calls_running_unanswered(tmp_path: Path) -> None:
+    bare = Bare(tmp_path, "2025-06-18", stderr=subprocess.PIPE)
+    assert bare.server.stdin is not None and bare.server.stdout is not None and bare.server.stderr is not None
+    pidfile = tmp_path / "pid"
+    call = {"name": "exec", "arguments": {"command": f"echo $$ > {pidfile}; sleep 30; echo late", "yieldMs": 60000}}
+    bare.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})
+    shell = _started(pidfile)
+    bare.server.stdin.close()
+    assert bare.server.wait(timeout=15) == 0  # not the 30 s the call would take
+    assert bare.server.stdout.read() == b""  # the call ended with the connection: never answered
+    bare.server.stdout.close()
+    with bare.server.stderr:  # nor did it try to write its result after the connection's end
+        assert b"Error" not in bare.server.stderr.read()
+    assert _ended(shell)
 
 
 def test_unknown_tools_and_malformed_calls_still_get_the_sdks_answers(bare: Bare) -> None:
