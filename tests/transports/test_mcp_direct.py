@@ -304,6 +304,32 @@ async def test_the_connections_end_cancels_every_call_and_waits_for_it() -> None
     assert not calls.take(_call(3, name="exec", arguments={}))  # and no call starts any more
 
 
+async def test_the_connections_end_cancels_a_call_writing_its_reply_too() -> None:
+    async def tool(arguments: dict[str, Any]) -> ToolResult:
+        return ToolResult("ok", {})
+
+    writing, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def send(data: bytes) -> None:  # a client that reads no more: the reply waits for the pipe
+        writing.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0)  # its end takes a turn of the loop: the owner waits for it
+            cancelled.set()
+            raise
+
+    calls = DirectCalls({"exec": tool}, send)
+    owner = asyncio.ensure_future(calls.run())
+    _handshake(calls)
+    assert calls.take(_call(1, name="exec", arguments={}))
+    await writing.wait()
+    owner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await owner
+    assert cancelled.is_set()
+
+
 async def test_a_call_that_fails_past_its_tool_ends_the_connection_with_its_error() -> None:
     async def tool(arguments: dict[str, Any]) -> ToolResult:
         return ToolResult("ok", {})

@@ -83,7 +83,8 @@ class DirectCalls:
         self._envelope: dict[str, Any] | None = None
         self._stamp: Any = None
         self._pending: dict[Key, dict[str, Any]] = {}  # id: envelope, until answered
-        self._running: dict[Key, _Call] = {}
+        self._running: dict[Key, _Call] = {}  # the calls whose tool runs, by id
+        self._tasks: set[asyncio.Task[None]] = set()  # every call's task until it ends (its reply written)
         self._failed: asyncio.Future[None] = self._loop.create_future()  # a call's error, for run()
         self._closed = False  # run() ended: no call starts any more
 
@@ -101,17 +102,18 @@ class DirectCalls:
 
     async def run(self) -> None:
         """Own the calls until cancelled (the connection's end): then cancel each call still
-        running and wait for all of them to end. A call that failed past its tool makes this
-        raise its error, ending the connection as a failed task in a task group would."""
+        running, or still writing its reply, and wait for all of them to end. A call that failed
+        past its tool makes this raise its error, ending the connection as a failed task in a
+        task group would."""
         try:
             await self._failed
         finally:
             self._closed = True
-            tasks = []
             for call in self._running.values():
                 call.cancelled = True  # whatever it returns now, the connection is ending: not answered
-                call.task.cancel()
-                tasks.append(call.task)
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
             if tasks:
                 with anyio.CancelScope(shield=True):  # the connection's end waits for them
                     await asyncio.wait(tasks)
@@ -192,6 +194,7 @@ class DirectCalls:
             return False
         call = self._running[key] = _Call(tool, arguments, request_id, key, version, self._stamp)
         call.task = self._loop.create_task(self._call(call))
+        self._tasks.add(call.task)
         return True
 
     def _cancel(self, params: object) -> bool:
@@ -203,7 +206,7 @@ class DirectCalls:
             call.cancelled = True
             call.task.cancel()
             # A task cancelled before it first ran never runs its own cleanup: this one always does.
-            call.task.add_done_callback(lambda _: self._end(call))
+            call.task.add_done_callback(lambda task: self._end(call, task))
         return True
 
     async def _call(self, call: _Call) -> None:
@@ -216,11 +219,16 @@ class DirectCalls:
                 await self._send(reply)
         except Exception as exc:  # past the tool, whose failures are results: a bug
             self._fail(exc)
+        finally:
+            self._tasks.discard(call.task)
 
-    def _end(self, call: _Call) -> None:
-        """``call`` no longer runs: its id is free again (a cancelled call is cleaned up twice)."""
+    def _end(self, call: _Call, task: asyncio.Task[None] | None = None) -> None:
+        """``call``'s tool no longer runs: its id is free again (and, with ``task``, its task
+        ended: a cancelled call is cleaned up twice, once here from its task's done callback)."""
         if self._running.get(call.key) is call:
             del self._running[call.key]
+        if task is not None:
+            self._tasks.discard(task)
 
     def _fail(self, exc: Exception) -> None:
         if self._failed.done():  # the connection is ending already: the error is logged, not lost
