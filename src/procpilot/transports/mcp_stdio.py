@@ -9,6 +9,10 @@ loop, non-blocking; anything else (a terminal, a file) is served by the SDK's ow
 
 A ``tools/call`` the SDK would answer as a plain function call is answered here without its
 dispatch (transports/mcp_direct.py); everything else goes through the SDK's low-level server.
+stdin is read by a callback the loop keeps registered (:class:`_Stdin`), which hands such a call
+to its task at once: a call starts one turn of the loop after its line arrived, where a reading
+task woken by a future per read (and an epoll registration made and dropped per read) took two.
+A reply is written at once when no other waits for the pipe (:class:`_Replies`).
 Every line is answered: one the SDK's parser refuses (not JSON, not a message, nested too deep)
 or one past ``_MAX_LINE`` gets a JSON-RPC error here (transports/mcp_refusals.py), where the
 SDK's transport would hand the server an exception it only logs; and every reply is written
