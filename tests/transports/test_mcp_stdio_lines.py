@@ -6,6 +6,8 @@ message, and a line past the 16 MiB cap each get a JSON-RPC error with the id wh
 from __future__ import annotations
 
 import json
+import os
+import select
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,6 +98,30 @@ def test_a_line_past_the_cap_is_answered_at_once_and_the_server_goes_on(bare: Ba
     assert "longer than" in error["error"]["message"]
     _send_raw(bare, b'"}}}')  # the rest of that line: dropped, not answered again
     _still_serving(bare, 22)
+
+
+def test_a_client_that_does_not_read_its_replies_is_not_read_either(bare: Bare) -> None:
+    # Each line is refused with a reply; once the client's stdout is full, the server must stop
+    # reading its stdin (so the client's writes block), not take in its lines without end.
+    line = b"x" * 999 + b"\n"  # under PIPE_BUF: a non-blocking write takes all of it or none
+    assert bare.server.stdin is not None and bare.server.stdout is not None
+    fd = bare.server.stdin.fileno()
+    os.set_blocking(fd, False)
+    sent = 0
+    try:
+        while sent < 8 << 20:
+            try:
+                sent += os.write(fd, line)
+            except BlockingIOError:
+                if not select.select([], [fd], [], 0.5)[1]:
+                    break  # the server no longer reads
+    finally:
+        os.set_blocking(fd, True)
+    # about 600 refusals fill a 64 KiB pipe; then the server's read buffer and its stdin pipe
+    assert sent < 2 << 20, f"{sent} bytes taken from a client that reads no reply"
+    for _ in range(sent // len(line)):
+        assert json.loads(bare.server.stdout.readline())["error"]["code"] == PARSE_ERROR
+    _still_serving(bare, 31)
 
 
 def test_the_id_of_an_unreadable_line_is_read_from_its_head_only() -> None:

@@ -18,15 +18,20 @@ to one the SDK has already answered with a result on this connection (so one it 
 anything else in ``_meta``, a progress token included, goes to the SDK).
 ``notifications/cancelled`` for a call answered here cancels it, and, as the SDK does, the
 cancelled call is never answered.
+
+Each call is a plain asyncio task (an anyio task and cancel scope cost ~7x as much to start, on
+every call), kept by its id until it ends; :meth:`DirectCalls.run` owns them as a task group
+would: the connection's end cancels every call still running and waits for it to end, and a
+call that fails past its tool (whose failures are results) ends the connection with its error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -39,42 +44,49 @@ from procpilot.transports.mcp_results import STAMP_KEY as _STAMP_KEY
 __all__ = ["MODERN", "SHAPED_ALIKE", "DirectCalls", "ToolCaller"]
 
 ToolCaller = Callable[[dict[str, Any]], Awaitable[ToolResult]]
+Key = tuple[bool, object]  # a JSON-RPC id: 1 and "1" are different ids
 _VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 _PENDING = 8  # enveloped requests remembered while waiting for the SDK to accept one
+_PARAMS = frozenset({"name", "arguments", "_meta"})
 _log = logging.getLogger(__name__)
 # Lines worth a look: anything else goes to the SDK without being parsed here.
-_MARKERS = (b'"tools/call"', b'"notifications/cancelled"', b'"initialize"', b'"notifications/initialized"')
+_CALL, _CANCELLED = b'"tools/call"', b'"notifications/cancelled"'
+_INITIALIZE, _INITIALIZED = b'"initialize"', b'"notifications/initialized"'
 _ENVELOPE_MARKER = _VERSION_KEY.encode()
 # A \uD800-\uDFFF escape (a pair too: rare, and the SDK reads those right)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_DECODE = json.JSONDecoder().raw_decode
+_JSON_SPACE = b" \t\n\r"
 
 
 class DirectCalls:
     """Which lines are answered here, and the calls running for them.
 
-    ``send`` writes one whole reply line (the transport serializes writers); ``spawn`` starts a
-    task in the transport's task group, so calls end with the connection."""
+    Made on the running loop. ``send`` writes one whole reply line (the transport serializes
+    writers); :meth:`run`, run beside the transport's other tasks, owns the calls."""
 
     def __init__(
         self,
         tools: Mapping[str, ToolCaller],
         send: Callable[[bytes], Awaitable[None]],
-        spawn: Callable[..., object],
         *,
         limit: int = 256,
     ) -> None:
         self._tools = tools
         self._send = send
-        self._spawn = spawn
         self.limit = limit
+        self._loop = asyncio.get_running_loop()
         self._initialize_id: object = None  # the id of the client's initialize request
         self._version: str | None = None  # the protocol version the SDK answered it with
         self._initialized = False  # notifications/initialized came
         # 2026-07-28: an envelope the SDK accepted, and the server's stamp from its answer
         self._envelope: dict[str, Any] | None = None
         self._stamp: Any = None
-        self._pending: dict[tuple[bool, object], dict[str, Any]] = {}  # id: envelope, until answered
-        self._running: dict[tuple[bool, object], anyio.CancelScope] = {}
+        self._pending: dict[Key, dict[str, Any]] = {}  # id: envelope, until answered
+        self._running: dict[Key, _Call] = {}  # the calls whose tool runs, by id
+        self._tasks: set[asyncio.Task[None]] = set()  # every call's task until it ends (its reply written)
+        self._failed: asyncio.Future[None] = self._loop.create_future()  # a call's error, for run()
+        self._closed = False  # run() ended: no call starts any more
 
     @property
     def active(self) -> bool:
@@ -88,19 +100,39 @@ class DirectCalls:
         request that opted in)."""
         return self._version is not None and self._initialized
 
+    async def run(self) -> None:
+        """Own the calls until cancelled (the connection's end): then cancel each call still
+        running, or still writing its reply, and wait for all of them to end. A call that failed
+        past its tool makes this raise its error, ending the connection as a failed task in a
+        task group would."""
+        try:
+            await self._failed
+        finally:
+            self._closed = True
+            for call in self._running.values():
+                call.cancelled = True  # whatever it returns now, the connection is ending: not answered
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                with anyio.CancelScope(shield=True):  # the connection's end waits for them
+                    await asyncio.wait(tasks)
+
     def take(self, line: bytes) -> bool:
         """Whether ``line`` was dealt with here (a call started, or a cancel of one); if not,
         it goes to the SDK as it is."""
         learning = self._envelope is None and _ENVELOPE_MARKER in line
-        if not learning and not any(marker in line for marker in _MARKERS):
+        if not (learning or _CALL in line or _CANCELLED in line or _INITIALIZE in line or _INITIALIZED in line):
             return False
         if _SURROGATE_ESCAPE.search(line):
             return False  # json.loads reads a lone surrogate, the SDK's parser refuses it: as it does
         try:
-            message = json.loads(line)
+            # Only UTF-8, as the SDK's parser (json.loads would decode a BOM or UTF-16 the SDK refuses).
+            text = line.strip(_JSON_SPACE).decode()
+            message, end = _DECODE(text)
         except (ValueError, RecursionError):
             return False  # the transport answers what does not parse (or nests too deep to)
-        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        if end != len(text) or not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             return False
         method = message.get("method")
         if learning:
@@ -142,7 +174,7 @@ class DirectCalls:
 
     def _start(self, message: dict[str, Any]) -> bool:
         params, request_id = message.get("params"), message.get("id")
-        if not isinstance(params, dict) or len(self._running) >= self.limit:
+        if not isinstance(params, dict) or len(self._running) >= self.limit or self._closed:
             return False
         if "_meta" in params:  # 2026-07-28: the very envelope the SDK accepted before
             if self._envelope is None or params["_meta"] != self._envelope:
@@ -152,44 +184,75 @@ class DirectCalls:
             version: str | None = MODERN
         else:
             version = self._version if self._initialized else None
-        if version is None or not params.keys() <= {"name", "arguments", "_meta"}:
+        if version is None or not params.keys() <= _PARAMS:
             return False
-        tool = self._tools.get(params.get("name"))  # type: ignore[arg-type]
+        name = params.get("name")
+        tool = self._tools.get(name) if isinstance(name, str) else None  # a list is no key: the SDK refuses it
         arguments = params.get("arguments", {})
         key = _key(request_id)
         if key is None or tool is None or not isinstance(arguments, dict) or key in self._running:
             return False
-        scope = self._running[key] = anyio.CancelScope()
-        self._spawn(self._call, _Call(tool, arguments, request_id, key, version, self._stamp), scope)
+        call = self._running[key] = _Call(tool, arguments, request_id, key, version, self._stamp)
+        call.task = self._loop.create_task(self._call(call))
+        self._tasks.add(call.task)
         return True
 
     def _cancel(self, params: object) -> bool:
         key = _key(params.get("requestId")) if isinstance(params, dict) else None
-        scope = self._running.get(key) if key is not None else None
-        if scope is None:
+        call = self._running.get(key) if key is not None else None
+        if call is None:
             return False  # not one of ours: the SDK's to apply (or to ignore)
-        scope.cancel()
+        if not call.cancelled:
+            call.cancelled = True
+            call.task.cancel()
+            # A task cancelled before it first ran never runs its own cleanup: this one always does.
+            call.task.add_done_callback(lambda task: self._end(call, task))
         return True
 
-    async def _call(self, call: _Call, scope: anyio.CancelScope) -> None:
-        reply = b""
+    async def _call(self, call: _Call) -> None:
         try:
-            with scope:
+            try:
                 reply = await _reply(call)
+            finally:
+                self._end(call)
+            if not call.cancelled:
+                await self._send(reply)
+        except Exception as exc:  # past the tool, whose failures are results: a bug
+            self._fail(exc)
         finally:
+            self._tasks.discard(call.task)
+
+    def _end(self, call: _Call, task: asyncio.Task[None] | None = None) -> None:
+        """``call``'s tool no longer runs: its id is free again (and, with ``task``, its task
+        ended: a cancelled call is cleaned up twice, once here from its task's done callback)."""
+        if self._running.get(call.key) is call:
             del self._running[call.key]
-        if not scope.cancel_called:
-            await self._send(reply)
+        if task is not None:
+            self._tasks.discard(task)
+
+    def _fail(self, exc: Exception) -> None:
+        if self._failed.done():  # the connection is ending already: the error is logged, not lost
+            _log.error("A direct tools/call failed", exc_info=exc)
+        else:
+            self._failed.set_exception(exc)
 
 
-@dataclass(frozen=True, slots=True)
 class _Call:
-    tool: ToolCaller
-    arguments: dict[str, Any]
-    request_id: object
-    key: tuple[bool, object]
-    version: str  # the connection's protocol version, which shapes the result
-    stamp: Any  # 2026-07-28: the server's info, stamped on every result
+    """One call answered here: what it runs, and how its reply is shaped."""
+
+    __slots__ = ("arguments", "cancelled", "key", "request_id", "stamp", "task", "tool", "version")
+    task: asyncio.Task[None]
+
+    def __init__(
+        self, tool: ToolCaller, arguments: dict[str, Any], request_id: object, key: Key, version: str, stamp: Any
+    ) -> None:
+        self.tool = tool
+        self.arguments = arguments
+        self.request_id = request_id
+        self.key = key
+        self.version = version  # the connection's protocol version, which shapes the result
+        self.stamp = stamp  # 2026-07-28: the server's info, stamped on every result
+        self.cancelled = False  # by notifications/cancelled: never answered
 
 
 async def _reply(call: _Call) -> bytes:
@@ -206,7 +269,7 @@ async def _reply(call: _Call) -> bytes:
     return wire.dumps_bytes(message) + b"\n"
 
 
-def _key(request_id: object) -> tuple[bool, object] | None:
+def _key(request_id: object) -> Key | None:
     """A JSON-RPC id as a dict key: 1 and "1" are different ids (and true is none at all)."""
     if isinstance(request_id, bool) or not isinstance(request_id, int | str):
         return None

@@ -60,7 +60,8 @@ _FORMAT = "1"  # of the cache's files: a change here is a new key, never a misre
 _KEEP = 32  # cache files kept (one per command line and configuration); the oldest go first
 _READ = 1 << 16
 _SWITCH_S = 0.0005
-_MARKERS = (b'"initialize"', b'"tools/list"')
+_INITIALIZE, _LIST = b'"initialize"', b'"tools/list"'
+_MARKERS = (_INITIALIZE, _LIST)
 _LIST_CHANGED = b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
 NOT_STARTED = -32603  # JSON-RPC's internal error: the reply to a request a server that will not start read
 # Environment variables that shape what `procpilot mcp` serves, besides every PROCPILOT_ one:
@@ -271,8 +272,9 @@ class Handshake:
             self.lines, self.rest, self.eof, self._answered = front.lines, front.rest, front.eof, front.answered
 
     def saw_request(self, line: bytes) -> None:
-        """Note a handshake request the server is given (its answer fills the cache)."""
-        if not any(marker in line for marker in _MARKERS):
+        """Note a handshake request the server is given (its answer fills the cache). Run on every
+        line: most are no handshake request, and are dismissed by two substring searches."""
+        if _INITIALIZE not in line and _LIST not in line:
             return
         try:
             message = json.loads(line)

@@ -9,6 +9,10 @@ loop, non-blocking; anything else (a terminal, a file) is served by the SDK's ow
 
 A ``tools/call`` the SDK would answer as a plain function call is answered here without its
 dispatch (transports/mcp_direct.py); everything else goes through the SDK's low-level server.
+stdin is read by a callback the loop keeps registered (:class:`_Stdin`), which hands such a call
+to its task at once: a call starts one turn of the loop after its line arrived, where a reading
+task woken by a future per read (and an epoll registration made and dropped per read) took two.
+A reply is written at once when no other waits for the pipe (:class:`_Replies`).
 Every line is answered: one the SDK's parser refuses (not JSON, not a message, nested too deep)
 or one past ``_MAX_LINE`` gets a JSON-RPC error here (transports/mcp_refusals.py), where the
 SDK's transport would hand the server an exception it only logs; and every reply is written
@@ -22,6 +26,7 @@ write into the replies; they are put back on the way out.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -74,8 +79,10 @@ async def serve_stdio(
         replies = _Replies(wire_out)
         read_writer, read_stream = context_streams(0)
         write_stream, write_reader = context_streams(0)
+        direct = DirectCalls(tools, replies.send) if tools else None
         async with anyio.create_task_group() as tg:
-            direct = DirectCalls(tools, replies.send, tg.start_soon) if tools else None
+            if direct is not None:
+                tg.start_soon(direct.run)  # the direct calls end with the connection
             tg.start_soon(_read_lines, wire_in, read_writer, direct, replies, handshake)
             tg.start_soon(_forward_replies, write_reader, replies, direct, handshake)
             if pushes is not None and direct is not None:
@@ -123,54 +130,140 @@ async def _ready(fd: int, *, write: bool = False) -> None:
         remove(fd)
 
 
+# What the reader hands the task that serves what the direct path did not take:
+_OFFERED = 0  # a line the direct path declined: the SDK's
+_LINE = 1  # a line not offered yet (it came after one the task had to serve, or before the server loaded)
+_TOO_LONG = 2  # the head of a line past _MAX_LINE, which is refused
+
+
+class _Stdin:
+    """The client's lines, read by a callback the loop calls when stdin is readable.
+
+    A line the direct path takes (transports/mcp_direct.py: a call started, a cancel) is dealt
+    with right there, with no task to wake and no wait to set up: a call's task is started one
+    turn of the loop after the line arrived. Any other line goes to :meth:`next`'s task (the
+    SDK's, or a refusal), which may have to wait for the SDK or for a client slow to read
+    replies; while it holds a line, stdin is not read (back-pressure, and the lines stay in
+    order), so at most one read's lines wait here. Each read takes what the pipe holds, up to
+    ``_READ`` bytes; a line past ``_MAX_LINE`` is refused as soon as it is that long."""
+
+    def __init__(self, fd: int, direct: DirectCalls | None, handshake: Handshake | None) -> None:
+        self._fd = fd
+        self._direct = direct
+        self._handshake = handshake
+        self._loop = asyncio.get_running_loop()
+        self._line = bytearray(handshake.rest if handshake else b"")  # the line being read
+        self._skipping = False  # inside a line over _MAX_LINE: dropped up to its newline
+        # The lines the handshake's front read come first, in order.
+        self._backlog: collections.deque[tuple[int, bytes]] = collections.deque(
+            (_LINE, early) for early in (handshake.lines if handshake else ())
+        )
+        self._ended = handshake is not None and handshake.eof  # the client closed stdin
+        self._error: Exception | None = None  # why reading stopped, if not the end of input
+        self._reading = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def offer(self, line: bytes) -> bool:
+        """Whether ``line`` was dealt with here: taken by the direct path, or blank."""
+        if self._handshake is not None:
+            self._handshake.saw_request(line)
+        return (self._direct is not None and self._direct.take(line)) or not line.strip()
+
+    async def next(self) -> tuple[int, bytes] | None:
+        """The next line left to the task (its kind and bytes), in order; None at the end of
+        input. Reading goes on only while the task has no line in hand."""
+        while not self._backlog:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                return None
+            if not self._reading:
+                self._loop.add_reader(self._fd, self._on_readable)
+                self._reading = True
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._backlog.popleft()
+
+    def close(self) -> None:
+        """Stop reading (the task ends)."""
+        self._pause()
+
+    def _pause(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self._fd)
+            self._reading = False
+
+    def _on_readable(self) -> None:
+        try:
+            chunk = os.read(self._fd, _READ)
+        except BlockingIOError:
+            return
+        except Exception as exc:  # raised by the task: a callback's error would only be logged
+            self._error = exc
+            chunk = b""
+        if chunk:
+            try:
+                self._split(chunk)
+            except Exception as exc:  # a bug in the direct path: the connection ends with it
+                self._error, chunk = exc, b""
+        if not chunk:
+            self._ended = True
+        if self._backlog or self._ended:
+            self._pause()
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
+
+    def _split(self, chunk: bytes) -> None:
+        line, backlog = self._line, self._backlog
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if not self._skipping:
+                if line:
+                    line += chunk[start:end]
+                    whole = bytes(line)
+                    line.clear()
+                else:
+                    whole = chunk[start:end]
+                if backlog:
+                    backlog.append((_LINE, whole))  # after a line the task holds: in order
+                elif not self.offer(whole):
+                    backlog.append((_OFFERED, whole))
+            self._skipping, start = False, end + 1
+        if self._skipping:
+            return
+        line += chunk[start:]
+        if len(line) > _MAX_LINE:
+            # Answered now, not at its end: the caller learns at once, and nothing is buffered.
+            backlog.append((_TOO_LONG, bytes(line[:HEAD])))
+            line.clear()
+            self._skipping = True
+
+
 async def _read_lines(
     fd: int, sink: Any, direct: DirectCalls | None, replies: _Replies, handshake: Handshake | None
 ) -> None:
     """Each line a JSON-RPC message for the server; a line it cannot take (not JSON, not a
     message, over ``_MAX_LINE``) is answered here with an error, and the next line is read.
     The lines the handshake's front read come first, in order."""
-    line = bytearray(handshake.rest if handshake else b"")  # the line being read
-    skipping = False  # inside a line over _MAX_LINE: dropped up to its newline
+    stdin = _Stdin(fd, direct, handshake)
     async with sink:
-        for early in handshake.lines if handshake else ():
-            await _take(early, sink, direct, replies, handshake)
-        if handshake is not None and handshake.eof:
-            return  # the client closed stdin while the server loaded
-        while True:
-            try:
-                chunk = os.read(fd, _READ)
-            except BlockingIOError:
-                await _ready(fd)
-                continue
-            if not chunk:
-                return  # the client closed stdin: the server ends
-            start = 0
-            while (end := chunk.find(b"\n", start)) >= 0:
-                if not skipping:
-                    line += chunk[start:end]
-                    await _take(bytes(line), sink, direct, replies, handshake)
-                    line.clear()
-                skipping, start = False, end + 1
-            if skipping:
-                continue
-            line += chunk[start:]
-            if len(line) > _MAX_LINE:
-                # Answered now, not at its end: the caller learns at once, and nothing is buffered.
-                too_long = f"Invalid request: a line longer than {_MAX_LINE} bytes"
-                await replies.send(refusal(bytes(line[:HEAD]), INVALID_REQUEST, too_long))
-                line.clear()
-                skipping = True
+        try:
+            while (item := await stdin.next()) is not None:
+                kind, line = item
+                if kind == _TOO_LONG:
+                    too_long = f"Invalid request: a line longer than {_MAX_LINE} bytes"
+                    await replies.send(refusal(line, INVALID_REQUEST, too_long))
+                elif kind == _OFFERED or not stdin.offer(line):
+                    await _take(line, sink, replies)
+        finally:
+            stdin.close()
 
 
-async def _take(
-    line: bytes, sink: Any, direct: DirectCalls | None, replies: _Replies, handshake: Handshake | None = None
-) -> None:
-    if handshake is not None:
-        handshake.saw_request(line)
-    if direct is not None and direct.take(line):
-        return
-    if not line.strip():
-        return
+async def _take(line: bytes, sink: Any, replies: _Replies) -> None:
+    """A line for the SDK's server, or its refusal when the SDK's parser would not take it."""
     try:
         message = SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except Exception as exc:
@@ -181,23 +274,44 @@ async def _take(
 
 
 class _Replies:
-    """The client's stdout: whole lines, one writer at a time (the SDK's replies and direct ones)."""
+    """The client's stdout: whole lines, one writer at a time (the SDK's replies and direct ones).
+
+    A line is written at once when no other waits for the pipe (nearly always: the client reads
+    its replies); when the pipe takes only part of it, the rest is written under the lock, which
+    every later line then waits for, so a client that does not read holds one line per writer
+    here, never a growing buffer."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._lock = asyncio.Lock()
+        self._queued = 0  # writers holding or waiting for the lock
         self._gone = False
 
     async def send(self, data: bytes) -> None:
-        async with self._lock:
-            view = memoryview(data)
-            while view and not self._gone:
-                try:
-                    view = view[os.write(self._fd, view) :]
-                except BlockingIOError:
+        view = memoryview(data)
+        if not self._queued:  # nobody holds the lock nor waits for it: no line is half written
+            view = self._write(view)
+            if not view:
+                return
+        self._queued += 1
+        try:
+            async with self._lock:
+                while view := self._write(view):
                     await _ready(self._fd, write=True)  # the client reads slowly: wait, holding one reply only
-                except BrokenPipeError:
-                    self._gone = True  # the client is gone; the read side ends the server
+        finally:
+            self._queued -= 1
+
+    def _write(self, view: memoryview) -> memoryview:
+        """What is left of ``view`` once the pipe took what it would (nothing, the client gone)."""
+        if self._gone:
+            return view[:0]
+        try:
+            return view[os.write(self._fd, view) :]
+        except BlockingIOError:
+            return view
+        except BrokenPipeError:
+            self._gone = True  # the client is gone; the read side ends the server
+            return view[:0]
 
 
 async def _push(subscribe: Subscribe, replies: _Replies, direct: DirectCalls) -> None:
