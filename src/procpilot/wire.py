@@ -22,6 +22,7 @@ parser refuses them as invalid JSON, the stdio server answers them with a parse 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -61,10 +62,17 @@ def dumps_bytes(data: Any, *, separators: tuple[str, str] = _COMPACT) -> bytes:
     return encode(_json(data, separators))
 
 
+@functools.cache
+def _encoder(separators: tuple[str, str]) -> json.JSONEncoder:
+    """One encoder per layout: ``json.dumps`` with options builds a new one on every call (~13 µs
+    of every result after idle). An encoder keeps no state between calls."""
+    return json.JSONEncoder(ensure_ascii=False, separators=separators, default=str, allow_nan=False)
+
+
 def _json(data: Any, separators: tuple[str, str]) -> str:
     """JSON text of ``data``; it may still hold surrogates, which the callers replace."""
     try:
-        return json.dumps(data, ensure_ascii=False, separators=separators, default=str, allow_nan=False)
+        return _encoder(separators).encode(data)
     except Exception:  # NaN, a key, a cycle, depth, an object whose __str__ raises: the walk writes it
         return json.dumps(_plain(data, 0), ensure_ascii=False, separators=separators)
 

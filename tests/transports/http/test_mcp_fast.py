@@ -287,6 +287,8 @@ async def test_unknown_tools_malformed_calls_and_progress_tokens_are_the_sdks(ap
         assert "error" in bad_arguments
         progress = {"name": "exec", "arguments": {"command": "true"}, "_meta": {"progressToken": "p"}}
         assert (await client.call(4, progress))["result"]["isError"] is False
+        for request_id, name in ((6, ["exec"]), (7, {"exec": 1})):  # not a name: the SDK's error, not a crash
+            assert "error" in await client.call(request_id, {"name": name, "arguments": {}})
         assert fast(app).answered == before  # every one of them answered by the SDK
         assert (await client.call(5, {"name": "exec", "arguments": {"command": "true"}}))["result"]["isError"] is False
         assert fast(app).answered == before + 1

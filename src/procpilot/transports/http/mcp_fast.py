@@ -287,7 +287,9 @@ class FastCalls:
             return None
         if not params.keys() <= allowed:
             return None
-        spec = self.host.fast_tools.get(params.get("name"))  # type: ignore[arg-type]
+        name = params.get("name")
+        # A list or an object as the name is unhashable: the SDK answers it (-32602), not a 500.
+        spec = self.host.fast_tools.get(name) if isinstance(name, str) else None
         arguments = params.get("arguments", {})
         if spec is None or not isinstance(arguments, dict):
             return None
