@@ -32,6 +32,7 @@ __all__ = [
     "fields_named",
     "parse_arguments",
     "redact_environment",
+    "rename_field",
 ]
 
 _log = logging.getLogger(__name__)
@@ -120,10 +121,16 @@ def fields_named(names: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except ProcpilotError as exc:
-        field = exc.details.get("field")
-        if isinstance(field, str) and field in names:
-            exc.details["field"] = names[field]
+        rename_field(exc, names)
         raise
+
+
+def rename_field(exc: ProcpilotError, names: Mapping[str, str]) -> None:
+    """``fields_named`` for a hot path: ``exc`` made to name the face's parameter in place of
+    the engine's field, in an ``except`` clause that costs nothing until something is raised."""
+    field = exc.details.get("field")
+    if isinstance(field, str) and field in names:
+        exc.details["field"] = names[field]
 
 
 def parse_arguments(model: type[pydantic.BaseModel], arguments: Mapping[str, Any]) -> Any:
@@ -189,7 +196,9 @@ def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     sent was a MB held there."""
     budget = [AUDIT_ARGUMENTS_BUDGET]
     out: dict[str, Any] = {}
-    for count, (key, value) in enumerate(redact_environment(arguments).items()):
+    # Copied with its values hidden only when it has an environment (most calls have none).
+    shown = redact_environment(arguments) if not _ENVIRONMENTS.isdisjoint(arguments) else arguments
+    for count, (key, value) in enumerate(shown.items()):
         if count >= _AUDIT_NAMES and budget[0] <= 0:
             out["..."] = f"<{len(arguments) - count} more arguments>"
             break
@@ -257,6 +266,7 @@ class AuditEvent:
 
 
 ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches
+_SUMMARY_KEYS = (*ID_KEYS, "signal")
 
 
 def call_summary(tool: str, arguments: Mapping[str, Any]) -> str:
@@ -271,5 +281,5 @@ def call_summary(tool: str, arguments: Mapping[str, Any]) -> str:
                 text += " " + " ".join(map(str, extra))
             words.append(text[:200])
             break
-    words += [str(arguments[k]) for k in (*ID_KEYS, "signal") if arguments.get(k) is not None]
+    words += [str(arguments[k]) for k in _SUMMARY_KEYS if arguments.get(k) is not None]
     return f"{tool}: {' '.join(words)}" if words else tool
