@@ -300,3 +300,18 @@ async def test_the_claude_profiles_kills_are_audited(tmp_path: Path, workspace: 
             ("Bash", "ok"),
             ("KillShell", "ok"),
         ]
+
+
+async def test_each_agent_gets_its_own_tier_and_new_settings_apply_at_once(tmp_path: Path, workspace: Path) -> None:
+    """A gated tool keeps each scope's tier between calls: per agent (a conversation scope is its
+    agent's), and read again when the gate's settings are replaced."""
+    settings = policy_settings(tmp_path, workspace, '[policy.agents.locked]\ntiers = { exec = "blocked" }\n')
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        exec_tool = tool(gate.wrap(exec_process_tools(sup)), "exec")
+        for scope in ("free", "locked", "free", "locked", "locked\x1fchat-1", "free\x1fchat-1"):
+            result = await exec_tool.call({"command": "true"}, scope)
+            assert result.is_error == scope.startswith("locked"), scope
+        gate.settings = policy_settings(tmp_path, workspace, '[policy.agents.free]\ntiers = { exec = "blocked" }\n')
+        assert (await exec_tool.call({"command": "true"}, "free")).is_error
+        assert not (await exec_tool.call({"command": "true"}, "locked")).is_error
