@@ -406,6 +406,8 @@ def _name_command(command: ShellText | str | Sequence[str], depth: int) -> tuple
     if isinstance(command, ShellText | str):
         text = command.text if isinstance(command, ShellText) else command
         if (words := plain_words(text)) is not None:
+            if len(words) == 1:  # one word (true, ls, make): no wrapper, interpreter or target to read
+                return _basename(words[0]), None
             segments = [words]
         elif isinstance(command, ShellText):  # a spec's: its lexing if a check made one, else its text
             segments = simple_commands(command.lexed_already() or text)
