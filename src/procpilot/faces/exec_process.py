@@ -377,14 +377,6 @@ class ExecProcessFace:
     # -- exec ----------------------------------------------------------------------------------
 
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        try:
-            return await self._exec(arguments, scope)
-        except ProtectedVariable as exc:
-            raise self.profile.refused_env(exc) from None
-        except ElevationDenied as exc:
-            raise self.profile.refused_elevation(exc, chat_context.current()) from None
-
-    async def _exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
         params = exec_params(arguments)
         # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
         # server asks for timeout 0); so does OpenClaw's exec since its background-abort test
@@ -440,7 +432,12 @@ class ExecProcessFace:
             yield_ms = None
         else:
             yield_ms = self.cfg.background_ms if params.yieldMs is None else max(params.yieldMs, _YIELD_MIN_MS)
-        session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
+        try:
+            session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
+        except ProtectedVariable as exc:  # the environment's check, in the engine's start
+            raise self.profile.refused_env(exc) from None
+        except ElevationDenied as exc:  # the spawn filter's, on the way in
+            raise self.profile.refused_elevation(exc, chat_context.current()) from None
         data = self._summary(session)
         if params.yieldMs is not None and yield_ms != params.yieldMs:
             data["yieldMsApplied"] = yield_ms  # what was accepted is what was applied, or it is said
