@@ -93,16 +93,22 @@ class ToolSpec:
         """
         try:
             result = await self.handler(arguments, scope)
-        except ProcpilotError as exc:
-            result = error_result(exc)
         except Exception as exc:
-            _log.exception("tool %s failed (scope %s)", self.name, scope)
-            result = error_result(
-                InternalError(f"the {self.name} tool failed unexpectedly ({type(exc).__name__})", tool=self.name)
-            )
+            result = self.failed(exc, scope)
         if self.text_only and result.structured:
             result = ToolResult(result.text, result.data, result.is_error, structured=False)
         return result
+
+    def failed(self, exc: Exception, scope: str) -> ToolResult:
+        """The result of a call whose handler raised ``exc``: what :meth:`call` makes of it, for a
+        wrapper that awaits the handler itself (the policy gate). Called in the ``except`` clause,
+        so a bug's traceback is the one logged."""
+        if isinstance(exc, ProcpilotError):
+            return error_result(exc)
+        _log.exception("tool %s failed (scope %s)", self.name, scope)
+        return error_result(
+            InternalError(f"the {self.name} tool failed unexpectedly ({type(exc).__name__})", tool=self.name)
+        )
 
 
 def error_result(exc: ProcpilotError) -> ToolResult:

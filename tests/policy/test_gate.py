@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from procpilot.config import load_settings
-from procpilot.contract import ToolSpec
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec
 from procpilot.engine.supervisor import Supervisor
-from procpilot.faces.exec_process import exec_process_tools
+from procpilot.errors import SessionNotFound
+from procpilot.faces.exec_process import ExecParams, exec_process_tools
 from procpilot.faces.proc_protocol import ProcHandler
 from procpilot.policy.gate import DECIDED_KEPT, AuditEvent, Gate
 from procpilot.transports.serve import make_supervisor
@@ -315,3 +319,41 @@ async def test_each_agent_gets_its_own_tier_and_new_settings_apply_at_once(tmp_p
         gate.settings = policy_settings(tmp_path, workspace, '[policy.agents.free]\ntiers = { exec = "blocked" }\n')
         assert (await exec_tool.call({"command": "true"}, "free")).is_error
         assert not (await exec_tool.call({"command": "true"}, "locked")).is_error
+
+
+async def test_an_audited_call_that_raises_is_a_typed_error_result_and_its_event_says_so(
+    tmp_path: Path, workspace: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gate awaits an audited tool's handler itself: a typed error is its error result, a bug
+    is InternalError (its traceback in the server log only), and a text-only tool's result is
+    text-only, exactly as the tool's own call makes them; each is audited with its outcome."""
+
+    async def refuses(arguments: Any, scope: str) -> ToolResult:
+        raise SessionNotFound("no session nope", session_id="nope")
+
+    async def breaks(arguments: Any, scope: str) -> ToolResult:
+        raise KeyError("secret-internal-detail")
+
+    async def answers(arguments: Any, scope: str) -> ToolResult:
+        return ToolResult("done", {"sessionId": "s1", "state": "exited_ok"})
+
+    gate = Gate(policy_settings(tmp_path, workspace, ""))
+    events: list[AuditEvent] = []
+    gate.audit.add_callback(events.append)
+    specs = [
+        ToolSpec("refuses", "", ExecParams, refuses, PermissionTier.NOTIFY),
+        ToolSpec("breaks", "", ExecParams, breaks, PermissionTier.NOTIFY),
+        ToolSpec("answers", "", ExecParams, answers, PermissionTier.NOTIFY, text_only=True),
+    ]
+    for spec, gated in zip(specs, gate.wrap(specs), strict=True):
+        with caplog.at_level(logging.ERROR):
+            caplog.clear()
+            # what the wrappers between the gate and the transport get (exit notices, progress)
+            result = await gated.handler({"command": "x"}, "a1")
+            assert result == await spec.call({"command": "x"}, "a1")
+            assert [r.exc_info is not None for r in caplog.records] == ([True, True] if spec.name == "breaks" else [])
+    assert [(e.tool, e.outcome, e.process_id, e.state) for e in events] == [
+        ("refuses", "error:SessionNotFound", None, None),
+        ("breaks", "error:InternalError", None, None),
+        ("answers", "ok", "s1", "exited_ok"),
+    ]

@@ -166,7 +166,7 @@ class ExecParams(BaseModel):
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field by a call
 class CommandOnly:
     """An exec call that gave only its command (``{"command": "true"}``, the most common call),
     read without pydantic: ExecParams's fields with its defaults (a test holds the two together).
