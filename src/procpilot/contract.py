@@ -272,20 +272,27 @@ class AuditEvent:
 
 
 ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches
-_SUMMARY_KEYS = (*ID_KEYS, "signal")
+_RUN_KEYS = ("command", "cmd", "action")  # what a call runs or does: the first one given is named
+_SUMMARY_KEYS = (*ID_KEYS, "signal")  # and every one of these given
 
 
 def call_summary(tool: str, arguments: Mapping[str, Any]) -> str:
     """One line for people: the tool and what it was asked to run or touch."""
+    command = arguments.get("command")
+    if type(command) is str and len(arguments) == 1:  # exec's usual call: nothing else to name
+        return f"{tool}: {command[:200]}"
     words = []
-    for key in ("command", "cmd", "action"):
-        if key in arguments and arguments[key] is not None:
-            value = arguments[key]
+    for key in _RUN_KEYS:
+        value = arguments.get(key)
+        if value is not None:
             text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
             extra = arguments.get("args")
             if key == "command" and isinstance(extra, list):
                 text += " " + " ".join(map(str, extra))
             words.append(text[:200])
             break
-    words += [str(arguments[k]) for k in _SUMMARY_KEYS if arguments.get(k) is not None]
+    for key in _SUMMARY_KEYS:
+        value = arguments.get(key)
+        if value is not None:
+            words.append(str(value))
     return f"{tool}: {' '.join(words)}" if words else tool

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from procpilot.config import load_settings
-from procpilot.contract import PermissionTier, ToolResult, ToolSpec
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, call_summary
 from procpilot.engine.supervisor import Supervisor
 from procpilot.errors import SessionNotFound
 from procpilot.faces.exec_process import ExecParams, exec_process_tools
@@ -357,3 +357,24 @@ async def test_an_audited_call_that_raises_is_a_typed_error_result_and_its_event
         ("breaks", "error:InternalError", None, None),
         ("answers", "ok", "s1", "exited_ok"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "arguments", "summary"),
+    [
+        ("exec", {"command": "true"}, "exec: true"),
+        ("exec", {"command": "x" * 300}, "exec: " + "x" * 200),
+        ("exec", {"command": "sleep 1", "workdir": "sub"}, "exec: sleep 1"),
+        ("exec", {"command": "sleep 1", "sessionId": "s1"}, "exec: sleep 1 s1"),
+        ("exec", {"command": None, "action": "list"}, "exec: list"),
+        ("process.run", {"command": "ls", "args": ["-l", 3]}, "process.run: ls -l 3"),
+        ("t", {"cmd": ["a", "b"], "proc_id": "p"}, "t: a b p"),
+        ("process", {"action": "kill", "sessionId": "s1", "signal": "SIGKILL"}, "process: kill s1 SIGKILL"),
+        ("t", {"command": 5}, "t: 5"),
+        ("t", {}, "t"),
+    ],
+)
+def test_a_calls_summary_names_what_it_runs_and_the_session_it_touches(
+    tool_name: str, arguments: dict[str, Any], summary: str
+) -> None:
+    assert call_summary(tool_name, arguments) == summary
