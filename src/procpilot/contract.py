@@ -200,6 +200,9 @@ def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     ``AUDIT_ARGUMENTS_BUDGET`` characters and items in all. The trail keeps its last events in
     memory (the console's ring, listeners' queues): uncut, every refused 1 MB command an agent
     sent was a MB held there."""
+    command = arguments.get("command")
+    if type(command) is str and len(arguments) == 1 and len(command) <= _LONE_COMMAND_KEPT:
+        return {"command": command}  # exec's usual call, within the budget: kept as it is
     budget = [AUDIT_ARGUMENTS_BUDGET]
     out: dict[str, Any] = {}
     # Copied with its values hidden only when it has an environment (most calls have none).
@@ -221,6 +224,7 @@ def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
 
 AUDIT_ARGUMENTS_BUDGET = 4096
 _AUDIT_NAMES = 32  # argument names kept past the budget (a schema's worth), each as a short marker
+_LONE_COMMAND_KEPT = AUDIT_ARGUMENTS_BUDGET - 1 - len("command")  # the budget its name leaves a command
 
 
 def _cut(value: Any, budget: list[int], depth: int) -> Any:

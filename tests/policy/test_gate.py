@@ -378,3 +378,13 @@ def test_a_calls_summary_names_what_it_runs_and_the_session_it_touches(
     tool_name: str, arguments: dict[str, Any], summary: str
 ) -> None:
     assert call_summary(tool_name, arguments) == summary
+
+
+def test_a_lone_command_is_audited_whole_up_to_the_budget_its_name_leaves() -> None:
+    from procpilot.contract import AUDIT_ARGUMENTS_BUDGET, audit_arguments
+
+    room = AUDIT_ARGUMENTS_BUDGET - 1 - len("command")
+    assert audit_arguments({"command": "x" * room}) == {"command": "x" * room}
+    assert audit_arguments({"command": "x" * (room + 1)}) == {"command": "x" * room + "…[1 more chars]"}
+    assert audit_arguments({"command": "ls", "env": {"A": "secret"}}) == {"command": "ls", "env": {"A": "<redacted>"}}
+    assert audit_arguments({"command": "ls", "timeout": None}) == {"command": "ls"}
