@@ -41,7 +41,7 @@ from procpilot.errors import (
     ProtectedVariable,
     SessionNotFound,
 )
-from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
+from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, nothing_new, read_budgeted
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import cut_marker, derive_name, for_model, head_chars, tail_chars
@@ -443,7 +443,9 @@ class ExecProcessFace:
             data["yieldMsApplied"] = yield_ms  # what was accepted is what was applied, or it is said
         if session.finished:
             view = session.output[Stream.COMBINED]
-            shown = await self._show(session, Stream.COMBINED, 0, 0, self.cfg.result_max_chars)
+            shown = nothing_new(session, Stream.COMBINED, 0)  # no output: no coroutines to read none
+            if shown is None:
+                shown = await self._show(session, Stream.COMBINED, 0, 0, self.cfg.result_max_chars)
             self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = (shown.end, shown.end_line)
             data |= {"output": shown.text, "outputCutChars": shown.cut_chars, "outputBytes": view.size}
             ending = self._ending(session)
