@@ -6,7 +6,6 @@ from collections.abc import Sequence
 import pytest
 
 from procpilot.errors import InvalidArgument
-from procpilot.shell.lexer import simple_commands
 from procpilot.render import (
     collapse_cr,
     complete_utf8_prefix,
@@ -17,6 +16,7 @@ from procpilot.render import (
     strip_ansi,
     tail_chars,
 )
+from procpilot.shell.lexer import simple_commands
 
 
 @pytest.mark.parametrize(

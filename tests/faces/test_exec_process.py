@@ -17,8 +17,8 @@ from procpilot.config import Settings
 from procpilot.contract import ToolResult, ToolSpec, error_result, parse_arguments
 from procpilot.engine.capture import Stream
 from procpilot.engine.supervisor import Supervisor
-from procpilot.faces.all_tools import all_tools, served
 from procpilot.errors import InvalidArgument
+from procpilot.faces.all_tools import all_tools, served
 from procpilot.faces.exec_process import CommandOnly, ExecParams, exec_params, exec_process_tools
 from procpilot.transports.mcp import build_mcp_server
 
