@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -11,9 +12,11 @@ from procpilot.render import (
     derive_name,
     for_model,
     head_chars,
+    plain_words,
     strip_ansi,
     tail_chars,
 )
+from procpilot.shell.lexer import simple_commands
 
 
 @pytest.mark.parametrize(
@@ -316,6 +319,38 @@ def test_derive_name_is_at_most_40_characters(command: str, expected: str) -> No
     name = derive_name(command)
     assert name == expected
     assert len(name) <= 40
+
+
+# Words near the edge of "plain": shell keywords, assignments, options, and characters the shell
+# reads specially (quotes, escapes, comments, operators, expansions) mixed into plain ones.
+_KEYWORDS = ["if", "then", "fi", "do", "done", "for", "in", "case", "esac", "time", "function", "coproc"]
+_KEYWORDS += ["{", "}", "!", "[[", "]]", "--", "-", "=", "a=b", "A_1=x", "x=", "2", "%1", "@", "sudo", "env"]
+_PLAIN_CHARS = "abz09_./:,@%+=-AZ"
+_SPECIAL_CHARS = "'\"$`\\*?[]{}~#!<>|&;()^ \t\n\r\x00é"
+
+
+def test_plain_words_are_the_lexers_words() -> None:
+    """The lexer-free reading of plain commands (what names ``true`` or ``npm test`` without the
+    lexer) gives the lexer's very words, or declines: never a quote, an escape or a comment read
+    as a plain character."""
+    rng = random.Random(24)
+    plain = 0
+    for _ in range(5000):
+        words = [
+            rng.choice(_KEYWORDS)
+            if rng.random() < 0.3
+            else "".join(
+                rng.choice(_PLAIN_CHARS if rng.random() < 0.93 else _SPECIAL_CHARS) for _ in range(rng.randint(1, 6))
+            )
+            for _ in range(rng.randint(1, 4))
+        ]
+        text = rng.choice([" ", "  ", "\t"]).join(words)
+        got = plain_words(text)
+        if got is not None:
+            plain += 1
+            assert [got] == simple_commands(text), text
+            assert derive_name(text) == derive_name(simple_commands(text)[0])
+    assert plain > 1000  # the lexer-free path was taken often enough to be tested
 
 
 @pytest.mark.parametrize("command", ["", "   ", "&&", [], "\n"])

@@ -32,6 +32,7 @@ __all__ = [
     "fields_named",
     "parse_arguments",
     "redact_environment",
+    "rename_field",
 ]
 
 _log = logging.getLogger(__name__)
@@ -92,16 +93,22 @@ class ToolSpec:
         """
         try:
             result = await self.handler(arguments, scope)
-        except ProcpilotError as exc:
-            result = error_result(exc)
         except Exception as exc:
-            _log.exception("tool %s failed (scope %s)", self.name, scope)
-            result = error_result(
-                InternalError(f"the {self.name} tool failed unexpectedly ({type(exc).__name__})", tool=self.name)
-            )
+            result = self.failed(exc, scope)
         if self.text_only and result.structured:
             result = ToolResult(result.text, result.data, result.is_error, structured=False)
         return result
+
+    def failed(self, exc: Exception, scope: str) -> ToolResult:
+        """The result of a call whose handler raised ``exc``: what :meth:`call` makes of it, for a
+        wrapper that awaits the handler itself (the policy gate). Called in the ``except`` clause,
+        so a bug's traceback is the one logged."""
+        if isinstance(exc, ProcpilotError):
+            return error_result(exc)
+        _log.exception("tool %s failed (scope %s)", self.name, scope)
+        return error_result(
+            InternalError(f"the {self.name} tool failed unexpectedly ({type(exc).__name__})", tool=self.name)
+        )
 
 
 def error_result(exc: ProcpilotError) -> ToolResult:
@@ -120,10 +127,16 @@ def fields_named(names: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except ProcpilotError as exc:
-        field = exc.details.get("field")
-        if isinstance(field, str) and field in names:
-            exc.details["field"] = names[field]
+        rename_field(exc, names)
         raise
+
+
+def rename_field(exc: ProcpilotError, names: Mapping[str, str]) -> None:
+    """``fields_named`` for a hot path: ``exc`` made to name the face's parameter in place of
+    the engine's field, in an ``except`` clause that costs nothing until something is raised."""
+    field = exc.details.get("field")
+    if isinstance(field, str) and field in names:
+        exc.details["field"] = names[field]
 
 
 def parse_arguments(model: type[pydantic.BaseModel], arguments: Mapping[str, Any]) -> Any:
@@ -187,9 +200,14 @@ def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     ``AUDIT_ARGUMENTS_BUDGET`` characters and items in all. The trail keeps its last events in
     memory (the console's ring, listeners' queues): uncut, every refused 1 MB command an agent
     sent was a MB held there."""
+    command = arguments.get("command")
+    if type(command) is str and len(arguments) == 1 and len(command) <= _LONE_COMMAND_KEPT:
+        return {"command": command}  # exec's usual call, within the budget: kept as it is
     budget = [AUDIT_ARGUMENTS_BUDGET]
     out: dict[str, Any] = {}
-    for count, (key, value) in enumerate(redact_environment(arguments).items()):
+    # Copied with its values hidden only when it has an environment (most calls have none).
+    shown = redact_environment(arguments) if not _ENVIRONMENTS.isdisjoint(arguments) else arguments
+    for count, (key, value) in enumerate(shown.items()):
         if count >= _AUDIT_NAMES and budget[0] <= 0:
             out["..."] = f"<{len(arguments) - count} more arguments>"
             break
@@ -206,6 +224,7 @@ def audit_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
 
 AUDIT_ARGUMENTS_BUDGET = 4096
 _AUDIT_NAMES = 32  # argument names kept past the budget (a schema's worth), each as a short marker
+_LONE_COMMAND_KEPT = AUDIT_ARGUMENTS_BUDGET - 1 - len("command")  # the budget its name leaves a command
 
 
 def _cut(value: Any, budget: list[int], depth: int) -> Any:
@@ -257,19 +276,27 @@ class AuditEvent:
 
 
 ID_KEYS = ("sessionId", "process_id", "proc_id")  # where a call names the session it touches
+_RUN_KEYS = ("command", "cmd", "action")  # what a call runs or does: the first one given is named
+_SUMMARY_KEYS = (*ID_KEYS, "signal")  # and every one of these given
 
 
 def call_summary(tool: str, arguments: Mapping[str, Any]) -> str:
     """One line for people: the tool and what it was asked to run or touch."""
+    command = arguments.get("command")
+    if type(command) is str and len(arguments) == 1:  # exec's usual call: nothing else to name
+        return f"{tool}: {command[:200]}"
     words = []
-    for key in ("command", "cmd", "action"):
-        if key in arguments and arguments[key] is not None:
-            value = arguments[key]
+    for key in _RUN_KEYS:
+        value = arguments.get(key)
+        if value is not None:
             text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
             extra = arguments.get("args")
             if key == "command" and isinstance(extra, list):
                 text += " " + " ".join(map(str, extra))
             words.append(text[:200])
             break
-    words += [str(arguments[k]) for k in (*ID_KEYS, "signal") if arguments.get(k) is not None]
+    for key in _SUMMARY_KEYS:
+        value = arguments.get(key)
+        if value is not None:
+            words.append(str(value))
     return f"{tool}: {' '.join(words)}" if words else tool

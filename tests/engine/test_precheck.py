@@ -32,6 +32,20 @@ def test_sizes_past_the_kernels_limits_are_invalid_arguments() -> None:
     check_size("echo $(date) $(echo $(pwd)) (cd src && $(echo make))")
 
 
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+def test_a_command_of_wide_characters_is_measured_in_bytes_however_few_its_characters(char: str) -> None:
+    """Text short enough that even 4 bytes a character fit is let through unencoded; anything
+    longer is measured in bytes: a command of 2-, 3- or 4-byte characters just past the limit
+    is refused, one just within it runs."""
+    width = len(char.encode())
+    fits = MAX_COMMAND_BYTES // width
+    check_size(char * fits)
+    with pytest.raises(InvalidArgument, match="longer than"):
+        check_size(char * (fits + 1))
+    with pytest.raises(InvalidArgument, match="nested"):
+        check_size(char + "$(" * 101 + ")" * 101)  # a deep nest however short the text
+
+
 async def test_an_assignment_from_a_substitution_runs(supervisor: Supervisor) -> None:
     session = await supervisor.run(SpawnSpec("x=$(echo a b); echo $x"), scope=A, yield_ms=None)
     assert session.exit_code == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import tracemalloc
@@ -13,11 +14,12 @@ import pytest
 from mcp import Client
 
 from procpilot.config import Settings
-from procpilot.contract import ToolResult, ToolSpec
+from procpilot.contract import ToolResult, ToolSpec, error_result, parse_arguments
 from procpilot.engine.capture import Stream
 from procpilot.engine.supervisor import Supervisor
+from procpilot.errors import InvalidArgument
 from procpilot.faces.all_tools import all_tools, served
-from procpilot.faces.exec_process import ExecParams, exec_process_tools
+from procpilot.faces.exec_process import CommandOnly, ExecParams, exec_params, exec_process_tools
 from procpilot.transports.mcp import build_mcp_server
 
 Connect = Callable[[], Client]
@@ -827,3 +829,38 @@ async def test_a_value_the_face_raises_or_lowers_is_stated_in_the_result(tools: 
     asked = await tools["exec"].call({"command": "true", "yieldMs": 5_000}, "a")
     assert "yieldMsApplied" not in asked.data  # applied as asked: nothing to say
     await tools["process"].call({"action": "remove", "sessionId": sid}, "a")
+
+
+def test_a_lone_command_is_read_with_exec_params_fields_and_defaults() -> None:
+    """``{"command": ...}`` is read without pydantic: the same fields, defaults and values."""
+    fields = {f.name: f.default for f in dataclasses.fields(CommandOnly)}
+    assert fields.pop("command") is dataclasses.MISSING
+    assert fields == {name: info.default for name, info in ExecParams.model_fields.items() if name != "command"}
+    for command in ("true", " ", "x" * 5000, "é ⚡ $(x)"):
+        read = exec_params({"command": command})
+        assert isinstance(read, CommandOnly)  # the pydantic-free reading was taken
+        model = ExecParams.model_validate({"command": command})
+        assert {name: getattr(read, name) for name in ExecParams.model_fields} == model.model_dump()
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"command": ""}, {"command": 5}, {"command": None}, {"comand": "true"}, {"command": ["true"]}, {}],
+)
+async def test_exec_refuses_what_a_lone_command_is_not_with_the_validators_own_error(
+    tools: Tools, arguments: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        parse_arguments(ExecParams, arguments)
+    result = await tools["exec"].call(arguments, "agent-a")
+    assert result.is_error and result == error_result(refused.value)
+
+
+async def test_a_lone_command_of_a_str_subclass_runs_as_its_text(tools: Tools) -> None:
+    assert not isinstance(exec_params({"command": _Text("true")}), CommandOnly)  # pydantic converts it
+    result = await tools["exec"].call({"command": _Text("echo hi")}, "agent-a")
+    assert not result.is_error and result.data["output"] == "hi\n"

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from procpilot.config import load_settings
-from procpilot.contract import ToolSpec
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, call_summary
 from procpilot.engine.supervisor import Supervisor
-from procpilot.faces.exec_process import exec_process_tools
+from procpilot.errors import SessionNotFound
+from procpilot.faces.exec_process import ExecParams, exec_process_tools
 from procpilot.faces.proc_protocol import ProcHandler
 from procpilot.policy.gate import DECIDED_KEPT, AuditEvent, Gate
 from procpilot.transports.serve import make_supervisor
@@ -300,3 +304,87 @@ async def test_the_claude_profiles_kills_are_audited(tmp_path: Path, workspace: 
             ("Bash", "ok"),
             ("KillShell", "ok"),
         ]
+
+
+async def test_each_agent_gets_its_own_tier_and_new_settings_apply_at_once(tmp_path: Path, workspace: Path) -> None:
+    """A gated tool keeps each scope's tier between calls: per agent (a conversation scope is its
+    agent's), and read again when the gate's settings are replaced."""
+    settings = policy_settings(tmp_path, workspace, '[policy.agents.locked]\ntiers = { exec = "blocked" }\n')
+    async with Supervisor(settings) as sup:
+        gate = Gate(settings)
+        exec_tool = tool(gate.wrap(exec_process_tools(sup)), "exec")
+        for scope in ("free", "locked", "free", "locked", "locked\x1fchat-1", "free\x1fchat-1"):
+            result = await exec_tool.call({"command": "true"}, scope)
+            assert result.is_error == scope.startswith("locked"), scope
+        gate.settings = policy_settings(tmp_path, workspace, '[policy.agents.free]\ntiers = { exec = "blocked" }\n')
+        assert (await exec_tool.call({"command": "true"}, "free")).is_error
+        assert not (await exec_tool.call({"command": "true"}, "locked")).is_error
+
+
+async def test_an_audited_call_that_raises_is_a_typed_error_result_and_its_event_says_so(
+    tmp_path: Path, workspace: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gate awaits an audited tool's handler itself: a typed error is its error result, a bug
+    is InternalError (its traceback in the server log only), and a text-only tool's result is
+    text-only, exactly as the tool's own call makes them; each is audited with its outcome."""
+
+    async def refuses(arguments: Any, scope: str) -> ToolResult:
+        raise SessionNotFound("no session nope", session_id="nope")
+
+    async def breaks(arguments: Any, scope: str) -> ToolResult:
+        raise KeyError("secret-internal-detail")
+
+    async def answers(arguments: Any, scope: str) -> ToolResult:
+        return ToolResult("done", {"sessionId": "s1", "state": "exited_ok"})
+
+    gate = Gate(policy_settings(tmp_path, workspace, ""))
+    events: list[AuditEvent] = []
+    gate.audit.add_callback(events.append)
+    specs = [
+        ToolSpec("refuses", "", ExecParams, refuses, PermissionTier.NOTIFY),
+        ToolSpec("breaks", "", ExecParams, breaks, PermissionTier.NOTIFY),
+        ToolSpec("answers", "", ExecParams, answers, PermissionTier.NOTIFY, text_only=True),
+    ]
+    for spec, gated in zip(specs, gate.wrap(specs), strict=True):
+        with caplog.at_level(logging.ERROR):
+            caplog.clear()
+            # what the wrappers between the gate and the transport get (exit notices, progress)
+            result = await gated.handler({"command": "x"}, "a1")
+            assert result == await spec.call({"command": "x"}, "a1")
+            assert [r.exc_info is not None for r in caplog.records] == ([True, True] if spec.name == "breaks" else [])
+    assert [(e.tool, e.outcome, e.process_id, e.state) for e in events] == [
+        ("refuses", "error:SessionNotFound", None, None),
+        ("breaks", "error:InternalError", None, None),
+        ("answers", "ok", "s1", "exited_ok"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "arguments", "summary"),
+    [
+        ("exec", {"command": "true"}, "exec: true"),
+        ("exec", {"command": "x" * 300}, "exec: " + "x" * 200),
+        ("exec", {"command": "sleep 1", "workdir": "sub"}, "exec: sleep 1"),
+        ("exec", {"command": "sleep 1", "sessionId": "s1"}, "exec: sleep 1 s1"),
+        ("exec", {"command": None, "action": "list"}, "exec: list"),
+        ("process.run", {"command": "ls", "args": ["-l", 3]}, "process.run: ls -l 3"),
+        ("t", {"cmd": ["a", "b"], "proc_id": "p"}, "t: a b p"),
+        ("process", {"action": "kill", "sessionId": "s1", "signal": "SIGKILL"}, "process: kill s1 SIGKILL"),
+        ("t", {"command": 5}, "t: 5"),
+        ("t", {}, "t"),
+    ],
+)
+def test_a_calls_summary_names_what_it_runs_and_the_session_it_touches(
+    tool_name: str, arguments: dict[str, Any], summary: str
+) -> None:
+    assert call_summary(tool_name, arguments) == summary
+
+
+def test_a_lone_command_is_audited_whole_up_to_the_budget_its_name_leaves() -> None:
+    from procpilot.contract import AUDIT_ARGUMENTS_BUDGET, audit_arguments
+
+    room = AUDIT_ARGUMENTS_BUDGET - 1 - len("command")
+    assert audit_arguments({"command": "x" * room}) == {"command": "x" * room}
+    assert audit_arguments({"command": "x" * (room + 1)}) == {"command": "x" * room + "…[1 more chars]"}
+    assert audit_arguments({"command": "ls", "env": {"A": "secret"}}) == {"command": "ls", "env": {"A": "<redacted>"}}
+    assert audit_arguments({"command": "ls", "timeout": None}) == {"command": "ls"}

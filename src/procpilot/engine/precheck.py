@@ -47,15 +47,20 @@ def check_size(command: str | tuple[str, ...]) -> None:
     """Refuse a command the kernel could not pass to ``exec`` (or shell text nested past any
     real use), before anything reads it."""
     if isinstance(command, str):
-        # len() first: a 50 MB string is refused without encoding it.
-        if len(command) > MAX_COMMAND_BYTES or len(command.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
+        # len() first: a 50 MB string is refused without encoding it, and one short enough that
+        # even 4 bytes a character fit is let through without encoding it either.
+        size = len(command)
+        if size > MAX_COMMAND_BYTES or (
+            size * 4 > MAX_COMMAND_BYTES and len(command.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES
+        ):
             raise InvalidArgument(
                 f"command: longer than {MAX_COMMAND_BYTES} bytes (one argument to /bin/sh -c is at most 128 KiB)",
                 field="command",
                 hints=_TOO_BIG_HINT,
                 limit=MAX_COMMAND_BYTES,
             )
-        if substitution_depth(command) > MAX_SUBSTITUTION_DEPTH:
+        # Only a "$(" opens a level: text without one (most commands) is not scanned for them.
+        if "$(" in command and substitution_depth(command) > MAX_SUBSTITUTION_DEPTH:
             raise nested_too_deep()
         return
     if len(command) > MAX_ARGV_WORDS:

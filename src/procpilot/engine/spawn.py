@@ -202,6 +202,8 @@ def check_os_string(name: str, value: str, *, field: str | None = None) -> None:
             hints={"remove_nul": f"Remove the NUL (\\0) character from {name}."},
             field=field or name,
         )
+    if value.isascii():
+        return  # every ASCII text encodes: no encoding made (and thrown away) for the usual command
     try:
         os.fsencode(value)
     except UnicodeEncodeError as exc:

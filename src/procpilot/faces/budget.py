@@ -18,7 +18,7 @@ from procpilot.engine.capture import Stream
 from procpilot.engine.session import Session
 from procpilot.render import binary_bytes, complete_utf8_prefix, cut_marker, for_model, head_chars, tail_chars
 
-__all__ = ["Shown", "binary_note", "log_call", "read_budgeted"]
+__all__ = ["Shown", "binary_note", "log_call", "nothing_new", "read_budgeted"]
 
 _BIG = 10**15  # a count as long as any a marker will hold, to size the marker
 # Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
@@ -81,16 +81,26 @@ async def _text(session: Session, stream: Stream, start: int, end: int, *, mid_c
     return text, used_end, binary_bytes(data)
 
 
+def nothing_new(session: Session, stream: Stream, start: int) -> Shown | None:
+    """What ``read_budgeted`` shows from ``start`` when nothing was written past it (most short
+    commands print nothing): no read at all, and nothing to await for it; None when there is."""
+    view = session.output[stream]
+    if view.size != start:
+        return None
+    return Shown("", 0, 0, 0, start, view.lines, 0, 0)
+
+
 async def read_budgeted(session: Session, stream: Stream, start: int, start_line: int, limit: int) -> Shown:
     """Bytes ``[start, end of the view)`` as a result shows them: at most ``limit`` characters of
     model text, head and tail, with a marker between them when something was cut.
 
     ``start_line``: the newlines before ``start`` (0 from the beginning), so the marker can name
     the lines it stands for."""
+    nothing = nothing_new(session, stream, start)
+    if nothing is not None:
+        return nothing
     view = session.output[stream]
     end, end_line = view.size, view.lines  # read together: no await between them
-    if end == start:  # nothing to show (most short commands print nothing): no read at all
-        return Shown("", 0, 0, 0, end, end_line, 0, 0)
     window = limit * WINDOW_FACTOR
     # The marker counts against the budget; a budget too small to hold it keeps the tail only.
     reserve = len(cut_marker(_BIG, _BIG, log_call(session.id, stream, _BIG, _BIG))) + 2

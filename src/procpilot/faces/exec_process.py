@@ -12,7 +12,7 @@ import asyncio
 import re
 import signal as signal_module
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from procpilot import chat_context
 from procpilot.config import Settings
-from procpilot.contract import PermissionTier, ToolResult, ToolSpec, fields_named, parse_arguments
+from procpilot.contract import PermissionTier, ToolResult, ToolSpec, parse_arguments, rename_field
 from procpilot.engine.capture import Stream
 from procpilot.engine.isolation import weaker_box
 from procpilot.engine.keys import encode_literal, encode_paste
@@ -37,15 +37,16 @@ from procpilot.errors import (
     InvalidArgument,
     InvalidPattern,
     InvalidStream,
+    ProcpilotError,
     ProtectedVariable,
     SessionNotFound,
 )
-from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, read_budgeted
+from procpilot.faces.budget import WINDOW_FACTOR, Shown, binary_note, log_call, nothing_new, read_budgeted
 from procpilot.faces.openclaw_profile import PROCPILOT, Profile, profile_for
 from procpilot.policy.script_preflight import check_scripts, might_run_scripts
 from procpilot.render import cut_marker, derive_name, for_model, head_chars, tail_chars
 
-__all__ = ["ACTIONS", "ExecParams", "ProcessParams", "exec_process_tools", "process_served", "status_of"]
+__all__ = ["ACTIONS", "CommandOnly", "ExecParams", "ProcessParams", "exec_process_tools", "process_served", "status_of"]
 
 ACTIONS = (
     "list",
@@ -79,6 +80,8 @@ _TAIL_CHARS = 2000  # spec 001: a status response's tail, "Last 2000 chars (quic
 _OFFLOAD_BYTES = 10 * 1024
 # Bytes read per character wanted: room for 4-byte characters, escapes and redraws stripped.
 _TAIL_WINDOW_FACTOR = WINDOW_FACTOR
+# The engine's fields an exec argument is called otherwise (errors name what the agent sent).
+_EXEC_FIELDS = {"working_directory": "workdir"}
 _SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
 
 
@@ -161,6 +164,39 @@ class ExecParams(BaseModel):
         max_length=64,
         description="Usable as sessionId.",
     )
+
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field by a call
+class CommandOnly:
+    """An exec call that gave only its command (``{"command": "true"}``, the most common call),
+    read without pydantic: ExecParams's fields with its defaults (a test holds the two together).
+    Validating the arguments costs ~40 µs more after an agent's idle gap, for a check whose
+    answer is known: a non-empty string is a valid command, and every other field is absent."""
+
+    command: str
+    workdir: str | None = None
+    env: dict[str, str] | None = None
+    yieldMs: int | None = None  # noqa: N815 - ExecParams's names
+    background: bool = False
+    timeout: float | None = None
+    pty: bool = False
+    elevated: bool = False
+    notifyOnExit: bool | None = None  # noqa: N815
+    lane: str | None = None
+    restart: Literal["no", "on-failure", "always"] | None = None
+    maxRestarts: int | None = None  # noqa: N815
+    name: str | None = None
+
+
+def exec_params(arguments: Mapping[str, Any]) -> ExecParams | CommandOnly:
+    """The arguments of an exec call, validated: a lone non-empty string command as it is (the
+    same values ExecParams would hold), anything else by ExecParams (whose errors say what is wrong)."""
+    if len(arguments) == 1:
+        command = arguments.get("command")
+        if type(command) is str and command:  # exactly str: a subclass pydantic would convert
+            return CommandOnly(command)
+    params: ExecParams = parse_arguments(ExecParams, arguments)
+    return params
 
 
 class ProcessParams(BaseModel):
@@ -341,15 +377,7 @@ class ExecProcessFace:
     # -- exec ----------------------------------------------------------------------------------
 
     async def exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        try:
-            return await self._exec(arguments, scope)
-        except ProtectedVariable as exc:
-            raise self.profile.refused_env(exc) from None
-        except ElevationDenied as exc:
-            raise self.profile.refused_elevation(exc, chat_context.current()) from None
-
-    async def _exec(self, arguments: Mapping[str, Any], scope: str) -> ToolResult:
-        params: ExecParams = parse_arguments(ExecParams, arguments)
+        params = exec_params(arguments)
         # Specs 001/002/004: the default timeout bounds every run, background ones too (a dev
         # server asks for timeout 0); so does OpenClaw's exec since its background-abort test
         # says "background exec without explicit timeout applies default timeout".
@@ -360,7 +388,7 @@ class ExecProcessFace:
         stdin = ("pipe" if params.pty else self.profile.stdin_without_pty) if self.process_served else "null"
         # The engine's fences, as for every face: a workdir outside the workspace (.., absolute,
         # a symlink out) is PathOutOfScope, an override of PATH/LD_*/... is ProtectedVariable.
-        with fields_named({"working_directory": "workdir"}):
+        try:
             spec = SpawnSpec(
                 command=params.command,
                 cwd=Path(params.workdir) if params.workdir else None,
@@ -383,6 +411,9 @@ class ExecProcessFace:
                 notify_on_exit=self.cfg.notify_on_exit if params.notifyOnExit is None else params.notifyOnExit,
                 stdin=stdin,
             )
+        except ProcpilotError as exc:
+            rename_field(exc, _EXEC_FIELDS)
+            raise
         if self._preflight and spec.shell is not None and might_run_scripts(params.command):
             # A shell reading and a few file reads: off the loop, where no other agent waits on them.
             await asyncio.to_thread(
@@ -401,13 +432,20 @@ class ExecProcessFace:
             yield_ms = None
         else:
             yield_ms = self.cfg.background_ms if params.yieldMs is None else max(params.yieldMs, _YIELD_MIN_MS)
-        session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
+        try:
+            session = await self.sup.run(spec, scope=scope, yield_ms=yield_ms)
+        except ProtectedVariable as exc:  # the environment's check, in the engine's start
+            raise self.profile.refused_env(exc) from None
+        except ElevationDenied as exc:  # the spawn filter's, on the way in
+            raise self.profile.refused_elevation(exc, chat_context.current()) from None
         data = self._summary(session)
         if params.yieldMs is not None and yield_ms != params.yieldMs:
             data["yieldMsApplied"] = yield_ms  # what was accepted is what was applied, or it is said
         if session.finished:
             view = session.output[Stream.COMBINED]
-            shown = await self._show(session, Stream.COMBINED, 0, 0, self.cfg.result_max_chars)
+            shown = nothing_new(session, Stream.COMBINED, 0)  # no output: no coroutines to read none
+            if shown is None:
+                shown = await self._show(session, Stream.COMBINED, 0, 0, self.cfg.result_max_chars)
             self._poll_cursors.setdefault(session.id, {})[Stream.COMBINED] = (shown.end, shown.end_line)
             data |= {"output": shown.text, "outputCutChars": shown.cut_chars, "outputBytes": view.size}
             ending = self._ending(session)

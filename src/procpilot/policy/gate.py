@@ -43,6 +43,8 @@ from procpilot.turns import waiting
 
 __all__ = ["DECIDED_KEPT", "ApprovalDenied", "ApprovalRequest", "AuditEvent", "Gate", "PermissionDenied"]
 
+# Scopes whose agent and tiers a gated tool keeps (the table starts again past it).
+_SCOPES_KEPT = 1024
 # Decided requests are kept for the approvers' list (the console shows them) in a ring: a daemon
 # that runs for months holds the newest ones, never every request it was ever asked.
 DECIDED_KEPT = 200
@@ -175,11 +177,31 @@ class Gate:
         return [dataclasses.replace(spec, handler=self._gated(spec)) for spec in tools]
 
     def _gated(self, spec: ToolSpec) -> Any:
+        # Per calling scope, its agent and the agent's tier for this tool: read from the settings
+        # (frozen) once per scope rather than on every call, and again when they are replaced.
+        tiers: dict[str, tuple[str, PermissionTier]] = {}
+        read_from = [self.settings]
+
+        def agent_and_tier(scope: str) -> tuple[str, PermissionTier]:
+            if read_from[0] is not self.settings:
+                tiers.clear()
+                read_from[0] = self.settings
+            known = tiers.get(scope)
+            if known is None:
+                if len(tiers) >= _SCOPES_KEPT:
+                    tiers.clear()
+                agent = agent_of(scope)
+                known = tiers[scope] = (agent, self.tier_for(agent, spec))
+            return known
+
         async def handler(arguments: Mapping[str, Any], scope: str) -> ToolResult:
             # Tiers, approvals and the audit trail are the agent's, whichever of its
             # conversations calls (engine/scopes.py); only the call itself runs in ``scope``.
-            agent = agent_of(scope)
-            tier = self.tier_for(agent, spec)
+            agent, tier = agent_and_tier(scope)
+            if tier is PermissionTier.AUTONOMOUS:
+                if arguments.get("action") not in spec.audited_actions:
+                    return await spec.call(arguments, scope)  # nothing to audit: no summary made
+                tier = PermissionTier.NOTIFY  # a state change within a read-mostly tool: audited
             summary = call_summary(spec.name, arguments)
             # Which chat asked, as the transport was told (the caller's word, recorded, not trusted).
             chat = chat_context.current_parts()
@@ -188,10 +210,6 @@ class Gate:
                 raise PermissionDenied(f"{spec.name} is blocked for agent {agent!r}", tool=spec.name)
             if tier is PermissionTier.APPROVAL:
                 await self._await_approval(agent, spec, arguments)
-            if tier is PermissionTier.AUTONOMOUS and arguments.get("action") in spec.audited_actions:
-                tier = PermissionTier.NOTIFY  # a state change within a read-mostly tool: audited
-            if tier is PermissionTier.AUTONOMOUS:
-                return await spec.call(arguments, scope)
             at, started = time.time(), time.monotonic()
 
             def publish(outcome: str, result: ToolResult | None) -> None:
@@ -213,10 +231,15 @@ class Gate:
                 )
 
             try:
-                result = await spec.call(arguments, scope)
+                # spec.call's work, done here: one coroutine fewer on every audited call
+                result = await spec.handler(arguments, scope)
             except asyncio.CancelledError:
                 publish("error:Cancelled", None)  # a change may have begun: the trail says it was cut
                 raise
+            except Exception as exc:
+                result = spec.failed(exc, scope)
+            if spec.text_only and result.structured:
+                result = dataclasses.replace(result, structured=False)
             publish(f"error:{result.data.get('error')}" if result.is_error else "ok", result)
             return result
 
