@@ -4,12 +4,16 @@ keeps of it is enough to list it after a restart."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import signal
+import time
 
 import pytest
 
 from procpilot.engine.capture import Stream
+from procpilot.engine.reaper import ExitWatcher
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -50,3 +54,23 @@ async def test_the_record_and_the_exit_info_say_how_it_ended(supervisor: Supervi
     assert record["state"] == "exited_error" and record["exit_code"] == 3 and record["ended_at"]
     info = session.exit_info("tail")
     assert (info.session_id, info.state, info.exit_code, info.tail) == (session.id, session.state, 3, "tail")
+
+
+async def test_an_exit_with_nothing_left_ends_the_session_as_it_is_seen(supervisor: Supervisor) -> None:
+    # The leader exits, its tree is empty, and its pipes hold its last bytes and their EOF: the
+    # exit's own callback reads them and ends the session, with every byte, not a loop pass later.
+    session = await supervisor.spawn(SpawnSpec("printf out; printf err >&2; exit 3"), scope=A)
+    pid = session.pid
+    assert pid is not None
+    deadline = time.monotonic() + 10
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # the loop does not run
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    watcher = ExitWatcher.of(asyncio.get_running_loop())
+    assert watcher is not None
+    watcher.sweep()  # the exit is seen: its callback runs, and nothing else of the loop
+    assert session.finished
+    assert session.state is SessionState.EXITED_ERROR and session.exit_code == 3
+    assert session.output[Stream.STDOUT].read(0).data == b"out"
+    assert session.output[Stream.STDERR].read(0).data == b"err"
+
