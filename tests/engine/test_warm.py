@@ -202,3 +202,23 @@ async def test_a_warm_shells_own_trap_runs_only_for_a_launch_that_asks_for_it(wa
     session = await warm.run(SpawnSpec("echo ran; trap"), scope=A, yield_ms=None)
     assert warm.warm_shells()["sessions_started_warm"] == 2
     assert session.output[Stream.STDOUT].read().data == b"ran\n"
+
+
+async def test_a_shell_made_before_the_servers_environment_changed_gives_the_new_value(
+    warm: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shells' base environment is read once, not per shell: one made from it after the
+    # server's passthrough variable changed still hands the command the value of its call.
+    monkeypatch.setenv("TZ", "UTC")
+    await warm.run(SpawnSpec("true"), scope=A, yield_ms=None)  # the pool's base is read by now
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    for _ in range(3):  # the shells made before the change, then one made after it
+        _fill(warm)
+        before = warm.warm_shells()["sessions_started_warm"]
+        session = await warm.run(SpawnSpec('echo "$TZ"'), scope=A, yield_ms=None)
+        assert warm.warm_shells()["sessions_started_warm"] == before + 1
+        assert session.output[Stream.STDOUT].read(0).data == b"Europe/Paris\n"
+    monkeypatch.delenv("TZ")
+    _fill(warm)
+    session = await warm.run(SpawnSpec('echo "${TZ-unset}"'), scope=A, yield_ms=None)
+    assert session.output[Stream.STDOUT].read(0).data == b"unset\n"

@@ -288,6 +288,7 @@ class Supervisor:
         # 0 starts every session cold.
         self._warm_size = self.config.warm_shells if warm_shells is None else warm_shells
         self._warm: WarmPool | None = None
+        self._warm_base: dict[str, str] | None = None  # the warm shells' environment but the markers
         # A server raises this process's descriptor limit at start for (running sessions, other
         # descriptors: its connections) (engine/descriptors.py); a library caller's keeps its own.
         self._descriptors_for = descriptors_for
@@ -397,7 +398,16 @@ class Supervisor:
         return restarts.status_line(session_id)
 
     def _warm_env(self, session_id: str) -> dict[str, str]:
-        return self._env(session_id, SpawnSpec("true"))
+        """A warm shell's environment: the base a session without overrides gets, read once
+        (the server's variables through ``env_passthrough``, then ``env_set``), and the markers.
+        A base read earlier than a call is no promise about what that call's command sees: the
+        launch exports every variable where the call's own environment differs (engine/warm.py)."""
+        base = self._warm_base
+        if base is None:
+            base = self._warm_base = build_env(
+                self.config.env_passthrough, self.config.env_set, {}, markers={}, pty=False, pty_size=(0, 0)
+            )
+        return {**base, MARKER_ENV: session_id, SUPERVISOR_ENV: self.instance}
 
     def _env(self, session_id: str, spec: SpawnSpec) -> dict[str, str]:
         return build_env(

@@ -31,6 +31,7 @@ Supervisor's ``aclose``). A shell whose supervisor dies reads end-of-file and ex
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import secrets
@@ -409,7 +410,8 @@ class WarmPool:
         token = secrets.token_hex(16)
         os.write(w_in, f"{token}\n".encode())  # an empty pipe: never blocks
         for fd in parent:
-            os.set_blocking(fd, False)
+            # Fresh pipe ends, no status flag set but O_NONBLOCK now: one fcntl, not set_blocking's two.
+            fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
         stdin_target = f"pipe:[{os.fstat(w_in).st_ino}]"
         pidfd = open_pidfd(popen.pid)
         return WarmShell(
