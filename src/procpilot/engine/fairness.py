@@ -109,6 +109,10 @@ class AgentGroups:
             return Placement(group, group)
         return Placement(group, None, [f'echo $$ > "{self.base / group}/cgroup.procs" || exit 125'])
 
+    def has(self, session_id: str) -> bool:
+        """Whether ``session_id`` is in a group (``group_of`` without building its path)."""
+        return session_id in self._group_of
+
     def group_of(self, session_id: str) -> Path | None:
         """The directory of the group ``session_id`` is in, if any."""
         group = self._group_of.get(session_id)

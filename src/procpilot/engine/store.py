@@ -32,6 +32,8 @@ _log = logging.getLogger(__name__)
 _JOURNAL = "sessions.jsonl"
 _MIN_GARBAGE = 1000
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+# One encoder for every record: json.dumps with separators builds a new one per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class SessionStore(Protocol):
@@ -127,7 +129,7 @@ class FileStore:
     def save(self, session_id: str, record: dict[str, Any]) -> None:
         if record.get("id") != session_id:
             record = {**record, "id": session_id}
-        self._append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        self._append(_ENCODE(record).encode() + b"\n")
         self._live.add(session_id)
 
     def delete(self, session_id: str) -> None:

@@ -1050,7 +1050,7 @@ class Supervisor:
         if restarts is None:
             return
         trees, limits = self._tree_backend, session.accounting.limit_backend
-        roots: builtins.list[str] = []
+        roots: builtins.list[str] = []  # what the holder locks: the tree's, the group's, the limits' directories
         extra: dict[str, Any] = {
             "format": _RECORD_FORMAT,
             "owner": restarts.owner,
@@ -1059,13 +1059,13 @@ class Supervisor:
         }
         if isinstance(trees, CgroupTrees):
             # Its agent's directory, if it is in one: the next server finds it there.
-            extra["tree_root"] = str(trees.path(session.id).parent)
+            extra["tree_root"] = os.path.dirname(trees.directory(session.id))
             roots.append(extra["tree_root"])
-        if self._groups.group_of(session.id) is not None and self._groups.base is not None:
+        if self._groups.base is not None and self._groups.has(session.id):
             # Our directory above the agent's is locked too: a sweep of dead servers' directories
             # (the next server's, or another procpilot's on this host) then leaves them running.
             extra["group_roots"] = [str(self._groups.base)]
-            roots.append(str(self._groups.base))
+            roots.append(extra["group_roots"][0])
         if isinstance(limits, CgroupV1Limits | CgroupV2Limits):
             paths = limits.roots_of(session.id)
             extra["limit_mechanism"] = limits.name
@@ -1078,18 +1078,20 @@ class Supervisor:
         session.custody.record = extra
         link = restarts.link
         session.custody.on_stdin_close = lambda: link.stdin_closed(session.id)
-        self._hold(session, spawned)
+        self._hold(session, spawned, roots)
 
-    def _hold(self, session: Session, spawned: Spawned) -> None:
-        """Queue copies of the session's open descriptors for the holder (see _hold_now)."""
+    def _hold(self, session: Session, spawned: Spawned, roots: builtins.list[str] | None = None) -> None:
+        """Queue copies of the session's open descriptors for the holder (see _hold_now);
+        ``roots``: the directories its record names (None: read from the record)."""
         restarts = self._restarts
         if restarts is None:
             return
         extra = session.custody.record
-        roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
-        roots += [str(p) for p in extra.get("group_roots", [])]
-        limit_roots = extra.get("limit_roots")
-        roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
+        if roots is None:
+            roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
+            roots += [str(p) for p in extra.get("group_roots", [])]
+            limit_roots = extra.get("limit_roots")
+            roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
         session.custody.not_held = None  # until the holder refuses this hand-over
         session.custody.record.pop("not_held", None)
