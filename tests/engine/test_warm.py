@@ -222,3 +222,15 @@ async def test_a_shell_made_before_the_servers_environment_changed_gives_the_new
     _fill(warm)
     session = await warm.run(SpawnSpec('echo "${TZ-unset}"'), scope=A, yield_ms=None)
     assert session.output[Stream.STDOUT].read(0).data == b"unset\n"
+
+
+async def test_a_waiting_shell_costs_the_server_its_three_pipes_and_no_pidfd(warm: Supervisor) -> None:
+    # Its exit comes through the loop's SIGCHLD watcher, as every leader's does: a pidfd opened at
+    # each refill would only be closed again on the call's path.
+    _fill(warm)
+    held = waiting_fds()
+    assert len(held) == 3 * warm.warm_shells()["ready"] == 6
+    assert all(os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") for fd in held)
+    session = await warm.run(SpawnSpec("echo ok"), scope=A, yield_ms=None)
+    assert session.exit_code == 0 and session.output[Stream.STDOUT].read(0).data == b"ok\n"
+    assert warm.warm_shells()["sessions_started_warm"] == 1

@@ -25,7 +25,8 @@ the shell starts, then ``<token> <assignments>`` with the setup and the command.
 without the token ends the shell (125): another process of the same user that writes to the pipe
 through ``/proc/PID/fd/0`` before the supervisor does cannot make it run anything.
 
-The pool is bounded (``size`` shells, 4 descriptors each in the supervisor), refilled after each
+The pool is bounded (``size`` shells, 3 descriptors each in the supervisor: no pidfd, the
+session's exit comes through the loop's SIGCHLD watcher, engine/reaper.py), refilled after each
 take (once the taken session ends, or 50 ms on), and ended by :meth:`WarmPool.close` (the
 Supervisor's ``aclose``). A shell whose supervisor dies reads end-of-file and exits.
 """
@@ -51,7 +52,7 @@ from procpilot.engine.fairness import AgentGroups
 from procpilot.engine.isolation import isolation_prefix
 
 # The cold path's own pipe and argv makers: a warm session must get exactly what a cold one gets.
-from procpilot.engine.spawn import Spawned, SpawnSpec, make_pipe, open_pidfd, shell_argv
+from procpilot.engine.spawn import Spawned, SpawnSpec, make_pipe, shell_argv
 from procpilot.engine.trees import TreeBackend
 
 __all__ = ["WarmPool", "WarmShell", "WarmShellGone", "favordynmods", "waiting_fds", "waiting_pids"]
@@ -113,7 +114,6 @@ class WarmShell:
 
     session_id: str
     popen: subprocess.Popen[bytes]
-    pidfd: int | None
     stdin_fd: int
     stdout_fd: int
     stderr_fd: int
@@ -187,14 +187,14 @@ class WarmShell:
             os.close(self.stdin_fd)
             self.stdin_fd = -1
             stdin_fd = target = None
-        return Spawned(self.popen, self.pid, self.pidfd, stdin_fd, self.stdout_fd, self.stderr_fd, target)
+        # No pidfd: our unreaped child, watched as every leader is (Session._watch_leader).
+        return Spawned(self.popen, self.pid, None, stdin_fd, self.stdout_fd, self.stderr_fd, target)
 
     def close_fds(self) -> None:
-        for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd, self.pidfd):
-            if fd is not None and fd >= 0:
+        for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd):
+            if fd >= 0:
                 os.close(fd)
         self.stdin_fd = self.stdout_fd = self.stderr_fd = -1
-        self.pidfd = None
 
 
 def waiting_pids() -> set[int]:
@@ -204,13 +204,13 @@ def waiting_pids() -> set[int]:
 
 
 def waiting_fds() -> set[int]:
-    """The descriptors this process holds for those shells (their pipes and pidfds)."""
+    """The descriptors this process holds for those shells (their pipes)."""
     return {
         fd
         for pool in list(_OPEN_POOLS)
         for shell in pool._ready
-        for fd in (shell.stdin_fd, shell.stdout_fd, shell.stderr_fd, shell.pidfd)
-        if fd is not None and fd >= 0
+        for fd in (shell.stdin_fd, shell.stdout_fd, shell.stderr_fd)
+        if fd >= 0
     }
 
 
@@ -415,9 +415,8 @@ class WarmPool:
             # Fresh pipe ends, no status flag set but O_NONBLOCK now: one fcntl, not set_blocking's two.
             fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
         stdin_target = f"pipe:[{os.fstat(w_in).st_ino}]"
-        pidfd = open_pidfd(popen.pid)
         return WarmShell(
-            session_id, popen, pidfd, w_in, r_out, r_err, stdin_target, env, token, agent=agent, exit_trap=exit_trap
+            session_id, popen, w_in, r_out, r_err, stdin_target, env, token, agent=agent, exit_trap=exit_trap
         )
 
     def _leave(self, session_id: str) -> None:
