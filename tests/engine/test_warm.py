@@ -234,3 +234,28 @@ async def test_a_waiting_shell_costs_the_server_its_three_pipes_and_no_pidfd(war
     session = await warm.run(SpawnSpec("echo ok"), scope=A, yield_ms=None)
     assert session.exit_code == 0 and session.output[Stream.STDOUT].read(0).data == b"ok\n"
     assert warm.warm_shells()["sessions_started_warm"] == 1
+
+
+async def test_a_warm_shell_refuses_a_directory_that_leads_elsewhere_as_it_enters(
+    warm: Supervisor, workspace: Path, tmp_path: Path
+) -> None:
+    # The check is the script's own function now (a call sends only the path): a path that
+    # resolves elsewhere by the time the shell enters it (here a symlink from the start) is
+    # refused there, running nothing, and the function is gone before any command runs.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    proof = tmp_path / "real" / "ran"
+    pool = warm._warm
+    assert pool is not None
+    spec = SpawnSpec(f"touch {proof}")
+    shell = pool.take(spec)
+    assert shell is not None
+    shell.launch(spec, dict(shell.env), [], str(tmp_path / "link"))
+    assert shell.popen.wait(10) == 125
+    assert b"the working directory changed" in os.read(shell.stderr_fd, 4096)
+    assert not proof.exists()
+    pool.discard(shell)
+    spec = SpawnSpec("command -v __pp_cd || echo none; pwd", cwd=workspace, workspace=workspace)
+    session = await warm.run(spec, scope=A, yield_ms=None)
+    assert warm.warm_shells()["sessions_started_warm"] == 2
+    assert session.output[Stream.STDOUT].read(0).data == f"none\n{workspace.resolve()}\n".encode()

@@ -76,6 +76,7 @@ _REFILL_AFTER_END = 0.005
 # ends at once gets its result out first, was measured: fewer starts found a warm shell, 634 of
 # 1,020 against 744, and back to back went from 0.98-1.00x to 1.07-1.28x.)
 _BACK_TO_BACK = 0.02
+_MOVED = "procpilot: the working directory changed while the command started"
 
 # The warm shell's script; its stdin is the session's. __pp_nl lets a command's newlines travel on
 # one line (read -r stops at the first). The command runs last, in the shell itself, so its exit
@@ -83,9 +84,12 @@ _BACK_TO_BACK = 0.02
 # the supervisor's last setup line when it is the same for every command this shell could run (the
 # exit trap of a server whose sessions outlive it, engine/adoption.py): set here, where it is part
 # of the script, rather than sent with the command, where the shell would read it a byte per
-# read(2) after idle. A launch that must not have it sets __pp_x=1.
+# read(2) after idle. A launch that must not have it sets __pp_x=1. For the same reason the working
+# directory's check is a function of the script (``__pp_cd DIR``: enter it physically, then
+# refuse a path that led elsewhere), gone before the command runs; a call sends only its path.
 _SCRIPT = """\
 {join}
+__pp_cd() {{ cd -P -- "$1" && [ "$PWD" = "$1" ] || {{ echo '{moved}' >&2; exit 125; }}; }}
 IFS= read -r __pp_t || exit 125
 IFS= read -r __pp_l || exit 125
 case $__pp_l in "$__pp_t "*) ;; *) exit 125;; esac
@@ -94,6 +98,7 @@ __pp_nl='
 eval "${{__pp_l#"$__pp_t "}}"
 unset __pp_t __pp_l __pp_nl
 eval "$__pp_s"
+unset -f __pp_cd
 {trap}
 eval "unset __pp_s __pp_c __pp_x; $__pp_c"
 """
@@ -153,11 +158,7 @@ class WarmShell:
         if spec.stdin == "null":
             setup.append("exec 0</dev/null")
         if cwd is not None:
-            where = shlex.quote(cwd)
-            setup.append(
-                f'cd -P -- {where} && [ "$PWD" = {where} ] || '
-                "{ echo 'procpilot: the working directory changed while the command started' >&2; exit 125; }"
-            )
+            setup.append(f"__pp_cd {shlex.quote(cwd)}")
             # cd sets OLDPWD, which a cold shell would not have
             old = env.get("OLDPWD")
             setup.append("unset OLDPWD" if old is None else f"export OLDPWD={shlex.quote(old)}")
@@ -392,7 +393,7 @@ class WarmPool:
             exit_trap = self._exit_trap(session_id) if self._exit_trap is not None else None
             trap = "" if exit_trap is None else f'[ "${{__pp_x-}}" = 1 ] || {exit_trap}'
             popen = children.popen(
-                ["/bin/sh", "-c", _SCRIPT.format(join=join, trap=trap)],
+                ["/bin/sh", "-c", _SCRIPT.format(join=join, trap=trap, moved=_MOVED)],
                 stdin=child[0],
                 stdout=child[1],
                 stderr=child[2],
