@@ -73,4 +73,3 @@ async def test_an_exit_with_nothing_left_ends_the_session_as_it_is_seen(supervis
     assert session.state is SessionState.EXITED_ERROR and session.exit_code == 3
     assert session.output[Stream.STDOUT].read(0).data == b"out"
     assert session.output[Stream.STDERR].read(0).data == b"err"
-

@@ -14,8 +14,8 @@ in the shell's environment from the start; overrides are exported, and so is eve
 call's environment differs in from the shell's, whose base the supervisor reads once, not per
 shell: a passthrough variable of the server changed since still reaches the command as it is
 now), working directory (entered physically, then checked: a path swapped for a symlink after the
-workspace check is refused, not followed), cgroup, and descriptors. What differs: a shell's own error messages say ``eval:``
-(``/bin/sh: 1: eval: foo: not found``), and the leader's command line in ``ps`` is the warm
+workspace check is refused, not followed), cgroup, and descriptors. What differs: a shell's own
+error messages say ``eval:`` (``/bin/sh: 1: eval: foo: not found``), and the leader's command line in ``ps`` is the warm
 shell's. A shell-special variable (``IFS``, ``PWD``, ...) among the overrides, a pty, limits or a
 command over 8 KiB take the cold path.
 
