@@ -65,7 +65,7 @@ from procpilot.engine.state_files import StateDirIdentity, make_state_dir
 from procpilot.engine.state_format import check_state_format
 from procpilot.engine.states import END_STATES, SessionState
 from procpilot.engine.stdin import StdinParking
-from procpilot.engine.store import FileStore, SessionStore
+from procpilot.engine.store import FileStore, OrderedLater, SessionStore
 from procpilot.engine.trees import (
     MARKER_ENV,
     SUPERVISOR_ENV,
@@ -380,6 +380,10 @@ class Supervisor:
     def _probe(self) -> None:
         if self._store is None:
             self._store = FileStore(self.config.state_dir)
+        if self.owner is None and not isinstance(self._store, OrderedLater):
+            # Its journal is read by no server after it (only an owner's sessions are adopted):
+            # a session's end record is written just after its waiting caller resumed (_on_finish).
+            self._store = OrderedLater(self._store)
         name = self.instance
         if self._trees is None:
             self._trees = probe_trees(name=name)
@@ -549,7 +553,8 @@ class Supervisor:
     def state_dir_space(self) -> dict[str, Any]:
         """Room left where output is stored: a full disk loses output (counted, never silently)."""
         space = disk_space(self.config.state_dir)
-        journal = self._store.write_error if isinstance(self._store, FileStore) else None
+        store = self._store.inner if isinstance(self._store, OrderedLater) else self._store
+        journal = store.write_error if isinstance(store, FileStore) else None
         if journal:
             written = f"the session journal could not be written ({journal})"
             space["warning"] = written + (f"; {space['warning']}" if space["warning"] else "")
@@ -1373,7 +1378,11 @@ class Supervisor:
             if self._restarts is not None and session.final_usage is None:
                 # Measured now, while its rusage and samples are here: a later server has neither.
                 session.final_usage = self.usage.usage(session)
-            self._store.save(session.id, session.record())
+            if isinstance(self._store, OrderedLater):
+                # As it is now, written once the caller waiting for it has run (store.py).
+                self._store.save_soon(session.id, session.record())
+            else:
+                self._store.save(session.id, session.record())  # a crash a moment later must find it
         if session.custody.ended_in_outage:
             pending = self._outage_exits.setdefault(session.scope, {})
             if len(pending) < _MAX_OUTAGE_EXITS:
