@@ -65,6 +65,7 @@ _RECORD_WAIT = 2.0
 # A tree whose members cannot be read (engine/trees.py MembershipUnknown) is looked at again after
 # this long, doubling up to the most: the session waits, it never ends on a failed read.
 _UNKNOWN_RETRY = (0.05, 1.0)
+_EAGER_READS = 3  # reads of one pipe in Session._read_ends_now, at most
 _PARKED = -2  # an output descriptor's number while it is parked (engine/output_parking.py); -1: at EOF
 
 
@@ -667,8 +668,11 @@ class Session:
         for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
             if fd is None or fd < 0 or fd in self.run.paused_reads:
                 continue  # parked (its end comes back through the parking), or waiting for a descriptor
-            while self._read_chunk(fd, stream) == 1:
-                pass
+            # A pipe holds at most one read's worth (_READ_SIZE): its bytes, then its end. More
+            # means a writer outside the tree: the loop reads on, a chunk per turn, as before.
+            for _ in range(_EAGER_READS):
+                if self._read_chunk(fd, stream) != 1:
+                    break
 
     def _resume_reading(self, fd: int, stream: Stream) -> None:
         del self.run.paused_reads[fd]

@@ -34,7 +34,6 @@ Supervisor's ``aclose``). A shell whose supervisor dies reads end-of-file and ex
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import re
 import secrets
@@ -413,8 +412,7 @@ class WarmPool:
         token = secrets.token_hex(16)
         os.write(w_in, f"{token}\n".encode())  # an empty pipe: never blocks
         for fd in parent:
-            # Fresh pipe ends, no status flag set but O_NONBLOCK now: one fcntl, not set_blocking's two.
-            fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
+            os.set_blocking(fd, False)
         stdin_target = f"pipe:[{os.fstat(w_in).st_ino}]"
         return WarmShell(
             session_id, popen, w_in, r_out, r_err, stdin_target, env, token, agent=agent, exit_trap=exit_trap
