@@ -4,12 +4,17 @@ keeps of it is enough to list it after a restart."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import signal
+import threading
+import time
 
 import pytest
 
 from procpilot.engine.capture import Stream
+from procpilot.engine.reaper import ExitWatcher
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
 from procpilot.engine.supervisor import Supervisor
@@ -50,3 +55,64 @@ async def test_the_record_and_the_exit_info_say_how_it_ended(supervisor: Supervi
     assert record["state"] == "exited_error" and record["exit_code"] == 3 and record["ended_at"]
     info = session.exit_info("tail")
     assert (info.session_id, info.state, info.exit_code, info.tail) == (session.id, session.state, 3, "tail")
+
+
+async def test_an_exit_with_nothing_left_ends_the_session_as_it_is_seen(supervisor: Supervisor) -> None:
+    # The leader exits, its tree is empty, and its pipes hold its last bytes and their EOF: the
+    # exit's own callback reads them and ends the session, with every byte, not a loop pass later.
+    session = await supervisor.spawn(SpawnSpec("printf out; printf err >&2; exit 3"), scope=A)
+    pid = session.pid
+    assert pid is not None
+    deadline = time.monotonic() + 10
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # the loop does not run
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    watcher = ExitWatcher.of(asyncio.get_running_loop())
+    assert watcher is not None
+    watcher.sweep()  # the exit is seen: its callback runs, and nothing else of the loop
+    assert session.finished
+    assert session.state is SessionState.EXITED_ERROR and session.exit_code == 3
+    assert session.output[Stream.STDOUT].read(0).data == b"out"
+    assert session.output[Stream.STDERR].read(0).data == b"err"
+
+
+async def test_a_pipe_written_from_outside_the_tree_ends_the_session_with_its_last_byte(supervisor: Supervisor) -> None:
+    # The tree is empty when the leader exits, but something outside it (here a thread of this
+    # process) holds the stdout pipe open and writes on: the exit's callback reads what is there
+    # and leaves the rest to the loop, which serves everything else meanwhile and ends the
+    # session at the pipe's end, every byte kept.
+    session = await supervisor.spawn(SpawnSpec("sleep 0.2"), scope=A)
+    assert session.spawned is not None
+    ours = os.fstat(session.spawned.stdout_fd).st_ino
+    deadline = time.monotonic() + 5
+    while os.stat(f"/proc/{session.pid}/fd/1").st_ino != ours:  # a warm shell's join redirects it a moment
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.001)
+    writer = os.open(f"/proc/{session.pid}/fd/1", os.O_WRONLY)
+    assert os.fstat(writer).st_ino == ours
+    stop = threading.Event()
+    stopped_by_the_loop: list[bool] = []
+    written: list[int] = []
+
+    def spew() -> None:
+        deadline = time.monotonic() + 5  # a bound of its own: a held loop would never stop it
+        try:
+            while not stop.is_set() and time.monotonic() < deadline:
+                written.append(os.write(writer, b"x" * 65536))
+        finally:
+            os.close(writer)
+
+    def stop_from_the_loop() -> None:
+        stopped_by_the_loop.append(True)
+        stop.set()
+
+    thread = threading.Thread(target=spew)
+    thread.start()
+    asyncio.get_running_loop().call_later(0.5, stop_from_the_loop)  # after the leader's exit
+    try:
+        assert await session.wait_finished(10)
+    finally:
+        stop.set()
+        thread.join()
+    assert stopped_by_the_loop
+    assert session.state is SessionState.EXITED_OK and session.output[Stream.STDOUT].size == sum(written) > 0

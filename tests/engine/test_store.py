@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -215,3 +216,24 @@ def open_files() -> set[str]:
         except OSError:
             continue  # the directory listing's own fd
     return found
+
+
+async def test_without_an_owner_the_end_record_follows_the_callers_resumption_in_order(
+    supervisor: Supervisor,
+) -> None:
+    # Nothing reads an unowned supervisor's journal after a crash: a session's end is written
+    # once the caller waiting for it has run, in the same turn of the loop, and never after a
+    # record that came later (a removal right after the call still follows the end).
+    journal = supervisor.settings.state_dir / "sessions.jsonl"
+
+    def states() -> list[str | None]:
+        return [json.loads(line).get("state") for line in journal.read_bytes().splitlines()]
+
+    done = await supervisor.run(SpawnSpec("true"), scope="a", yield_ms=None)
+    assert done.finished and states() == ["running"]  # the caller runs first
+    await asyncio.sleep(0)
+    assert states() == ["running", "exited_ok"]
+    gone = await supervisor.run(SpawnSpec("true"), scope="a", yield_ms=None)
+    supervisor.clear("a", gone.id)  # before its end's turn: the end is written first, then the removal
+    assert states() == ["running", "exited_ok", "running", "exited_ok", None]
+    assert list(FileStore(supervisor.settings.state_dir).load()) == [done.id]

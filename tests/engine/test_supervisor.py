@@ -382,6 +382,7 @@ async def test_the_store_keeps_each_sessions_latest_record(supervisor: Superviso
     from procpilot.engine.store import FileStore
 
     s = await supervisor.run(SpawnSpec("exit 5"), scope=A, yield_ms=None)
+    await asyncio.sleep(0)  # without an owner, the end is written once the caller has run (store.py)
     records = FileStore(supervisor.settings.state_dir).load()
     assert records[s.id]["state"] == "exited_error"
     assert records[s.id]["exit_code"] == 5

@@ -202,3 +202,60 @@ async def test_a_warm_shells_own_trap_runs_only_for_a_launch_that_asks_for_it(wa
     session = await warm.run(SpawnSpec("echo ran; trap"), scope=A, yield_ms=None)
     assert warm.warm_shells()["sessions_started_warm"] == 2
     assert session.output[Stream.STDOUT].read().data == b"ran\n"
+
+
+async def test_a_shell_made_before_the_servers_environment_changed_gives_the_new_value(
+    warm: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shells' base environment is read once, not per shell: one made from it after the
+    # server's passthrough variable changed still hands the command the value of its call.
+    monkeypatch.setenv("TZ", "UTC")
+    await warm.run(SpawnSpec("true"), scope=A, yield_ms=None)  # the pool's base is read by now
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    for _ in range(3):  # the shells made before the change, then one made after it
+        _fill(warm)
+        before = warm.warm_shells()["sessions_started_warm"]
+        session = await warm.run(SpawnSpec('echo "$TZ"'), scope=A, yield_ms=None)
+        assert warm.warm_shells()["sessions_started_warm"] == before + 1
+        assert session.output[Stream.STDOUT].read(0).data == b"Europe/Paris\n"
+    monkeypatch.delenv("TZ")
+    _fill(warm)
+    session = await warm.run(SpawnSpec('echo "${TZ-unset}"'), scope=A, yield_ms=None)
+    assert session.output[Stream.STDOUT].read(0).data == b"unset\n"
+
+
+async def test_a_waiting_shell_costs_the_server_its_three_pipes_and_no_pidfd(warm: Supervisor) -> None:
+    # Its exit comes through the loop's SIGCHLD watcher, as every leader's does: a pidfd opened at
+    # each refill would only be closed again on the call's path.
+    _fill(warm)
+    held = waiting_fds()
+    assert len(held) == 3 * warm.warm_shells()["ready"] == 6
+    assert all(os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") for fd in held)
+    session = await warm.run(SpawnSpec("echo ok"), scope=A, yield_ms=None)
+    assert session.exit_code == 0 and session.output[Stream.STDOUT].read(0).data == b"ok\n"
+    assert warm.warm_shells()["sessions_started_warm"] == 1
+
+
+async def test_a_warm_shell_refuses_a_directory_that_leads_elsewhere_as_it_enters(
+    warm: Supervisor, workspace: Path, tmp_path: Path
+) -> None:
+    # The check is the script's own function now (a call sends only the path): a path that
+    # resolves elsewhere by the time the shell enters it (here a symlink from the start) is
+    # refused there, running nothing, and the function is gone before any command runs.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    proof = tmp_path / "real" / "ran"
+    pool = warm._warm
+    assert pool is not None
+    spec = SpawnSpec(f"touch {proof}")
+    shell = pool.take(spec)
+    assert shell is not None
+    shell.launch(spec, dict(shell.env), [], str(tmp_path / "link"))
+    assert shell.popen.wait(10) == 125
+    assert b"the working directory changed" in os.read(shell.stderr_fd, 4096)
+    assert not proof.exists()
+    pool.discard(shell)
+    spec = SpawnSpec("command -v __pp_cd || echo none; pwd", cwd=workspace, workspace=workspace)
+    session = await warm.run(spec, scope=A, yield_ms=None)
+    assert warm.warm_shells()["sessions_started_warm"] == 2
+    assert session.output[Stream.STDOUT].read(0).data == f"none\n{workspace.resolve()}\n".encode()

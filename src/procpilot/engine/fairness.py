@@ -43,6 +43,7 @@ _V1_SHARES = "1024"  # the default of a v1 cgroup, written anyway: equal whateve
 _V2_WEIGHT = "100"
 _CONTROLLERS = "+cpu +memory +pids"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_NAMES_KEPT = 1024  # agents whose group's name is kept (past it the cache starts again)
 
 
 def group_name(agent: str) -> str:
@@ -73,6 +74,7 @@ class AgentGroups:
         self.why_not = why_not
         self._members: dict[str, set[str]] = {}  # group -> its sessions (and warm shells)
         self._group_of: dict[str, str] = {}  # session id -> group
+        self._names: dict[str, str] = {}  # agent -> its group's name (group_name, kept)
 
     @property
     def active(self) -> bool:
@@ -90,9 +92,14 @@ class AgentGroups:
         session's backends and its first shell line need. Raises OSError if it cannot be made."""
         if self.mechanism is None or self.base is None:
             return _NONE
-        group = group_name(agent)
-        path = self.base / group
+        group = self._names.get(agent)
+        if group is None:
+            group = group_name(agent)  # a hash: named once per agent, not per session
+            if len(self._names) >= _NAMES_KEPT:
+                self._names.clear()
+            self._names[agent] = group
         if group not in self._members:
+            path = self.base / group
             keep(path)  # its removal, if its last session just left, is called off
             self._make(path)
             self._members[group] = set()
@@ -100,7 +107,11 @@ class AgentGroups:
         self._group_of[session_id] = group
         if self.mechanism == "cgroup2":
             return Placement(group, group)
-        return Placement(group, None, [f'echo $$ > "{path}/cgroup.procs" || exit 125'])
+        return Placement(group, None, [f'echo $$ > "{self.base / group}/cgroup.procs" || exit 125'])
+
+    def has(self, session_id: str) -> bool:
+        """Whether ``session_id`` is in a group (``group_of`` without building its path)."""
+        return session_id in self._group_of
 
     def group_of(self, session_id: str) -> Path | None:
         """The directory of the group ``session_id`` is in, if any."""

@@ -339,6 +339,11 @@ class HolderLink:
         if self._pending_adds.pop(session_id, None) is None and self._sock is not None:
             self._pending_forgets.append(session_id)
             self._schedule()
+        elif not self._pending_adds and not self._pending_forgets and self._timer is not None:
+            # It never reached the holder and nothing else waits: no flush is due (it would
+            # fire, later, in the middle of some other call, to send nothing).
+            self._timer.cancel()
+            self._timer = None
 
     def stdin_closed(self, session_id: str) -> None:
         """Must reach the holder now: the child sees EOF only once every copy is closed."""

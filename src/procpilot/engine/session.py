@@ -65,6 +65,7 @@ _RECORD_WAIT = 2.0
 # A tree whose members cannot be read (engine/trees.py MembershipUnknown) is looked at again after
 # this long, doubling up to the most: the session waits, it never ends on a failed read.
 _UNKNOWN_RETRY = (0.05, 1.0)
+_EAGER_READS = 3  # reads of one pipe in Session._read_ends_now, at most
 _PARKED = -2  # an output descriptor's number while it is parked (engine/output_parking.py); -1: at EOF
 
 
@@ -621,6 +622,12 @@ class Session:
     # -- output --------------------------------------------------------------------------------
 
     def _on_readable(self, fd: int, stream: Stream) -> None:
+        if self._read_chunk(fd, stream) == 0:
+            self._maybe_finish()
+
+    def _read_chunk(self, fd: int, stream: Stream) -> int:
+        """One read of ``fd`` into the log: 1 if it gave bytes, 0 at EOF (the stream is closed
+        then), -1 if nothing can be read now (none waiting, or no descriptor for the log)."""
         # The files are opened (the first time: made) before the read, not between it and the
         # write: a server killed -9 there loses what it read, so that window is kept to the read
         # and two pwrites. A pty's FIONREAD says 0 while its bytes are still on their way to the
@@ -630,11 +637,11 @@ class Session:
             # wait in the pipe (a command that fills it blocks) and reading resumes shortly.
             self._loop.remove_reader(fd)
             self.run.paused_reads[fd] = self._loop.call_later(_STORE_RETRY, self._resume_reading, fd, stream)
-            return
+            return -1
         try:
             data = os.read(fd, _READ_SIZE)
         except BlockingIOError:
-            return
+            return -1
         except OSError as exc:
             # A pty master reads EIO once every holder of the slave side has gone: that is EOF.
             if exc.errno != errno.EIO:
@@ -644,14 +651,36 @@ class Session:
             self.output.append(stream, data)
             if self.spec.pty:
                 self.terminal.feed(data)
+            return 1
+        self._close_stream(fd, settle=False)
+        return 0
+
+    def _read_ends_now(self) -> None:
+        """Read each open pipe to its end now, as far as it has one: called once the leader is
+        reaped and its tree seen empty, when no process of the tree is left to write, so what
+        the pipes hold is all there is and their EOF is already there (a loop pass later, the
+        loop would find the same). A pipe that something outside the tree still holds reads
+        nothing more now: it is left to the loop, as before. Not under a pty, whose bytes may
+        still be on their way to the master."""
+        spawned = self.run.spawned
+        if spawned is None or self.spec.pty:
             return
-        self._close_stream(fd)
+        for fd, stream in ((spawned.stdout_fd, Stream.STDOUT), (spawned.stderr_fd, Stream.STDERR)):
+            if fd is None or fd < 0 or fd in self.run.paused_reads:
+                continue  # parked (its end comes back through the parking), or waiting for a descriptor
+            # A pipe holds at most one read's worth (_READ_SIZE): its bytes, then its end. More
+            # means a writer outside the tree: the loop reads on, a chunk per turn, as before.
+            for _ in range(_EAGER_READS):
+                if self._read_chunk(fd, stream) != 1:
+                    break
 
     def _resume_reading(self, fd: int, stream: Stream) -> None:
         del self.run.paused_reads[fd]
         self._loop.add_reader(fd, self._on_readable, fd, stream)
 
-    def _close_stream(self, fd: int) -> None:
+    def _close_stream(self, fd: int, *, settle: bool = True) -> None:
+        """Stop reading ``fd`` (at EOF, or given up on) and close it; ``settle``: end the session
+        if that was all it waited for (the caller does otherwise)."""
         paused = self.run.paused_reads.pop(fd, None)
         if paused is not None:
             paused.cancel()
@@ -663,7 +692,8 @@ class Session:
                 self.run.spawned.stdout_fd = -1
             elif fd == self.run.spawned.stderr_fd:
                 self.run.spawned.stderr_fd = -1
-        self._maybe_finish()
+        if settle:
+            self._maybe_finish()
 
     def _drain_and_close_streams(self) -> None:
         """Stop waiting for EOF: read what is buffered, then close."""
@@ -803,9 +833,15 @@ class Session:
         members = self._members()
         if members:
             self._end_leftovers()
-        elif members is not None and not self.run.open_streams:
-            self._finish()  # the common case: nothing left, nothing buffered
-            return
+        elif members is not None:
+            # The common case: nothing of the tree is left. Its pipes' end is read here, not a
+            # loop pass later, and the tree is not read a second time for it (once empty, a tree
+            # cannot gain a process: only its members could start one).
+            if self.run.open_streams:
+                self._read_ends_now()
+            if not self.run.open_streams:
+                self._finish()
+                return
         if self.run.open_streams:
             self._timers.append(self._loop.call_later(_DRAIN_DEADLINE, self._drain_and_close_streams))
         self._maybe_finish()

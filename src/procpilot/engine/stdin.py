@@ -160,6 +160,8 @@ class StdinWriter:
         if ended and self._token is not None and self.parking is not None:
             self.parking.discard(self._token)
             self._token = None
+        if self.parking is not None:
+            self.parking.withdraw(self)
         self.unpark()
         spawned = self._spawned
         self.open = False
@@ -203,6 +205,13 @@ class StdinParking:
         self._due[writer] = None
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(_PARK_AFTER, self.park_now)
+
+    def withdraw(self, writer: StdinWriter) -> None:
+        """``writer`` closes before it was parked (a quick command): no parking is due for it, and
+        none at all once no other writer waits (the timer would fire for nothing, mid-call)."""
+        if self._due.pop(writer, 0) is None and not self._due and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def park_now(self) -> None:
         if self._timer is not None:

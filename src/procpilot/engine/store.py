@@ -13,6 +13,7 @@ cost an open, append and close twice per session (~90 µs on ext4).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -26,12 +27,14 @@ from typing import Any, Protocol
 from procpilot.engine.records import valid_session_id
 from procpilot.engine.state_files import check_state_file, make_state_dir, open_state_file
 
-__all__ = ["FileStore", "SessionStore"]
+__all__ = ["FileStore", "OrderedLater", "SessionStore"]
 
 _log = logging.getLogger(__name__)
 _JOURNAL = "sessions.jsonl"
 _MIN_GARBAGE = 1000
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+# One encoder for every record: json.dumps with separators builds a new one per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class SessionStore(Protocol):
@@ -127,7 +130,7 @@ class FileStore:
     def save(self, session_id: str, record: dict[str, Any]) -> None:
         if record.get("id") != session_id:
             record = {**record, "id": session_id}
-        self._append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        self._append(_ENCODE(record).encode() + b"\n")
         self._live.add(session_id)
 
     def delete(self, session_id: str) -> None:
@@ -290,3 +293,51 @@ class FileStore:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+
+
+class OrderedLater:
+    """A store some of whose records may be written a moment later, never out of order.
+
+    ``save_soon`` queues a record and writes it in a callback of the event loop's next turn;
+    every other call (a save, a delete, a load, the close) writes what is queued first, so the
+    journal reads exactly as if each had been written at once. A supervisor without an owner
+    writes its sessions' end records this way (nothing reads its journal after a crash): the
+    caller waiting for a session resumes first, and the write no longer lies on its path."""
+
+    def __init__(self, inner: SessionStore) -> None:
+        self.inner = inner
+        self._due: list[tuple[str, dict[str, Any]]] = []
+        self._handle: asyncio.Handle | None = None
+
+    def save_soon(self, session_id: str, record: dict[str, Any]) -> None:
+        self._due.append((session_id, record))
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write what is queued, in the order it came."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        due, self._due = self._due, []
+        for session_id, record in due:
+            self.inner.save(session_id, record)
+
+    def session_dir(self, session_id: str) -> Path:
+        return self.inner.session_dir(session_id)
+
+    def save(self, session_id: str, record: dict[str, Any]) -> None:
+        self.flush()
+        self.inner.save(session_id, record)
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        self.flush()
+        return self.inner.load()
+
+    def delete(self, session_id: str) -> None:
+        self.flush()
+        self.inner.delete(session_id)
+
+    def close(self) -> None:
+        self.flush()
+        self.inner.close()

@@ -65,7 +65,7 @@ from procpilot.engine.state_files import StateDirIdentity, make_state_dir
 from procpilot.engine.state_format import check_state_format
 from procpilot.engine.states import END_STATES, SessionState
 from procpilot.engine.stdin import StdinParking
-from procpilot.engine.store import FileStore, SessionStore
+from procpilot.engine.store import FileStore, OrderedLater, SessionStore
 from procpilot.engine.trees import (
     MARKER_ENV,
     SUPERVISOR_ENV,
@@ -288,6 +288,7 @@ class Supervisor:
         # 0 starts every session cold.
         self._warm_size = self.config.warm_shells if warm_shells is None else warm_shells
         self._warm: WarmPool | None = None
+        self._warm_base: dict[str, str] | None = None  # the warm shells' environment but the markers
         # A server raises this process's descriptor limit at start for (running sessions, other
         # descriptors: its connections) (engine/descriptors.py); a library caller's keeps its own.
         self._descriptors_for = descriptors_for
@@ -379,6 +380,10 @@ class Supervisor:
     def _probe(self) -> None:
         if self._store is None:
             self._store = FileStore(self.config.state_dir)
+        if self.owner is None and not isinstance(self._store, OrderedLater):
+            # Its journal is read by no server after it (only an owner's sessions are adopted):
+            # a session's end record is written just after its waiting caller resumed (_on_finish).
+            self._store = OrderedLater(self._store)
         name = self.instance
         if self._trees is None:
             self._trees = probe_trees(name=name)
@@ -397,7 +402,16 @@ class Supervisor:
         return restarts.status_line(session_id)
 
     def _warm_env(self, session_id: str) -> dict[str, str]:
-        return self._env(session_id, SpawnSpec("true"))
+        """A warm shell's environment: the base a session without overrides gets, read once
+        (the server's variables through ``env_passthrough``, then ``env_set``), and the markers.
+        A base read earlier than a call is no promise about what that call's command sees: the
+        launch exports every variable where the call's own environment differs (engine/warm.py)."""
+        base = self._warm_base
+        if base is None:
+            base = self._warm_base = build_env(
+                self.config.env_passthrough, self.config.env_set, {}, markers={}, pty=False, pty_size=(0, 0)
+            )
+        return {**base, MARKER_ENV: session_id, SUPERVISOR_ENV: self.instance}
 
     def _env(self, session_id: str, spec: SpawnSpec) -> dict[str, str]:
         return build_env(
@@ -539,7 +553,8 @@ class Supervisor:
     def state_dir_space(self) -> dict[str, Any]:
         """Room left where output is stored: a full disk loses output (counted, never silently)."""
         space = disk_space(self.config.state_dir)
-        journal = self._store.write_error if isinstance(self._store, FileStore) else None
+        store = self._store.inner if isinstance(self._store, OrderedLater) else self._store
+        journal = store.write_error if isinstance(store, FileStore) else None
         if journal:
             written = f"the session journal could not be written ({journal})"
             space["warning"] = written + (f"; {space['warning']}" if space["warning"] else "")
@@ -1040,7 +1055,7 @@ class Supervisor:
         if restarts is None:
             return
         trees, limits = self._tree_backend, session.accounting.limit_backend
-        roots: builtins.list[str] = []
+        roots: builtins.list[str] = []  # what the holder locks: the tree's, the group's, the limits' directories
         extra: dict[str, Any] = {
             "format": _RECORD_FORMAT,
             "owner": restarts.owner,
@@ -1049,13 +1064,13 @@ class Supervisor:
         }
         if isinstance(trees, CgroupTrees):
             # Its agent's directory, if it is in one: the next server finds it there.
-            extra["tree_root"] = str(trees.path(session.id).parent)
+            extra["tree_root"] = os.path.dirname(trees.directory(session.id))
             roots.append(extra["tree_root"])
-        if self._groups.group_of(session.id) is not None and self._groups.base is not None:
+        if self._groups.base is not None and self._groups.has(session.id):
             # Our directory above the agent's is locked too: a sweep of dead servers' directories
             # (the next server's, or another procpilot's on this host) then leaves them running.
             extra["group_roots"] = [str(self._groups.base)]
-            roots.append(str(self._groups.base))
+            roots.append(extra["group_roots"][0])
         if isinstance(limits, CgroupV1Limits | CgroupV2Limits):
             paths = limits.roots_of(session.id)
             extra["limit_mechanism"] = limits.name
@@ -1068,18 +1083,20 @@ class Supervisor:
         session.custody.record = extra
         link = restarts.link
         session.custody.on_stdin_close = lambda: link.stdin_closed(session.id)
-        self._hold(session, spawned)
+        self._hold(session, spawned, roots)
 
-    def _hold(self, session: Session, spawned: Spawned) -> None:
-        """Queue copies of the session's open descriptors for the holder (see _hold_now)."""
+    def _hold(self, session: Session, spawned: Spawned, roots: builtins.list[str] | None = None) -> None:
+        """Queue copies of the session's open descriptors for the holder (see _hold_now);
+        ``roots``: the directories its record names (None: read from the record)."""
         restarts = self._restarts
         if restarts is None:
             return
         extra = session.custody.record
-        roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
-        roots += [str(p) for p in extra.get("group_roots", [])]
-        limit_roots = extra.get("limit_roots")
-        roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
+        if roots is None:
+            roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
+            roots += [str(p) for p in extra.get("group_roots", [])]
+            limit_roots = extra.get("limit_roots")
+            roots += [str(p) for p in limit_roots.values()] if isinstance(limit_roots, dict) else []
         cap = int(extra.get("max_log_bytes") or self.config.max_log_bytes)
         session.custody.not_held = None  # until the holder refuses this hand-over
         session.custody.record.pop("not_held", None)
@@ -1361,7 +1378,11 @@ class Supervisor:
             if self._restarts is not None and session.final_usage is None:
                 # Measured now, while its rusage and samples are here: a later server has neither.
                 session.final_usage = self.usage.usage(session)
-            self._store.save(session.id, session.record())
+            if isinstance(self._store, OrderedLater):
+                # As it is now, written once the caller waiting for it has run (store.py).
+                self._store.save_soon(session.id, session.record())
+            else:
+                self._store.save(session.id, session.record())  # a crash a moment later must find it
         if session.custody.ended_in_outage:
             pending = self._outage_exits.setdefault(session.scope, {})
             if len(pending) < _MAX_OUTAGE_EXITS:

@@ -297,6 +297,10 @@ class CgroupTrees:
         """The session's directory (in its group's, if it has one)."""
         return Path(self._dir(session_id))
 
+    def directory(self, session_id: str) -> str:
+        """:meth:`path` as a string, without pathlib's parsing (on every spawn's path)."""
+        return self._dir(session_id)
+
     def pids(self, session_id: str, leader: int | None) -> set[int]:
         found: set[int] = set()
         for path in (self._dir(session_id), self._moved.get(session_id)):

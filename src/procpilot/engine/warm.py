@@ -10,10 +10,12 @@ line written to a pipe, and the shell runs the command itself (``eval``), with n
 
 What a command sees is what the cold path gives it: the same ``/bin/sh``, started the same way
 (``Popen``, a new session, the same stdio pipes), the same environment (the session's markers were
-in the shell's environment from the start; overrides are exported), working directory (entered
-physically, then checked: a path swapped for a symlink after the workspace check is refused, not
-followed), cgroup, and descriptors. What differs: a shell's own error messages say ``eval:``
-(``/bin/sh: 1: eval: foo: not found``), and the leader's command line in ``ps`` is the warm
+in the shell's environment from the start; overrides are exported, and so is every variable the
+call's environment differs in from the shell's, whose base the supervisor reads once, not per
+shell: a passthrough variable of the server changed since still reaches the command as it is
+now), working directory (entered physically, then checked: a path swapped for a symlink after the
+workspace check is refused, not followed), cgroup, and descriptors. What differs: a shell's own
+error messages say ``eval:`` (``/bin/sh: 1: eval: foo: not found``), and the leader's command line in ``ps`` is the warm
 shell's. A shell-special variable (``IFS``, ``PWD``, ...) among the overrides, a pty, limits or a
 command over 8 KiB take the cold path.
 
@@ -23,7 +25,8 @@ the shell starts, then ``<token> <assignments>`` with the setup and the command.
 without the token ends the shell (125): another process of the same user that writes to the pipe
 through ``/proc/PID/fd/0`` before the supervisor does cannot make it run anything.
 
-The pool is bounded (``size`` shells, 4 descriptors each in the supervisor), refilled after each
+The pool is bounded (``size`` shells, 3 descriptors each in the supervisor: no pidfd, the
+session's exit comes through the loop's SIGCHLD watcher, engine/reaper.py), refilled after each
 take (once the taken session ends, or 50 ms on), and ended by :meth:`WarmPool.close` (the
 Supervisor's ``aclose``). A shell whose supervisor dies reads end-of-file and exits.
 """
@@ -48,7 +51,7 @@ from procpilot.engine.fairness import AgentGroups
 from procpilot.engine.isolation import isolation_prefix
 
 # The cold path's own pipe and argv makers: a warm session must get exactly what a cold one gets.
-from procpilot.engine.spawn import Spawned, SpawnSpec, make_pipe, open_pidfd, shell_argv
+from procpilot.engine.spawn import Spawned, SpawnSpec, make_pipe, shell_argv
 from procpilot.engine.trees import TreeBackend
 
 __all__ = ["WarmPool", "WarmShell", "WarmShellGone", "favordynmods", "waiting_fds", "waiting_pids"]
@@ -72,6 +75,7 @@ _REFILL_AFTER_END = 0.005
 # ends at once gets its result out first, was measured: fewer starts found a warm shell, 634 of
 # 1,020 against 744, and back to back went from 0.98-1.00x to 1.07-1.28x.)
 _BACK_TO_BACK = 0.02
+_MOVED = "procpilot: the working directory changed while the command started"
 
 # The warm shell's script; its stdin is the session's. __pp_nl lets a command's newlines travel on
 # one line (read -r stops at the first). The command runs last, in the shell itself, so its exit
@@ -79,9 +83,12 @@ _BACK_TO_BACK = 0.02
 # the supervisor's last setup line when it is the same for every command this shell could run (the
 # exit trap of a server whose sessions outlive it, engine/adoption.py): set here, where it is part
 # of the script, rather than sent with the command, where the shell would read it a byte per
-# read(2) after idle. A launch that must not have it sets __pp_x=1.
+# read(2) after idle. A launch that must not have it sets __pp_x=1. For the same reason the working
+# directory's check is a function of the script (``__pp_cd DIR``: enter it physically, then
+# refuse a path that led elsewhere), gone before the command runs; a call sends only its path.
 _SCRIPT = """\
 {join}
+__pp_cd() {{ cd -P -- "$1" && [ "$PWD" = "$1" ] || {{ echo '{moved}' >&2; exit 125; }}; }}
 IFS= read -r __pp_t || exit 125
 IFS= read -r __pp_l || exit 125
 case $__pp_l in "$__pp_t "*) ;; *) exit 125;; esac
@@ -90,6 +97,7 @@ __pp_nl='
 eval "${{__pp_l#"$__pp_t "}}"
 unset __pp_t __pp_l __pp_nl
 eval "$__pp_s"
+unset -f __pp_cd
 {trap}
 eval "unset __pp_s __pp_c __pp_x; $__pp_c"
 """
@@ -110,7 +118,6 @@ class WarmShell:
 
     session_id: str
     popen: subprocess.Popen[bytes]
-    pidfd: int | None
     stdin_fd: int
     stdout_fd: int
     stderr_fd: int
@@ -150,11 +157,7 @@ class WarmShell:
         if spec.stdin == "null":
             setup.append("exec 0</dev/null")
         if cwd is not None:
-            where = shlex.quote(cwd)
-            setup.append(
-                f'cd -P -- {where} && [ "$PWD" = {where} ] || '
-                "{ echo 'procpilot: the working directory changed while the command started' >&2; exit 125; }"
-            )
+            setup.append(f"__pp_cd {shlex.quote(cwd)}")
             # cd sets OLDPWD, which a cold shell would not have
             old = env.get("OLDPWD")
             setup.append("unset OLDPWD" if old is None else f"export OLDPWD={shlex.quote(old)}")
@@ -184,14 +187,14 @@ class WarmShell:
             os.close(self.stdin_fd)
             self.stdin_fd = -1
             stdin_fd = target = None
-        return Spawned(self.popen, self.pid, self.pidfd, stdin_fd, self.stdout_fd, self.stderr_fd, target)
+        # No pidfd: our unreaped child, watched as every leader is (Session._watch_leader).
+        return Spawned(self.popen, self.pid, None, stdin_fd, self.stdout_fd, self.stderr_fd, target)
 
     def close_fds(self) -> None:
-        for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd, self.pidfd):
-            if fd is not None and fd >= 0:
+        for fd in (self.stdin_fd, self.stdout_fd, self.stderr_fd):
+            if fd >= 0:
                 os.close(fd)
         self.stdin_fd = self.stdout_fd = self.stderr_fd = -1
-        self.pidfd = None
 
 
 def waiting_pids() -> set[int]:
@@ -201,13 +204,13 @@ def waiting_pids() -> set[int]:
 
 
 def waiting_fds() -> set[int]:
-    """The descriptors this process holds for those shells (their pipes and pidfds)."""
+    """The descriptors this process holds for those shells (their pipes)."""
     return {
         fd
         for pool in list(_OPEN_POOLS)
         for shell in pool._ready
-        for fd in (shell.stdin_fd, shell.stdout_fd, shell.stderr_fd, shell.pidfd)
-        if fd is not None and fd >= 0
+        for fd in (shell.stdin_fd, shell.stdout_fd, shell.stderr_fd)
+        if fd >= 0
     }
 
 
@@ -389,7 +392,7 @@ class WarmPool:
             exit_trap = self._exit_trap(session_id) if self._exit_trap is not None else None
             trap = "" if exit_trap is None else f'[ "${{__pp_x-}}" = 1 ] || {exit_trap}'
             popen = children.popen(
-                ["/bin/sh", "-c", _SCRIPT.format(join=join, trap=trap)],
+                ["/bin/sh", "-c", _SCRIPT.format(join=join, trap=trap, moved=_MOVED)],
                 stdin=child[0],
                 stdout=child[1],
                 stderr=child[2],
@@ -411,9 +414,8 @@ class WarmPool:
         for fd in parent:
             os.set_blocking(fd, False)
         stdin_target = f"pipe:[{os.fstat(w_in).st_ino}]"
-        pidfd = open_pidfd(popen.pid)
         return WarmShell(
-            session_id, popen, pidfd, w_in, r_out, r_err, stdin_target, env, token, agent=agent, exit_trap=exit_trap
+            session_id, popen, w_in, r_out, r_err, stdin_target, env, token, agent=agent, exit_trap=exit_trap
         )
 
     def _leave(self, session_id: str) -> None:
