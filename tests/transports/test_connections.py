@@ -77,6 +77,25 @@ async def test_an_idle_keep_alive_connection_gets_the_same_deadline_for_its_next
     writer.close()
 
 
+async def test_each_next_head_is_timed_from_the_last_answer_not_the_first() -> None:
+    # One timer per connection outlives each request (connections.py): when it fires for the
+    # first answer's deadline, a later answer has moved it, and the connection stays open.
+    async with _serving(ServerSettings(header_timeout_sec=0.3, body_timeout_sec=0.3)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        writer.write(_REQUEST)
+        await _answer(reader)
+        first = loop.time()
+        await asyncio.sleep(0.2)
+        writer.write(_REQUEST)
+        await _answer(reader)
+        await asyncio.sleep(max(0.0, first + 0.4 - loop.time()))  # past the first deadline, within the second
+        writer.write(_REQUEST)
+        assert (await _answer(reader)).endswith(b"ok")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # and then closed at its own deadline
+        writer.close()
+
+
 async def test_past_the_cap_a_connection_gets_a_typed_503(port: int) -> None:
     held = []
     for _ in range(16):  # each served once, so the server counts every one as open

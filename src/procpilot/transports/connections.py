@@ -107,6 +107,11 @@ class _Joining:
         return self._transport.is_closing()
 
 
+# Seconds a deadline's timer may fire before it (the loop runs a timer up to its clock's
+# resolution early): within them it is due.
+_EARLY = 0.001
+
+
 class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop the parse of a head past ``MAX_HEAD``."""
 
@@ -119,10 +124,15 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
     refusal = _refusal(max_connections)
 
     class GuardedHttpTools(HttpToolsProtocol):
-        _deadline: asyncio.TimerHandle | None = None
-        # What the armed deadline waits for the client to finish: a head or the rest of a body
-        # the answer did not need; None when nothing is timed.
+        # The deadline: what the client must finish by ``_due`` (the loop's clock), a head or
+        # the rest of a body the answer did not need (None: nothing is timed), and the timer,
+        # due at or before ``_due``, that checks it. The timer outlives what it timed: a request
+        # only sets ``_awaiting`` and ``_due``, and a timer due too early arms itself again for
+        # the rest when it fires (one timer per connection and deadline period, not one armed
+        # and cancelled per keep-alive request).
         _awaiting: Literal["head", "body"] | None = None
+        _due = 0.0
+        _timer: asyncio.TimerHandle | None = None
         # True iff the parser is between a head's end and its message's end (in a body).
         _in_body = False
         # Bytes the parser may hold of the head (or trailer) being read, counted over reads that
@@ -217,7 +227,7 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             super().shutdown()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._disarm(cancel=True)
             super().connection_lost(exc)
 
         def _refuse_head(self) -> None:
@@ -236,7 +246,9 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             the rest of a body (a 401 or 413 reads none of it; uvicorn discards it as it comes).
             A body the app is reading is timed by the app (bodies.py), which answers 408."""
             closed_or_upgraded = self.transport.is_closing() or self.transport.get_protocol() is not self
-            if closed_or_upgraded or self._serving():
+            if closed_or_upgraded:
+                self._disarm(cancel=True)
+            elif self._serving():
                 self._disarm()
             elif self._in_body:
                 self._arm("body", body_timeout)
@@ -244,20 +256,34 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
                 self._arm("head", header_timeout)
 
         def _arm(self, awaiting: Literal["head", "body"], seconds: float) -> None:
-            if self._deadline is not None and self._awaiting == awaiting:
+            if self._awaiting == awaiting:
                 return  # already timed: more bytes of the same head or body do not extend it
-            self._disarm()
             self._awaiting = awaiting
-            self._deadline = self.loop.call_later(seconds, self._expire)
+            self._due = self.loop.time() + seconds
+            timer = self._timer
+            if timer is not None and timer.when() <= self._due:
+                return  # it fires first, and arms itself again for the rest
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(self._due, self._expire)
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = None
+        def _disarm(self, *, cancel: bool = False) -> None:
+            """Time nothing; ``cancel``: and end the timer (the connection is closed or is no
+            longer HTTP's), else it stays for the next deadline."""
             self._awaiting = None
+            if cancel and self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
         def _expire(self) -> None:
-            awaiting, self._deadline, self._awaiting = self._awaiting, None, None
+            self._timer = None
+            awaiting = self._awaiting
+            if awaiting is None:
+                return  # what it timed ended in time
+            if self._due - self.loop.time() > _EARLY:
+                self._timer = self.loop.call_at(self._due, self._expire)  # armed for an earlier deadline
+                return
+            self._awaiting = None
             waiting_still = not self._serving() and self._in_body == (awaiting == "body")
             if waiting_still and not self.transport.is_closing():
                 self.transport.close()
