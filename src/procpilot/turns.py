@@ -37,7 +37,7 @@ from types import TracebackType
 
 from procpilot.errors import TooManyRequests
 
-__all__ = ["Call", "Turns", "short_run", "waiting"]
+__all__ = ["Call", "Turns", "current", "short_run", "waiting"]
 
 # The call whose work the current task does: set by Call, read by waiting().
 _current: ContextVar[Call | None] = ContextVar("procpilot_call", default=None)
@@ -291,6 +291,11 @@ class waiting:  # noqa: N801 - used as a function: ``async with waiting():``
         cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
         if call is not None and not cancelled and not call.work_now():
             await call.resume()
+
+
+def current() -> Call | None:
+    """The call whose work the current task does (None outside a call)."""
+    return _current.get()
 
 
 def short_run() -> float:

@@ -15,7 +15,7 @@ from procpilot.errors import TooManyRequests, Unauthorized
 from procpilot.transports.http.bodies import error_body, is_mcp, read_body, refuse, refuse_oversized, rpc_error
 from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
 from procpilot.transports.http.common import LOOPBACK_HOSTS, MAX_BODY, current_agent, header
-from procpilot.turns import Call, Turns
+from procpilot.turns import Turns, current
 
 # -- auth --------------------------------------------------------------------------------------
 
@@ -199,7 +199,7 @@ class AuthMiddleware:
                     if not call.work_now():
                         await call.work()
                     route = self.calls(scope) if self.calls is not None else None
-                    await (route or self.app)(scope, body, _sending_waits(send, call))
+                    await (route or self.app)(scope, body, _sending_waits(send))
             finally:
                 call.end()
             return
@@ -238,20 +238,24 @@ class AuthMiddleware:
             await send({"type": "websocket.close", "code": 1008})
 
 
-def _sending_waits(send: Send, call: Call) -> Send:
-    """``send`` that gives ``call``'s turn back while the client takes the bytes (as ``waiting()``
-    does, without its awaits when a turn is free again at once): a client that reads its answer
-    slowly holds its call's place, never its agent's turn."""
+def _sending_waits(send: Send) -> Send:
+    """``send`` that gives the current call's turn back while the client takes the bytes (as
+    ``waiting()`` does, without its awaits when a turn is free again at once): a client that
+    reads its answer slowly holds its call's place, never its agent's turn."""
 
     async def sending(message: Message) -> None:
-        paused = call.pause()
+        call = current()
+        if call is None or not call.pause():
+            await send(message)
+            return
+        cancelled = False
         try:
             await send(message)
         except asyncio.CancelledError:
-            paused = False  # the call is going: no turn to take again
+            cancelled = True  # the call is going: no turn to take again
             raise
         finally:
-            if paused and not call.work_now():
+            if not cancelled and not call.work_now():
                 await call.resume()
 
     return sending
