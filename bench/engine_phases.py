@@ -124,7 +124,7 @@ def install_http(out: str) -> None:
     mark(httptools_impl.RequestResponseCycle, "run_asgi", "task")
     mark(auth.AuthMiddleware, "__call__", "auth")
     mark(rest.ToolCall, "__call__", "route")
-    mark(exec_process.ExecProcessFace, "_exec", "face")
+    mark(exec_process.ExecProcessFace, "exec", "face")
     joining: Any = connections._Joining
     for name in ("write", "flush"):  # the reply leaves by one or the other (head and body joined)
         orig = getattr(joining, name)

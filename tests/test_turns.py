@@ -92,3 +92,36 @@ async def _work(turns: Turns, agent: str) -> str:
     async with await turns.admit(agent) as call:
         await call.work()
         return agent
+
+
+async def test_a_place_or_a_turn_taken_at_once_never_goes_before_a_queued_call() -> None:
+    # What the HTTP middleware takes without awaiting (admit_now, work_now) is what admit and
+    # work would give at once, and nothing more: a queued call keeps its place in line.
+    turns = Turns(places_per_agent=1, working_per_agent=1)
+    first = turns.admit_now("a")
+    assert first is not None and turns.counts("a") == (1, 0, 0)
+    first.enter()
+    assert first.work_now() and first.working
+    waiter = asyncio.ensure_future(turns.admit("a"))
+    await asyncio.sleep(0)
+    assert turns.admit_now("a") is None  # the place is held and a call queues for it
+    assert turns.counts("a") == (1, 1, 1)
+    first.end()
+    second = await waiter  # the place went to the queued call, not to a later admit_now
+    assert turns.admit_now("a") is None and turns.counts("a") == (1, 0, 0)
+    async with second:
+        resumed = asyncio.ensure_future(_work(turns, "a"))  # queues for the place
+        assert second.work_now()
+        assert second.pause() and not second.working
+        other = Turns(places_per_agent=2, working_per_agent=1)
+        async with await other.admit("b") as holder, await other.admit("b") as later:
+            await holder.work()
+            assert not later.work_now() and not later.working  # the agent's one turn is taken
+            queued = asyncio.ensure_future(later.work())
+            await asyncio.sleep(0)
+            holder.pause()
+            assert not holder.work_now()  # the turn went to the call queued for it
+            await queued
+            assert later.working
+    assert await asyncio.wait_for(resumed, 1) == "a"
+    assert turns.counts("a") == (0, 0, 0) and other.counts("b") == (0, 0, 0)

@@ -37,7 +37,7 @@ from types import TracebackType
 
 from procpilot.errors import TooManyRequests
 
-__all__ = ["Call", "Turns", "short_run", "waiting"]
+__all__ = ["Call", "Turns", "current", "short_run", "waiting"]
 
 # The call whose work the current task does: set by Call, read by waiting().
 _current: ContextVar[Call | None] = ContextVar("procpilot_call", default=None)
@@ -87,6 +87,17 @@ class Turns:
         state = await self._take_place(agent) if place else self._state(agent)
         state.calls += 1
         return Call(self, agent, state, place)
+
+    def admit_now(self, agent: str) -> Call | None:
+        """``admit(agent)`` when a place is free at once (no awaiting, nothing to queue behind);
+        else None, and ``await admit(agent)`` queues (or refuses) as it does."""
+        state = self._state(agent)
+        if state.places >= self.places_per_agent or state.place_queue:
+            self._forget_if_idle(agent, state)
+            return None
+        state.places += 1
+        state.calls += 1
+        return Call(self, agent, state, True)
 
     def counts(self, agent: str) -> tuple[int, int, int]:
         """(calls holding a place, of them being worked on, calls queued for a place)."""
@@ -149,9 +160,15 @@ class Turns:
 
     # -- turns --
 
-    async def _take_turn(self, state: _Agent, *, resuming: bool) -> None:
+    def _turn_now(self, state: _Agent) -> bool:
+        """Take a turn if one is free and nobody queues for one."""
         if state.working < self.working_per_agent and not state.turn_queue:
             state.working += 1
+            return True
+        return False
+
+    async def _take_turn(self, state: _Agent, *, resuming: bool) -> None:
+        if self._turn_now(state):
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A call back from a wait goes before its agent's calls that have not started: it is
@@ -193,12 +210,21 @@ class Call:
         self._token: Token[Call | None] | None = None
 
     async def __aenter__(self) -> Call:
-        self._token = _current.set(self)
-        return self
+        return self.enter()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.end()
+
+    def enter(self) -> Call:
+        """``async with call:`` without the awaits: the call becomes the task's; ``end()`` after,
+        in a ``finally``."""
+        self._token = _current.set(self)
+        return self
+
+    def end(self) -> None:
+        """Give back the turn and the place (once; later calls do nothing)."""
         if self.ended:
             return
         self.ended = True
@@ -212,6 +238,21 @@ class Call:
     async def work(self) -> None:
         """Wait for a turn (at once when the agent has one free); a no-op once the call has ended."""
         await self._resume(resuming=False)
+
+    def work_now(self) -> bool:
+        """Take a turn if one is free at once: True when the call has one (or has ended), False
+        when it must ``await work()`` (or ``await resume()`` after a wait) for it."""
+        if self.working or self.ended:
+            return True
+        if self.turns._turn_now(self._state):
+            self.working = True
+            return True
+        return False
+
+    async def resume(self) -> None:
+        """After a wait its turn was given back for (``pause()``): queue for a turn again, ahead
+        of the agent's calls that have not started."""
+        await self._resume(resuming=True)
 
     async def _resume(self, *, resuming: bool) -> None:
         state = self._state
@@ -247,8 +288,14 @@ class waiting:  # noqa: N801 - used as a function: ``async with waiting():``
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         call = self._call
-        if call is not None and not (exc_type is not None and issubclass(exc_type, asyncio.CancelledError)):
-            await call._resume(resuming=True)
+        cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+        if call is not None and not cancelled and not call.work_now():
+            await call.resume()
+
+
+def current() -> Call | None:
+    """The call whose work the current task does (None outside a call)."""
+    return _current.get()
 
 
 def short_run() -> float:

@@ -34,10 +34,16 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _serving(limits: ServerSettings) -> AsyncIterator[int]:
+async def _serving(limits: ServerSettings, keep_alive: float = 5) -> AsyncIterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(_app, http=guarded_http(limits), lifespan="off", log_level="error")
+    config = uvicorn.Config(
+        _app,
+        http=guarded_http(limits),
+        lifespan="off",
+        log_level="error",
+        timeout_keep_alive=keep_alive,  # type: ignore[arg-type]  # seconds: a float is taken as it is
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -75,6 +81,45 @@ async def test_an_idle_keep_alive_connection_gets_the_same_deadline_for_its_next
     assert (await _answer(reader)).endswith(b"ok")  # a whole request is served as usual
     assert await asyncio.wait_for(reader.read(), 5) == b""  # then no next head: closed
     writer.close()
+
+
+async def test_each_next_head_is_timed_from_the_last_answer_not_the_first() -> None:
+    # One timer per connection outlives each request (connections.py): when it fires for the
+    # first answer's deadline, a later answer has moved it, and the connection stays open.
+    async with _serving(ServerSettings(header_timeout_sec=0.3, body_timeout_sec=0.3)) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        loop = asyncio.get_running_loop()
+        writer.write(_REQUEST)
+        await _answer(reader)
+        first = loop.time()
+        await asyncio.sleep(0.2)
+        writer.write(_REQUEST)
+        await _answer(reader)
+        await asyncio.sleep(max(0.0, first + 0.4 - loop.time()))  # past the first deadline, within the second
+        writer.write(_REQUEST)
+        assert (await _answer(reader)).endswith(b"ok")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # and then closed at its own deadline
+        writer.close()
+
+
+async def test_uvicorns_keep_alive_timeout_closes_an_idle_connection_and_a_byte_keeps_it() -> None:
+    # uvicorn's keep-alive timeout rides on the connection's deadline timer: a connection silent
+    # after its answer is closed then, before its next head's deadline; one whose next head has
+    # begun since has until that deadline to finish it.
+    async with _serving(ServerSettings(header_timeout_sec=0.6, body_timeout_sec=0.6), keep_alive=0.2) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_REQUEST)
+        await _answer(reader)
+        assert await asyncio.wait_for(reader.read(), 0.5) == b""  # closed at the keep-alive timeout
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_REQUEST)
+        await _answer(reader)
+        writer.write(_REQUEST[:5])  # the next head begins
+        await asyncio.sleep(0.35)  # past the keep-alive timeout, within the head's deadline
+        writer.write(_REQUEST[5:])
+        assert (await _answer(reader)).endswith(b"ok")
+        writer.close()
 
 
 async def test_past_the_cap_a_connection_gets_a_typed_503(port: int) -> None:

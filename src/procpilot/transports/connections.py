@@ -7,7 +7,9 @@ idle than its pure-Python h11 one, docs/performance.md), with what uvicorn leave
 - uvicorn waits for a request's head as long as a client cares to take: a connection that sends
   half a request line and stops holds its descriptor forever, and a few thousand of them leave no
   descriptor for a session's pipes. So each connection gets ``header_timeout`` seconds to finish
-  every request head (the first, and each one after a response).
+  every request head (the first, and each one after a response). One timer per connection
+  times this and uvicorn's keep-alive timeout (an idle connection closed ``timeout_keep_alive``
+  seconds after its last response), kept across requests: a request only moves its deadlines.
 - past ``max_connections`` open at once a new connection is answered 503 and closed before
   anything is read.
 - a body the app reads is timed by the app (http/bodies.py: 408 and closed); the rest of one it
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Literal
 
 import httptools
@@ -107,6 +110,11 @@ class _Joining:
         return self._transport.is_closing()
 
 
+# Seconds a deadline's timer may fire before it (the loop runs a timer up to its clock's
+# resolution early): within them it is due.
+_EARLY = 0.001
+
+
 class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop the parse of a head past ``MAX_HEAD``."""
 
@@ -119,10 +127,19 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
     refusal = _refusal(max_connections)
 
     class GuardedHttpTools(HttpToolsProtocol):
-        _deadline: asyncio.TimerHandle | None = None
-        # What the armed deadline waits for the client to finish: a head or the rest of a body
-        # the answer did not need; None when nothing is timed.
+        # The deadline: what the client must finish by ``_due`` (the loop's clock), a head or
+        # the rest of a body the answer did not need (None: nothing is timed), and the timer,
+        # due at or before ``_due``, that checks it. The timer outlives what it timed: a request
+        # only sets ``_awaiting`` and ``_due``, and a timer due too early arms itself again for
+        # the rest when it fires (one timer per connection and deadline period, not one armed
+        # and cancelled per keep-alive request).
         _awaiting: Literal["head", "body"] | None = None
+        _due = 0.0
+        _timer: asyncio.TimerHandle | None = None
+        # uvicorn's keep-alive timeout, on the same timer: once a response is complete, the
+        # connection is closed at ``_idle_due`` unless a byte arrives first (None: not idle).
+        # uvicorn arms and cancels a timer of its own for it on every request.
+        _idle_due: float | None = None
         # True iff the parser is between a head's end and its message's end (in a body).
         _in_body = False
         # Bytes the parser may hold of the head (or trailer) being read, counted over reads that
@@ -205,10 +222,26 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             self._in_body, self._restarted, self._held = False, True, 0
             super().on_message_complete()
 
+        def _unset_keepalive_if_required(self) -> None:
+            # uvicorn's, called as a byte arrives, a response completes and the connection ends.
+            super()._unset_keepalive_if_required()  # its timer is never armed here: nothing to cancel
+            self._idle_due = None
+
         def on_response_complete(self) -> None:
-            super().on_response_complete()
+            # uvicorn's (0.54), with its keep-alive timer left to the connection's deadline timer.
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self._idle_due = self.loop.time() + self.timeout_keep_alive
             if not self.transport.is_closing():
                 self._watch()
+                self._schedule()
 
         def shutdown(self) -> None:
             # uvicorn closes an idle connection at once: a write still held would be dropped.
@@ -217,7 +250,7 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             super().shutdown()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._disarm(cancel=True)
             super().connection_lost(exc)
 
         def _refuse_head(self) -> None:
@@ -236,7 +269,9 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
             the rest of a body (a 401 or 413 reads none of it; uvicorn discards it as it comes).
             A body the app is reading is timed by the app (bodies.py), which answers 408."""
             closed_or_upgraded = self.transport.is_closing() or self.transport.get_protocol() is not self
-            if closed_or_upgraded or self._serving():
+            if closed_or_upgraded:
+                self._disarm(cancel=True)
+            elif self._serving():
                 self._disarm()
             elif self._in_body:
                 self._arm("body", body_timeout)
@@ -244,20 +279,45 @@ def guarded_http(limits: ServerSettings) -> type[asyncio.Protocol]:
                 self._arm("head", header_timeout)
 
         def _arm(self, awaiting: Literal["head", "body"], seconds: float) -> None:
-            if self._deadline is not None and self._awaiting == awaiting:
+            if self._awaiting == awaiting:
                 return  # already timed: more bytes of the same head or body do not extend it
-            self._disarm()
             self._awaiting = awaiting
-            self._deadline = self.loop.call_later(seconds, self._expire)
+            self._due = self.loop.time() + seconds
+            self._schedule()
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = None
+        def _schedule(self) -> None:
+            """The timer due at or before the nearest deadline: it fires first, and arms itself
+            again for the rest."""
+            due = self._due if self._awaiting is not None else math.inf
+            if self._idle_due is not None and self._idle_due < due:
+                due = self._idle_due
+            timer = self._timer
+            if due == math.inf or (timer is not None and timer.when() <= due):
+                return
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(due, self._expire)
+
+        def _disarm(self, *, cancel: bool = False) -> None:
+            """Time nothing; ``cancel``: and end the timer (the connection is closed or is no
+            longer HTTP's), else it stays for the next deadline."""
             self._awaiting = None
+            if cancel and self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
         def _expire(self) -> None:
-            awaiting, self._deadline, self._awaiting = self._awaiting, None, None
+            self._timer = None
+            now = self.loop.time() + _EARLY
+            if self._idle_due is not None and now >= self._idle_due:
+                self._idle_due = None
+                self.timeout_keep_alive_handler()  # uvicorn's: an idle keep-alive connection is closed
+                return
+            awaiting = self._awaiting
+            if awaiting is None or now < self._due:
+                self._schedule()  # what it timed ended in time, or is due later
+                return
+            self._awaiting = None
             waiting_still = not self._serving() and self._in_body == (awaiting == "body")
             if waiting_still and not self.transport.is_closing():
                 self.transport.close()

@@ -75,3 +75,29 @@ async def test_the_app_is_built_on_one_daemon(app: Starlette, tmp_path: Path) ->
     document = build_openapi(list(daemon.tools.values()), "9.9")
     assert document["info"]["version"] == "9.9"
     assert {f"/v1/tools/{name}" for name in daemon.tools} <= document["paths"].keys()
+
+
+async def test_a_call_served_without_the_router_is_the_one_the_router_would_serve(app: Starlette) -> None:
+    # The auth middleware serves an agent's REST tool calls and MCP POSTs itself (app.py's
+    # call_routes): for every path it takes, the router's first full match is the same app with
+    # the same path parameters; every other path (a line feed, a trailing slash) is the router's.
+    from starlette.routing import Match
+
+    (auth,) = app.user_middleware
+    calls = auth.kwargs["calls"]
+    taken = ["/mcp", "/v1/tools/exec", "/v1/tools/process.logs", "/v1/tools/a/b", "/v1/tools/", "/v1/tools/%0A"]
+    left = ["/mcp/", "/v1/tools", "/v1/toolsx", "/v1/tools/exec\n", "/mcp\n", "/v1/sessions", "/console/api/login"]
+    for path in taken + left:
+        scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "headers": []}
+        found = calls(dict(scope))
+        assert (found is not None) == (path in taken), path
+        if found is None:
+            continue
+        ours = dict(scope)
+        calls(ours)
+        full = [child for route in app.routes for match, child in [route.matches(dict(scope))] if match is Match.FULL]
+        assert full, path
+        assert full[0]["endpoint"] is found, path
+        assert ours.get("path_params", {}) == full[0]["path_params"], path
+    # A root path (a proxy's prefix) is the router's to strip.
+    assert calls({"type": "http", "method": "POST", "path": "/p/mcp", "root_path": "/p", "headers": []}) is None

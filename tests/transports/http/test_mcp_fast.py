@@ -146,6 +146,20 @@ async def test_a_fast_reply_is_what_the_sdk_would_have_written(
         assert set(direct) == set(through_sdk) == {"jsonrpc", "id", "result"}
 
 
+async def test_a_handshake_era_fast_reply_is_one_event_stream_of_a_declared_length(app: Starlette) -> None:
+    # Answered at once, the stream is written whole: its length said, no chunk framing.
+    async with app.router.lifespan_context(app):
+        client = await opened(app, "2025-06-18")
+        before = fast(app).answered
+        call = {"name": "exec", "arguments": {"command": "true"}}
+        response = await client.post({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": call})
+        assert fast(app).answered == before + 1
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["content-length"] == str(len(response.content))
+        assert "transfer-encoding" not in response.headers
+        assert response.text.startswith("event: message\r\ndata: ") and _reply(response)["id"] == 7
+
+
 async def _session_started(app: Starlette, count: int) -> None:
     sup = daemon_of(app).sup
     while len(sup.all_sessions()) < count:

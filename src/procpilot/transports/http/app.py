@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.routing import Route
+from starlette.types import ASGIApp, Scope
 
 from procpilot.config import Settings
 from procpilot.contract import ToolSpec
@@ -44,10 +45,12 @@ def create_app(
     server = settings.server
     browser = BrowserAuth()
     console = Console(daemon, auth, browser)
+    mcp = daemon.mcp.endpoint()
+    rest = Rest(daemon)
     routes = [
         # First: the router tries each route's pattern in turn, and MCP calls are the most frequent.
-        Route("/mcp", daemon.mcp.endpoint(), methods=["GET", "POST", "DELETE"]),
-        *Rest(daemon).routes(),
+        Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]),
+        *rest.routes(),
         *console.routes(),
     ]
 
@@ -66,8 +69,35 @@ def create_app(
         body_timeout=server.body_timeout_sec,
         browser=browser,
         turns=daemon.turns,
+        calls=call_routes(mcp, rest.tool_call),
     )
     return app
+
+
+def call_routes(mcp: ASGIApp, tool_call: ASGIApp) -> Callable[[Scope], ASGIApp | None]:
+    """The app of an agent's POST the router would give ``mcp`` (``/mcp``) or ``tool_call``
+    (``/v1/tools/{name:path}``, its ``name`` set as the router sets it), found from the path
+    alone; None for every other path, which the router serves.
+
+    Both apps are plain ASGI apps that raise no HTTPException, so the router and the exception
+    layer would only pass the request through. A path with a line feed is left to the router:
+    its patterns end with ``$``, which matches before a trailing one."""
+
+    def route(scope: Scope) -> ASGIApp | None:
+        path: str = scope["path"]
+        if scope.get("root_path") or "\n" in path:
+            return None
+        if path == "/mcp":
+            return mcp
+        if path.startswith(_TOOLS):
+            scope["path_params"] = {"name": path[len(_TOOLS) :]}
+            return tool_call
+        return None
+
+    return route
+
+
+_TOOLS = "/v1/tools/"
 
 
 def daemon_of(app: Starlette) -> Daemon:

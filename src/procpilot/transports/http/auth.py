@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,7 +15,7 @@ from procpilot.errors import TooManyRequests, Unauthorized
 from procpilot.transports.http.bodies import error_body, is_mcp, read_body, refuse, refuse_oversized, rpc_error
 from procpilot.transports.http.browser_auth import BrowserAuth, is_public_path
 from procpilot.transports.http.common import LOOPBACK_HOSTS, MAX_BODY, current_agent, header
-from procpilot.turns import Turns, waiting
+from procpilot.turns import Turns, current
 
 # -- auth --------------------------------------------------------------------------------------
 
@@ -106,8 +106,13 @@ class AuthMiddleware:
         body_timeout: float = 10.0,
         browser: BrowserAuth | None = None,
         turns: Turns | None = None,
+        calls: Callable[[Scope], ASGIApp | None] | None = None,
     ) -> None:
         self.app = app
+        # The app of an agent's POST whose route its path alone names (a REST tool call, an MCP
+        # message), or None: it is served from here, without the router and the exception layer,
+        # which have nothing to do for it (app.py's call_routes says which).
+        self.calls = calls
         self.auth = auth
         # The console's sessions (None: bearer headers only); see browser_auth.py.
         self.browser = browser
@@ -182,16 +187,21 @@ class AuthMiddleware:
             # holds only that agent's own place, and only for body_timeout. The turn after the
             # body: a body on its way is a wait for the client, not work.
             try:
-                call = await self.turns.admit(agent)
+                call = self.turns.admit_now(agent) or await self.turns.admit(agent)
             except TooManyRequests as exc:
                 await refuse(scope, send, exc)
                 return
-            async with call:
+            call.enter()
+            try:
                 body = await read_body(scope, receive, send, max_bytes=limit, timeout=self.body_timeout)
                 if body is not None:
                     # MCP's SDK runs the tool in a context copied from this one: the same call.
-                    await call.work()
-                    await self.app(scope, body, _sending_waits(send))
+                    if not call.work_now():
+                        await call.work()
+                    route = self.calls(scope) if self.calls is not None else None
+                    await (route or self.app)(scope, body, _sending_waits(send))
+            finally:
+                call.end()
             return
         # Nobody yet (the console's login, its page) or no call: the body is read before any slot
         # is taken, so however many clients send theirs slowly, none of them holds a slot.
@@ -229,11 +239,23 @@ class AuthMiddleware:
 
 
 def _sending_waits(send: Send) -> Send:
-    """``send`` that gives the call's turn back while the client takes the bytes: a client that
+    """``send`` that gives the current call's turn back while the client takes the bytes (as
+    ``waiting()`` does, without its awaits when a turn is free again at once): a client that
     reads its answer slowly holds its call's place, never its agent's turn."""
 
     async def sending(message: Message) -> None:
-        async with waiting():
+        call = current()
+        if call is None or not call.pause():
             await send(message)
+            return
+        cancelled = False
+        try:
+            await send(message)
+        except asyncio.CancelledError:
+            cancelled = True  # the call is going: no turn to take again
+            raise
+        finally:
+            if not cancelled and not call.work_now():
+                await call.resume()
 
     return sending

@@ -12,6 +12,7 @@ bounded by the connection itself (transports/connections.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 from starlette.types import Message, Receive, Scope, Send
@@ -35,7 +36,8 @@ async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: in
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(timeout):
+        # A body already whole needs no deadline (and no timer armed and cancelled per request).
+        async with contextlib.nullcontext() if arrived(receive) else asyncio.timeout(timeout):
             while True:
                 message = await receive()
                 if message["type"] != "http.request":
@@ -58,6 +60,17 @@ async def read_body(scope: Scope, receive: Receive, send: Send, *, max_bytes: in
         return replay.pop() if replay else await receive()
 
     return replayed
+
+
+def arrived(receive: Receive) -> bool:
+    """Whether the request's whole body is in memory already, so the first ``receive()`` returns
+    it at once: uvicorn's request cycle (whose method ``receive`` is) has parsed the body's end
+    (it sets ``more_body`` False then, and wakes its receiver). Anything else: False."""
+    cycle = getattr(receive, "__self__", None)
+    return type(cycle).__module__.startswith(_UVICORN_HTTP) and getattr(cycle, "more_body", True) is False
+
+
+_UVICORN_HTTP = "uvicorn.protocols.http."
 
 
 async def refuse_oversized(scope: Scope, send: Send, *, max_bytes: int) -> bool:

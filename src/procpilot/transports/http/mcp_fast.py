@@ -20,7 +20,8 @@ SDK untouched:
   initialised with a version in ``SHAPED_ALIKE`` (learned from a request it served on that
   session: every client lists the tools first), a ``tools/call`` of a known tool with ``name`` and
   ``arguments`` only (no ``_meta``, so no progress token), an id not already running here. The
-  reply is the SSE stream the SDK answers with. ``notifications/cancelled`` for such a call ends
+  reply is the SSE stream the SDK answers with (written whole with its length when the call ends
+  before a keep-alive was due, rather than chunked). ``notifications/cancelled`` for such a call ends
   it, and it is answered as the SDK answers a cancelled request on this era's wire
   (``-32800 Request cancelled``). The session's idle countdown waits while a call runs, as it
   does for the SDK's requests.
@@ -177,9 +178,10 @@ class FastCalls:
                     self.host.follow(version, connection, scope_id, spec.name, outcome.result)
                 reply = {"jsonrpc": "2.0", "id": request_id, "result": outcome.shaped(version, None)}
             frame = b"event: message\r\ndata: " + wire.dumps_bytes(reply) + b"\r\n\r\n"
-            if not outcome.opened:
-                await send({"type": "http.response.start", "status": 200, "headers": stream})
-            await send({"type": "http.response.body", "body": frame})
+            if outcome.opened:
+                await send({"type": "http.response.body", "body": frame})
+            else:  # the whole stream at once: its length said, so no chunk framing to write and read
+                await _respond(send, 200, stream, frame)
         self.answered += 1
         return True
 

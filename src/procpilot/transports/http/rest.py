@@ -56,11 +56,12 @@ class Rest:
         # a reload re-executes it): built at the first request, then served as they are. Each
         # was rebuilt per request before, every input model's JSON schema again (8 ms a call).
         self._documents: dict[str, bytes] = {}
+        self.tool_call = ToolCall(daemon)  # also served without the router (app.py's call_routes)
 
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/v1/tools", self.list_tools, methods=["GET"]),
-            Route("/v1/tools/{name:path}", ToolCall(self.daemon), methods=["POST"]),
+            Route("/v1/tools/{name:path}", self.tool_call, methods=["POST"]),
             Route("/v1/events", self.events, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/v1/capabilities", self.capabilities, methods=["GET"]),
