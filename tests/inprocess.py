@@ -21,6 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from procpilot.config import load_settings
 from procpilot.transports.serve import daemon_app, make_supervisor
+from tests.conftest import OPEN_ROOTS
 from tests.daemon import TOKEN_A, TOKENS, daemon_env, write_config
 
 # What the Host check of a loopback daemon expects to see.
@@ -73,4 +74,8 @@ def in_process_daemon(root: Path, tokens: dict[str, str] | None = TOKENS, *, ext
     """The daemon ``start_daemon`` would run, configured the same way, served in this process."""
     root.mkdir(parents=True, exist_ok=True)
     with start_blocking_portal() as portal, portal.wrap_async_context_manager(_running(root, tokens, extra)) as app:
-        yield InProcess(portal, app, root)
+        OPEN_ROOTS.add(str(root))
+        try:
+            yield InProcess(portal, app, root)
+        finally:
+            OPEN_ROOTS.discard(str(root))
