@@ -259,3 +259,16 @@ async def test_a_warm_shell_refuses_a_directory_that_leads_elsewhere_as_it_enter
     session = await warm.run(spec, scope=A, yield_ms=None)
     assert warm.warm_shells()["sessions_started_warm"] == 2
     assert session.output[Stream.STDOUT].read(0).data == f"none\n{workspace.resolve()}\n".encode()
+
+
+async def test_a_warm_start_refills_the_pool_on_its_own(warm: Supervisor) -> None:
+    # The refill's timer is set once the command has started (not before, on the call's path):
+    # it must still be set, by a start that ends at once and by one that runs on.
+    for command in ("true", "sleep 0.2"):
+        assert warm.warm_shells()["ready"] == 2
+        before = warm.warm_shells()["sessions_started_warm"]
+        session = await warm.run(SpawnSpec(command), scope=A, yield_ms=None)
+        assert session.exit_code == 0 and warm.warm_shells()["sessions_started_warm"] == before + 1
+        async with asyncio.timeout(5):
+            while warm.warm_shells()["ready"] < 2:  # a timer of the pool's: nothing to await but time
+                await asyncio.sleep(0.005)

@@ -796,7 +796,10 @@ class Supervisor:
         check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
             running = len(self._unfinished.get(agent_of(scope), ()))
-            spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
+            if len(spec.display) <= _INLINE_CHECK_BYTES:  # the usual call: no coroutine around it
+                spec = self._spawn_filter(scope, spec, running)
+            else:
+                spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
         elif spec.elevated:
             # Leaving a box is the policy's to allow; with no policy nothing could have allowed it.
             raise NotSupported(
@@ -861,7 +864,8 @@ class Supervisor:
         starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, agent_of(scope))
         # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
         warm_ok = starts_now and self._warm is not None and given_id is None
-        warm = self._warm.take(spec, agent_of(scope)) if warm_ok and self._warm is not None else None
+        # The pool's refill is timed once the command has started (refill_after_take below).
+        warm = self._warm.take(spec, agent_of(scope), refill=False) if warm_ok and self._warm is not None else None
         session_id = given_id or (new_session_id() if warm is None else warm.session_id)
         directory = store.session_dir(session_id)
         output = SessionOutput(directory, self.config.max_log_bytes)
@@ -881,6 +885,9 @@ class Supervisor:
                 output.remove_files()
                 store.delete(session_id)
                 raise
+            finally:
+                if warm_ok and self._warm is not None:
+                    self._warm.refill_after_take()
         elif spec.lane is not None:
             self._register(session)
             store.save(session_id, session.record())

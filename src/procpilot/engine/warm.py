@@ -247,6 +247,7 @@ class WarmPool:
         # Oldest first: the oldest shell has had the longest to finish joining its cgroup.
         self._ready: deque[WarmShell] = deque()
         self._refill: asyncio.TimerHandle | None = None
+        self._refill_due: float | None = None  # a take's refill delay, its timer not set yet
         self._last_take = 0.0
         self._quiet_until = 0.0
         self._closed = False
@@ -267,9 +268,11 @@ class WarmPool:
             return False
         return all(_NAME.fullmatch(k) and k not in _SHELL_SPECIAL and not k.startswith("__pp_") for k in spec.env)
 
-    def take(self, spec: SpawnSpec, agent: str | None = None) -> WarmShell | None:
+    def take(self, spec: SpawnSpec, agent: str | None = None, *, refill: bool = True) -> WarmShell | None:
         """A live warm shell for ``spec`` run by ``agent``, or None (none is ready for that agent,
-        or ``spec`` needs the cold path)."""
+        or ``spec`` needs the cold path). ``refill=False``: the refill's timer is set by
+        :meth:`refill_after_take`, which the caller calls once the shell has its command: a timer
+        made here would lie on the call's path, before the command even starts."""
         if self._closed or not self.fits(spec):
             return None
         key = agent if self._groups is not None else None
@@ -300,11 +303,19 @@ class WarmPool:
         while len(self._recent) > max(1, self.size):
             self._recent.popitem(last=False)
         now = time.monotonic()
-        self._refill_in(0.0 if now - self._last_take < _BACK_TO_BACK else _REFILL_AFTER)
+        self._refill_due = 0.0 if now - self._last_take < _BACK_TO_BACK else _REFILL_AFTER
         self._last_take = now
+        if refill:
+            self.refill_after_take()
         if shell is not None:
             self.taken += 1
         return shell
+
+    def refill_after_take(self) -> None:
+        """Set the refill's timer the last :meth:`take` asked for, if not set yet."""
+        delay, self._refill_due = self._refill_due, None
+        if delay is not None:
+            self._refill_in(delay)
 
     def give_back(self, shell: WarmShell) -> None:
         """Return a shell whose session was refused before it was handed a command."""
