@@ -290,7 +290,8 @@ async def spawn_process(
     cwd_fd, entered = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else (None, None)
     try:
         check_command(spec.shell or spec.command, env, spec.cwd)
-        prefix = await _box(spec.isolation)
+        isolation = spec.isolation
+        prefix = [] if isolation is None or isolation.empty else await _box(isolation)  # no coroutine for none
         if launch is not None:
             if cwd_fd is not None and entered is None:
                 entered = os.readlink(f"/proc/self/fd/{cwd_fd}")

@@ -88,7 +88,7 @@ _MOVED = "procpilot: the working directory changed while the command started"
 # refuse a path that led elsewhere), gone before the command runs; a call sends only its path.
 _SCRIPT = """\
 {join}
-__pp_cd() {{ cd -P -- "$1" && [ "$PWD" = "$1" ] || {{ echo '{moved}' >&2; exit 125; }}; }}
+__pp_cd() {{ cd -P -- "$1" && [ "$PWD" = "$1" ] || {{ echo '{moved}' >&2; exit 125; }}; unset OLDPWD; }}
 IFS= read -r __pp_t || exit 125
 IFS= read -r __pp_l || exit 125
 case $__pp_l in "$__pp_t "*) ;; *) exit 125;; esac
@@ -157,12 +157,15 @@ class WarmShell:
         if spec.stdin == "null":
             setup.append("exec 0</dev/null")
         if cwd is not None:
+            # cd sets OLDPWD, which a cold shell would not have: __pp_cd unsets it (a line the
+            # shell would read a byte per read(2) otherwise), and it comes back if the call has one.
             setup.append(f"__pp_cd {shlex.quote(cwd)}")
-            # cd sets OLDPWD, which a cold shell would not have
             old = env.get("OLDPWD")
-            setup.append("unset OLDPWD" if old is None else f"export OLDPWD={shlex.quote(old)}")
-        setup += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if self.env.get(k) != v]
-        setup += [f"unset {k}" for k in self.env if k not in env]
+            if old is not None:
+                setup.append(f"export OLDPWD={shlex.quote(old)}")
+        if env != self.env:  # the usual call's is the shell's own: no walk over either
+            setup += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if self.env.get(k) != v]
+            setup += [f"unset {k}" for k in self.env if k not in env]
         setup += prelude
         if self.join:
             setup = [*self.join, *setup]
