@@ -312,7 +312,8 @@ async def _box(isolation: Isolation | None) -> list[str]:
     return await asyncio.to_thread(isolation_prefix, isolation)
 
 
-_ROOTS: dict[Path, tuple[Path, str, int, int, float]] = {}  # workspace: real path (and as text), its (dev, inode), when checked
+# workspace: its real path (and that as text), its (dev, inode), when checked
+_ROOTS: dict[Path, tuple[Path, str, int, int, float]] = {}
 _MAX_ROOTS = 256
 _ROOT_RECHECK = 1.0  # seconds a resolved workspace is trusted without a look
 
