@@ -83,9 +83,12 @@ _MOVED = "procpilot: the working directory changed while the command started"
 # the supervisor's last setup line when it is the same for every command this shell could run (the
 # exit trap of a server whose sessions outlive it, engine/adoption.py): set here, where it is part
 # of the script, rather than sent with the command, where the shell would read it a byte per
-# read(2) after idle. A launch that must not have it sets __pp_x=1. For the same reason the working
+# read(2) after idle (each byte of the line costs ~3 µs of the command's start there). A launch
+# that must not have it says so with a third word (1). For the same reason the working
 # directory's check is a function of the script (``__pp_cd DIR``: enter it physically, then
-# refuse a path that led elsewhere), gone before the command runs; a call sends only its path.
+# refuse a path that led elsewhere), gone before the command runs; a call sends only its path;
+# and the line is the token and then words, not assignments: the command, then the setup if
+# any (positional parameters of the line's ``set --``, cleared before the command runs).
 _SCRIPT = """\
 {join}
 __pp_cd() {{ cd -P -- "$1" && [ "$PWD" = "$1" ] || {{ echo '{moved}' >&2; exit 125; }}; unset OLDPWD; }}
@@ -94,7 +97,9 @@ IFS= read -r __pp_l || exit 125
 case $__pp_l in "$__pp_t "*) ;; *) exit 125;; esac
 __pp_nl='
 '
-eval "${{__pp_l#"$__pp_t "}}"
+eval "set -- ${{__pp_l#"$__pp_t "}}"
+__pp_c=$1 __pp_s=${{2-}} __pp_x=${{3-}}
+set --
 unset __pp_t __pp_l __pp_nl
 eval "$__pp_s"
 unset -f __pp_cd
@@ -175,8 +180,12 @@ class WarmShell:
         else:
             prefix = isolation_prefix(spec.isolation) if spec.isolation is not None else []
             text = "exec " + shlex.join(shell_argv(command, [], prefix))
-        skip = "" if keep_trap else " __pp_x=1"
-        line = f"{self.token} __pp_s={_one_line(chr(10).join(setup))} __pp_c={_one_line(text)}{skip}\n".encode()
+        words = [self.token, _one_line(text)]
+        if setup or not keep_trap:
+            words.append(_one_line("\n".join(setup)))
+        if not keep_trap:
+            words.append("1")
+        line = (" ".join(words) + "\n").encode()
         self.launched = True
         try:
             written = os.write(self.stdin_fd, line)
