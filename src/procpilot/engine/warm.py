@@ -21,7 +21,7 @@ command over 8 KiB take the cold path.
 
 The command arrives on the session's own stdin, ahead of what the session will read there: two
 lines, read a byte at a time by ``read`` so not one byte more is taken: a random token written when
-the shell starts, then ``<token> <assignments>`` with the setup and the command. A second line
+the shell starts, then ``<token> <command> [<setup> [1]]``, single-quoted words. A second line
 without the token ends the shell (125): another process of the same user that writes to the pipe
 through ``/proc/PID/fd/0`` before the supervisor does cannot make it run anything.
 
