@@ -11,7 +11,7 @@ import pytest
 
 from procpilot.engine import spawn
 from procpilot.engine.limits import Limits
-from procpilot.engine.spawn import SpawnSpec, build_env, resolve_workdir, spawn_process
+from procpilot.engine.spawn import SpawnSpec, build_env, resolve_workdir, spawn_process, within
 from procpilot.engine.trees import MARKER_ENV
 from procpilot.errors import InvalidArgument, PathOutOfScope, ProtectedVariable
 
@@ -24,6 +24,27 @@ def test_the_environment_starts_clean_and_ends_with_the_markers() -> None:
         ("PATH", "HOME"), {"PAGER": "cat"}, {"FOO": "1"}, markers=MARKERS, pty=False, pty_size=(80, 24), source=source
     )
     assert env == {"PATH": "/bin", "HOME": "/h", "PAGER": "cat", "TERM": "dumb", "FOO": "1", MARKER_ENV: "s1"}
+
+
+def test_passed_through_variables_are_the_servers_own_as_they_are_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read from the process's environment on every spawn, never from a copy made earlier; a value
+    # that is not UTF-8 comes through as os.environ gives it (surrogate-escaped), a name unset
+    # since is not passed at all.
+    names = ("PROCPILOT_T_A", "PROCPILOT_T_B", "PROCPILOT_T_C")
+    monkeypatch.setenv("PROCPILOT_T_A", "one")
+    monkeypatch.delenv("PROCPILOT_T_B", raising=False)
+    monkeypatch.setenv("PROCPILOT_T_C", "gone soon")
+
+    def passed() -> dict[str, str]:
+        env = build_env(names, {}, {}, markers=MARKERS, pty=False, pty_size=(80, 24))
+        return {name: env[name] for name in names if name in env}
+
+    assert passed() == {"PROCPILOT_T_A": "one", "PROCPILOT_T_C": "gone soon"}
+    monkeypatch.setenv("PROCPILOT_T_A", "two")
+    monkeypatch.setenv("PROCPILOT_T_B", os.fsdecode(b"caf\xe9"))
+    monkeypatch.delenv("PROCPILOT_T_C")
+    assert passed() == {"PROCPILOT_T_A": "two", "PROCPILOT_T_B": os.environ["PROCPILOT_T_B"]}
+    assert os.fsencode(passed()["PROCPILOT_T_B"]) == b"caf\xe9"
 
 
 def test_a_pty_gets_a_terminal_and_its_size() -> None:
@@ -55,10 +76,32 @@ def test_the_working_directory_resolves_inside_the_workspace(tmp_path: Path) -> 
     assert SpawnSpec("true", workspace=tmp_path).cwd == root
 
 
-@pytest.mark.parametrize("value", ["..", "/", "src/../.."])
+@pytest.mark.parametrize(
+    ("path", "root", "inside"),
+    [
+        ("/ws", "/ws", True),
+        ("/ws/a", "/ws", True),
+        ("/ws/a/b", "/ws", True),
+        ("/ws-evil", "/ws", False),  # a sibling whose name begins with the root's
+        ("/ws-evil/a", "/ws", False),
+        ("/wsa", "/ws", False),
+        ("/w", "/ws", False),
+        ("/", "/ws", False),
+        ("/a/ws", "/ws", False),
+        ("/", "/", True),  # a workspace of / takes every absolute path
+        ("/ws", "/", True),
+        ("/ws/a", "/", True),
+    ],
+)
+def test_within_compares_whole_components(path: str, root: str, inside: bool) -> None:
+    assert within(path, root) is inside
+
+
+@pytest.mark.parametrize("value", ["..", "/", "src/../..", "../ws-evil", "../ws-evil/sub"])
 def test_a_working_directory_outside_the_workspace_is_out_of_scope(tmp_path: Path, value: str) -> None:
     ws = tmp_path / "ws"
     (ws / "src").mkdir(parents=True)
+    (tmp_path / "ws-evil" / "sub").mkdir(parents=True)  # the root's name and more: still outside
     with pytest.raises(PathOutOfScope):
         SpawnSpec("true", cwd=Path(value), workspace=ws)
 
@@ -95,6 +138,12 @@ def test_a_workspace_repointed_is_followed_once_its_resolution_is_rechecked(
     os.unlink(ws)
     ws.symlink_to(moved)
     assert SpawnSpec("true", workspace=ws).cwd == moved.resolve()
+
+
+def test_a_workspace_of_root_takes_any_directory(tmp_path: Path) -> None:
+    assert resolve_workdir(Path("/"), None) == Path("/")
+    assert resolve_workdir(Path("/"), str(tmp_path)) == tmp_path.resolve()
+    assert SpawnSpec("true", cwd=Path("tmp"), workspace=Path("/")).cwd == Path("/tmp").resolve()
 
 
 def test_a_missing_working_directory_is_an_invalid_argument(tmp_path: Path) -> None:

@@ -27,6 +27,17 @@ async def test_a_tree_never_sampled_still_reports_its_memory_and_io(supervisor: 
     assert usage.cpu_ms > 0
 
 
+async def test_a_tree_never_sampled_tells_its_reads_from_its_writes(supervisor: Supervisor, tmp_path: object) -> None:
+    # The leader's I/O counters, read from its zombie at the exit: what was read is not counted
+    # as written, nor the other way round.
+    big = f"{tmp_path}/big"
+    with open(big, "wb") as f:
+        f.write(bytes(3_000_000))
+    session = await supervisor.run(SpawnSpec(f"wc -l < {big}"), scope="a", yield_ms=None)
+    usage = usage_tracker(supervisor).usage(session)  # first asked after the end: nothing sampled
+    assert usage.io_read_bytes >= 3_000_000 and usage.io_write_bytes < 1_000_000, usage
+
+
 def test_sample_tree_of_this_process() -> None:
     usage = sample_tree([os.getpid(), 999_999_999])
     assert usage.cpu_ms > 0 and usage.memory_peak_bytes > 0 and usage.io_read_bytes > 0

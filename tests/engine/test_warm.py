@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from procpilot.config import Settings
+from procpilot.engine import supervisor as supervisor_module
 from procpilot.engine.capture import Stream
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.states import SessionState
@@ -259,3 +260,57 @@ async def test_a_warm_shell_refuses_a_directory_that_leads_elsewhere_as_it_enter
     session = await warm.run(spec, scope=A, yield_ms=None)
     assert warm.warm_shells()["sessions_started_warm"] == 2
     assert session.output[Stream.STDOUT].read(0).data == f"none\n{workspace.resolve()}\n".encode()
+
+
+async def test_a_warm_start_refills_the_pool_on_its_own(warm: Supervisor) -> None:
+    # The refill's timer is set once the command has started (not before, on the call's path):
+    # it must still be set, by a start that ends at once and by one that runs on.
+    for command in ("true", "sleep 0.2"):
+        assert warm.warm_shells()["ready"] == 2
+        before = warm.warm_shells()["sessions_started_warm"]
+        session = await warm.run(SpawnSpec(command), scope=A, yield_ms=None)
+        assert session.exit_code == 0 and warm.warm_shells()["sessions_started_warm"] == before + 1
+        async with asyncio.timeout(5):
+            while warm.warm_shells()["ready"] < 2:  # a timer of the pool's: nothing to await but time
+                await asyncio.sleep(0.005)
+
+
+async def test_a_session_that_cannot_be_made_after_its_warm_start_leaves_nothing(
+    warm: Supervisor, settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A warm start hands the command over before the session's objects are made. Should making
+    # them fail (no memory, a bug: forced here), the command's tree is ended and reaped at once,
+    # and what it held (its lane slot, its cgroup) is free again: as after a refusal.
+    pool = warm._warm
+    assert pool is not None and pool.ready == 2
+    shells = {shell.pid: shell.session_id for shell in pool._ready}
+
+    def no_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    proof = tmp_path / "sleeper"
+    with monkeypatch.context() as patch:
+        patch.setattr(supervisor_module, "SessionOutput", no_memory)
+        with pytest.raises(MemoryError):
+            await warm.run(SpawnSpec(f"sleep 30 & echo $! > {proof}; wait", lane="l"), scope=A, yield_ms=None)
+    (taken,) = set(shells) - {shell.pid for shell in pool._ready}
+    assert not os.path.exists(f"/proc/{taken}")  # ended and reaped, not a zombie
+    if proof.exists() and proof.read_text().strip():  # the command got as far as its sleep
+        assert not os.path.exists(f"/proc/{proof.read_text().strip()}")
+    assert not any(_marked_with(shells[taken]))
+    assert not (settings.engine.state_dir / "sessions" / shells[taken]).exists()
+    # The lane's one slot is free again: the next command of that lane starts at once.
+    session = await warm.run(SpawnSpec("echo ok", lane="l"), scope=A, yield_ms=1000)
+    assert session.exit_code == 0 and session.output[Stream.STDOUT].read(0).data == b"ok\n"
+
+
+def _marked_with(session_id: str) -> list[int]:
+    """Live processes whose environment names ``session_id`` (its tree's marker)."""
+    found = []
+    marker = f"{MARKER_ENV}={session_id}".encode()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(name))
+    return found

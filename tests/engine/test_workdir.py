@@ -54,3 +54,35 @@ async def test_engine_refuses_a_workdir_that_leads_out(supervisor: Supervisor, w
     (workspace / "out").symlink_to(outside)
     with pytest.raises(PathOutOfScope):
         await supervisor.run(SpawnSpec("true", cwd=workspace / "out", workspace=workspace), scope="me", yield_ms=None)
+
+
+async def test_a_workdir_swapped_for_a_sibling_that_extends_the_roots_name_is_refused(
+    settings: Settings, workspace: Path
+) -> None:
+    # <root>-evil begins with the root's text but is not under it: the check where the child
+    # enters its directory compares whole path components.
+    evil = workspace.with_name(workspace.name + "-evil")
+    evil.mkdir()
+    sub = workspace / "sub"
+    sub.mkdir()
+
+    def swap_then_allow(scope: str, spec: SpawnSpec, running: int) -> SpawnSpec:
+        swap_for_symlink(sub, evil)  # after the face's check, before the spawn
+        return spec
+
+    async with Supervisor(settings, spawn_filter=swap_then_allow) as sup:
+        (exec_tool, *_) = exec_process_tools(sup)
+        result = await exec_tool.call({"command": "touch escaped; pwd", "workdir": "sub"}, "me")
+    assert result.is_error and result.data["error"] == "PathOutOfScope"
+    assert not (evil / "escaped").exists()
+
+
+@pytest.mark.parametrize("warm_shells", [0, 2])
+async def test_a_workspace_of_root_runs_in_any_directory(settings: Settings, tmp_path: Path, warm_shells: int) -> None:
+    # Every absolute path lies under /: the check where the child enters its directory must not
+    # ask for a "//" prefix. Cold and warm starts check it each their own way.
+    async with Supervisor(settings, warm_shells=warm_shells) as sup:
+        spec = SpawnSpec("pwd", cwd=tmp_path, workspace=Path("/"))
+        session = await sup.run(spec, scope="me", yield_ms=None)
+    assert session.exit_code == 0
+    assert session.output[Stream.STDOUT].read().data.decode().strip() == str(tmp_path.resolve())

@@ -27,6 +27,8 @@ def is_protected(name: str, protected: Collection[str]) -> bool:
 
 def check_overrides(overrides: Mapping[str, str], protected: Collection[str]) -> None:
     """Refuse overrides that name a protected variable, all of them named at once."""
+    if not overrides:
+        return  # the usual call: no generator and no sort on the spawn path
     refused = sorted(name for name in overrides if is_protected(name, protected))
     if refused:
         raise ProtectedVariable(

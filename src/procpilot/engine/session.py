@@ -145,8 +145,15 @@ def signal_name(sig: int) -> str:
 
 
 def _zombie_io(pid: int) -> tuple[int, int] | None:
+    """The leader's (rchar, wchar), or None when they cannot be read. The kernel writes them as
+    the first two lines (``rchar: N``, ``wchar: N``): read there, on the exit's path, without a
+    parse of the five lines after them; anything else is looked for by name."""
     try:
-        fields = dict(line.split(b":", 1) for line in read_small(f"/proc/{pid}/io").splitlines() if b":" in line)
+        data = read_small(f"/proc/{pid}/io")
+        lines = data.split(b"\n", 2)
+        if len(lines) > 1 and lines[0].startswith(b"rchar:") and lines[1].startswith(b"wchar:"):
+            return int(lines[0][6:]), int(lines[1][6:])
+        fields = dict(line.split(b":", 1) for line in data.splitlines() if b":" in line)
         return int(fields[b"rchar"]), int(fields[b"wchar"])
     except (OSError, KeyError, ValueError):
         return None

@@ -19,6 +19,7 @@ import re
 import shlex
 import struct
 import subprocess
+import sys
 import termios
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +52,7 @@ __all__ = [
     "resolve_workdir",
     "shell_argv",
     "spawn_process",
+    "within",
 ]
 
 _F_SETPIPE_SZ = 1031
@@ -171,8 +173,10 @@ def build_env(
 
     The markers (which session, which supervisor) are how a tree is found without cgroups: an
     override of one would let a command hide from its own kill, so it is refused."""
-    source = os.environ if source is None else source
-    env = {name: source[name] for name in base_passthrough if name in source}
+    if source is None:
+        env = _passed_through(base_passthrough)
+    else:
+        env = {name: source[name] for name in base_passthrough if name in source}
     env.setdefault("PATH", os.defpath)
     env.update(base_set)
     if pty:
@@ -189,6 +193,38 @@ def build_env(
         check_os_string(f"env.{key}", value, field="env")
         env[key] = value
     env.update(markers)
+    return env
+
+
+# os.environ's own store: its keys and values as the OS holds them (bytes), kept up to date by
+# every change made through os.environ. os.environ's lookups are Python code (an encoding of the
+# name, a KeyError for each variable that is not set); this is one dict lookup per name, for the
+# ten names passed through on every spawn. None where the interpreter keeps it otherwise.
+_ENVIRON_DATA: dict[bytes, bytes] | None = (
+    data if isinstance(data := getattr(os.environ, "_data", None), dict) else None
+)
+_FS_ENCODING = sys.getfilesystemencoding()
+_ENCODED_NAMES: dict[tuple[str, ...], tuple[tuple[str, bytes], ...]] = {}
+
+
+def _passed_through(names: Sequence[str]) -> dict[str, str]:
+    """The server's own value of each of ``names`` that it has, read now (never cached: a
+    variable changed since is passed on as it is), exactly as ``os.environ`` would give them."""
+    data = _ENVIRON_DATA
+    if data is None:
+        environ = os.environ
+        return {name: environ[name] for name in names if name in environ}
+    key = names if isinstance(names, tuple) else tuple(names)
+    encoded = _ENCODED_NAMES.get(key)
+    if encoded is None:
+        if len(_ENCODED_NAMES) >= 64:  # one tuple per configuration: a handful
+            _ENCODED_NAMES.clear()
+        encoded = _ENCODED_NAMES[key] = tuple((name, name.encode(_FS_ENCODING, "surrogateescape")) for name in key)
+    env: dict[str, str] = {}
+    for name, raw_name in encoded:
+        value = data.get(raw_name)
+        if value is not None:
+            env[name] = value.decode(_FS_ENCODING, "surrogateescape")
     return env
 
 
@@ -254,7 +290,8 @@ async def spawn_process(
     cwd_fd, entered = _open_workdir(spec.cwd, spec.workspace) if spec.cwd is not None else (None, None)
     try:
         check_command(spec.shell or spec.command, env, spec.cwd)
-        prefix = await _box(spec.isolation)
+        isolation = spec.isolation
+        prefix = [] if isolation is None or isolation.empty else await _box(isolation)  # no coroutine for none
         if launch is not None:
             if cwd_fd is not None and entered is None:
                 entered = os.readlink(f"/proc/self/fd/{cwd_fd}")
@@ -275,36 +312,38 @@ async def _box(isolation: Isolation | None) -> list[str]:
     return await asyncio.to_thread(isolation_prefix, isolation)
 
 
-_ROOTS: dict[Path, tuple[Path, int, int, float]] = {}  # workspace: real path, its (dev, inode), when checked
+# workspace: its real path (and that as text), its (dev, inode), when checked
+_ROOTS: dict[Path, tuple[Path, str, int, int, float]] = {}
 _MAX_ROOTS = 256
 _ROOT_RECHECK = 1.0  # seconds a resolved workspace is trusted without a look
 
 
-def _real_root(workspace: Path) -> Path:
-    """``workspace`` with symlinks followed, as ``resolve()`` gives it, without a system call
-    when resolved in the last second and with two (stats of it and of what it resolved to,
-    against one per path component) when both still name the same directory: this runs twice
-    on every spawn, where each system call after an agent's idle gap costs 20-50 µs. A
-    workspace repointed since (a symlink swapped) or moved is resolved again; until then,
+def _real_root(workspace: Path) -> tuple[Path, str]:
+    """``workspace`` with symlinks followed, as ``resolve()`` gives it (and as text), without a
+    system call when resolved in the last second and with two (stats of it and of what it
+    resolved to, against one per path component) when both still name the same directory: this
+    runs twice on every spawn, where each system call after an agent's idle gap costs 20-50 µs.
+    A workspace repointed since (a symlink swapped) or moved is resolved again; until then,
     commands stay confined to where it led (the check that confines them is the kernel's path
     of the directory entered, compared with this)."""
     now = time.monotonic()
     known = _ROOTS.get(workspace)
-    if known is not None and now - known[3] < _ROOT_RECHECK:
-        return known[0]
+    if known is not None and now - known[4] < _ROOT_RECHECK:
+        return known[0], known[1]
     try:
         st = os.stat(workspace)
-        same = known is not None and known[1:3] == (st.st_dev, st.st_ino) == _identity(known[0])
+        same = known is not None and known[2:4] == (st.st_dev, st.st_ino) == _identity(known[0])
     except OSError:
-        return workspace.resolve()
+        root = workspace.resolve()
+        return root, str(root)
     if known is not None and same:
-        _ROOTS[workspace] = (known[0], st.st_dev, st.st_ino, now)
-        return known[0]
+        _ROOTS[workspace] = (known[0], known[1], st.st_dev, st.st_ino, now)
+        return known[0], known[1]
     root = workspace.resolve()
     if len(_ROOTS) >= _MAX_ROOTS:
         _ROOTS.clear()
-    _ROOTS[workspace] = (root, st.st_dev, st.st_ino, now)
-    return root
+    _ROOTS[workspace] = (root, str(root), st.st_dev, st.st_ino, now)
+    return root, str(root)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -315,10 +354,24 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def within(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or lies under it; both absolute and canonical (symlinks
+    followed, no ``.``, ``..``, doubled or trailing ``/``: what ``resolve()`` and the kernel's
+    ``/proc/self/fd`` links give). Compared as text, a component at a time as ``Path.parents``
+    would: ``/ws-evil`` is not under ``/ws``; everything absolute is under ``/``."""
+    if path == root:
+        return True
+    if not path.startswith(root):
+        return False
+    # The next character must begin a component of its own: "/" after the root, or the root
+    # itself ends with one (only "/" does, canonical).
+    return root.endswith("/") or path[len(root)] == "/"
+
+
 def resolve_workdir(workspace: Path, value: Path | str | None) -> Path:
     """``value`` resolved against the workspace (``..`` collapsed, symlinks followed) and checked
     to be an existing directory inside it; None is the workspace itself."""
-    root = _real_root(workspace)
+    root, root_text = _real_root(workspace)
     if value is None or str(value) == "":
         return root
     check_os_string("working_directory", str(value))
@@ -329,11 +382,11 @@ def resolve_workdir(workspace: Path, value: Path | str | None) -> Path:
         raise InvalidArgument(
             f"working_directory {str(value)!r} cannot be resolved: {exc}", field="working_directory"
         ) from None
-    if resolved != root and root not in resolved.parents:
+    if not within(str(resolved), root_text):
         raise PathOutOfScope(
             f"working_directory {str(value)!r} resolves to {resolved}, outside the workspace root {root}",
             working_directory=str(value),
-            workspace_root=str(root),
+            workspace_root=root_text,
         )
     if not resolved.is_dir():
         raise InvalidArgument(
@@ -350,7 +403,8 @@ def _open_workdir(cwd: Path, workspace: Path | None) -> tuple[int, str | None]:
 
     The child enters the directory through this descriptor, never by its path again: whatever
     happens to the path after the check (a component swapped for a symlink), the directory
-    checked is the directory the command runs in.
+    checked is the directory the command runs in. The kernel's path and the resolved root are
+    both canonical, so they are compared as text (``within``): no Path is built on the spawn path.
     """
     check_os_string("workdir", str(cwd))
     try:
@@ -363,16 +417,16 @@ def _open_workdir(cwd: Path, workspace: Path | None) -> tuple[int, str | None]:
         ) from None
     if workspace is None:
         return fd, None
-    entered_at = os.readlink(f"/proc/self/fd/{fd}")
-    entered, root = Path(entered_at), _real_root(workspace)
-    if entered != root and root not in entered.parents:
+    entered = os.readlink(f"/proc/self/fd/{fd}")
+    root = _real_root(workspace)[1]
+    if not within(entered, root):
         os.close(fd)
         raise PathOutOfScope(
             f"workdir {cwd} leads to {entered}, outside the workspace root {root}",
             working_directory=str(cwd),
-            workspace_root=str(root),
+            workspace_root=root,
         )
-    return fd, entered_at
+    return fd, entered
 
 
 async def _spawn_with_retries(

@@ -796,7 +796,10 @@ class Supervisor:
         check_overrides(spec.env, self.config.protected_env)
         if self._spawn_filter is not None:
             running = len(self._unfinished.get(agent_of(scope), ()))
-            spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
+            if len(spec.display) <= _INLINE_CHECK_BYTES:  # the usual call: no coroutine around it
+                spec = self._spawn_filter(scope, spec, running)
+            else:
+                spec = await self._off_loop_if_big(len(spec.display), self._spawn_filter, scope, spec, running)
         elif spec.elevated:
             # Leaving a box is the policy's to allow; with no policy nothing could have allowed it.
             raise NotSupported(
@@ -861,10 +864,40 @@ class Supervisor:
         starts_now = spec.lane is None or self._lanes.try_acquire(spec.lane, agent_of(scope))
         # A warm shell waits in a cgroup made for its own id: a session whose id is given starts cold.
         warm_ok = starts_now and self._warm is not None and given_id is None
-        warm = self._warm.take(spec, agent_of(scope)) if warm_ok and self._warm is not None else None
+        # The pool's refill is timed once the command has started (refill_after_take below).
+        warm = self._warm.take(spec, agent_of(scope), refill=False) if warm_ok and self._warm is not None else None
         session_id = given_id or (new_session_id() if warm is None else warm.session_id)
-        directory = store.session_dir(session_id)
-        output = SessionOutput(directory, self.config.max_log_bytes)
+        try:
+            if warm is not None:
+                # The command first, the session's objects after: their making (~0.1 ms after an
+                # agent's idle gap) runs while the command does, not before it starts.
+                spawned = await self._launch_warm(spec, scope, warm)
+                if spawned is not None:
+                    return self._attach_launched(spec, scope, store, warm, spawned)
+                # The shell was gone: a cold start under the same id, in the cgroup it left.
+            session = self._new_session(session_id, scope, spec, store)
+            if starts_now:
+                try:
+                    await self._start(session)
+                except BaseException:
+                    # Whatever went wrong (a typed refusal, a bug, a cancelled caller), the session
+                    # never started: nothing may be left on disk under its id.
+                    session.output.remove_files()
+                    store.delete(session_id)
+                    raise
+            elif spec.lane is not None:
+                self._register(session)
+                store.save(session_id, session.record())
+                self._spawn_task(self._start_when_free(session, spec.lane))
+            return session
+        finally:
+            if warm_ok and self._warm is not None:
+                self._warm.refill_after_take()
+
+    def _new_session(self, session_id: str, scope: str, spec: SpawnSpec, store: SessionStore) -> Session:
+        """A session's objects, before (cold) or after (warm) its command starts: nothing on disk
+        yet (its output's directory is made by its first byte), no process, no timer."""
+        output = SessionOutput(store.session_dir(session_id), self.config.max_log_bytes)
         grace = self.config.kill_grace_sec
         session = Session(session_id, scope, spec, output, self._tree_backend, self._on_finish, kill_grace=grace)
         self._supervise(session)
@@ -872,19 +905,63 @@ class Supervisor:
             # Whose it is, from its first record on: the next server of this owner restores it
             # even if it never ran (queued) or ended before any holder had it.
             session.custody.record = {"owner": self.owner, "format": _RECORD_FORMAT}
-        if starts_now:
-            try:
-                await self._start(session, warm)
-            except BaseException:
-                # Whatever went wrong (a typed refusal, a bug, a cancelled caller), the session
-                # never started: nothing may be left on disk under its id.
-                output.remove_files()
-                store.delete(session_id)
-                raise
-        elif spec.lane is not None:
-            self._register(session)
-            store.save(session_id, session.record())
-            self._spawn_task(self._start_when_free(session, spec.lane))
+        return session
+
+    async def _launch_warm(self, spec: SpawnSpec, scope: str, warm: WarmShell) -> Spawned | None:
+        """Hand ``spec`` to a warm shell (engine/warm.py), its session id the shell's; None: the
+        shell had died (discarded, its cgroup kept for the cold start that follows). Refused
+        before the shell had its command (a typed refusal, a bug, a cancelled caller), it
+        waits on and everything taken for it is given back: nothing started, nothing on disk."""
+        session_id = warm.session_id
+        try:
+            env = self._env(session_id, spec)
+            status = None
+            restarts = self._restarts
+            if restarts and restarts.link.connected and isinstance(spec.command, str) and not spec.isolation:
+                # The exit trap for an outage (engine/adoption.py): a warm shell's own is this line
+                # already, made by this supervisor, whose lock and pid stay as they were, for this
+                # session id (_warm_exit_trap).
+                status = warm.exit_trap or restarts.status_line(session_id)
+            return await spawn_process(spec, env, prelude=[status] if status else [], launch=warm.launch)
+        except WarmShellGone:
+            if self._warm is not None:
+                self._warm.discard(warm, keep_cgroup=True)
+            return None
+        except BaseException:
+            if self._warm is not None:
+                self._warm.give_back(warm)  # refused before it had a command: it waits on
+            self._groups.leave(session_id)
+            if spec.lane is not None:
+                self._lanes.release(spec.lane, agent_of(scope))
+            raise
+
+    def _attach_launched(
+        self, spec: SpawnSpec, scope: str, store: SessionStore, warm: WarmShell, spawned: Spawned
+    ) -> Session:
+        """The session of a command a warm shell runs already. Its objects cannot fail to be made
+        but for a bug or no memory left: then its tree is ended and reaped at once and everything
+        it held is given back, as if it had been refused (no process, nothing on disk)."""
+        try:
+            session = self._new_session(warm.session_id, scope, spec, store)
+        except BaseException:
+            self._tree_backend.signal(warm.session_id, warm.pid, signal.SIGKILL, leader_alive=True)
+            if self._warm is not None:
+                self._warm.discard(warm)  # reaps the leader, closes our ends, its cgroup goes
+            self._groups.leave(warm.session_id)
+            if spec.lane is not None:
+                self._lanes.release(spec.lane, agent_of(scope))
+            reap_orphans()  # what the tree had started, ours once its shell is gone
+            raise
+        try:
+            self._attach(session, spawned)
+        except BaseException:
+            # As a cold start's failure to attach: what it held is given back, nothing kept on disk.
+            self._groups.leave(session.id)
+            if spec.lane is not None:
+                self._lanes.release(spec.lane, agent_of(scope))
+            session.output.remove_files()
+            store.delete(session.id)
+            raise
         return session
 
     def _supervise(self, session: Session) -> None:
@@ -943,36 +1020,20 @@ class Supervisor:
         self._hold_now()  # its clients have its id already
         session.restarted()
 
-    async def _start(self, session: Session, warm: WarmShell | None = None, *, again: bool = False) -> None:
-        """Start a session whose lane slot (if any) is held; on any failure release all it held
-        (but the slot of a session starting ``again``: it holds it until it ends).
-
-        With ``warm``, a shell already in the session's cgroup runs the command (engine/warm.py);
-        one that died meanwhile gives way to a cold start under the same id."""
+    async def _start(self, session: Session, *, again: bool = False) -> None:
+        """Start a session whose lane slot (if any) is held, cold (a warm start is _launch_warm's);
+        on any failure release all it held (but the slot of a session starting ``again``: it
+        holds it until it ends)."""
         spec = session.spec
         tree_prepared = False
         try:
             env = self._env(session.id, spec)
             prelude: list[str] = []
-            # The exit trap for an outage (engine/adoption.py), run by the shell that is the
-            # leader: a warm shell as much as a cold one.
+            # The exit trap for an outage (engine/adoption.py), run by the shell that is the leader.
             restarts = self._restarts
             status = None
             if restarts and restarts.link.connected and isinstance(spec.command, str) and not spec.isolation:
-                # A warm shell's own is this line already: made by this supervisor, whose lock and
-                # pid stay as they were, for this session id (_warm_exit_trap).
-                status = warm.exit_trap if warm is not None and warm.exit_trap else restarts.status_line(session.id)
-            if warm is not None:
-                try:
-                    spawned = await spawn_process(spec, env, prelude=[status] if status else [], launch=warm.launch)
-                except WarmShellGone:
-                    if self._warm is not None:
-                        self._warm.discard(warm, keep_cgroup=True)
-                    warm = None
-                else:
-                    warm = None
-                    self._attach(session, spawned)
-                    return
+                status = restarts.status_line(session.id)
             try:
                 place = self._groups.enter(agent_of(session.scope), session.id)
             except OSError as exc:
@@ -996,8 +1057,6 @@ class Supervisor:
                 prelude.append(status)
             spawned = await spawn_process(spec, env, prelude=prelude)
         except BaseException:
-            if warm is not None and self._warm is not None:
-                self._warm.give_back(warm)  # refused before it had a command: it waits on
             if tree_prepared:
                 self._tree_backend.release(session.id)
             if session.accounting.limit_backend is not None:

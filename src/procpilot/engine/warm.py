@@ -21,7 +21,7 @@ command over 8 KiB take the cold path.
 
 The command arrives on the session's own stdin, ahead of what the session will read there: two
 lines, read a byte at a time by ``read`` so not one byte more is taken: a random token written when
-the shell starts, then ``<token> <assignments>`` with the setup and the command. A second line
+the shell starts, then ``<token> <command> [<setup> [1]]``, single-quoted words. A second line
 without the token ends the shell (125): another process of the same user that writes to the pipe
 through ``/proc/PID/fd/0`` before the supervisor does cannot make it run anything.
 
@@ -83,18 +83,23 @@ _MOVED = "procpilot: the working directory changed while the command started"
 # the supervisor's last setup line when it is the same for every command this shell could run (the
 # exit trap of a server whose sessions outlive it, engine/adoption.py): set here, where it is part
 # of the script, rather than sent with the command, where the shell would read it a byte per
-# read(2) after idle. A launch that must not have it sets __pp_x=1. For the same reason the working
+# read(2) after idle (each byte of the line costs ~3 µs of the command's start there). A launch
+# that must not have it says so with a third word (1). For the same reason the working
 # directory's check is a function of the script (``__pp_cd DIR``: enter it physically, then
-# refuse a path that led elsewhere), gone before the command runs; a call sends only its path.
+# refuse a path that led elsewhere), gone before the command runs; a call sends only its path;
+# and the line is the token and then words, not assignments: the command, then the setup if
+# any (positional parameters of the line's ``set --``, cleared before the command runs).
 _SCRIPT = """\
 {join}
-__pp_cd() {{ cd -P -- "$1" && [ "$PWD" = "$1" ] || {{ echo '{moved}' >&2; exit 125; }}; }}
+__pp_cd() {{ cd -P -- "$1" && [ "$PWD" = "$1" ] || {{ echo '{moved}' >&2; exit 125; }}; unset OLDPWD; }}
 IFS= read -r __pp_t || exit 125
 IFS= read -r __pp_l || exit 125
 case $__pp_l in "$__pp_t "*) ;; *) exit 125;; esac
 __pp_nl='
 '
-eval "${{__pp_l#"$__pp_t "}}"
+eval "set -- ${{__pp_l#"$__pp_t "}}"
+__pp_c=$1 __pp_s=${{2-}} __pp_x=${{3-}}
+set --
 unset __pp_t __pp_l __pp_nl
 eval "$__pp_s"
 unset -f __pp_cd
@@ -157,12 +162,15 @@ class WarmShell:
         if spec.stdin == "null":
             setup.append("exec 0</dev/null")
         if cwd is not None:
+            # cd sets OLDPWD, which a cold shell would not have: __pp_cd unsets it (a line the
+            # shell would read a byte per read(2) otherwise), and it comes back if the call has one.
             setup.append(f"__pp_cd {shlex.quote(cwd)}")
-            # cd sets OLDPWD, which a cold shell would not have
             old = env.get("OLDPWD")
-            setup.append("unset OLDPWD" if old is None else f"export OLDPWD={shlex.quote(old)}")
-        setup += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if self.env.get(k) != v]
-        setup += [f"unset {k}" for k in self.env if k not in env]
+            if old is not None:
+                setup.append(f"export OLDPWD={shlex.quote(old)}")
+        if env != self.env:  # the usual call's is the shell's own: no walk over either
+            setup += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if self.env.get(k) != v]
+            setup += [f"unset {k}" for k in self.env if k not in env]
         setup += prelude
         if self.join:
             setup = [*self.join, *setup]
@@ -172,8 +180,12 @@ class WarmShell:
         else:
             prefix = isolation_prefix(spec.isolation) if spec.isolation is not None else []
             text = "exec " + shlex.join(shell_argv(command, [], prefix))
-        skip = "" if keep_trap else " __pp_x=1"
-        line = f"{self.token} __pp_s={_one_line(chr(10).join(setup))} __pp_c={_one_line(text)}{skip}\n".encode()
+        words = [self.token, _one_line(text)]
+        if setup or not keep_trap:
+            words.append(_one_line("\n".join(setup)))
+        if not keep_trap:
+            words.append("1")
+        line = (" ".join(words) + "\n").encode()
         self.launched = True
         try:
             written = os.write(self.stdin_fd, line)
@@ -247,6 +259,7 @@ class WarmPool:
         # Oldest first: the oldest shell has had the longest to finish joining its cgroup.
         self._ready: deque[WarmShell] = deque()
         self._refill: asyncio.TimerHandle | None = None
+        self._refill_due: float | None = None  # a take's refill delay, its timer not set yet
         self._last_take = 0.0
         self._quiet_until = 0.0
         self._closed = False
@@ -267,9 +280,11 @@ class WarmPool:
             return False
         return all(_NAME.fullmatch(k) and k not in _SHELL_SPECIAL and not k.startswith("__pp_") for k in spec.env)
 
-    def take(self, spec: SpawnSpec, agent: str | None = None) -> WarmShell | None:
+    def take(self, spec: SpawnSpec, agent: str | None = None, *, refill: bool = True) -> WarmShell | None:
         """A live warm shell for ``spec`` run by ``agent``, or None (none is ready for that agent,
-        or ``spec`` needs the cold path)."""
+        or ``spec`` needs the cold path). ``refill=False``: the refill's timer is set by
+        :meth:`refill_after_take`, which the caller calls once the shell has its command: a timer
+        made here would lie on the call's path, before the command even starts."""
         if self._closed or not self.fits(spec):
             return None
         key = agent if self._groups is not None else None
@@ -300,11 +315,19 @@ class WarmPool:
         while len(self._recent) > max(1, self.size):
             self._recent.popitem(last=False)
         now = time.monotonic()
-        self._refill_in(0.0 if now - self._last_take < _BACK_TO_BACK else _REFILL_AFTER)
+        self._refill_due = 0.0 if now - self._last_take < _BACK_TO_BACK else _REFILL_AFTER
         self._last_take = now
+        if refill:
+            self.refill_after_take()
         if shell is not None:
             self.taken += 1
         return shell
+
+    def refill_after_take(self) -> None:
+        """Set the refill's timer the last :meth:`take` asked for, if not set yet."""
+        delay, self._refill_due = self._refill_due, None
+        if delay is not None:
+            self._refill_in(delay)
 
     def give_back(self, shell: WarmShell) -> None:
         """Return a shell whose session was refused before it was handed a command."""
