@@ -8,6 +8,7 @@ weight of each agent's cgroup. What it buys in latency is measured by bench/host
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -44,10 +45,12 @@ def _groups(sup: Supervisor) -> AgentGroups:
 
 
 def _members(directory: Path) -> set[int]:
-    """Every process in the cgroup ``directory`` and below."""
+    """Every process in the cgroup ``directory`` and below. An ended session's group may vanish
+    while it is walked (the janitor removes it): os.walk skips it, and so does its read."""
     found: set[int] = set()
-    for procs in [directory / "cgroup.procs", *directory.rglob("*/cgroup.procs")]:
-        found.update(int(p) for p in procs.read_text().split())
+    for where, _dirs, _files in os.walk(directory):
+        with contextlib.suppress(FileNotFoundError):
+            found.update(int(p) for p in Path(where, "cgroup.procs").read_text().split())
     return found
 
 
