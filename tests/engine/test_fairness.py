@@ -19,11 +19,14 @@ import pytest
 
 from procpilot.config import Settings
 from procpilot.engine import cgroup_janitor
+from procpilot.engine.capture import Stream
 from procpilot.engine.fairness import AgentGroups, group_name
 from procpilot.engine.limits import Limits, WatchdogLimits, probe_limits
+from procpilot.engine.session import Session
 from procpilot.engine.spawn import SpawnSpec
 from procpilot.engine.supervisor import Supervisor
 from procpilot.engine.trees import instance_name, kill_cgroup_v1, kill_cgroup_v2, reap_stale_instances
+from procpilot.errors import InvalidArgument
 
 A, B = "agent-a", "agent-b"
 _PROBE = probe_limits()
@@ -52,6 +55,11 @@ def _members(directory: Path) -> set[int]:
         with contextlib.suppress(FileNotFoundError):
             found.update(int(p) for p in Path(where, "cgroup.procs").read_text().split())
     return found
+
+
+def _text(session: Session) -> str:
+    view = session.output[Stream.COMBINED]
+    return view.read(0).data.decode(errors="replace")
 
 
 async def _joined(pid: int | None, directory: Path) -> bool:
@@ -146,6 +154,26 @@ async def test_the_warm_shells_of_an_agent_wait_in_its_group_and_no_other_agent_
         assert sorted(str(shell.agent) for shell in pool._ready) == [A, B]
         await sup.kill(B, taken_by_b.id, wait=None)
     assert not (base / group_name(A)).exists() and not base.exists()
+
+
+@needs_cpu_controller
+async def test_a_warm_start_refused_before_its_command_leaves_its_shell_in_the_agents_group(
+    settings: Settings, tmp_path: Path
+) -> None:
+    # A shell made before any agent was known joins the agent that takes it, with its command.
+    # Refused before that (no such workdir), it waits on for that agent: its group must stay,
+    # or the agent's next command, the one it runs, finds its group removed and fails.
+    async with Supervisor(settings, warm_shells=1) as sup:
+        base, pool = _groups(sup).base, sup._warm
+        assert base is not None and pool is not None
+        pool.fill()
+        assert [shell.agent for shell in pool._ready] == [None]
+        with pytest.raises(InvalidArgument):
+            await sup.run(SpawnSpec("true", cwd=tmp_path / "nowhere"), scope=A, yield_ms=None)
+        assert [shell.agent for shell in pool._ready] == [A]  # given back, for A now
+        assert cgroup_janitor.wait_idle(10)  # any removal queued has run
+        ran = await sup.run(SpawnSpec("echo ran"), scope=A, yield_ms=None)
+        assert (ran.exit_code, _text(ran)) == (0, "ran\n"), _text(ran)
 
 
 @needs_cpu_controller

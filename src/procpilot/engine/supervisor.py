@@ -928,9 +928,11 @@ class Supervisor:
                 self._warm.discard(warm, keep_cgroup=True)
             return None
         except BaseException:
+            # Refused before it had a command: it waits on, still in its agent's group (its join
+            # pending if it was made for nobody), so it does not leave it; one the pool has no
+            # room for is discarded, which leaves it.
             if self._warm is not None:
-                self._warm.give_back(warm)  # refused before it had a command: it waits on
-            self._groups.leave(session_id)
+                self._warm.give_back(warm)
             if spec.lane is not None:
                 self._lanes.release(spec.lane, agent_of(scope))
             raise
