@@ -162,19 +162,7 @@ async def main(n: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="procpilot-phases-"))
     probe_file = root / "daemon-probes.jsonl"
     # The daemon: procpilot's CLI after the same probes, writing its calls' times to probe_file.
-    launcher = root / "serve_probed.py"
-    launcher.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import engine_phases\n"
-        f"engine_phases.install({str(probe_file)!r})\n"
-        "from procpilot.transports.cli import main\n"
-        "sys.exit(main())\n"
-    )
-    wrapper = root / "procpilot"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{launcher}" "$@"\n')
-    wrapper.chmod(0o755)
-    bench.procpilot_bin = lambda: str(wrapper)
+    bench.probe_daemons(root, "engine_phases", probe_file)
     children = bench.Children()
     token = secrets.token_hex(16)
     sups: list[Supervisor] = []

@@ -119,19 +119,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="procpilot-calls-"))
     probe_file = root / "daemon-calls.jsonl"
-    launcher = root / "serve_counted.py"
-    launcher.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import http_calls\n"
-        f"http_calls.install({str(probe_file)!r})\n"
-        "from procpilot.transports.cli import main\n"
-        "sys.exit(main())\n"
-    )
-    wrapper = root / "procpilot"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{launcher}" "$@"\n')
-    wrapper.chmod(0o755)
-    bench.procpilot_bin = lambda: str(wrapper)
+    bench.probe_daemons(root, "http_calls", probe_file)
     children = bench.Children()
     token = secrets.token_hex(16)
     rows: dict[str, list[dict[str, Any]]] = {}

@@ -548,9 +548,33 @@ async def bench_exec(root: Path, sizes: Sizes, out: Results) -> None:
 # -- 2. MCP over stdio ---------------------------------------------------------------------------
 
 
+_WRAPPER: list[str] = []  # the probing wrapper to start instead (probe_daemons), if any
+
+
 def procpilot_bin() -> str:
+    if _WRAPPER:
+        return _WRAPPER[0]
     here = Path(sys.executable).with_name("procpilot")
     return str(here) if here.exists() else (shutil.which("procpilot") or "procpilot")
+
+
+def probe_daemons(root: Path, module: str, out: Path) -> None:
+    """Every ``procpilot`` this process starts from now on runs ``bench/<module>.py``'s
+    ``install(out)`` before procpilot's CLI: a wrapper under ``root`` (engine_phases.py and
+    http_calls.py watch a real daemon's calls this way)."""
+    launcher = root / f"{module}_launcher.py"
+    launcher.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"import {module}\n"
+        f"{module}.install({str(out)!r})\n"
+        "from procpilot.transports.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    wrapper = root / "procpilot"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{launcher}" "$@"\n')
+    wrapper.chmod(0o755)
+    _WRAPPER[:] = [str(wrapper)]
 
 
 def server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
