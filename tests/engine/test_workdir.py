@@ -27,7 +27,15 @@ def outside(tmp_path: Path) -> Path:
     return path
 
 
-async def test_a_workdir_swapped_after_the_check_is_refused(settings: Settings, workspace: Path, outside: Path) -> None:
+@pytest.mark.parametrize("target", ["outside", "sibling"])
+async def test_a_workdir_swapped_after_the_check_is_refused(
+    settings: Settings, workspace: Path, outside: Path, target: str
+) -> None:
+    # sibling: <root>-evil begins with the root's text but is not under it; the check where the
+    # child enters its directory compares whole path components.
+    if target == "sibling":
+        outside = workspace.with_name(workspace.name + "-evil")
+        outside.mkdir()
     sub = workspace / "sub"
     sub.mkdir()
 
@@ -54,27 +62,6 @@ async def test_engine_refuses_a_workdir_that_leads_out(supervisor: Supervisor, w
     (workspace / "out").symlink_to(outside)
     with pytest.raises(PathOutOfScope):
         await supervisor.run(SpawnSpec("true", cwd=workspace / "out", workspace=workspace), scope="me", yield_ms=None)
-
-
-async def test_a_workdir_swapped_for_a_sibling_that_extends_the_roots_name_is_refused(
-    settings: Settings, workspace: Path
-) -> None:
-    # <root>-evil begins with the root's text but is not under it: the check where the child
-    # enters its directory compares whole path components.
-    evil = workspace.with_name(workspace.name + "-evil")
-    evil.mkdir()
-    sub = workspace / "sub"
-    sub.mkdir()
-
-    def swap_then_allow(scope: str, spec: SpawnSpec, running: int) -> SpawnSpec:
-        swap_for_symlink(sub, evil)  # after the face's check, before the spawn
-        return spec
-
-    async with Supervisor(settings, spawn_filter=swap_then_allow) as sup:
-        (exec_tool, *_) = exec_process_tools(sup)
-        result = await exec_tool.call({"command": "touch escaped; pwd", "workdir": "sub"}, "me")
-    assert result.is_error and result.data["error"] == "PathOutOfScope"
-    assert not (evil / "escaped").exists()
 
 
 @pytest.mark.parametrize("warm_shells", [0, 2])
