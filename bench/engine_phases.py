@@ -14,8 +14,8 @@ Medians per phase, in µs; the probes cost a few µs each. Nothing here is asser
 Phases (each from the previous point): ``launch`` the call's checks up to the warm shell's launch;
 ``written`` the command line written to it; ``watch`` the session attached up to its exit watch;
 ``pass`` the rest of the attach (the holder's hand-over, the journal) to the watcher's first
-pass; ``exit`` the shell runs and its exit is seen; ``reaped`` the leader reaped, its tree
-checked; ``eof`` its output pipes' end read; ``finish`` the session's end up to the supervisor's
+pass; ``exit`` the shell runs and its exit is seen; ``reaped`` the leader reaped; ``eof`` its tree
+checked and its output pipes' end read; ``finish`` the session's end up to the supervisor's
 callback; ``onfinish`` that callback (journal, usage, exit listeners); ``end`` back in ``run``.
 
 A second table follows the daemon's REST call around the engine's, each point's median time from
@@ -74,7 +74,8 @@ def install(out: str | None) -> None:
     probe(reaper.ExitWatcher, "watch", "watch")
     probe(reaper.ExitWatcher, "_pass", "pass")
     probe(session.Session, "_on_leader_exit", "exit")
-    probe(session.Session, "_on_leader_exit", "reaped", after=True)
+    # The leader reaped: the callback goes on to its tree, its pipes' end and the finish itself.
+    probe(session.Session, "_after_leader_exit", "reaped")
     probe(session.Session, "_close_stream", "eof")
     probe(session.Session, "_finish", "finish")
     probe(supervisor.Supervisor, "_on_finish", "onfinish")
