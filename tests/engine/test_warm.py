@@ -28,7 +28,7 @@ A = "agent-a"
 PROBE = r"""
 env | grep -v -e '^PROCPILOT_SESSION=' -e '^PROCPILOT_SUPERVISOR=' | sort
 pwd; echo "0=$0 #=$# -=$-"; ls /proc/self/fd | sort -n | tr '\n' ' '; echo
-umask; trap; set | grep -c '^__pp' ; cat /proc/self/status | grep -e '^SigIgn' -e '^SigBlk'
+umask; ulimit -a; trap; set | grep -c '^__pp' ; cat /proc/self/status | grep -e '^SigIgn' -e '^SigBlk'
 [ "$(ps -o sid= -p $$)" -eq $$ ] && echo leader
 read line && echo "stdin: $line"
 echo 'it'\''s' "a
