@@ -91,6 +91,33 @@ async def test_sessions_a_full_holder_cannot_take_run_on_and_say_they_would_not_
     assert not marked_processes()
 
 
+async def test_a_refused_session_is_offered_again_and_survives_once_the_holder_has_room(settings: Settings) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    try:
+        holder = first.capabilities()["restarts"]["holder_pid"]
+        limit = resource.prlimit(holder, resource.RLIMIT_NOFILE)
+        _room_for(holder, 0)
+        refused = await first.spawn(SpawnSpec('echo up; read a; echo "got $a"'), scope=A)
+        assert await until(lambda: _not_held(first) == 1), first.capabilities()["restarts"]
+        resource.prlimit(holder, resource.RLIMIT_NOFILE, limit)  # room again (an ended session's, say)
+        # The next session to end is when the server offers it again, and the holder takes it now.
+        assert (await first.run(SpawnSpec("true"), scope=A, yield_ms=None)).exit_code == 0
+        assert await until(lambda: _not_held(first) == 0, timeout=5), first.capabilities()["restarts"]
+        _, process = exec_process_tools(first)
+        poll = await process.call({"action": "poll", "sessionId": refused.id}, A)
+        assert "survive" not in poll.data and "surviveWhy" not in poll.data  # said only when false
+    finally:
+        await first.detach()
+    # It outlives its server: the next one takes it over with its stdin and its output.
+    async with Supervisor(settings, owner="t") as second:
+        again = second.get(A, refused.id)
+        assert again.is_running
+        await second.write(A, refused.id, b"x\n")
+        assert await again.wait_finished(10) and again.exit_code == 0
+        assert again.output[Stream.COMBINED].read(0, 1 << 16).data == b"up\ngot x\n"
+    assert not marked_processes()
+
+
 async def test_a_hand_over_hears_what_the_holder_refused_before_it_leaves_the_record(settings: Settings) -> None:
     first = await Supervisor(settings, owner="t").start()
     holder = first.capabilities()["restarts"]["holder_pid"]

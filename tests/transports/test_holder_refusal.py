@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from procpilot.config import load_settings
+from procpilot.engine.capture import Stream
 from procpilot.engine.supervisor import Supervisor
 from tests.daemon import PROCPILOT, TOKEN_A, cli_env, marked, post, start_daemon
 
@@ -64,4 +65,34 @@ async def test_a_daemon_says_what_its_full_holder_refused_and_a_crash_ends_it_wi
         gone = second.get(AGENT, sid)
         assert await gone.wait_finished(10)
         assert gone.error == f"it did not survive its server: {why}", gone.error
+    assert not marked(sid)
+
+
+async def test_a_refused_session_the_holder_takes_later_survives_a_kill_9(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    first = start_daemon(root)
+    try:
+        with first.http() as c:
+            holder = int(c.get("/v1/capabilities").json()["restarts"]["holder_pid"])
+            limit = resource.prlimit(holder, resource.RLIMIT_NOFILE)
+            _no_room(holder)
+            started = post(c, "exec", command='echo up; read a; echo "got $a"', background=True).json()["data"]
+            sid = str(started["sessionId"])
+            _until(lambda: "not_held" in c.get("/v1/capabilities").json()["restarts"], "the holder's refusal")
+            resource.prlimit(holder, resource.RLIMIT_NOFILE, limit)  # room again
+            # The next session to end is when the daemon offers the refused one again.
+            assert post(c, "exec", command="true").json()["data"]["exitCode"] == 0
+            _until(lambda: "not_held" not in c.get("/v1/capabilities").json()["restarts"], "the holder taking it")
+            poll = post(c, "process", action="poll", sessionId=sid).json()["data"]
+            assert poll["status"] == "running" and "survive" not in poll, poll
+    finally:
+        first.proc.kill()
+        first.proc.wait()
+    # Held now: the next server takes it over whole, its stdin and its output with it.
+    async with Supervisor(load_settings(root / "procpilot.toml", env={}), owner="serve") as second:
+        kept = second.get(AGENT, sid)
+        assert kept.is_running, kept.error
+        await second.write(AGENT, sid, b"x\n")
+        assert await kept.wait_finished(10) and kept.exit_code == 0
+        assert kept.output[Stream.COMBINED].read(0, 1 << 16).data == b"up\ngot x\n"
     assert not marked(sid)

@@ -113,6 +113,9 @@ _MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
 # each next one twice as late (a holder that cannot start at all is reported, not spun on).
 _REHOLD_TRIES = 5
 _REHOLD_DELAY = 0.2
+# Refused sessions offered to the holder again: at most this many, this often (_reoffer_soon).
+_REOFFER_EVERY = 1.0
+_REOFFER_BATCH = 64
 _NOT_HELD_SHOWN = 20  # ids of sessions the holder refused, named in capabilities and the log
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
 # What this version writes for the next server and can read back; a newer one is left alone.
@@ -249,6 +252,8 @@ class Supervisor:
         self._state_dir: StateDirIdentity | None = None
         self._rehold: asyncio.Task[None] | None = None  # starting a holder after the last one died
         self._not_held: set[str] = set()  # sessions whose copies the holder refused (custody.not_held)
+        self._reoffer: asyncio.TimerHandle | None = None  # those offered to the holder again
+        self._last_reoffer = 0.0
         # Sessions ended at start, the holder having no room to hand them back: their ids, and why.
         self._unreturned: builtins.list[str] = []
         self._unreturned_why = ""
@@ -735,6 +740,8 @@ class Supervisor:
             if now - ttl_check > 30:
                 ttl_check = now
                 self.sweep(now)
+                if self._not_held:
+                    self._reoffer_soon()  # room may have come otherwise (the holder's limit raised)
 
     async def _watchdog(self, limits: WatchdogLimits) -> None:
         """Without a controller: sample each limited tree and do what the watchdog decides."""
@@ -1183,6 +1190,29 @@ class Supervisor:
                 why,
             )
 
+    def _reoffer_soon(self) -> None:
+        """Offer the sessions the holder refused to it again, at most once every
+        ``_REOFFER_EVERY`` seconds: room in its table comes back as held sessions end (or as its
+        limit is raised), and a session it takes then survives this server after all."""
+        if self._reoffer is not None or self._restarts is None or self._lifecycle.state.is_ending:
+            return
+        delay = max(0.0, self._last_reoffer + _REOFFER_EVERY - time.monotonic())
+        self._reoffer = asyncio.get_running_loop().call_later(delay, self._reoffer_now)
+
+    def _reoffer_now(self) -> None:
+        self._reoffer = None
+        self._last_reoffer = time.monotonic()
+        restarts = self._restarts
+        if restarts is None or not restarts.link.connected or self._lifecycle.state.is_ending:
+            return
+        # A batch at a time: one the holder refuses again costs a sendmsg of its descriptors.
+        for session_id in sorted(self._not_held)[:_REOFFER_BATCH]:
+            session = self._still_not_held(session_id)
+            spawned = session.spawned if session is not None else None
+            if session is not None and spawned is not None:
+                self._hold(session, spawned)  # not held until the holder refuses it again
+        restarts.link.flush()
+
     def _holder_lost(self) -> None:
         if not self._lifecycle.state.is_ending and (self._rehold is None or self._rehold.done()):
             self._rehold = self._spawn_task(self._hold_again())
@@ -1428,6 +1458,9 @@ class Supervisor:
     def _on_finish(self, session: Session) -> None:
         self._launcher.finished(session)
         self._not_held.discard(session.id)
+        if self._not_held:
+            # A held session's end frees room in the holder's table: the refused may fit now.
+            self._reoffer_soon()
         unfinished = self._unfinished.get(agent_of(session.scope))
         if unfinished is not None:
             unfinished.discard(session.id)
