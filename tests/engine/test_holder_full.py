@@ -18,6 +18,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from procpilot.config import Settings
 from procpilot.engine.capture import Stream
 from procpilot.engine.holder import SPARE_FDS
@@ -116,6 +118,28 @@ async def test_a_refused_session_is_offered_again_and_survives_once_the_holder_h
         assert await again.wait_finished(10) and again.exit_code == 0
         assert again.output[Stream.COMBINED].read(0, 1 << 16).data == b"up\ngot x\n"
     assert not marked_processes()
+
+
+async def test_a_session_refused_again_is_offered_less_often_and_said_once(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = await Supervisor(settings, owner="t").start()
+    try:
+        _room_for(first.capabilities()["restarts"]["holder_pid"], 0)
+        left = await first.spawn(SpawnSpec("sleep 30"), scope=A)
+        assert await until(lambda: _not_held(first) == 1)
+        journal = settings.engine.state_dir / "sessions.jsonl"
+        records = journal.read_text().count(left.id)
+        caplog.clear()
+        # A session's end: it is offered again at once, and refused again (still no room).
+        await first.run(SpawnSpec("true"), scope=A, yield_ms=None)
+        assert await until(lambda: first._reoffer_every == 2.0), "a refusal again must slow the offers"
+        assert _not_held(first) == 1
+        assert not [r for r in caplog.records if "would not survive" in r.getMessage()]  # said once, at first
+        assert journal.read_text().count(left.id) == records  # and recorded once
+        await first.kill(A, left.id, wait=None)
+    finally:
+        await first.aclose()
 
 
 async def test_a_hand_over_hears_what_the_holder_refused_before_it_leaves_the_record(settings: Settings) -> None:

@@ -113,8 +113,10 @@ _MAX_OUTAGE_EXITS = 1000  # per scope, each kept as long as its session is
 # each next one twice as late (a holder that cannot start at all is reported, not spun on).
 _REHOLD_TRIES = 5
 _REHOLD_DELAY = 0.2
-# Refused sessions offered to the holder again: at most this many, this often (_reoffer_soon).
+# Refused sessions offered to the holder again: at most this many, this often, and half as often
+# each time they are refused again, down to once every _REOFFER_MAX seconds (_reoffer_soon).
 _REOFFER_EVERY = 1.0
+_REOFFER_MAX = 60.0
 _REOFFER_BATCH = 64
 _NOT_HELD_SHOWN = 20  # ids of sessions the holder refused, named in capabilities and the log
 # What a session's record carries for the next server (see _hand_to_holder), kept across adoptions.
@@ -254,6 +256,8 @@ class Supervisor:
         self._not_held: set[str] = set()  # sessions whose copies the holder refused (custody.not_held)
         self._reoffer: asyncio.TimerHandle | None = None  # those offered to the holder again
         self._last_reoffer = 0.0
+        self._reoffer_every = _REOFFER_EVERY  # doubled while they are refused again
+        self._reoffered: set[str] = set()  # the last batch offered again
         # Sessions ended at start, the holder having no room to hand them back: their ids, and why.
         self._unreturned: builtins.list[str] = []
         self._unreturned_why = ""
@@ -1177,11 +1181,18 @@ class Supervisor:
         """The holder took no copies of these (its table was full): they run on under us, our own
         descriptors untouched, but would not outlive us. Their views and records say so, and why."""
         refused = [s for sid in ids if (s := self._sessions.get(sid)) is not None and not s.finished]
+        again = [s for s in refused if s.id in self._reoffered]
+        if again:
+            # Offered again and refused again: no room yet. Offered less often from now on, and
+            # neither logged nor saved again (its record says so already).
+            self._reoffer_every = min(_REOFFER_MAX, self._reoffer_every * 2)
         for session in refused:
             session.custody.not_held = why
             session.custody.record["not_held"] = why  # the next server's reason, if it finds it gone
             self._not_held.add(session.id)
-            self._save(session)
+            if session.id not in self._reoffered:
+                self._save(session)
+        refused = [s for s in refused if s.id not in self._reoffered]
         if refused:
             _log.warning(
                 "%d session(s) would not survive a crash of this server (%s): %s",
@@ -1191,12 +1202,12 @@ class Supervisor:
             )
 
     def _reoffer_soon(self) -> None:
-        """Offer the sessions the holder refused to it again, at most once every
-        ``_REOFFER_EVERY`` seconds: room in its table comes back as held sessions end (or as its
+        """Offer the sessions the holder refused to it again, at most once a second, less often
+        while it refuses them again: room in its table comes back as held sessions end (or as its
         limit is raised), and a session it takes then survives this server after all."""
         if self._reoffer is not None or self._restarts is None or self._lifecycle.state.is_ending:
             return
-        delay = max(0.0, self._last_reoffer + _REOFFER_EVERY - time.monotonic())
+        delay = max(0.0, self._last_reoffer + self._reoffer_every - time.monotonic())
         self._reoffer = asyncio.get_running_loop().call_later(delay, self._reoffer_now)
 
     def _reoffer_now(self) -> None:
@@ -1205,11 +1216,15 @@ class Supervisor:
         restarts = self._restarts
         if restarts is None or not restarts.link.connected or self._lifecycle.state.is_ending:
             return
+        if not self._reoffered & self._not_held:
+            self._reoffer_every = _REOFFER_EVERY  # the last ones were taken: room comes back
         # A batch at a time: one the holder refuses again costs a sendmsg of its descriptors.
+        self._reoffered = set()
         for session_id in sorted(self._not_held)[:_REOFFER_BATCH]:
             session = self._still_not_held(session_id)
             spawned = session.spawned if session is not None else None
             if session is not None and spawned is not None:
+                self._reoffered.add(session_id)
                 self._hold(session, spawned)  # not held until the holder refuses it again
         restarts.link.flush()
 
