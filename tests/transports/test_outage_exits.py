@@ -26,6 +26,11 @@ HOG = "import time\nchunks=[]\nwhile True:\n    chunks.append(bytearray(8 << 20)
 NO_NET_ADMIN = ("setpriv", "--bounding-set", "-net_admin", "--inh-caps", "-net_admin")
 
 
+# The outage's exits come once the holder listens for them, however long the daemon took to get
+# there (a fixed sleep raced it on a busy machine: an exit before it is lost, as documented).
+_AT_GO = "until [ -e go ]; do sleep 0.05; done"
+
+
 def _exec(c: httpx2.Client, command: str, **kw: Any) -> str:
     data = post(c, "exec", command=command, background=True, **kw).json()["data"]
     assert data["status"] == "running", data
@@ -117,25 +122,27 @@ def test_exits_while_no_server_runs_are_reported_as_a_live_server_would(tmp_path
     try:
         with first.http() as c:
             oom_here = c.get("/v1/capabilities").json()["limits"]["mechanism"] != "watchdog"
-            argv = _argv(c, "sh", "-c", "sleep 1; exit 7")
-            execd = _exec(c, "sleep 1; exec sh -c 'exit 4'")  # exec replaced the shell and its trap
-            tty = _exec(c, "sleep 1; exec sh -c 'exit 9'", pty=True)
+            argv = _argv(c, "sh", "-c", f"{_AT_GO}; exit 7")
+            execd = _exec(c, f"{_AT_GO}; exec sh -c 'exit 4'")  # exec replaced the shell and its trap
+            tty = _exec(c, f"{_AT_GO}; exec sh -c 'exit 9'", pty=True)
             termed = _exec(c, "sleep 300")  # its process group gets SIGTERM during the outage
             killed = _argv(c, "sleep", "300")  # SIGKILL during the outage
             later = _argv(c, "sh", "-c", "read x; exit 3")  # ends under the next server, not its parent
             hog = None
             if oom_here:
-                hog = _argv(c, "python3", "-c", f"import time; time.sleep(1)\n{HOG}", memory_limit=96 << 20)
+                wait = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.05)"
+                hog = _argv(c, "python3", "-c", f"{wait}\n{HOG}", memory_limit=96 << 20)
             termed_pid, killed_pid = _pid(c, termed), _pid(c, killed)
         boxed = None
         if boxed_here:
             with first.http(TOKEN_B) as cb:
-                boxed = _exec(cb, "sleep 1; exit 5")  # the leader is bubblewrap, outside the box
+                boxed = _exec(cb, f"{_AT_GO}; exit 5")  # the leader is bubblewrap, outside the box
         time.sleep(0.3)  # past the holder's batch window
         _crash(first)
         # Within milliseconds the holder listens; an exit before that is lost (docs/daemon.md).
         _until(lambda: _holder_listens(root / "state"), "the holder to listen for exits")
         time.sleep(0.2)
+        (root / "ws" / "go").touch()  # now those that wait for it end, with nobody to wait for them
         os.killpg(termed_pid, signal.SIGTERM)
         os.kill(killed_pid, signal.SIGKILL)
         ended = [s for s in (argv, execd, tty, termed, killed, hog, boxed) if s is not None]
