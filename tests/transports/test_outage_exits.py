@@ -189,10 +189,11 @@ def test_without_the_privilege_an_unrecorded_exit_is_lost_and_says_why(tmp_path:
         with first.http() as c:
             said = c.get("/v1/capabilities").json()["outage_exits"]
             assert "EXIT trap only" in said["mechanism"] and "CAP_NET_ADMIN" in said["why"]
-            argv = _argv(c, "sh", "-c", "sleep 1; exit 7")
-            shell = _exec(c, "sleep 1; exit 6")
+            argv = _argv(c, "sh", "-c", f"{_AT_GO}; exit 7")
+            shell = _exec(c, f"{_AT_GO}; exit 6")
         time.sleep(0.3)
         _crash(first)
+        (root / "ws" / "go").touch()  # they end in the outage, however long the crash took
         _until(lambda: _gone([argv, shell]), "the sessions to end during the outage")
         second = start_daemon(root, log_name="second.log")  # privileged, but the holder is not
         daemons.append(second)
