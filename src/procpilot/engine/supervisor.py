@@ -258,6 +258,7 @@ class Supervisor:
         self._last_reoffer = 0.0
         self._reoffer_every = _REOFFER_EVERY  # doubled while they are refused again
         self._reoffered: set[str] = set()  # the last batch offered again
+        self._slowed_at = -1.0  # the offer whose refusal last slowed the offers
         # Sessions ended at start, the holder having no room to hand them back: their ids, and why.
         self._unreturned: builtins.list[str] = []
         self._unreturned_why = ""
@@ -1163,6 +1164,9 @@ class Supervisor:
         restarts = self._restarts
         if restarts is None:
             return
+        # Handed over otherwise than as an offer again (a new holder, a next run): a refusal of
+        # it is news again, said and recorded (_reoffer_now marks its own after this).
+        self._reoffered.discard(session.id)
         extra = session.custody.record
         if roots is None:
             roots = [str(extra["tree_root"])] if extra.get("tree_root") else []
@@ -1182,9 +1186,11 @@ class Supervisor:
         descriptors untouched, but would not outlive us. Their views and records say so, and why."""
         refused = [s for sid in ids if (s := self._sessions.get(sid)) is not None and not s.finished]
         again = [s for s in refused if s.id in self._reoffered]
-        if again:
-            # Offered again and refused again: no room yet. Offered less often from now on, and
-            # neither logged nor saved again (its record says so already).
+        if again and self._slowed_at != self._last_reoffer:
+            # Offered again and refused again: no room yet. Offered half as often from now on
+            # (once per offer, whatever number of messages its refusals come in), and neither
+            # logged nor saved again (its record says so already).
+            self._slowed_at = self._last_reoffer
             self._reoffer_every = min(_REOFFER_MAX, self._reoffer_every * 2)
         for session in refused:
             session.custody.not_held = why
@@ -1224,8 +1230,8 @@ class Supervisor:
             session = self._still_not_held(session_id)
             spawned = session.spawned if session is not None else None
             if session is not None and spawned is not None:
-                self._reoffered.add(session_id)
                 self._hold(session, spawned)  # not held until the holder refuses it again
+                self._reoffered.add(session_id)
         restarts.link.flush()
 
     def _holder_lost(self) -> None:
