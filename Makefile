@@ -74,7 +74,7 @@ run: $(STAMP)
 
 # One worker more than this machine's two cores: most tests wait on processes, daemons and their
 # timers rather than compute (a run at -n 2 kept the cores 77% busy), and three workers took the
-# suite from 9 min 34 s to 7 min 48 s - 7 min 56 s on clean clones (all passed).
+# suite from 9 min 34 s to 7 min 48 s - 8 min 9 s on clean clones (all passed).
 # TEST_WORKERS=auto: one a core.
 TEST_WORKERS ?= 3
 
