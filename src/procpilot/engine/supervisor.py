@@ -1196,14 +1196,14 @@ class Supervisor:
             session.custody.not_held = why
             session.custody.record["not_held"] = why  # the next server's reason, if it finds it gone
             self._not_held.add(session.id)
-            if session.id not in self._reoffered:
-                self._save(session)
-        refused = [s for s in refused if s.id not in self._reoffered]
-        if refused:
+        fresh = [s for s in refused if s.id not in self._reoffered]
+        for session in fresh:
+            self._save(session)
+        if fresh:
             _log.warning(
                 "%d session(s) would not survive a crash of this server (%s): %s",
-                len(refused),
-                ", ".join(s.id for s in refused[:_NOT_HELD_SHOWN]),
+                len(fresh),
+                ", ".join(s.id for s in fresh[:_NOT_HELD_SHOWN]),
                 why,
             )
 
