@@ -161,9 +161,13 @@ def test_the_sigchld_handler_goes_with_the_last_supervisor_of_its_loop(tmp_path:
     def settings(name: str) -> Settings:
         return load_settings(env={}, state_dir=tmp_path / name, workspace_root=workspace)
 
-    async def run() -> None:
+    async def run(opened: list[Supervisor]) -> None:
         first = await Supervisor(settings("first"), warm_shells=0).start()
+        opened.append(first)
         second = await Supervisor(settings("second"), warm_shells=0).start()
+        opened.append(second)
+        session = await first.spawn(SpawnSpec("exit 4"), scope="a")
+        assert await session.wait_finished(10)
         await first.aclose()
         assert signal.getsignal(signal.SIGCHLD) != signal.SIG_DFL  # the second one uses it still
         session = await second.spawn(SpawnSpec("exit 5"), scope="a")
@@ -175,19 +179,24 @@ def test_the_sigchld_handler_goes_with_the_last_supervisor_of_its_loop(tmp_path:
         assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
         assert _wakeup_fd() == -1  # no descriptor of the loop left for a signal to write to
         third = await Supervisor(settings("third"), warm_shells=0).start()
-        try:
-            assert signal.getsignal(signal.SIGCHLD) != signal.SIG_DFL
-            later = await third.spawn(SpawnSpec("exit 7"), scope="a")
-            assert await later.wait_finished(10)
-            assert later.exit_code == 7
-        finally:
-            await third.aclose()
+        opened.append(third)
+        assert signal.getsignal(signal.SIGCHLD) != signal.SIG_DFL
+        later = await third.spawn(SpawnSpec("exit 7"), scope="a")
+        assert await later.wait_finished(10)
+        assert later.exit_code == 7
+        await third.aclose()
         assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
 
+    async def close(opened: list[Supervisor]) -> None:
+        for sup in opened:  # a failed test's (again: nothing)
+            await sup.aclose()
+
     loop = asyncio.new_event_loop()
+    opened: list[Supervisor] = []
     try:
-        loop.run_until_complete(run())
+        loop.run_until_complete(run(opened))
     finally:
+        loop.run_until_complete(close(opened))
         loop.close()
 
 
