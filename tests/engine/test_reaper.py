@@ -156,7 +156,6 @@ def test_the_sigchld_handler_goes_with_the_last_supervisor_of_its_loop(tmp_path:
     supervisor of the loop: one closing while another is open leaves it (the other's exits are
     still seen), the last one removes it, a child ending right around its close included, and a
     supervisor opened after it on the same loop installs it again."""
-    assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL  # no loop of an earlier test holds it
 
     def settings(name: str) -> Settings:
         return load_settings(env={}, state_dir=tmp_path / name, workspace_root=workspace)
