@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from procpilot.config import Settings, load_settings
 from procpilot.engine.reaper import ExitWatcher, LeaderPoll
+from procpilot.engine.spawn import SpawnSpec
+from procpilot.engine.supervisor import Supervisor
 from tests.engine.test_descriptors import full_table
 
 
@@ -131,3 +136,94 @@ async def test_a_polled_leader_whose_stat_cannot_be_read_has_not_ended(caplog: p
         leader.kill()
     await asyncio.wait_for(seen, 5)  # its real end, seen on a look that can read again
     assert leader.wait(5) == -9
+
+
+# -- the handler goes with the last supervisor of its loop -------------------------------------------
+
+
+def _wakeup_fd() -> int:
+    """The process's signal wakeup descriptor now (-1: none), left as it was."""
+    fd = signal.set_wakeup_fd(-1)
+    if fd != -1:
+        signal.set_wakeup_fd(fd, warn_on_full_buffer=False)  # as the watcher set it: the loop's close reads it
+    return fd
+
+
+def test_the_sigchld_handler_goes_with_the_last_supervisor_of_its_loop(tmp_path: Path, workspace: Path) -> None:
+    """asyncio's loop closes its wakeup pipe before it removes its signal handlers: a child of
+    ours ending in between had CPython's C handler write to a closed descriptor (an unraisable
+    EBADF), or to the file that has its number by then. So the handler goes with the last
+    supervisor of the loop: one closing while another is open leaves it (the other's exits are
+    still seen), the last one removes it, a child ending right around its close included, and a
+    supervisor opened after it on the same loop installs it again."""
+
+    def settings(name: str) -> Settings:
+        return load_settings(env={}, state_dir=tmp_path / name, workspace_root=workspace)
+
+    async def run(opened: list[Supervisor]) -> None:
+        first = await Supervisor(settings("first"), warm_shells=0).start()
+        opened.append(first)
+        second = await Supervisor(settings("second"), warm_shells=0).start()
+        opened.append(second)
+        session = await first.spawn(SpawnSpec("exit 4"), scope="a")
+        assert await session.wait_finished(10)
+        await first.aclose()
+        assert signal.getsignal(signal.SIGCHLD) != signal.SIG_DFL  # the second one uses it still
+        session = await second.spawn(SpawnSpec("exit 5"), scope="a")
+        assert await session.wait_finished(10)
+        assert session.exit_code == 5
+        ending = await second.spawn(SpawnSpec("exit 0"), scope="a")  # ends as its supervisor closes
+        await second.aclose()
+        assert ending.finished
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+        assert _wakeup_fd() == -1  # no descriptor of the loop left for a signal to write to
+        third = await Supervisor(settings("third"), warm_shells=0).start()
+        opened.append(third)
+        assert signal.getsignal(signal.SIGCHLD) != signal.SIG_DFL
+        later = await third.spawn(SpawnSpec("exit 7"), scope="a")
+        assert await later.wait_finished(10)
+        assert later.exit_code == 7
+        await third.aclose()
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+
+    async def close(opened: list[Supervisor]) -> None:
+        for sup in opened:  # a failed test's (again: nothing)
+            await sup.aclose()
+
+    loop = asyncio.new_event_loop()
+    opened: list[Supervisor] = []
+    try:
+        loop.run_until_complete(run(opened))
+    finally:
+        loop.run_until_complete(close(opened))
+        loop.close()
+
+
+async def test_children_watched_when_the_last_holder_lets_go_are_not_lost() -> None:
+    """The last supervisor of the loop lets go while children are still watched (by a session
+    that outlived its close, or code of its own): one that has ended, its SIGCHLD not yet
+    handled, is found by the last sweep; one still running is polled, and its end is seen."""
+    loop = asyncio.get_running_loop()
+    watcher = ExitWatcher.of(loop)
+    assert watcher is not None
+    watcher.hold()
+    ended = subprocess.Popen(["/bin/sh", "-c", "exit 3"])
+    running = subprocess.Popen(["/bin/sh", "-c", "read x"], stdin=subprocess.PIPE)
+    try:
+        # Until it is a zombie, blocking: the loop must not run the watcher's pass meanwhile.
+        assert os.waitid(os.P_PID, ended.pid, os.WEXITED | os.WNOWAIT) is not None
+        seen: list[int] = []
+        later: asyncio.Future[None] = loop.create_future()
+        watcher.watch(ended.pid, lambda: seen.append(ended.pid))
+        watcher.watch(running.pid, lambda: later.set_result(None))
+        watcher.release()
+        assert seen == [ended.pid]
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+        assert running.stdin is not None
+        running.stdin.close()  # EOF: it exits
+        await asyncio.wait_for(later, 5)
+        assert running.wait(5) == 1
+    finally:
+        running.kill()  # a failed test's: it exited already otherwise
+        running.wait(5)
+        ended.wait(5)

@@ -15,6 +15,14 @@ one pass per loop iteration however many children ended.
 
 Where no handler can be installed (a loop outside the main thread), :meth:`ExitWatcher.of`
 says None and the session falls back to a pidfd of its own.
+
+**The handler lives while a supervisor uses the loop** (:meth:`ExitWatcher.hold` at its start,
+:meth:`ExitWatcher.release` once it is closed), not until the loop closes: asyncio's loop closes
+its wakeup pipe before it removes its signal handlers, so a child ending in between (one of ours,
+during teardown) would have the C signal handler write to a closed descriptor, or to whatever
+file has its number by then. After the last release the handler is removed, a last sweep finds
+the exits up to then, what still runs is polled (:class:`LeaderPoll`, as an adopted leader is),
+and the loop's next user installs a new watcher.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class ExitWatcher:
         self._loop = weakref.ref(loop)
         self._watched: dict[int, Callable[[], None]] = {}
         self._due = False  # True iff a pass is scheduled
+        self._holders = 0  # supervisors using this loop now (started, not yet closed)
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> ExitWatcher | None:
@@ -62,6 +71,28 @@ class ExitWatcher:
             signal.set_wakeup_fd(signal.set_wakeup_fd(-1), warn_on_full_buffer=False)
         _WATCHERS[loop] = watcher
         return watcher
+
+    def hold(self) -> None:
+        """A supervisor uses this loop from now on: the handler stays until it lets go."""
+        self._holders += 1
+
+    def release(self) -> None:
+        """A supervisor that held this watcher is closed. After the last one, the handler goes
+        and the loop forgets this watcher (see the module's docstring); watched children are
+        not lost: the ones that ended are called now, the others are polled until they end."""
+        self._holders = max(0, self._holders - 1)
+        loop = self._loop()
+        if self._holders or loop is None or _WATCHERS.get(loop) is not self:
+            return
+        del _WATCHERS[loop]
+        loop.remove_signal_handler(signal.SIGCHLD)
+        # Removed first, then looked at: an exit before this look is found by it, where one after
+        # the last pass but before the removal would have been a wakeup byte with no handler left.
+        self.sweep()
+        left, self._watched = self._watched, {}
+        poll = LeaderPoll.of(loop)
+        for pid, on_exit in left.items():  # a leader that outlived its supervisor's close
+            poll.watch(pid, on_exit)
 
     def __len__(self) -> int:
         return len(self._watched)

@@ -309,6 +309,10 @@ class Supervisor:
         # True from the move to running until closed: while any supervisor holds it, the process is
         # a child subreaper (engine/children.py says why only then).
         self._holds_subreaper = False
+        # The loop's SIGCHLD watcher, held from the move to running until closed: its handler is
+        # removed after the last holder on the loop (engine/reaper.py says why). None before, after,
+        # and where the loop cannot handle SIGCHLD (off the main thread: the sync wrapper's).
+        self._exit_watcher: ExitWatcher | None = None
         # Named at construction, so every process this supervisor starts carries the same name
         # (SUPERVISOR_ENV) as its cgroup directories.
         self.instance = instance_name()
@@ -364,6 +368,9 @@ class Supervisor:
             raise
         hold_subreaper()
         self._holds_subreaper = True
+        self._exit_watcher = ExitWatcher.of(asyncio.get_running_loop())
+        if self._exit_watcher is not None:
+            self._exit_watcher.hold()
         self._lifecycle.move(SupervisorState.RUNNING)
         if self._restarts is not None:
             self._restarts.link.on_lost = self._holder_lost
@@ -612,6 +619,9 @@ class Supervisor:
             await work
         finally:
             self._lifecycle.move(SupervisorState.CLOSED)
+            if self._exit_watcher is not None:
+                watcher, self._exit_watcher = self._exit_watcher, None
+                watcher.release()  # first: the leaders its last sweep finds ended are reaped by their sessions
             if self._holds_subreaper:
                 self._holds_subreaper = False
                 release_subreaper()
@@ -739,8 +749,8 @@ class Supervisor:
         while True:
             await asyncio.sleep(_REAP_INTERVAL)
             reap_orphans()
-            if (watcher := ExitWatcher.of(asyncio.get_running_loop())) is not None:
-                watcher.sweep()
+            if self._exit_watcher is not None:
+                self._exit_watcher.sweep()
             now = time.monotonic()
             if now - ttl_check > 30:
                 ttl_check = now
