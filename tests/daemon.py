@@ -72,16 +72,45 @@ class JsonLines:
 
     server: subprocess.Popen[bytes]
 
+    def __init__(self) -> None:
+        self._unread = bytearray()  # what the server wrote and no reply() has taken yet
+
     def send(self, message: dict[str, Any]) -> None:
         assert self.server.stdin is not None
         self.server.stdin.write(json.dumps(message).encode() + b"\n")
         self.server.stdin.flush()
 
     def reply(self, timeout: float = 30) -> dict[str, Any]:
+        """The next line the server wrote. Read here, not through ``stdout``'s buffered reader:
+        that one takes in every line a burst of replies holds, and a ``select`` on the pipe
+        then waits for lines that are already in its buffer."""
+        deadline = time.monotonic() + timeout
+        while (end := self._unread.find(b"\n")) < 0:
+            assert self._more(deadline - time.monotonic()), f"no reply within {timeout} s"
+        line = bytes(self._unread[:end])
+        del self._unread[: end + 1]
+        return dict(json.loads(line))
+
+    def quiet(self, seconds: float) -> bool:
+        """Whether the server wrote nothing more for ``seconds``."""
+        return not self._unread and not self._more(seconds)
+
+    def rest(self) -> bytes:
+        """Everything the server writes from here to the end of its output."""
+        while self._more(None):
+            pass
+        rest, self._unread = bytes(self._unread), bytearray()
+        return rest
+
+    def _more(self, timeout: float | None) -> bool:
+        """Whether more output came within ``timeout`` seconds (None: however long it takes)."""
         assert self.server.stdout is not None
-        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
-        assert ready, f"no reply within {timeout} s"
-        return dict(json.loads(self.server.stdout.readline()))
+        fd = self.server.stdout.fileno()
+        if timeout is not None and not select.select([fd], [], [], max(0.0, timeout))[0]:
+            return False
+        chunk = os.read(fd, 1 << 16)
+        self._unread += chunk
+        return bool(chunk)
 
 
 def cli_env(**more: str) -> dict[str, str]:

@@ -53,6 +53,7 @@ class StdioServer(JsonLines):
     """A real ``procpilot mcp --profile NAME`` and a bare JSON-RPC client on its pipes."""
 
     def __init__(self, tmp_path: Path, profile: str) -> None:
+        super().__init__()
         env = cli_env(
             HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path)
         )

@@ -134,6 +134,7 @@ class _Stdio(JsonLines):
     whose envelope the SDK has accepted, and this one it accepted with server/discover."""
 
     def __init__(self, tmp_path: Path) -> None:
+        super().__init__()
         env = cli_env(
             HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path)
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import select
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ class Bare(JsonLines):
     or for 2026-07-28 a ``server/discover`` under the envelope every request then carries."""
 
     def __init__(self, tmp_path: Path, version: str, *, stderr: int | None = None) -> None:
+        super().__init__()
         env = cli_env(
             HOME=str(tmp_path), PROCPILOT_STATE_DIR=str(tmp_path / "state"), PROCPILOT_WORKSPACE=str(tmp_path)
         )
@@ -134,8 +134,7 @@ def test_a_cancelled_call_is_never_answered(bare: Bare, through_sdk: bool) -> No
     bare.send({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": bare.params({})})
     listed = bare.reply()  # the next line is this answer, not the cancelled call's
     assert listed["id"] == 7 and "tools" in listed["result"]
-    assert bare.server.stdout is not None
-    assert select.select([bare.server.stdout], [], [], 2.5)[0] == []  # and nothing more came
+    assert bare.quiet(2.5)  # and nothing more came
 
 
 def _started(pidfile: Path) -> int:
@@ -165,7 +164,7 @@ def test_closing_stdin_ends_the_calls_running_unanswered(tmp_path: Path) -> None
     shell = _started(pidfile)
     bare.server.stdin.close()
     assert bare.server.wait(timeout=15) == 0  # not the 30 s the call would take
-    assert bare.server.stdout.read() == b""  # the call ended with the connection: never answered
+    assert bare.rest() == b""  # the call ended with the connection: never answered
     bare.server.stdout.close()
     with bare.server.stderr:  # nor did it try to write its result after the connection's end
         assert b"Error" not in bare.server.stderr.read()

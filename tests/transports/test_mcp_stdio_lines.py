@@ -120,7 +120,7 @@ def test_a_client_that_does_not_read_its_replies_is_not_read_either(bare: Bare) 
     # about 600 refusals fill a 64 KiB pipe; then the server's read buffer and its stdin pipe
     assert sent < 2 << 20, f"{sent} bytes taken from a client that reads no reply"
     for _ in range(sent // len(line)):
-        assert json.loads(bare.server.stdout.readline())["error"]["code"] == PARSE_ERROR
+        assert bare.reply()["error"]["code"] == PARSE_ERROR
     _still_serving(bare, 31)
 
 

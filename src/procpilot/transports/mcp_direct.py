@@ -41,7 +41,7 @@ from procpilot.contract import ToolResult
 from procpilot.transports.mcp_results import MODERN, SHAPED_ALIKE, call_result, failed_call_result
 from procpilot.transports.mcp_results import STAMP_KEY as _STAMP_KEY
 
-__all__ = ["MODERN", "SHAPED_ALIKE", "DirectCalls", "ToolCaller"]
+__all__ = ["MODERN", "SHAPED_ALIKE", "DirectCalls", "Key", "ToolCaller", "request_key"]
 
 ToolCaller = Callable[[dict[str, Any]], Awaitable[ToolResult]]
 Key = tuple[bool, object]  # a JSON-RPC id: 1 and "1" are different ids
@@ -142,7 +142,7 @@ class DirectCalls:
         if method == "notifications/cancelled":
             return self._cancel(message.get("params"))
         if method == "initialize" and self._initialize_id is None:
-            self._initialize_id = _key(message.get("id"))
+            self._initialize_id = request_key(message.get("id"))
         elif method == "notifications/initialized":
             self._initialized = True
         return False
@@ -150,7 +150,7 @@ class DirectCalls:
     def saw_reply(self, message: Any) -> None:
         """A message the SDK wrote: its answer to ``initialize`` says which version is spoken, and
         its answer to an enveloped request that the envelope was accepted (and with which stamp)."""
-        key = _key(getattr(message, "id", None))
+        key = request_key(getattr(message, "id", None))
         result = getattr(message, "result", None)
         if key is None or not isinstance(result, dict):
             return
@@ -165,7 +165,7 @@ class DirectCalls:
             self._pending.clear()
 
     def _note_envelope(self, message: dict[str, Any]) -> None:
-        params, key = message.get("params"), _key(message.get("id"))
+        params, key = message.get("params"), request_key(message.get("id"))
         meta = params.get("_meta") if isinstance(params, dict) else None
         if not isinstance(meta, dict) or meta.get(_VERSION_KEY) != MODERN:
             return
@@ -189,7 +189,7 @@ class DirectCalls:
         name = params.get("name")
         tool = self._tools.get(name) if isinstance(name, str) else None  # a list is no key: the SDK refuses it
         arguments = params.get("arguments", {})
-        key = _key(request_id)
+        key = request_key(request_id)
         if key is None or tool is None or not isinstance(arguments, dict) or key in self._running:
             return False
         call = self._running[key] = _Call(tool, arguments, request_id, key, version, self._stamp)
@@ -198,7 +198,7 @@ class DirectCalls:
         return True
 
     def _cancel(self, params: object) -> bool:
-        key = _key(params.get("requestId")) if isinstance(params, dict) else None
+        key = request_key(params.get("requestId")) if isinstance(params, dict) else None
         call = self._running.get(key) if key is not None else None
         if call is None:
             return False  # not one of ours: the SDK's to apply (or to ignore)
@@ -269,7 +269,7 @@ async def _reply(call: _Call) -> bytes:
     return wire.dumps_bytes(message) + b"\n"
 
 
-def _key(request_id: object) -> Key | None:
+def request_key(request_id: object) -> Key | None:
     """A JSON-RPC id as a dict key: 1 and "1" are different ids (and true is none at all)."""
     if isinstance(request_id, bool) or not isinstance(request_id, int | str):
         return None

@@ -16,7 +16,8 @@ A reply is written at once when no other waits for the pipe (:class:`_Replies`).
 Every line is answered: one the SDK's parser refuses (not JSON, not a message, nested too deep)
 or one past ``_MAX_LINE`` gets a JSON-RPC error here (transports/mcp_refusals.py), where the
 SDK's transport would hand the server an exception it only logs; and every reply is written
-whatever text it holds (wire.py).
+whatever text it holds (wire.py). At most ``_SDK_REQUESTS`` requests are in the SDK's hands at
+once; the next is refused with ``TooManyRequests`` (transports/mcp_inflight.py).
 
 As the SDK does, fd 0 and fd 1 are moved out of the way while serving (to /dev/null and to
 stderr), so nothing else in the process, or started by it, can read the client's requests or
@@ -42,6 +43,7 @@ from pydantic_core import PydanticSerializationError
 from procpilot import wire
 from procpilot.transports.mcp_direct import DirectCalls, ToolCaller
 from procpilot.transports.mcp_handshake import Handshake, stdio_is_pipe
+from procpilot.transports.mcp_inflight import SdkRequests
 from procpilot.transports.mcp_refusals import HEAD, INVALID_REQUEST, refusal, refusal_for
 from procpilot.transports.mcp_sdk import context_streams, lowlevel_server
 
@@ -49,6 +51,7 @@ __all__ = ["reply_line", "serve_stdio", "stdio_is_pipe"]
 
 _READ = 1 << 16
 _MAX_LINE = 16 << 20  # one JSON-RPC message; a longer line is refused, not buffered without end
+_SDK_REQUESTS = 256  # requests the SDK serves at once (as many as the direct path); past it, refused
 
 
 # A notification pushed to the client: its JSON-RPC message (method and params).
@@ -80,11 +83,12 @@ async def serve_stdio(
         read_writer, read_stream = context_streams(0)
         write_stream, write_reader = context_streams(0)
         direct = DirectCalls(tools, replies.send) if tools else None
+        open_requests = SdkRequests(_SDK_REQUESTS)
         async with anyio.create_task_group() as tg:
             if direct is not None:
                 tg.start_soon(direct.run)  # the direct calls end with the connection
-            tg.start_soon(_read_lines, wire_in, read_writer, direct, replies, handshake)
-            tg.start_soon(_forward_replies, write_reader, replies, direct, handshake)
+            tg.start_soon(_read_lines, wire_in, read_writer, direct, replies, handshake, open_requests)
+            tg.start_soon(_forward_replies, write_reader, replies, direct, handshake, open_requests)
             if pushes is not None and direct is not None:
                 tg.start_soon(_push, pushes, replies, direct)
             await low.run(read_stream, write_stream, low.create_initialization_options())
@@ -243,11 +247,16 @@ class _Stdin:
 
 
 async def _read_lines(
-    fd: int, sink: Any, direct: DirectCalls | None, replies: _Replies, handshake: Handshake | None
+    fd: int,
+    sink: Any,
+    direct: DirectCalls | None,
+    replies: _Replies,
+    handshake: Handshake | None,
+    open_requests: SdkRequests,
 ) -> None:
     """Each line a JSON-RPC message for the server; a line it cannot take (not JSON, not a
-    message, over ``_MAX_LINE``) is answered here with an error, and the next line is read.
-    The lines the handshake's front read come first, in order."""
+    message, over ``_MAX_LINE``, a request past ``open_requests``' limit) is answered here with
+    an error, and the next line is read. The lines the handshake's front read come first, in order."""
     stdin = _Stdin(fd, direct, handshake)
     async with sink:
         try:
@@ -257,20 +266,24 @@ async def _read_lines(
                     too_long = f"Invalid request: a line longer than {_MAX_LINE} bytes"
                     await replies.send(refusal(line, INVALID_REQUEST, too_long))
                 elif kind == _OFFERED or not stdin.offer(line):
-                    await _take(line, sink, replies)
+                    await _take(line, sink, replies, open_requests)
         finally:
             stdin.close()
 
 
-async def _take(line: bytes, sink: Any, replies: _Replies) -> None:
-    """A line for the SDK's server, or its refusal when the SDK's parser would not take it."""
+async def _take(line: bytes, sink: Any, replies: _Replies, open_requests: SdkRequests) -> None:
+    """A line for the SDK's server, or its refusal when the SDK's parser would not take it or
+    the SDK serves as many requests as it may."""
     try:
-        message = SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except Exception as exc:
         # The SDK's transport would hand the server the error, which logs it and answers nothing.
         await replies.send(refusal_for(line, exc))
         return
-    await sink.send(message)
+    if (refused := open_requests.admit(message)) is not None:
+        await replies.send(refused)
+        return
+    await sink.send(SessionMessage(message))
 
 
 class _Replies:
@@ -337,10 +350,11 @@ async def _push(subscribe: Subscribe, replies: _Replies, direct: DirectCalls) ->
 
 
 async def _forward_replies(
-    source: Any, replies: _Replies, direct: DirectCalls | None, handshake: Handshake | None
+    source: Any, replies: _Replies, direct: DirectCalls | None, handshake: Handshake | None, open_requests: SdkRequests
 ) -> None:
     async with source:
         async for message in source:
+            open_requests.answered(message.message)
             if direct is not None and not direct.active:
                 direct.saw_reply(message.message)
             line = reply_line(message.message)
