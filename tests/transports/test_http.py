@@ -99,7 +99,7 @@ def test_empty_body_is_no_arguments(app: InProcess) -> None:
         ({"action": "poll", "sessionId": "nosuchsession000"}, 404, "SessionNotFound"),
         ({"action": "fly"}, 422, "InvalidArgument"),
         ({"action": "poll"}, 422, "InvalidArgument"),
-        ({"action": "wait", "sessionId": "x", "pattern": "("}, 404, "SessionNotFound"),
+        ({"action": "wait", "sessionId": "nosuchsession000", "pattern": "("}, 404, "SessionNotFound"),
         ({"action": "list", "bogus": 1}, 422, "InvalidArgument"),
     ],
 )
