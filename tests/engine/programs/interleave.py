@@ -10,10 +10,11 @@ import struct
 import sys
 import termios
 import time
+from typing import TextIO
 
 
-def taken(stream: object) -> None:
-    fd = stream.fileno()  # type: ignore[attr-defined]
+def taken(stream: TextIO) -> None:
+    fd = stream.fileno()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
