@@ -8,7 +8,7 @@ weight of each agent's cgroup. What it buys in latency is measured by bench/host
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import fcntl
 import os
 import subprocess
@@ -49,11 +49,15 @@ def _groups(sup: Supervisor) -> AgentGroups:
 
 def _members(directory: Path) -> set[int]:
     """Every process in the cgroup ``directory`` and below. An ended session's group may vanish
-    while it is walked (the janitor removes it): os.walk skips it, and so does its read."""
+    while it is walked (the janitor removes it): os.walk skips it, and so does its read, whether
+    it is gone before the open (ENOENT) or between the open and the read (cgroup v2: ENODEV)."""
     found: set[int] = set()
     for where, _dirs, _files in os.walk(directory):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             found.update(int(p) for p in Path(where, "cgroup.procs").read_text().split())
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
     return found
 
 
