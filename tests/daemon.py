@@ -86,7 +86,7 @@ class JsonLines:
         then waits for lines that are already in its buffer."""
         deadline = time.monotonic() + timeout
         while (end := self._unread.find(b"\n")) < 0:
-            assert self._more(deadline - time.monotonic()), f"no reply within {timeout} s"
+            assert self._more(deadline - time.monotonic()), f"no reply within {timeout} s (or the output ended)"
         line = bytes(self._unread[:end])
         del self._unread[: end + 1]
         return dict(json.loads(line))
