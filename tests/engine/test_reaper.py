@@ -177,6 +177,8 @@ def test_the_sigchld_handler_goes_with_the_last_supervisor_of_its_loop(tmp_path:
         assert ending.finished
         assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
         assert _wakeup_fd() == -1  # no descriptor of the loop left for a signal to write to
+        assert ExitWatcher.installed(asyncio.get_running_loop()) is None  # and a look installs none
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
         third = await Supervisor(settings("third"), warm_shells=0).start()
         opened.append(third)
         assert signal.getsignal(signal.SIGCHLD) != signal.SIG_DFL

@@ -72,6 +72,12 @@ class ExitWatcher:
         _WATCHERS[loop] = watcher
         return watcher
 
+    @classmethod
+    def installed(cls, loop: asyncio.AbstractEventLoop) -> ExitWatcher | None:
+        """The loop's watcher if one is installed now, without installing one (to let go of a
+        child: after the last supervisor's release there is nothing to unwatch)."""
+        return _WATCHERS.get(loop)
+
     def hold(self) -> None:
         """A supervisor uses this loop from now on: the handler stays until it lets go."""
         self._holders += 1

@@ -964,7 +964,7 @@ class Session:
             return None
         if not self.run.leader_reaped:
             LeaderPoll.of(self._loop).unwatch(spawned.pid)
-            if (watcher := ExitWatcher.of(self._loop)) is not None:
+            if (watcher := ExitWatcher.installed(self._loop)) is not None:
                 watcher.unwatch(spawned.pid)
         for name in ("stdout_fd", "stderr_fd", "pidfd"):
             fd = getattr(spawned, name)
