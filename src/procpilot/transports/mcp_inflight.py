@@ -17,13 +17,11 @@ import collections
 
 from mcp_types import JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 
-from procpilot import wire
 from procpilot.errors import TooManyRequests
 from procpilot.transports.mcp_direct import Key, request_key
+from procpilot.transports.mcp_refusals import SERVER_ERROR, error_reply
 
-__all__ = ["SERVER_ERROR", "SdkRequests"]
-
-SERVER_ERROR = -32000  # JSON-RPC 2.0: the first of the codes left to the server
+__all__ = ["SdkRequests"]
 
 
 class SdkRequests:
@@ -33,9 +31,6 @@ class SdkRequests:
         self.limit = limit
         self._open: collections.Counter[Key] = collections.Counter()  # a client may reuse an id
         self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
 
     def admit(self, message: object) -> bytes | None:
         """None when ``message`` may go to the SDK (and is counted, if a request); otherwise the
@@ -72,9 +67,4 @@ def _refusal(request: JSONRPCRequest, limit: int) -> bytes:
         hints={"wait": "Wait for replies to your earlier requests before sending more, or cancel some."},
         limit=limit,
     )
-    reply = {
-        "jsonrpc": "2.0",
-        "id": request.id,
-        "error": {"code": SERVER_ERROR, "message": f"{error.code}: {error.message}", "data": error.to_dict()},
-    }
-    return wire.dumps_bytes(reply) + b"\n"
+    return error_reply(request.id, SERVER_ERROR, f"{error.code}: {error.message}", error.to_dict())

@@ -15,10 +15,11 @@ from pydantic import ValidationError
 
 from procpilot import wire
 
-__all__ = ["HEAD", "INVALID_REQUEST", "PARSE_ERROR", "read_id", "refusal", "refusal_for"]
+__all__ = ["HEAD", "INVALID_REQUEST", "PARSE_ERROR", "SERVER_ERROR", "error_reply", "read_id", "refusal", "refusal_for"]
 
 PARSE_ERROR = -32700  # JSON-RPC 2.0: not JSON (here: not JSON the SDK's parser reads)
 INVALID_REQUEST = -32600  # JSON, but not a JSON-RPC message (or too long to be one)
+SERVER_ERROR = -32000  # JSON-RPC 2.0: the first of the codes left to the server
 HEAD = 4096  # bytes of a line searched for its id (all of it that a refusal needs)
 # The top-level "id" member, after only scalar members (so never an "id" inside params): each
 # alternative starts with a different character, so the search is linear in the head.
@@ -38,10 +39,18 @@ def read_id(line: bytes) -> str | int | None:
     return value if isinstance(value, str | int) else None
 
 
+def error_reply(request_id: object, code: int, message: str, data: object = None) -> bytes:
+    """A JSON-RPC error reply (one line) to the request ``request_id``."""
+    error: dict[str, object] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    reply = {"jsonrpc": "2.0", "id": request_id, "error": error}
+    return wire.dumps_bytes(reply) + b"\n"  # the id may hold a lone surrogate: written as U+FFFD
+
+
 def refusal(line: bytes, code: int, message: str) -> bytes:
     """The error reply (one line) to ``line``."""
-    error = {"jsonrpc": "2.0", "id": read_id(line), "error": {"code": code, "message": message}}
-    return wire.dumps_bytes(error) + b"\n"  # the id may hold a lone surrogate: written as U+FFFD
+    return error_reply(read_id(line), code, message)
 
 
 def refusal_for(line: bytes, exc: Exception) -> bytes:
